@@ -1,0 +1,20 @@
+//! dnsplan's shared core: the plan model, the on-disk and on-wire codec, and the `Store`
+//! contract with its embedded implementation on sled.
+//!
+//! This crate is the only one that defines wire and on-disk types. It holds no daemons and
+//! no network code; the planner, enactors and authority build on it.
+
+pub mod codec;
+pub mod generation;
+pub mod names;
+pub mod plan;
+
+pub use generation::Generation;
+pub use names::{DnsName, EndpointName, NameError, ZoneId};
+pub use plan::{Author, Endpoint, Plan, PlanSummary, Provenance, Target, ValidatedPlan, ValidationError, validate_endpoint};
+pub mod store;
+
+pub use store::sled::SledStore;
+pub use store::{
+    ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, Heartbeat, PauseState, Store, StoreError, StoreResult, StoreVersion,
+};

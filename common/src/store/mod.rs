@@ -1,0 +1,201 @@
+//! The `Store` contract: the one interface every plan store implements (the embedded sled
+//! store here; a remote client over the control API and etcd later), and the types it speaks.
+//!
+//! The guarantees (each is checked by the conformance suite in `dnsplan-tests`):
+//! - `publish` is a compare-and-swap on the latest generation: plan `latest + 1` with parent
+//!   `latest`, or a typed [`StoreError::Conflict`] carrying the current latest. Automation is
+//!   refused while paused; operators are not.
+//! - `apply` is a compare-and-swap against the endpoint's fence, decided inside the store at
+//!   write time: older → [`StoreError::Stale`], equal → [`ApplyOutcome::Unchanged`], newer →
+//!   fence and a copy of the records switch together, durably, before `Ok` returns. A
+//!   generation that was never published or whose plan was cleaned up is refused.
+//! - `cleanup` deletes, in one step, only plans older than both the oldest active generation
+//!   and the last `retain` plans. Served records are copies, so cleanup never changes what is
+//!   served.
+//! - Reads see only durable state, and `wait_for_change` wakes on change without polling.
+
+pub mod cleanup;
+pub mod sled;
+
+use crate::codec::{self, CodecError, Record};
+use crate::generation::Generation;
+use crate::names::{DnsName, EndpointName, ZoneId};
+use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, ValidationError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+use thiserror::Error;
+
+pub use cleanup::{CleanupDecision, CleanupReport, decide_cleanup};
+
+/// Most plans one `list` call returns; callers page with `from`.
+pub const LIST_LIMIT_MAX: usize = 1_000;
+/// Longest a `wait_for_change` may wait. Long-polls over HTTP must end before proxies and
+/// clients give up on an idle request (commonly 60 s).
+pub const WAIT_TIMEOUT_MAX: Duration = Duration::from_secs(55);
+/// Most enactor heartbeats kept. Three per zone is the norm; 1,024 bounds a misconfigured
+/// fleet that invents a new id on every start.
+pub const HEARTBEATS_MAX: usize = 1_024;
+/// Longest pause reason or operator name, in bytes.
+pub const PAUSE_TEXT_BYTES_MAX: usize = 1_024;
+/// Longest enactor id or state text in a heartbeat, in bytes.
+pub const HEARTBEAT_TEXT_BYTES_MAX: usize = 128;
+
+/// What an endpoint serves now, as copied at apply time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActiveState {
+    Serving(Endpoint),
+    /// Retired by an operator plan: no longer served and no longer holding back cleanup.
+    Retired,
+}
+
+/// An endpoint's fence and the records that switched with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveRecord {
+    pub generation: Generation,
+    pub state: ActiveState,
+}
+
+impl Record for ActiveRecord {
+    const KIND: u8 = 3;
+    const KIND_NAME: &'static str = "active record";
+    const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
+/// A consistent snapshot of every endpoint's active record.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ActiveSnapshot {
+    /// How many applies have switched a fence so far; the SOA serial derives from it.
+    pub applied_changes: u64,
+    pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
+}
+
+/// The result of an `apply` that was not refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApplyOutcome {
+    /// The fence moved from `previous` (NONE for a new endpoint) to the applied generation.
+    Switched { previous: Generation },
+    /// The endpoint was already at this generation: nothing written.
+    Unchanged,
+}
+
+/// Who paused automation and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseState {
+    pub reason: String,
+    pub by: String,
+    pub since_unix_ms: u64,
+}
+
+impl Record for PauseState {
+    const KIND: u8 = 4;
+    const KIND_NAME: &'static str = "pause state";
+    const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
+/// An enactor's report of itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub enactor_id: String,
+    pub zone: ZoneId,
+    pub last_applied: Generation,
+    pub at_unix_ms: u64,
+    /// Free text such as `applying`, `idle`, `refusing`.
+    pub state: String,
+}
+
+impl Record for Heartbeat {
+    const KIND: u8 = 5;
+    const KIND_NAME: &'static str = "heartbeat";
+    const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
+/// Counters that move whenever something a waiter cares about changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StoreVersion {
+    pub latest: Generation,
+    pub applied_changes: u64,
+    /// Moves on pause, resume and cleanup.
+    pub control_changes: u64,
+}
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("publish conflict: plan {attempted} (parent {parent}) does not follow the latest plan {latest}; re-read and re-decide")]
+    Conflict { attempted: Generation, parent: Generation, latest: Generation },
+    #[error("automation is paused by {by}: {reason}; an operator must resume it")]
+    Paused { reason: String, by: String },
+    #[error("stale: {endpoint} is already at generation {active}, refusing older generation {attempted}")]
+    Stale { endpoint: EndpointName, active: Generation, attempted: Generation },
+    #[error("generation {attempted} has not been published (latest is {latest})")]
+    Unpublished { attempted: Generation, latest: Generation },
+    #[error("plan {attempted} was cleaned up (oldest stored plan is {horizon}); apply the latest plan instead")]
+    Pruned { attempted: Generation, horizon: Generation },
+    #[error("plan {0} not found")]
+    PlanNotFound(Generation),
+    #[error("plan is for DNS zone {attempted} but this store serves {stored}")]
+    DnsZoneMismatch { attempted: DnsName, stored: DnsName },
+    #[error("generation {0} cannot be followed: the generation space is exhausted")]
+    Exhausted(Generation),
+    #[error("refused invalid input")]
+    Invalid(#[from] ValidationError),
+    #[error("{what} is too long ({len} bytes, limit {max})")]
+    TooLong { what: &'static str, len: usize, max: usize },
+    #[error("too many heartbeats stored ({max}); remove retired enactors", max = HEARTBEATS_MAX)]
+    TooManyHeartbeats,
+    #[error("stored data is corrupt ({what})")]
+    Corrupt {
+        what: String,
+        #[source]
+        source: CodecError,
+    },
+    #[error("store I/O failed")]
+    Io(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("store is unavailable: {0}")]
+    Unavailable(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The plan store. Cheap to clone (implementations share state behind an `Arc`).
+///
+/// Every method is a future so that remote implementations fit, and so that callers can put
+/// a timeout on every call.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Publishes `plan` iff `plan.generation == latest + 1` and `plan.parent == latest`.
+    fn publish(&self, plan: &ValidatedPlan) -> impl Future<Output = StoreResult<()>> + Send;
+    fn plan(&self, generation: Generation) -> impl Future<Output = StoreResult<ValidatedPlan>> + Send;
+    /// The latest published generation, `Generation::NONE` if none.
+    fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
+    /// Summaries of stored plans with generation `>= from`, oldest first, at most `limit`
+    /// (capped at `LIST_LIMIT_MAX`).
+    fn list(&self, from: Generation, limit: usize) -> impl Future<Output = StoreResult<Vec<PlanSummary>>> + Send;
+    /// Switches `endpoint` to `generation` with a copy of `records`, fenced at write time.
+    fn apply(
+        &self,
+        endpoint: &EndpointName,
+        generation: Generation,
+        records: &Endpoint,
+    ) -> impl Future<Output = StoreResult<ApplyOutcome>> + Send;
+    /// Retires `endpoint` at `generation` (an operator plan's decision), fenced like `apply`.
+    fn retire(&self, endpoint: &EndpointName, generation: Generation) -> impl Future<Output = StoreResult<ApplyOutcome>> + Send;
+    fn active(&self, endpoint: &EndpointName) -> impl Future<Output = StoreResult<Option<ActiveRecord>>> + Send;
+    fn active_all(&self) -> impl Future<Output = StoreResult<ActiveSnapshot>> + Send;
+    /// What `cleanup(retain)` would do now, without doing it.
+    fn cleanup_preview(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupDecision>> + Send;
+    fn cleanup(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupReport>> + Send;
+    fn pause(&self, state: PauseState) -> impl Future<Output = StoreResult<()>> + Send;
+    fn resume(&self) -> impl Future<Output = StoreResult<()>> + Send;
+    fn paused(&self) -> impl Future<Output = StoreResult<Option<PauseState>>> + Send;
+    fn heartbeat(&self, heartbeat: Heartbeat) -> impl Future<Output = StoreResult<()>> + Send;
+    fn heartbeats(&self) -> impl Future<Output = StoreResult<Vec<Heartbeat>>> + Send;
+    fn version(&self) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+    /// Returns as soon as the store's version differs from `seen`, or after `timeout`
+    /// (capped at `WAIT_TIMEOUT_MAX`) with the current version. Never busy-polls.
+    fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+}
+
+pub(crate) fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {
+    if text.len() > max { Err(StoreError::TooLong { what, len: text.len(), max }) } else { Ok(()) }
+}

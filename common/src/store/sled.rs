@@ -1,0 +1,515 @@
+//! `SledStore`: the embedded `Store` on a sled database on local disk.
+//!
+//! Layout (one sled tree each):
+//! - `plans`: generation (big-endian) → plan envelope; `summaries`: the same keys → summary.
+//! - `active`: endpoint name → [`ActiveRecord`] envelope (the fence and the copied records).
+//! - `fences`: generation (big-endian) ++ endpoint name → empty; an index of serving
+//!   endpoints by generation, so the oldest active generation is one lookup.
+//! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `control_changes`,
+//!   `dns_zone`, `pause`.
+//! - `heartbeats`: enactor id → heartbeat envelope.
+//!
+//! Concurrency: sled cannot scan inside a transaction, and cleanup must see every fence at
+//! the moment it deletes, so one writer mutex serialises every operation; the writes of each
+//! operation commit in one multi-tree sled transaction and are flushed before the mutex is
+//! released. Readers take the same mutex, so they only ever see flushed state: nothing the
+//! authority serves can be lost by a crash. sled locks its directory, so one process owns a
+//! store and the mutex is the whole story.
+//!
+//! Cleanup is logical first: moving `horizon` is the one atomic, durable step that deletes
+//! plans; removing the bytes below it follows and is finished on the next open if a crash
+//! interrupts it.
+
+use super::{
+    ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX,
+    Heartbeat, LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_len,
+    decide_cleanup,
+};
+use crate::codec;
+use crate::generation::Generation;
+use crate::names::{DnsName, EndpointName};
+use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
+use sled::Transactional;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+
+const META_LATEST: &[u8] = b"latest";
+const META_HORIZON: &[u8] = b"horizon";
+const META_APPLIED: &[u8] = b"applied_changes";
+const META_CONTROL: &[u8] = b"control_changes";
+const META_DNS_ZONE: &[u8] = b"dns_zone";
+const META_PAUSE: &[u8] = b"pause";
+
+/// The embedded store. Clones share one database.
+#[derive(Clone)]
+pub struct SledStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: sled::Db,
+    plans: sled::Tree,
+    summaries: sled::Tree,
+    active: sled::Tree,
+    fences: sled::Tree,
+    meta: sled::Tree,
+    heartbeats: sled::Tree,
+    /// Serialises every operation; see the module docs.
+    lock: Mutex<()>,
+    version: watch::Sender<StoreVersion>,
+}
+
+fn io(err: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Io(Box::new(err))
+}
+
+fn corrupt(what: impl Into<String>, source: codec::CodecError) -> StoreError {
+    StoreError::Corrupt { what: what.into(), source }
+}
+
+fn tx_error(err: TransactionError<StoreError>) -> StoreError {
+    match err {
+        TransactionError::Abort(e) => e,
+        TransactionError::Storage(e) => io(e),
+    }
+}
+
+fn fence_key(generation: Generation, name: &EndpointName) -> Vec<u8> {
+    let mut key = generation.to_be_bytes().to_vec();
+    key.extend_from_slice(name.as_str().as_bytes());
+    key
+}
+
+impl SledStore {
+    /// Opens (or creates) the store in directory `path`.
+    pub fn open(path: impl AsRef<Path>) -> StoreResult<SledStore> {
+        let path = path.as_ref();
+        let db = sled::Config::new().path(path).open().map_err(|err| match err {
+            sled::Error::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
+                StoreError::Unavailable(format!("{} is in use by another process (sled holds a lock on it): {e}", path.display()))
+            }
+            other => io(other),
+        })?;
+        let tree = |name: &str| db.open_tree(name).map_err(io);
+        let inner = Inner {
+            plans: tree("plans")?,
+            summaries: tree("summaries")?,
+            active: tree("active")?,
+            fences: tree("fences")?,
+            meta: tree("meta")?,
+            heartbeats: tree("heartbeats")?,
+            db,
+            lock: Mutex::new(()),
+            version: watch::Sender::new(StoreVersion::default()),
+        };
+        inner.recover()?;
+        let version = inner.read_version()?;
+        inner.version.send_replace(version);
+        Ok(SledStore { inner: Arc::new(inner) })
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> StoreResult<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?
+    }
+}
+
+impl Inner {
+    fn guard(&self) -> StoreResult<MutexGuard<'_, ()>> {
+        self.lock.lock().map_err(|_| StoreError::Unavailable("store lock poisoned by an earlier failure; restart the process".into()))
+    }
+
+    fn meta_u64(&self, key: &[u8], default: u64) -> StoreResult<u64> {
+        match self.meta.get(key).map_err(io)? {
+            None => Ok(default),
+            Some(bytes) => {
+                let array: [u8; 8] = bytes.as_ref().try_into().map_err(|_| {
+                    corrupt(
+                        format!("meta key {}", String::from_utf8_lossy(key)),
+                        codec::CodecError::LengthMismatch { declared: 8, actual: bytes.len() },
+                    )
+                })?;
+                Ok(u64::from_be_bytes(array))
+            }
+        }
+    }
+
+    fn latest(&self) -> StoreResult<Generation> {
+        Ok(Generation(self.meta_u64(META_LATEST, 0)?))
+    }
+
+    fn horizon(&self) -> StoreResult<Generation> {
+        Ok(Generation(self.meta_u64(META_HORIZON, Generation::FIRST.0)?))
+    }
+
+    fn read_version(&self) -> StoreResult<StoreVersion> {
+        Ok(StoreVersion {
+            latest: self.latest()?,
+            applied_changes: self.meta_u64(META_APPLIED, 0)?,
+            control_changes: self.meta_u64(META_CONTROL, 0)?,
+        })
+    }
+
+    fn publish_version(&self) -> StoreResult<()> {
+        let version = self.read_version()?;
+        self.version.send_replace(version);
+        Ok(())
+    }
+
+    fn flush(&self) -> StoreResult<()> {
+        self.db.flush().map(|_| ()).map_err(io)
+    }
+
+    /// Finishes an interrupted cleanup and checks that the plan range is whole.
+    fn recover(&self) -> StoreResult<()> {
+        let horizon = self.horizon()?;
+        self.remove_plans_below(horizon)?;
+        let latest = self.latest()?;
+        if latest >= horizon {
+            for g in [horizon, latest] {
+                if !self.plans.contains_key(g.to_be_bytes()).map_err(io)? {
+                    return Err(StoreError::Corrupt {
+                        what: format!("plan {g} is missing although plans {horizon}..={latest} should be stored"),
+                        source: codec::CodecError::Truncated { len: 0 },
+                    });
+                }
+            }
+        }
+        self.flush()
+    }
+
+    fn remove_plans_below(&self, horizon: Generation) -> StoreResult<()> {
+        for tree in [&self.plans, &self.summaries] {
+            let mut batch = sled::Batch::default();
+            for key in tree.range(..horizon.to_be_bytes().to_vec()).keys() {
+                batch.remove(key.map_err(io)?);
+            }
+            tree.apply_batch(batch).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    fn paused(&self) -> StoreResult<Option<PauseState>> {
+        self.meta
+            .get(META_PAUSE)
+            .map_err(io)?
+            .map(|bytes| codec::decode::<PauseState>(&bytes).map_err(|e| corrupt("pause state", e)))
+            .transpose()
+    }
+
+    fn publish(
+        &self,
+        generation: Generation,
+        parent: Generation,
+        dns_zone: &DnsName,
+        is_operator: bool,
+        plan: Vec<u8>,
+        summary: Vec<u8>,
+    ) -> StoreResult<()> {
+        let _guard = self.guard()?;
+        let latest = self.latest()?;
+        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+        if generation != next || parent != latest {
+            return Err(StoreError::Conflict { attempted: generation, parent, latest });
+        }
+        if !is_operator && let Some(pause) = self.paused()? {
+            return Err(StoreError::Paused { reason: pause.reason, by: pause.by });
+        }
+        if let Some(stored) = self.meta.get(META_DNS_ZONE).map_err(io)? {
+            let stored = DnsName::parse(&String::from_utf8_lossy(&stored))
+                .map_err(|e| corrupt("stored DNS zone", codec::CodecError::Body { kind: "DNS zone", detail: e.to_string() }))?;
+            if &stored != dns_zone {
+                return Err(StoreError::DnsZoneMismatch { attempted: dns_zone.clone(), stored });
+            }
+        }
+        let key = generation.to_be_bytes();
+        (&self.plans, &self.summaries, &self.meta)
+            .transaction(|(plans, summaries, meta)| {
+                plans.insert(&key, plan.as_slice())?;
+                summaries.insert(&key, summary.as_slice())?;
+                meta.insert(META_LATEST, &key)?;
+                meta.insert(META_DNS_ZONE, dns_zone.as_str().as_bytes())?;
+                Ok::<_, ConflictableTransactionError<StoreError>>(())
+            })
+            .map_err(tx_error)?;
+        self.flush()?;
+        self.publish_version()
+    }
+
+    fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
+        let _guard = self.guard()?;
+        if generation < self.horizon()? {
+            return Err(StoreError::PlanNotFound(generation));
+        }
+        let bytes = self.plans.get(generation.to_be_bytes()).map_err(io)?.ok_or(StoreError::PlanNotFound(generation))?;
+        codec::decode_plan(&bytes).map_err(|e| corrupt(format!("plan {generation}"), e))
+    }
+
+    fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+        let _guard = self.guard()?;
+        let from = from.max(self.horizon()?);
+        self.summaries
+            .range(from.to_be_bytes()..)
+            .values()
+            .take(limit.min(LIST_LIMIT_MAX))
+            .map(|bytes| {
+                let bytes = bytes.map_err(io)?;
+                codec::decode::<PlanSummary>(&bytes).map_err(|e| corrupt("plan summary", e))
+            })
+            .collect()
+    }
+
+    fn read_active(&self, name: &EndpointName) -> StoreResult<Option<ActiveRecord>> {
+        self.active
+            .get(name.as_str().as_bytes())
+            .map_err(io)?
+            .map(|bytes| codec::decode::<ActiveRecord>(&bytes).map_err(|e| corrupt(format!("active record of {name}"), e)))
+            .transpose()
+    }
+
+    /// The fenced write shared by `apply` and `retire`.
+    fn switch(&self, name: &EndpointName, generation: Generation, state: ActiveState) -> StoreResult<ApplyOutcome> {
+        if let ActiveState::Serving(records) = &state {
+            // Pair check: plans were validated at build and publish; check again at apply.
+            validate_endpoint(name, records)?;
+        }
+        let _guard = self.guard()?;
+        let latest = self.latest()?;
+        if generation.is_none() || generation > latest {
+            return Err(StoreError::Unpublished { attempted: generation, latest });
+        }
+        let horizon = self.horizon()?;
+        if generation < horizon {
+            return Err(StoreError::Pruned { attempted: generation, horizon });
+        }
+        // Invariant: the fence is compared here, under the writer lock, in the same critical
+        // section that writes: no earlier reading of it is trusted.
+        let current = self.read_active(name)?;
+        let previous = match &current {
+            Some(active) if active.generation > generation => {
+                return Err(StoreError::Stale { endpoint: name.clone(), active: active.generation, attempted: generation });
+            }
+            Some(active) if active.generation == generation => return Ok(ApplyOutcome::Unchanged),
+            Some(active) => active.generation,
+            None => Generation::NONE,
+        };
+        let old_fence = current.as_ref().filter(|a| matches!(a.state, ActiveState::Serving(_))).map(|a| fence_key(a.generation, name));
+        let new_fence = matches!(state, ActiveState::Serving(_)).then(|| fence_key(generation, name));
+        let record = codec::encode(&ActiveRecord { generation, state });
+        let applied = self.meta_u64(META_APPLIED, 0)?.wrapping_add(1);
+        (&self.active, &self.fences, &self.meta)
+            .transaction(|(active, fences, meta)| {
+                active.insert(name.as_str().as_bytes(), record.as_slice())?;
+                if let Some(key) = &old_fence {
+                    fences.remove(key.as_slice())?;
+                }
+                if let Some(key) = &new_fence {
+                    fences.insert(key.as_slice(), &[])?;
+                }
+                meta.insert(META_APPLIED, &applied.to_be_bytes())?;
+                Ok::<_, ConflictableTransactionError<StoreError>>(())
+            })
+            .map_err(tx_error)?;
+        self.flush()?;
+        self.publish_version()?;
+        Ok(ApplyOutcome::Switched { previous })
+    }
+
+    fn active_all(&self) -> StoreResult<ActiveSnapshot> {
+        let _guard = self.guard()?;
+        let mut snapshot = ActiveSnapshot { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Default::default() };
+        for entry in self.active.iter() {
+            let (key, value) = entry.map_err(io)?;
+            let name = DnsName::parse(&String::from_utf8_lossy(&key))
+                .map_err(|e| corrupt("active endpoint name", codec::CodecError::Body { kind: "endpoint name", detail: e.to_string() }))?;
+            let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
+            snapshot.endpoints.insert(name, record);
+        }
+        Ok(snapshot)
+    }
+
+    fn decide(&self, retain: u64) -> StoreResult<CleanupDecision> {
+        let oldest = match self.fences.first().map_err(io)? {
+            None => None,
+            Some((key, _)) => {
+                let (g, name) =
+                    key.split_at_checked(8).ok_or_else(|| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?;
+                let g = Generation::from_be_bytes(
+                    g.try_into().map_err(|_| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?,
+                );
+                let name = DnsName::parse(&String::from_utf8_lossy(name))
+                    .map_err(|e| corrupt("fence index", codec::CodecError::Body { kind: "endpoint name", detail: e.to_string() }))?;
+                Some((g, name))
+            }
+        };
+        Ok(decide_cleanup(self.horizon()?, self.latest()?, oldest, retain))
+    }
+
+    fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
+        let _guard = self.guard()?;
+        self.decide(retain)
+    }
+
+    fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
+        let _guard = self.guard()?;
+        let decision = self.decide(retain)?;
+        if decision.deleted_count() == 0 {
+            return Ok(decision);
+        }
+        let control = self.meta_u64(META_CONTROL, 0)?.wrapping_add(1);
+        let mut batch = sled::Batch::default();
+        batch.insert(META_HORIZON, &decision.horizon_after.to_be_bytes());
+        batch.insert(META_CONTROL, &control.to_be_bytes());
+        self.meta.apply_batch(batch).map_err(io)?;
+        self.flush()?;
+        self.remove_plans_below(decision.horizon_after)?;
+        self.flush()?;
+        self.publish_version()?;
+        Ok(decision)
+    }
+
+    fn set_pause(&self, state: Option<PauseState>) -> StoreResult<()> {
+        let _guard = self.guard()?;
+        let control = self.meta_u64(META_CONTROL, 0)?.wrapping_add(1);
+        let mut batch = sled::Batch::default();
+        match state {
+            Some(state) => batch.insert(META_PAUSE, codec::encode(&state)),
+            None => batch.remove(META_PAUSE),
+        }
+        batch.insert(META_CONTROL, &control.to_be_bytes());
+        self.meta.apply_batch(batch).map_err(io)?;
+        self.flush()?;
+        self.publish_version()
+    }
+
+    fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+        let _guard = self.guard()?;
+        let key = heartbeat.enactor_id.as_bytes();
+        if !self.heartbeats.contains_key(key).map_err(io)? && self.heartbeats.len() >= HEARTBEATS_MAX {
+            return Err(StoreError::TooManyHeartbeats);
+        }
+        // Heartbeats are status, not state: they are not flushed on their own.
+        self.heartbeats.insert(key, codec::encode(&heartbeat)).map_err(io)?;
+        Ok(())
+    }
+
+    fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
+        let _guard = self.guard()?;
+        self.heartbeats
+            .iter()
+            .values()
+            .map(|bytes| codec::decode::<Heartbeat>(&bytes.map_err(io)?).map_err(|e| corrupt("heartbeat", e)))
+            .collect()
+    }
+}
+
+impl Store for SledStore {
+    async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
+        let bytes = codec::encode_plan(plan);
+        let summary = codec::encode(&plan.summary());
+        let p = plan.plan();
+        let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, bytes, summary)).await
+    }
+
+    async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
+        self.blocking(move |inner| inner.plan(generation)).await
+    }
+
+    async fn latest(&self) -> StoreResult<Generation> {
+        Ok(self.inner.version.borrow().latest)
+    }
+
+    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+        self.blocking(move |inner| inner.list(from, limit)).await
+    }
+
+    async fn apply(&self, endpoint: &EndpointName, generation: Generation, records: &Endpoint) -> StoreResult<ApplyOutcome> {
+        let (name, state) = (endpoint.clone(), ActiveState::Serving(records.clone()));
+        self.blocking(move |inner| inner.switch(&name, generation, state)).await
+    }
+
+    async fn retire(&self, endpoint: &EndpointName, generation: Generation) -> StoreResult<ApplyOutcome> {
+        let name = endpoint.clone();
+        self.blocking(move |inner| inner.switch(&name, generation, ActiveState::Retired)).await
+    }
+
+    async fn active(&self, endpoint: &EndpointName) -> StoreResult<Option<ActiveRecord>> {
+        let name = endpoint.clone();
+        self.blocking(move |inner| {
+            let _guard = inner.guard()?;
+            inner.read_active(&name)
+        })
+        .await
+    }
+
+    async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
+        self.blocking(|inner| inner.active_all()).await
+    }
+
+    async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
+        self.blocking(move |inner| inner.cleanup_preview(retain)).await
+    }
+
+    async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
+        self.blocking(move |inner| inner.cleanup(retain)).await
+    }
+
+    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+        check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
+        check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+        self.blocking(move |inner| inner.set_pause(Some(state))).await
+    }
+
+    async fn resume(&self) -> StoreResult<()> {
+        self.blocking(|inner| inner.set_pause(None)).await
+    }
+
+    async fn paused(&self) -> StoreResult<Option<PauseState>> {
+        self.blocking(|inner| {
+            let _guard = inner.guard()?;
+            inner.paused()
+        })
+        .await
+    }
+
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+        check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
+        check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
+        self.blocking(move |inner| inner.heartbeat(heartbeat)).await
+    }
+
+    async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
+        self.blocking(|inner| inner.heartbeats()).await
+    }
+
+    async fn version(&self) -> StoreResult<StoreVersion> {
+        Ok(*self.inner.version.borrow())
+    }
+
+    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+        let mut rx = self.inner.version.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout.min(WAIT_TIMEOUT_MAX);
+        loop {
+            let current = *rx.borrow_and_update();
+            if current != seen {
+                return Ok(current);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Err(_elapsed) => return Ok(current),
+                // The sender lives as long as the store; a closed channel means it is gone.
+                Ok(Err(_closed)) => return Err(StoreError::Unavailable("store closed".into())),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}

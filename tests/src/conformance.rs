@@ -1,0 +1,549 @@
+//! The `Store` conformance suite: every guarantee of the `Store` contract as a check that
+//! reports violations.
+//!
+//! Each check gets a fresh store from a [`Harness`] and returns what it saw go wrong. A
+//! real store must return no violations; [`crate::naive::NaiveStore`] must return some (the
+//! teeth check). Racing checks run bounded rounds and stop at the first violation.
+
+use crate::fixtures::{endpoint_for, name, operator, plan, planner};
+use dnsplan_common::store::{ActiveState, ApplyOutcome, PauseState, Store, StoreError};
+use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, ValidatedPlan, ZoneId};
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::Barrier;
+
+/// Makes fresh, empty stores of one implementation.
+pub trait Harness: Send + Sync {
+    type S: Store;
+    fn fresh(&self) -> impl Future<Output = anyhow::Result<Self::S>> + Send;
+}
+
+/// Violations found by one check.
+#[derive(Debug, Default)]
+pub struct Violations(Vec<String>);
+
+impl Violations {
+    pub fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(what());
+        }
+    }
+
+    pub fn push(&mut self, what: String) {
+        self.0.push(what);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// The outcome of a whole suite run.
+#[derive(Debug, Default)]
+pub struct SuiteReport {
+    pub checks: Vec<(&'static str, Violations)>,
+}
+
+impl SuiteReport {
+    pub fn is_clean(&self) -> bool {
+        self.checks.iter().all(|(_, v)| v.is_empty())
+    }
+
+    pub fn failed(&self) -> BTreeSet<&'static str> {
+        self.checks.iter().filter(|(_, v)| !v.is_empty()).map(|(n, _)| *n).collect()
+    }
+}
+
+impl fmt::Display for SuiteReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (name, violations) in &self.checks {
+            if violations.is_empty() {
+                writeln!(f, "ok   {name}")?;
+            } else {
+                writeln!(f, "FAIL {name}")?;
+                for v in violations.0.iter().take(10) {
+                    writeln!(f, "       {v}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs every check against fresh stores from `harness`.
+pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
+    let mut report = SuiteReport::default();
+    macro_rules! run {
+        ($($check:ident),* $(,)?) => {$(
+            let violations = match $check(harness.fresh().await?).await {
+                Ok(v) => v,
+                // A store error where the check expected success is a violation too.
+                Err(err) => Violations(vec![format!("check stopped: {err:#}")]),
+            };
+            report.checks.push((stringify!($check), violations));
+        )*};
+    }
+    run!(
+        publish_is_cas,
+        pause_blocks_automation_only,
+        apply_is_fenced,
+        cleanup_is_guarded,
+        retire_releases_cleanup,
+        race_2025_sequence,
+        race_2025_concurrent,
+        racing_applies_are_monotonic,
+        racing_publishes_have_no_gaps,
+        snapshot_is_consistent,
+        wait_for_change_wakes,
+        heartbeats_round_trip,
+    );
+    Ok(report)
+}
+
+async fn publish_range<S: Store>(store: &S, generations: std::ops::RangeInclusive<u64>, labels: &[&str]) -> anyhow::Result<()> {
+    let names: Vec<_> = labels.iter().map(|l| name(l)).collect();
+    for g in generations {
+        store.publish(&plan(g, &names, planner())).await?;
+    }
+    Ok(())
+}
+
+fn with_parent(p: &ValidatedPlan, generation: u64, parent: u64) -> ValidatedPlan {
+    let mut raw: Plan = p.clone().into_plan();
+    raw.generation = Generation(generation);
+    raw.parent_generation = Generation(parent);
+    ValidatedPlan::new(raw).expect("still valid")
+}
+
+/// Publish is a CAS on the latest generation; plans read back as published.
+pub async fn publish_is_cas<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let x = [name("x")];
+    v.check(store.latest().await? == Generation::NONE, || "a fresh store has a latest plan".into());
+    let first = plan(1, &x, planner());
+    v.check(store.publish(&first).await.is_ok(), || "plan 1 on an empty store was refused".into());
+    for (g, parent) in [(1, 0), (3, 2), (2, 0), (3, 1)] {
+        let attempt = with_parent(&first, g, parent);
+        match store.publish(&attempt).await {
+            Err(StoreError::Conflict { latest, .. }) => {
+                v.check(latest == Generation(1), || format!("conflict for {g}/{parent} reported latest {latest}, want 1"))
+            }
+            other => v.push(format!("publish of generation {g} with parent {parent} over latest 1: want Conflict, got {other:?}")),
+        }
+    }
+    v.check(store.latest().await? == Generation(1), || "latest moved after refused publishes".into());
+    match store.plan(Generation(1)).await {
+        Ok(read) => v.check(read == first, || "plan 1 reads back different from what was published".into()),
+        Err(e) => v.push(format!("plan 1 unreadable: {e}")),
+    }
+    v.check(matches!(store.plan(Generation(2)).await, Err(StoreError::PlanNotFound(_))), || "plan 2 found before publish".into());
+    let mut other_zone = first.clone().into_plan();
+    other_zone.generation = Generation(2);
+    other_zone.parent_generation = Generation(1);
+    other_zone.dns_zone = DnsName::parse("other.test")?;
+    other_zone.endpoints = [(DnsName::parse("x.other.test")?, endpoint_for(Generation(2)))].into();
+    let other_zone = ValidatedPlan::new(other_zone)?;
+    v.check(matches!(store.publish(&other_zone).await, Err(StoreError::DnsZoneMismatch { .. })), || {
+        "a plan for another DNS zone was accepted".into()
+    });
+    publish_range(&store, 2..=5, &["x"]).await?;
+    let listed: Vec<u64> = store.list(Generation(3), 2).await?.iter().map(|s| s.generation.0).collect();
+    v.check(listed == [3, 4], || format!("list(3, 2) gave {listed:?}"));
+    let all: Vec<u64> = store.list(Generation::NONE, 100).await?.iter().map(|s| s.generation.0).collect();
+    v.check(all == [1, 2, 3, 4, 5], || format!("list(0, 100) gave {all:?}"));
+    Ok(v)
+}
+
+/// A pause refuses planner plans and lets operator plans through; resume lifts it.
+pub async fn pause_blocks_automation_only<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let x = [name("x")];
+    store.publish(&plan(1, &x, planner())).await?;
+    let pause = PauseState { reason: "incident 42".into(), by: "alice".into(), since_unix_ms: 1 };
+    store.pause(pause.clone()).await?;
+    v.check(store.paused().await?.as_ref() == Some(&pause), || "paused() does not return the pause".into());
+    match store.publish(&plan(2, &x, planner())).await {
+        Err(StoreError::Paused { reason, .. }) => v.check(reason == "incident 42", || format!("pause error lost the reason: {reason}")),
+        other => v.push(format!("planner publish while paused: want Paused, got {other:?}")),
+    }
+    v.check(store.publish(&plan(2, &x, operator())).await.is_ok(), || "operator publish refused while paused".into());
+    store.resume().await?;
+    v.check(store.paused().await?.is_none(), || "still paused after resume".into());
+    v.check(store.publish(&plan(3, &x, planner())).await.is_ok(), || "planner publish refused after resume".into());
+    Ok(v)
+}
+
+/// Older → Stale, equal → no-op, newer → switch with a copy of the records; unpublished
+/// generations and empty endpoints are refused.
+pub async fn apply_is_fenced<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let x = name("x");
+    publish_range(&store, 1..=3, &["x"]).await?;
+    let r = store.apply(&x, Generation(2), &endpoint_for(Generation(2))).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { previous: Generation::NONE })), || format!("first apply: {r:?}"));
+    let r = store.apply(&x, Generation(2), &endpoint_for(Generation(2))).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Unchanged)), || format!("equal generation: want Unchanged, got {r:?}"));
+    let r = store.apply(&x, Generation(1), &endpoint_for(Generation(1))).await;
+    v.check(matches!(r, Err(StoreError::Stale { active: Generation(2), .. })), || format!("older generation: want Stale at 2, got {r:?}"));
+    let active = store.active(&x).await?;
+    v.check(
+        active.as_ref().is_some_and(|a| a.generation == Generation(2) && a.state == ActiveState::Serving(endpoint_for(Generation(2)))),
+        || format!("after a stale apply the active record is {active:?}"),
+    );
+    let r = store.apply(&x, Generation(3), &endpoint_for(Generation(3))).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { previous: Generation(2) })), || format!("newer generation: {r:?}"));
+    let r = store.apply(&x, Generation(4), &endpoint_for(Generation(4))).await;
+    v.check(matches!(r, Err(StoreError::Unpublished { .. })), || format!("unpublished generation 4: want Unpublished, got {r:?}"));
+    let mut empty = endpoint_for(Generation(3));
+    empty.targets.clear();
+    let r = store.apply(&name("y"), Generation(3), &empty).await;
+    v.check(matches!(r, Err(StoreError::Invalid(_))), || format!("empty endpoint: want Invalid, got {r:?}"));
+    v.check(store.active(&name("y")).await?.is_none(), || "an empty endpoint became active".into());
+    v.check(store.active(&x).await?.map(|a| a.generation) == Some(Generation(3)), || "active is not 3 at the end".into());
+    Ok(v)
+}
+
+/// Cleanup deletes only plans older than the oldest active one and the last `retain`.
+pub async fn cleanup_is_guarded<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let x = name("x");
+    publish_range(&store, 1..=20, &["x"]).await?;
+    store.apply(&x, Generation(10), &endpoint_for(Generation(10))).await?;
+    let preview = store.cleanup_preview(3).await?;
+    let report = store.cleanup(3).await?;
+    v.check(preview == report, || format!("preview {preview:?} differs from cleanup {report:?}"));
+    v.check(report.deleted() == Some((Generation(1), Generation(9))), || format!("deleted {:?}, want 1..=9", report.deleted()));
+    v.check(report.refused_active_or_newer == 8, || format!("refused {} plans, want 8 (10..=17)", report.refused_active_or_newer));
+    for g in 1..=20 {
+        let found = store.plan(Generation(g)).await.is_ok();
+        v.check(found == (g >= 10), || format!("after cleanup(3) with 10 active, plan {g} found={found}"));
+    }
+    let r = store.apply(&name("late"), Generation(5), &endpoint_for(Generation(5))).await;
+    v.check(r.is_err(), || format!("apply of cleaned-up plan 5 to a new endpoint was accepted: {r:?}"));
+    let again = store.cleanup(3).await?;
+    v.check(again.deleted_count() == 0, || "a second cleanup deleted more".into());
+    v.check(store.active(&x).await?.map(|a| a.state) == Some(ActiveState::Serving(endpoint_for(Generation(10)))), || {
+        "cleanup changed what x serves".into()
+    });
+    Ok(v)
+}
+
+/// An operator retirement stops an endpoint holding back cleanup; cleanup never changes
+/// what the other endpoints serve.
+pub async fn retire_releases_cleanup<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let (x, y) = (name("x"), name("y"));
+    publish_range(&store, 1..=30, &["x", "y"]).await?;
+    store.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?;
+    store.apply(&y, Generation(30), &endpoint_for(Generation(30))).await?;
+    let report = store.cleanup(5).await?;
+    v.check(report.deleted_count() == 0, || format!("cleanup deleted {:?} while x is active at plan 1", report.deleted()));
+    v.check(store.plan(Generation(1)).await.is_ok(), || "plan 1 (active for x) was deleted".into());
+    let mut retire = plan(31, std::slice::from_ref(&y), operator()).into_plan();
+    retire.retired.insert(x.clone());
+    store.publish(&ValidatedPlan::new(retire)?).await?;
+    let r = store.retire(&x, Generation(31)).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { previous: Generation(1) })), || format!("retire: {r:?}"));
+    let before = store.active_all().await?;
+    let report = store.cleanup(5).await?;
+    v.check(report.deleted() == Some((Generation(1), Generation(26))), || {
+        format!("after retiring x cleanup deleted {:?}, want 1..=26", report.deleted())
+    });
+    let after = store.active_all().await?;
+    v.check(before == after, || "cleanup changed the active records".into());
+    v.check(store.active(&x).await?.map(|a| a.state) == Some(ActiveState::Retired), || "x is not retired".into());
+    Ok(v)
+}
+
+/// The October 2025 sequence, made deterministic: enactor A holds plan 1 and stalls; plans
+/// 2..=11 are published; enactor B applies 11 everywhere and cleans up; A wakes and writes
+/// plan 1 everywhere, including an endpoint B never touched.
+pub async fn race_2025_sequence<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let labels = ["e0", "e1", "e2", "e3"];
+    let names: Vec<_> = labels.iter().map(|l| name(l)).collect();
+    let mut old = names.clone();
+    old.push(name("legacy"));
+    store.publish(&plan(1, &old, planner())).await?;
+    let held_by_a = store.plan(Generation(1)).await?;
+    publish_range(&store, 2..=11, &labels).await?;
+    for n in &names {
+        store.apply(n, Generation(11), &endpoint_for(Generation(11))).await?;
+    }
+    store.cleanup(3).await?;
+    for (n, records) in &held_by_a.plan().endpoints {
+        if let Ok(ApplyOutcome::Switched { previous }) = store.apply(n, Generation(1), records).await {
+            v.push(format!("stale plan 1 switched {n} (previous {previous})"));
+        }
+    }
+    for n in &old {
+        match store.active(n).await? {
+            Some(active) => {
+                let ok = matches!(&active.state, ActiveState::Serving(e) if !e.targets.is_empty());
+                v.check(ok, || format!("{n} is not serving"));
+                v.check(store.plan(active.generation).await.is_ok(), || {
+                    format!("{n} is active at plan {} which was deleted", active.generation)
+                });
+                v.check(*n == name("legacy") || active.generation == Generation(11), || format!("{n} went back to {}", active.generation));
+            }
+            None => v.check(*n == name("legacy"), || format!("{n} has no records")),
+        }
+    }
+    Ok(v)
+}
+
+/// Rounds of the same race run concurrently: a stale apply and a fresh apply plus cleanup
+/// start together at a barrier. Stops at the first violation.
+pub async fn race_2025_concurrent<S: Store>(store: S) -> anyhow::Result<Violations> {
+    const ROUNDS: u64 = 150;
+    let mut v = Violations::default();
+    for round in 0..ROUNDS {
+        let endpoint = name(&format!("r{round}"));
+        let old = Generation(2 * round + 1);
+        let new = Generation(2 * round + 2);
+        store.publish(&plan(old.0, std::slice::from_ref(&endpoint), planner())).await?;
+        store.publish(&plan(new.0, std::slice::from_ref(&endpoint), planner())).await?;
+        let barrier = Arc::new(Barrier::new(2));
+        let stale = {
+            let (store, endpoint, barrier) = (store.clone(), endpoint.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.apply(&endpoint, old, &endpoint_for(old)).await
+            })
+        };
+        let fresh = {
+            let (store, endpoint, barrier) = (store.clone(), endpoint.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let r = store.apply(&endpoint, new, &endpoint_for(new)).await;
+                store.cleanup(1).await?;
+                r
+            })
+        };
+        let (_, fresh) = (stale.await?, fresh.await?);
+        v.check(fresh.is_ok(), || format!("round {round}: the newest plan was refused: {fresh:?}"));
+        let active = store.active(&endpoint).await?;
+        v.check(active.as_ref().map(|a| a.generation) == Some(new), || {
+            format!("round {round}: active is {:?}, want {new}", active.map(|a| a.generation))
+        });
+        if !v.is_empty() {
+            break;
+        }
+    }
+    Ok(v)
+}
+
+/// Many tasks apply random generations to a few endpoints while an observer watches: each
+/// endpoint's observed generations never decrease and end at the maximum applied, and each
+/// active record is exactly its plan's copy.
+pub async fn racing_applies_are_monotonic<S: Store>(store: S) -> anyhow::Result<Violations> {
+    const ROUNDS: usize = 12;
+    const WRITERS: u64 = 6;
+    const APPLIES_PER_WRITER: usize = 25;
+    const PLANS: u64 = 40;
+    let mut v = Violations::default();
+    let labels = ["a", "b", "c"];
+    publish_range(&store, 1..=PLANS, &labels).await?;
+    for round in 0..ROUNDS {
+        let names: Vec<_> = labels.iter().map(|l| name(&format!("{l}{round}"))).collect();
+        let done = Arc::new(AtomicBool::new(false));
+        let observer = {
+            let (store, names, done) = (store.clone(), names.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut seen: BTreeMap<_, Vec<Generation>> = BTreeMap::new();
+                while !done.load(Ordering::Acquire) {
+                    for n in &names {
+                        if let Ok(Some(a)) = store.active(n).await {
+                            seen.entry(n.clone()).or_default().push(a.generation);
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+                seen
+            })
+        };
+        let mut writers = Vec::new();
+        for w in 0..WRITERS {
+            let (store, names) = (store.clone(), names.clone());
+            writers.push(tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(round as u64 * 1_000 + w);
+                let mut applied = Vec::new();
+                for _ in 0..APPLIES_PER_WRITER {
+                    let n = &names[rng.random_range(0..names.len())];
+                    let g = Generation(rng.random_range(1..=PLANS));
+                    let r = store.apply(n, g, &endpoint_for(g)).await;
+                    applied.push((n.clone(), g, r));
+                }
+                applied
+            }));
+        }
+        let mut max: BTreeMap<_, Generation> = BTreeMap::new();
+        for w in writers {
+            for (n, g, r) in w.await? {
+                let e = max.entry(n.clone()).or_default();
+                *e = (*e).max(g);
+                match r {
+                    Ok(ApplyOutcome::Switched { previous }) => {
+                        v.check(previous < g, || format!("{n}: switched to {g} from newer {previous}"))
+                    }
+                    Ok(ApplyOutcome::Unchanged) | Err(StoreError::Stale { .. }) => {}
+                    Err(e) => v.push(format!("{n}@{g}: unexpected error {e}")),
+                }
+            }
+        }
+        done.store(true, Ordering::Release);
+        for (n, seq) in observer.await? {
+            if let Some(w) = seq.windows(2).find(|w| w[1] < w[0]) {
+                v.push(format!("round {round}: {n} went backwards from {} to {}", w[0], w[1]));
+            }
+        }
+        for (n, want) in &max {
+            let active = store.active(n).await?;
+            let ok = active.as_ref().is_some_and(|a| a.generation == *want && a.state == ActiveState::Serving(endpoint_for(*want)));
+            v.check(ok, || format!("round {round}: {n} ended at {:?}, want {want} with its records", active.map(|a| a.generation)));
+        }
+        if !v.is_empty() {
+            break;
+        }
+    }
+    Ok(v)
+}
+
+/// Many publishers race for the next generation: every generation is published exactly
+/// once, with no gaps, and holds the plan of the publisher that was told it won.
+pub async fn racing_publishes_have_no_gaps<S: Store>(store: S) -> anyhow::Result<Violations> {
+    const ROUNDS: u64 = 10;
+    const PUBLISHERS: usize = 6;
+    const PLANS_PER_ROUND: u64 = 40;
+    const ATTEMPTS_MAX: usize = 2_000;
+    let mut v = Violations::default();
+    let mut winners: BTreeMap<Generation, Vec<String>> = BTreeMap::new();
+    for round in 1..=ROUNDS {
+        let target = round * PLANS_PER_ROUND;
+        let barrier = Arc::new(Barrier::new(PUBLISHERS));
+        let mut tasks = Vec::new();
+        for p in 0..PUBLISHERS {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let x = [name("x")];
+                let id = format!("p{p}");
+                let mut won = Vec::new();
+                barrier.wait().await;
+                for _ in 0..ATTEMPTS_MAX {
+                    let latest = store.latest().await?;
+                    if latest.0 >= target {
+                        break;
+                    }
+                    let attempt = plan(latest.0 + 1, &x, dnsplan_common::Author::Planner { id: id.clone() });
+                    match store.publish(&attempt).await {
+                        Ok(()) => won.push(attempt.generation()),
+                        Err(StoreError::Conflict { .. }) => {}
+                        Err(e) => return Err(anyhow::Error::from(e)),
+                    }
+                }
+                Ok::<_, anyhow::Error>((id, won))
+            }));
+        }
+        for t in tasks {
+            let (id, won) = t.await??;
+            for g in won {
+                winners.entry(g).or_default().push(id.clone());
+            }
+        }
+        for (g, ids) in &winners {
+            v.check(ids.len() == 1, || format!("generation {g} was acknowledged to {ids:?}"));
+            if let (Ok(stored), [id]) = (store.plan(*g).await, ids.as_slice()) {
+                let author = stored.plan().author.to_string();
+                v.check(author == format!("planner:{id}"), || format!("generation {g} acknowledged to {id} but holds {author}'s plan"));
+            }
+        }
+        let latest = store.latest().await?;
+        let gens: Vec<u64> = winners.keys().map(|g| g.0).collect();
+        v.check(gens == (1..=latest.0).collect::<Vec<_>>(), || format!("acknowledged generations {gens:?} are not 1..={latest}"));
+        if !v.is_empty() {
+            break;
+        }
+    }
+    Ok(v)
+}
+
+/// `active_all` agrees with `active` and counts every switch.
+pub async fn snapshot_is_consistent<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    publish_range(&store, 1..=3, &["x", "y", "z"]).await?;
+    let mut switches = 0;
+    for (label, g) in [("x", 1), ("y", 2), ("x", 3), ("z", 3), ("x", 2), ("y", 2)] {
+        if let Ok(ApplyOutcome::Switched { .. }) = store.apply(&name(label), Generation(g), &endpoint_for(Generation(g))).await {
+            switches += 1;
+        }
+    }
+    let snapshot = store.active_all().await?;
+    v.check(snapshot.applied_changes == switches, || format!("applied_changes is {}, want {switches}", snapshot.applied_changes));
+    for label in ["x", "y", "z"] {
+        let n = name(label);
+        let single = store.active(&n).await?;
+        v.check(snapshot.endpoints.get(&n) == single.as_ref(), || format!("snapshot and active() disagree on {n}"));
+    }
+    v.check(snapshot.endpoints.len() == 3, || format!("snapshot has {} endpoints", snapshot.endpoints.len()));
+    Ok(v)
+}
+
+/// A waiter wakes on publish, apply and pause, and returns at its timeout otherwise.
+pub async fn wait_for_change_wakes<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let x = name("x");
+    let seen = store.version().await?;
+    let quiet = store.wait_for_change(seen, Duration::from_millis(50)).await?;
+    v.check(quiet == seen, || "wait_for_change returned a change when nothing changed".into());
+    for what in ["publish", "apply", "pause"] {
+        let seen = store.version().await?;
+        let waiter = {
+            let store = store.clone();
+            tokio::spawn(async move { store.wait_for_change(seen, Duration::from_secs(30)).await })
+        };
+        match what {
+            "publish" => store.publish(&plan(1, std::slice::from_ref(&x), planner())).await?,
+            "apply" => drop(store.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?),
+            _ => store.pause(PauseState { reason: "r".into(), by: "b".into(), since_unix_ms: 0 }).await?,
+        }
+        match tokio::time::timeout(Duration::from_secs(30), waiter).await {
+            Ok(Ok(Ok(now))) => v.check(now != seen, || format!("waiter woke on {what} without a change")),
+            other => v.push(format!("waiter did not wake on {what}: {other:?}")),
+        }
+    }
+    Ok(v)
+}
+
+/// Heartbeats are stored per enactor id and updated in place.
+pub async fn heartbeats_round_trip<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    for (id, zone, g) in [("en-a", "a", 1), ("en-b", "b", 2), ("en-c", "c", 3), ("en-a", "a", 4)] {
+        store
+            .heartbeat(Heartbeat {
+                enactor_id: id.into(),
+                zone: ZoneId::parse(zone)?,
+                last_applied: Generation(g),
+                at_unix_ms: g,
+                state: "idle".into(),
+            })
+            .await?;
+    }
+    let beats = store.heartbeats().await?;
+    let got: HashSet<(String, u64)> = beats.iter().map(|b| (b.enactor_id.clone(), b.last_applied.0)).collect();
+    let want: HashSet<(String, u64)> = [("en-a".to_string(), 4), ("en-b".into(), 2), ("en-c".into(), 3)].into();
+    v.check(got == want, || format!("heartbeats {got:?}, want {want:?}"));
+    let too_long = Heartbeat {
+        enactor_id: "x".repeat(1_000),
+        zone: ZoneId::parse("a")?,
+        last_applied: Generation(1),
+        at_unix_ms: 0,
+        state: "idle".into(),
+    };
+    v.check(store.heartbeat(too_long).await.is_err(), || "a 1000-byte enactor id was accepted".into());
+    Ok(v)
+}

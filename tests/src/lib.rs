@@ -1,0 +1,10 @@
+//! Test support shared across dnsplan's crates: the `Store` conformance suite, which every
+//! store implementation must pass, and a deliberately naive store that must fail it.
+//!
+//! The suite reports violations instead of panicking, so that the same code proves two
+//! things: a real store has none, and the naive store (check-then-act apply, age-only
+//! cleanup, unfenced publish) has some. A suite that passes the naive store is broken.
+
+pub mod conformance;
+pub mod fixtures;
+pub mod naive;
