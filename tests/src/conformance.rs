@@ -4,6 +4,13 @@
 //! Each check gets a fresh store from a [`Harness`] and returns what it saw go wrong. A
 //! real store must return no violations; [`crate::naive::NaiveStore`] must return some (the
 //! teeth check). Racing checks run bounded rounds and stop at the first violation.
+//!
+//! Each protection was also removed from `SledStore` once to see the suite catch it:
+//! without the write-time fence comparison, `apply_is_fenced`, `race_2025_concurrent` and
+//! `racing_applies_are_monotonic` fail; without the refusal of cleaned-up generations,
+//! `cleanup_is_guarded` and `race_2025_sequence` fail (an old plan becomes active on a new
+//! endpoint after its plan was deleted). The SIGKILL test in `tests/sled_crash.rs` fails
+//! when `apply` stops flushing before it acknowledges.
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
 use dnsplan_common::store::{ActiveState, ApplyOutcome, PauseState, Store, StoreError};
