@@ -39,7 +39,7 @@ async fn main() -> anyhow::Result<()> {
                 Err(e) => return Err(e.into()),
             }
         }
-        if next.0 % CLEANUP_EVERY == 0 {
+        if next.0.is_multiple_of(CLEANUP_EVERY) {
             store.cleanup(RETAIN).await?;
         }
     }
