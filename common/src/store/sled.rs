@@ -36,6 +36,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// How long `open` waits for another holder of the store's lock to let go. A restarted daemon
+/// can race its predecessor's exit by a few hundred milliseconds; longer means a second live
+/// process, which is an operator's mistake to report, not to wait out.
+pub const OPEN_LOCK_WAIT: Duration = Duration::from_secs(3);
+
 const META_LATEST: &[u8] = b"latest";
 const META_HORIZON: &[u8] = b"horizon";
 const META_APPLIED: &[u8] = b"applied_changes";
@@ -87,12 +92,27 @@ impl SledStore {
     /// Opens (or creates) the store in directory `path`.
     pub fn open(path: impl AsRef<Path>) -> StoreResult<SledStore> {
         let path = path.as_ref();
-        let db = sled::Config::new().path(path).open().map_err(|err| match err {
-            sled::Error::Io(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("lock") => {
-                StoreError::Unavailable(format!("{} is in use by another process (sled holds a lock on it): {e}", path.display()))
+        // A process that just exited (or a store just dropped) releases sled's file lock from
+        // background threads a moment later, so lock contention is retried briefly before it
+        // is reported. Other errors are not retried.
+        let deadline = std::time::Instant::now() + OPEN_LOCK_WAIT;
+        let mut backoff = Duration::from_millis(5);
+        let db = loop {
+            match sled::Config::new().path(path).open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(StoreError::Unavailable(format!(
+                            "{} is in use by another process (sled holds a lock on it); stop that process first: {e}",
+                            path.display()
+                        )));
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+                Err(other) => return Err(io(other)),
             }
-            other => io(other),
-        })?;
+        };
         let tree = |name: &str| db.open_tree(name).map_err(io);
         let inner = Inner {
             plans: tree("plans")?,
