@@ -15,7 +15,7 @@
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
 use dnsplan_common::store::{ActiveState, ApplyOutcome, PauseState, Store, StoreError};
 use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, ValidatedPlan, ZoneId};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::future::Future;

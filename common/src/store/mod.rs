@@ -15,7 +15,10 @@
 //! - Reads see only durable state, and `wait_for_change` wakes on change without polling.
 
 pub mod cleanup;
+#[cfg(feature = "remote")]
+pub mod remote;
 pub mod sled;
+pub mod wire;
 
 use crate::codec::{self, CodecError, Record};
 use crate::generation::Generation;
@@ -64,7 +67,7 @@ impl Record for ActiveRecord {
 }
 
 /// A consistent snapshot of every endpoint's active record.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ActiveSnapshot {
     /// How many applies have switched a fence so far; the SOA serial derives from it.
     pub applied_changes: u64,
@@ -154,6 +157,12 @@ pub enum StoreError {
     Io(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("store is unavailable: {0}")]
     Unavailable(String),
+    #[error("the control API refused the request: missing or wrong bearer token (check the token in your config or DNSPLAN_TOKEN)")]
+    Unauthorized,
+    #[error("the control API could not understand the request: {0}")]
+    BadRequest(String),
+    #[error("the remote store refused the input: {0}")]
+    Rejected(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

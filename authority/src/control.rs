@@ -1,0 +1,262 @@
+//! The control API: HTTP routes, one per `Store` operation, over the authority's own store.
+//!
+//! Reads are open (status, plans, metrics are for dashboards and scrapers); every write needs
+//! `Authorization: Bearer <token>`, compared in constant time and never logged. Plans travel
+//! as codec envelopes, everything else as JSON; errors are `ErrorBody` JSON whose `message`
+//! says what to do. Bodies are limited per route.
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use dnsplan_common::codec;
+use dnsplan_common::store::wire::{ApplyRequest, CleanupRequest, ErrorBody, RetireRequest, WaitQuery, WireError};
+use dnsplan_common::store::{Heartbeat, PauseState, Store, StoreError, StoreVersion};
+use dnsplan_common::{DnsName, EndpointName, Generation};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest JSON body (apply, pause, heartbeat, cleanup requests): an endpoint with the maximum
+/// number of targets is a few KiB.
+pub const JSON_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Largest plan body: the envelope header plus the largest plan body the codec accepts.
+pub const PLAN_BODY_BYTES_MAX: usize = codec::HEADER_BYTES + codec::BODY_BYTES_MAX;
+
+/// What every handler needs, plus whatever the embedding process adds (`extra` routes).
+pub struct Control<S> {
+    pub store: S,
+    token: Arc<str>,
+}
+
+impl<S> Clone for Control<S>
+where
+    S: Clone,
+{
+    fn clone(&self) -> Self {
+        Control { store: self.store.clone(), token: self.token.clone() }
+    }
+}
+
+impl<S: Store> Control<S> {
+    pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
+        Control { store, token: token.into() }
+    }
+}
+
+/// A failed call, rendered as `ErrorBody` JSON with the matching status.
+pub struct ApiError {
+    error: WireError,
+    message: String,
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> ApiError {
+        let error = WireError::from(&err);
+        // The full chain, once, here where it is handled.
+        let message = format!("{:#}", DisplayChain(&err));
+        ApiError { error, message }
+    }
+}
+
+struct DisplayChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
+impl ApiError {
+    pub fn bad_request(detail: impl Into<String>) -> ApiError {
+        let detail = detail.into();
+        ApiError { message: format!("bad request: {detail}"), error: WireError::BadRequest { detail } }
+    }
+
+    fn unauthorized() -> ApiError {
+        ApiError {
+            error: WireError::Unauthorized,
+            message: "this write needs 'Authorization: Bearer <token>' with the authority's control token".into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(message = %self.message, "control API call failed");
+        }
+        let mut resp = (status, Json(ErrorBody { error: self.error, message: self.message })).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn parse_json<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("body is not the expected JSON: {e}")))
+}
+
+fn parse_endpoint(raw: &str) -> ApiResult<EndpointName> {
+    DnsName::parse(raw).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// Compares in time independent of where the first difference is. The length is not secret.
+fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+    if given.len() != expected.len() {
+        return false;
+    }
+    let diff = given.iter().zip(expected).fold(0u8, |acc, (a, b)| std::hint::black_box(acc | (a ^ b)));
+    diff == 0
+}
+
+async fn require_token_for_writes<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(token) if token_matches(token.as_bytes(), ctl.token.as_bytes()) => next.run(req).await,
+        _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+/// The `/v1` store routes, `/healthz` and the auth layer. The caller adds `/metrics`,
+/// `/readyz` and `/v1/status`, which depend on what else runs in the process.
+pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
+    let plans = Router::new().route("/v1/plans", post(publish::<S>).get(list::<S>)).layer(DefaultBodyLimit::max(PLAN_BODY_BYTES_MAX));
+    let rest = Router::new()
+        .route("/v1/plans/{generation}", get(plan::<S>))
+        .route("/v1/version", get(version::<S>))
+        .route("/v1/wait", get(wait::<S>))
+        .route("/v1/active", get(active_all::<S>))
+        .route("/v1/active/{endpoint}", get(active::<S>).put(apply::<S>))
+        .route("/v1/active/{endpoint}/retire", post(retire::<S>))
+        .route("/v1/cleanup", get(cleanup_preview::<S>).post(cleanup::<S>))
+        .route("/v1/pause", get(paused::<S>).put(pause::<S>).delete(resume::<S>))
+        .route("/v1/heartbeats", get(heartbeats::<S>).post(heartbeat::<S>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
+    plans.merge(rest).route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
+}
+
+async fn publish<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+    let plan = codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?;
+    ctl.store.publish(&plan).await?;
+    tracing::info!(generation = %plan.generation(), author = %plan.plan().author, "plan published");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct ListParams {
+    #[serde(default)]
+    from: u64,
+    limit: Option<usize>,
+}
+
+async fn list<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ListParams>) -> ApiResult<Response> {
+    let limit = q.limit.unwrap_or(dnsplan_common::store::LIST_LIMIT_MAX);
+    Ok(Json(ctl.store.list(Generation(q.from), limit).await?).into_response())
+}
+
+async fn plan<S: Store>(State(ctl): State<Control<S>>, Path(generation): Path<String>) -> ApiResult<Response> {
+    let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
+    let plan = ctl.store.plan(Generation(g)).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode_plan(&plan)).into_response())
+}
+
+async fn version<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<StoreVersion>> {
+    Ok(Json(ctl.store.version().await?))
+}
+
+async fn wait<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<WaitQuery>) -> ApiResult<Json<StoreVersion>> {
+    let seen = StoreVersion { latest: q.latest, applied_changes: q.applied_changes, control_changes: q.control_changes };
+    Ok(Json(ctl.store.wait_for_change(seen, Duration::from_millis(q.timeout_ms)).await?))
+}
+
+async fn active_all<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.active_all().await?).into_response())
+}
+
+async fn active<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.active(&parse_endpoint(&endpoint)?).await?).into_response())
+}
+
+async fn apply<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let name = parse_endpoint(&endpoint)?;
+    let req: ApplyRequest = parse_json(&body)?;
+    Ok(Json(ctl.store.apply(&name, req.generation, &req.records).await?).into_response())
+}
+
+async fn retire<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let name = parse_endpoint(&endpoint)?;
+    let req: RetireRequest = parse_json(&body)?;
+    Ok(Json(ctl.store.retire(&name, req.generation).await?).into_response())
+}
+
+async fn cleanup_preview<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<CleanupRequest>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.cleanup_preview(q.retain).await?).into_response())
+}
+
+async fn cleanup<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<Response> {
+    let req: CleanupRequest = parse_json(&body)?;
+    let report = ctl.store.cleanup(req.retain).await?;
+    if let Some((first, last)) = report.deleted() {
+        tracing::info!(%first, %last, "cleanup deleted plans");
+    }
+    Ok(Json(report).into_response())
+}
+
+async fn paused<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.paused().await?).into_response())
+}
+
+async fn pause<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+    let state: PauseState = parse_json(&body)?;
+    tracing::warn!(by = %state.by, reason = %state.reason, "automation paused");
+    ctl.store.pause(state).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn resume<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<StatusCode> {
+    ctl.store.resume().await?;
+    tracing::info!("automation resumed");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn heartbeats<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.heartbeats().await?).into_response())
+}
+
+async fn heartbeat<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+    let beat: Heartbeat = parse_json(&body)?;
+    ctl.store.heartbeat(beat).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_matches;
+
+    #[test]
+    fn tokens() {
+        assert!(token_matches(b"secret", b"secret"));
+        assert!(!token_matches(b"secreT", b"secret"));
+        assert!(!token_matches(b"secret!", b"secret"));
+        assert!(!token_matches(b"", b"secret"));
+    }
+}

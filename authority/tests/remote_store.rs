@@ -1,0 +1,102 @@
+//! `RemoteStore` over a real socket to the control API passes the same conformance suite as
+//! `SledStore`; the naive store served through the same API still fails it (the remote path
+//! hides no violation); writes without the right token are refused.
+
+use dnsplan_authority::control::{Control, router};
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{SledStore, Store, StoreError};
+use dnsplan_tests::conformance::{Harness, run_all};
+use dnsplan_tests::fixtures::{name, plan, planner};
+use dnsplan_tests::naive::NaiveStore;
+
+const TOKEN: &str = "test-token-0123456789";
+
+async fn serve<S: Store>(store: S) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let ctl = Control::new(store, TOKEN);
+    let app = router(ctl.clone()).with_state(ctl);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}"))
+}
+
+struct OverSled {
+    dir: tempfile::TempDir,
+}
+
+impl Harness for OverSled {
+    type S = RemoteStore;
+    async fn fresh(&self) -> anyhow::Result<RemoteStore> {
+        let store = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
+        Ok(RemoteStore::new(&serve(store).await?, Some(TOKEN.into()))?)
+    }
+}
+
+struct OverNaive;
+
+impl Harness for OverNaive {
+    type S = RemoteStore;
+    async fn fresh(&self) -> anyhow::Result<RemoteStore> {
+        Ok(RemoteStore::new(&serve(NaiveStore::default()).await?, Some(TOKEN.into()))?)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remote_store_passes_the_suite() -> anyhow::Result<()> {
+    let report = run_all(&OverSled { dir: tempfile::tempdir()? }).await?;
+    assert!(report.is_clean(), "RemoteStore over SledStore violates the Store contract:\n{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn naive_store_behind_the_api_fails_the_suite() -> anyhow::Result<()> {
+    let report = run_all(&OverNaive).await?;
+    let failed = report.failed();
+    for must_fail in ["cleanup_is_guarded", "retire_releases_cleanup", "race_2025_sequence"] {
+        assert!(failed.contains(must_fail), "the suite did not catch the naive store over HTTP in {must_fail}:\n{report}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_need_the_token() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = serve(SledStore::open(dir.path())?).await?;
+    let plan1 = plan(1, &[name("x")], planner());
+    for token in [None, Some("wrong-token-0123456789".to_string()), Some(format!("{TOKEN}x"))] {
+        let store = RemoteStore::new(&base, token.clone())?;
+        let r = store.publish(&plan1).await;
+        assert!(matches!(r, Err(StoreError::Unauthorized)), "token {token:?}: {r:?}");
+        // Reads stay open.
+        assert_eq!(store.latest().await?, dnsplan_common::Generation::NONE);
+    }
+    let raw = reqwest::Client::new().post(format!("{base}/v1/cleanup")).body("{\"retain\":1}").send().await?;
+    assert_eq!(raw.status(), 401);
+    let body: serde_json::Value = raw.json().await?;
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("Bearer")), "{body}");
+    let good = RemoteStore::new(&base, Some(TOKEN.into()))?;
+    good.publish(&plan1).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_bodies_are_clear_errors() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = serve(SledStore::open(dir.path())?).await?;
+    let client = reqwest::Client::new();
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (client.post(format!("{base}/v1/plans")).bearer_auth(TOKEN).body(vec![1, 2, 3]), 400, "envelope"),
+        (client.put(format!("{base}/v1/active/x.example.test.")).bearer_auth(TOKEN).body("{not json"), 400, "JSON"),
+        (client.get(format!("{base}/v1/active/bad..name")), 400, "empty label"),
+        (client.get(format!("{base}/v1/plans/abc")), 400, "not a number"),
+        (client.get(format!("{base}/v1/plans/7")), 404, "not found"),
+        (client.put(format!("{base}/v1/pause")).bearer_auth(TOKEN).body(vec![b'x'; 100_000]), 413, ""),
+    ];
+    for (req, status, text) in cases {
+        let resp = req.send().await?;
+        assert_eq!(resp.status().as_u16(), status);
+        let body = resp.text().await?;
+        assert!(body.contains(text), "want {text:?} in {body}");
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! `RemoteStore`: the `Store` contract over the authority's control API (HTTP).
+//!
+//! Every call has a timeout; transport failures become [`StoreError::Unavailable`] and the
+//! server's refusals come back as the same typed errors the server's store returned (see
+//! [`super::wire`]). Inputs are validated here too, before they travel, so an invalid
+//! endpoint is refused on both sides of the wire.
+
+use super::wire::{ApplyRequest, CleanupRequest, ErrorBody, RetireRequest, WaitQuery};
+use super::{
+    ActiveRecord, ActiveSnapshot, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX,
+    PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_len,
+};
+use crate::codec;
+use crate::generation::Generation;
+use crate::names::EndpointName;
+use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Timeout of every control API call except long-polls, which get their wait plus this.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connect timeout: the control API is local or on the same network.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Clone)]
+pub struct RemoteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl std::fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is never printed.
+        f.debug_struct("RemoteStore").field("base", &self.inner.base).finish_non_exhaustive()
+    }
+}
+
+fn transport(base: &str, err: reqwest::Error) -> StoreError {
+    let what = if err.is_timeout() {
+        "timed out"
+    } else if err.is_connect() {
+        "could not connect (is the authority running?)"
+    } else {
+        "request failed"
+    };
+    StoreError::Unavailable(format!("control API at {base} {what}: {err}"))
+}
+
+impl RemoteStore {
+    /// `base` is the control API's URL, such as `http://127.0.0.1:8053`. `token` is needed for
+    /// writes.
+    pub fn new(base: &str, token: Option<String>) -> StoreResult<RemoteStore> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("cannot build an HTTP client: {e}")))?;
+        Ok(RemoteStore { inner: Arc::new(Inner { client, base: base.trim_end_matches('/').to_owned(), token }) })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.inner.base)
+    }
+
+    fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.inner.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> StoreResult<reqwest::Response> {
+        let resp = self.authed(req).send().await.map_err(|e| transport(&self.inner.base, e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
+        match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(err) => Err(err.error.into()),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "control API at {} answered {status} without a dnsplan error body: {}",
+                self.inner.base,
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            ))),
+        }
+    }
+
+    async fn json<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> StoreResult<T> {
+        let resp = self.send(req).await?;
+        let bytes = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
+        serde_json::from_slice(&bytes).map_err(|e| StoreError::Unavailable(format!("control API sent a body this client cannot read: {e}")))
+    }
+
+    fn endpoint_path(endpoint: &EndpointName) -> String {
+        // DNS names hold only letters, digits, '-', '_' and '.', all safe in a URL path.
+        format!("/v1/active/{}", endpoint.as_str())
+    }
+}
+
+impl Store for RemoteStore {
+    async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
+        let body = codec::encode_plan(plan);
+        let req = self.inner.client.post(self.url("/v1/plans")).header("content-type", "application/octet-stream").body(body);
+        self.send(req).await.map(|_| ())
+    }
+
+    async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
+        let resp = self.send(self.inner.client.get(self.url(&format!("/v1/plans/{generation}")))).await?;
+        let bytes = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
+        codec::decode_plan(&bytes).map_err(|e| StoreError::Corrupt { what: format!("plan {generation} from the control API"), source: e })
+    }
+
+    async fn latest(&self) -> StoreResult<Generation> {
+        Ok(self.version().await?.latest)
+    }
+
+    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+        let limit = limit.min(LIST_LIMIT_MAX);
+        self.json(self.inner.client.get(self.url(&format!("/v1/plans?from={from}&limit={limit}")))).await
+    }
+
+    async fn apply(&self, endpoint: &EndpointName, generation: Generation, records: &Endpoint) -> StoreResult<ApplyOutcome> {
+        validate_endpoint(endpoint, records)?;
+        let body = ApplyRequest { generation, records: records.clone() };
+        self.json(self.inner.client.put(self.url(&Self::endpoint_path(endpoint))).json(&body)).await
+    }
+
+    async fn retire(&self, endpoint: &EndpointName, generation: Generation) -> StoreResult<ApplyOutcome> {
+        let path = format!("{}/retire", Self::endpoint_path(endpoint));
+        self.json(self.inner.client.post(self.url(&path)).json(&RetireRequest { generation })).await
+    }
+
+    async fn active(&self, endpoint: &EndpointName) -> StoreResult<Option<ActiveRecord>> {
+        self.json(self.inner.client.get(self.url(&Self::endpoint_path(endpoint)))).await
+    }
+
+    async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
+        self.json(self.inner.client.get(self.url("/v1/active"))).await
+    }
+
+    async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
+        self.json(self.inner.client.get(self.url(&format!("/v1/cleanup?retain={retain}")))).await
+    }
+
+    async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
+        self.json(self.inner.client.post(self.url("/v1/cleanup")).json(&CleanupRequest { retain })).await
+    }
+
+    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+        check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
+        check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+        self.send(self.inner.client.put(self.url("/v1/pause")).json(&state)).await.map(|_| ())
+    }
+
+    async fn resume(&self) -> StoreResult<()> {
+        self.send(self.inner.client.delete(self.url("/v1/pause"))).await.map(|_| ())
+    }
+
+    async fn paused(&self) -> StoreResult<Option<PauseState>> {
+        self.json(self.inner.client.get(self.url("/v1/pause"))).await
+    }
+
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+        check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
+        check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
+        self.send(self.inner.client.post(self.url("/v1/heartbeats")).json(&heartbeat)).await.map(|_| ())
+    }
+
+    async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
+        self.json(self.inner.client.get(self.url("/v1/heartbeats"))).await
+    }
+
+    async fn version(&self) -> StoreResult<StoreVersion> {
+        self.json(self.inner.client.get(self.url("/v1/version"))).await
+    }
+
+    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+        let timeout = timeout.min(WAIT_TIMEOUT_MAX);
+        let q = WaitQuery {
+            latest: seen.latest,
+            applied_changes: seen.applied_changes,
+            control_changes: seen.control_changes,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        let url = self.url(&format!(
+            "/v1/wait?latest={}&applied_changes={}&control_changes={}&timeout_ms={}",
+            q.latest, q.applied_changes, q.control_changes, q.timeout_ms
+        ));
+        self.json(self.inner.client.get(url).timeout(timeout + REQUEST_TIMEOUT)).await
+    }
+}

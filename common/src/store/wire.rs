@@ -1,0 +1,192 @@
+//! Wire types of the control API: request bodies and the structured error that lets a remote
+//! client rebuild the exact [`StoreError`] the server's store returned.
+//!
+//! Plans travel as codec envelopes (`application/octet-stream`); everything else is JSON.
+
+use super::{PauseState, StoreError};
+use crate::codec::CodecError;
+use crate::generation::Generation;
+use crate::names::DnsName;
+use crate::plan::Endpoint;
+use serde::{Deserialize, Serialize};
+
+/// Body of `PUT /v1/active/{endpoint}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApplyRequest {
+    pub generation: Generation,
+    pub records: Endpoint,
+}
+
+/// Body of `POST /v1/active/{endpoint}/retire`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RetireRequest {
+    pub generation: Generation,
+}
+
+/// Body of `POST /v1/cleanup` and query of `GET /v1/cleanup`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CleanupRequest {
+    pub retain: u64,
+}
+
+/// Query of `GET /v1/plans`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ListQuery {
+    pub from: Generation,
+    pub limit: usize,
+}
+
+/// Query of `GET /v1/wait`: the version the caller has seen, and how long it will wait.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WaitQuery {
+    pub latest: Generation,
+    pub applied_changes: u64,
+    pub control_changes: u64,
+    pub timeout_ms: u64,
+}
+
+/// Body of `PUT /v1/pause`.
+pub type PauseRequest = PauseState;
+
+/// The error body of every failed control API call: `{"error": {...}, "message": "..."}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: WireError,
+    /// The same error as a sentence a person can act on.
+    pub message: String,
+}
+
+/// [`StoreError`] in a form that survives JSON, plus the control API's own refusals.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WireError {
+    Conflict {
+        attempted: Generation,
+        parent: Generation,
+        latest: Generation,
+    },
+    Paused {
+        reason: String,
+        by: String,
+    },
+    Stale {
+        endpoint: DnsName,
+        active: Generation,
+        attempted: Generation,
+    },
+    Unpublished {
+        attempted: Generation,
+        latest: Generation,
+    },
+    Pruned {
+        attempted: Generation,
+        horizon: Generation,
+    },
+    PlanNotFound {
+        generation: Generation,
+    },
+    DnsZoneMismatch {
+        attempted: DnsName,
+        stored: DnsName,
+    },
+    Exhausted {
+        latest: Generation,
+    },
+    Invalid {
+        detail: String,
+    },
+    TooLong {
+        what: String,
+        len: usize,
+        max: usize,
+    },
+    TooManyHeartbeats,
+    Corrupt {
+        detail: String,
+    },
+    Io {
+        detail: String,
+    },
+    Unavailable {
+        detail: String,
+    },
+    /// The request lacked a valid bearer token.
+    Unauthorized,
+    /// The request itself was malformed (bad body, bad name, bad envelope).
+    BadRequest {
+        detail: String,
+    },
+}
+
+impl WireError {
+    /// The HTTP status the control API answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            WireError::Conflict { .. } | WireError::Stale { .. } | WireError::Unpublished { .. } | WireError::Exhausted { .. } => 409,
+            WireError::Paused { .. } => 423,
+            WireError::Pruned { .. } => 410,
+            WireError::PlanNotFound { .. } => 404,
+            WireError::DnsZoneMismatch { .. } | WireError::Invalid { .. } => 422,
+            WireError::TooLong { .. } => 413,
+            WireError::TooManyHeartbeats => 429,
+            WireError::Unauthorized => 401,
+            WireError::BadRequest { .. } => 400,
+            WireError::Corrupt { .. } | WireError::Io { .. } => 500,
+            WireError::Unavailable { .. } => 503,
+        }
+    }
+}
+
+impl From<&StoreError> for WireError {
+    fn from(err: &StoreError) -> WireError {
+        match err {
+            StoreError::Conflict { attempted, parent, latest } => {
+                WireError::Conflict { attempted: *attempted, parent: *parent, latest: *latest }
+            }
+            StoreError::Paused { reason, by } => WireError::Paused { reason: reason.clone(), by: by.clone() },
+            StoreError::Stale { endpoint, active, attempted } => {
+                WireError::Stale { endpoint: endpoint.clone(), active: *active, attempted: *attempted }
+            }
+            StoreError::Unpublished { attempted, latest } => WireError::Unpublished { attempted: *attempted, latest: *latest },
+            StoreError::Pruned { attempted, horizon } => WireError::Pruned { attempted: *attempted, horizon: *horizon },
+            StoreError::PlanNotFound(g) => WireError::PlanNotFound { generation: *g },
+            StoreError::DnsZoneMismatch { attempted, stored } => {
+                WireError::DnsZoneMismatch { attempted: attempted.clone(), stored: stored.clone() }
+            }
+            StoreError::Exhausted(g) => WireError::Exhausted { latest: *g },
+            StoreError::Invalid(e) => WireError::Invalid { detail: e.to_string() },
+            StoreError::TooLong { what, len, max } => WireError::TooLong { what: (*what).to_owned(), len: *len, max: *max },
+            StoreError::TooManyHeartbeats => WireError::TooManyHeartbeats,
+            StoreError::Corrupt { what, source } => WireError::Corrupt { detail: format!("{what}: {source}") },
+            StoreError::Io(e) => WireError::Io { detail: e.to_string() },
+            StoreError::Unavailable(d) => WireError::Unavailable { detail: d.clone() },
+            StoreError::Unauthorized => WireError::Unauthorized,
+            StoreError::BadRequest(d) => WireError::BadRequest { detail: d.clone() },
+            StoreError::Rejected(d) => WireError::Invalid { detail: d.clone() },
+        }
+    }
+}
+
+impl From<WireError> for StoreError {
+    fn from(err: WireError) -> StoreError {
+        match err {
+            WireError::Conflict { attempted, parent, latest } => StoreError::Conflict { attempted, parent, latest },
+            WireError::Paused { reason, by } => StoreError::Paused { reason, by },
+            WireError::Stale { endpoint, active, attempted } => StoreError::Stale { endpoint, active, attempted },
+            WireError::Unpublished { attempted, latest } => StoreError::Unpublished { attempted, latest },
+            WireError::Pruned { attempted, horizon } => StoreError::Pruned { attempted, horizon },
+            WireError::PlanNotFound { generation } => StoreError::PlanNotFound(generation),
+            WireError::DnsZoneMismatch { attempted, stored } => StoreError::DnsZoneMismatch { attempted, stored },
+            WireError::Exhausted { latest } => StoreError::Exhausted(latest),
+            // The validation error's structure stays on the server; its text travels.
+            WireError::Invalid { detail } => StoreError::Rejected(format!("invalid: {detail}")),
+            WireError::TooLong { what, len, max } => StoreError::Rejected(format!("{what} is too long ({len} bytes, limit {max})")),
+            WireError::TooManyHeartbeats => StoreError::TooManyHeartbeats,
+            WireError::Corrupt { detail } => StoreError::Corrupt { what: detail, source: CodecError::ChecksumMismatch },
+            WireError::Io { detail } => StoreError::Unavailable(format!("server store I/O failed: {detail}")),
+            WireError::Unavailable { detail } => StoreError::Unavailable(detail),
+            WireError::Unauthorized => StoreError::Unauthorized,
+            WireError::BadRequest { detail } => StoreError::BadRequest(detail),
+        }
+    }
+}
