@@ -5,6 +5,7 @@
 //! as codec envelopes, everything else as JSON; errors are `ErrorBody` JSON whose `message`
 //! says what to do. Bodies are limited per route.
 
+use crate::metrics::{ApplyLabels, Metrics};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -14,7 +15,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dnsplan_common::codec;
 use dnsplan_common::store::wire::{ApplyRequest, CleanupRequest, ErrorBody, RetireRequest, WaitQuery, WireError};
-use dnsplan_common::store::{Heartbeat, PauseState, Store, StoreError, StoreVersion};
+use dnsplan_common::store::{ApplyOutcome, Heartbeat, PauseState, Store, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -31,6 +32,7 @@ pub const PLAN_BODY_BYTES_MAX: usize = codec::HEADER_BYTES + codec::BODY_BYTES_M
 pub struct Control<S> {
     pub store: S,
     token: Arc<str>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<S> Clone for Control<S>
@@ -38,13 +40,34 @@ where
     S: Clone,
 {
     fn clone(&self) -> Self {
-        Control { store: self.store.clone(), token: self.token.clone() }
+        Control { store: self.store.clone(), token: self.token.clone(), metrics: self.metrics.clone() }
     }
 }
 
 impl<S: Store> Control<S> {
     pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
-        Control { store, token: token.into() }
+        Control { store, token: token.into(), metrics: None }
+    }
+
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Control<S> {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_deref()
+    }
+
+    fn count_apply(&self, result: &Result<ApplyOutcome, StoreError>) {
+        let outcome = match result {
+            Ok(ApplyOutcome::Switched { .. }) => "switched",
+            Ok(ApplyOutcome::Unchanged) => "unchanged",
+            Err(StoreError::Stale { .. }) => "stale",
+            Err(_) => "refused",
+        };
+        if let Some(m) = &self.metrics {
+            m.applies.get_or_create(&ApplyLabels { outcome }).inc();
+        }
     }
 }
 
@@ -199,7 +222,9 @@ async fn active<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<St
 async fn apply<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {
     let name = parse_endpoint(&endpoint)?;
     let req: ApplyRequest = parse_json(&body)?;
-    Ok(Json(ctl.store.apply(&name, req.generation, &req.records).await?).into_response())
+    let result = ctl.store.apply(&name, req.generation, &req.records).await;
+    ctl.count_apply(&result);
+    Ok(Json(result?).into_response())
 }
 
 async fn retire<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {

@@ -1,0 +1,228 @@
+//! The query path: one DNS message in, one DNS message out (or nothing), from a snapshot.
+//!
+//! Pure apart from the random source for weighted sampling: no I/O, no locks, no waiting.
+//! Decisions, in order: drop what is not a query (too short for a header, or a response);
+//! FORMERR for what does not parse or asks more than one question; NOTIMP for opcodes other
+//! than QUERY; BADVERS for EDNS versions above 0; REFUSED for other classes, zone transfers
+//! and names outside the DNS zone; then NOERROR with answers, NODATA (NOERROR, SOA in
+//! authority) or NXDOMAIN (SOA in authority). Negative answers carry the SOA with TTL
+//! min(SOA TTL, SOA MINIMUM) (RFC 2308). The server advertises its own EDNS UDP payload size.
+//! UDP answers that do not fit the client's size are sent with TC=1 and no records.
+
+use crate::snapshot::{Managed, Snapshot};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use rand::{Rng, RngExt};
+
+/// Smallest UDP payload every client accepts (RFC 1035).
+pub const UDP_PAYLOAD_BYTES_MIN: u16 = 512;
+/// Largest TCP message (the 2-byte length prefix).
+pub const TCP_MESSAGE_BYTES_MAX: usize = 65_535;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Udp,
+    Tcp,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AnswerLimits {
+    /// The EDNS UDP payload size this server advertises and the most it sends over UDP.
+    /// 1232 avoids IP fragmentation on common paths (DNS flag day 2020).
+    pub edns_udp_payload_bytes: u16,
+    /// Most addresses per answer.
+    pub answer_addresses_max: usize,
+}
+
+impl Default for AnswerLimits {
+    fn default() -> Self {
+        AnswerLimits { edns_udp_payload_bytes: 1_232, answer_addresses_max: 8 }
+    }
+}
+
+/// What happened, for metrics and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub qtype: Option<RecordType>,
+    pub rcode: ResponseCode,
+    pub truncated: bool,
+    pub bytes: usize,
+}
+
+/// Answers one DNS message. `None` means: send nothing.
+pub fn respond(
+    packet: &[u8],
+    snapshot: &Snapshot,
+    transport: Transport,
+    limits: &AnswerLimits,
+    rng: &mut impl Rng,
+) -> Option<(Vec<u8>, Outcome)> {
+    if packet.len() < 12 || packet[2] & 0x80 != 0 {
+        return None; // not a header, or a response: never answer (no reflection loops)
+    }
+    let request = match Message::from_vec(packet) {
+        Ok(m) => m,
+        Err(_) => {
+            let id = u16::from_be_bytes([packet[0], packet[1]]);
+            let opcode = OpCode::from_u8((packet[2] >> 3) & 0x0f);
+            let mut resp = Message::error_msg(id, opcode, ResponseCode::FormErr);
+            resp.metadata.recursion_desired = packet[2] & 0x01 != 0;
+            return finish(resp, None, transport, UDP_PAYLOAD_BYTES_MIN);
+        }
+    };
+    let mut resp = Message::response(request.metadata.id, request.metadata.op_code);
+    resp.metadata.recursion_desired = request.metadata.recursion_desired;
+    resp.metadata.checking_disabled = request.metadata.checking_disabled;
+    resp.metadata.recursion_available = false;
+    if request.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let udp_limit = match &request.edns {
+        Some(edns) => edns.max_payload().clamp(UDP_PAYLOAD_BYTES_MIN, limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN)),
+        None => UDP_PAYLOAD_BYTES_MIN,
+    };
+    if request.edns.is_some() {
+        let mut edns = Edns::new();
+        edns.set_max_payload(limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN)).set_version(0);
+        resp.set_edns(edns);
+    }
+    resp.add_queries(request.queries.iter().cloned());
+    let qtype = request.queries.first().map(|q| q.query_type());
+    if request.queries.len() != 1 {
+        resp.metadata.response_code = ResponseCode::FormErr;
+        return finish(resp, qtype, transport, udp_limit);
+    }
+    if request.metadata.op_code != OpCode::Query {
+        resp.metadata.response_code = ResponseCode::NotImp;
+        return finish(resp, qtype, transport, udp_limit);
+    }
+    if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
+        resp.metadata.response_code = ResponseCode::BADVERS;
+        return finish(resp, qtype, transport, udp_limit);
+    }
+    let query = &request.queries[0];
+    let name = query.name().to_lowercase();
+    if query.query_class() != DNSClass::IN
+        || matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR)
+        || !snapshot.zone.origin.zone_of(&name)
+    {
+        resp.metadata.response_code = ResponseCode::Refused;
+        return finish(resp, qtype, transport, udp_limit);
+    }
+    resp.metadata.authoritative = true;
+    match snapshot.get(&name) {
+        Some(data) => {
+            let answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
+            if answers.is_empty() {
+                negative(&mut resp, snapshot, ResponseCode::NoError);
+            } else {
+                resp.add_answers(answers);
+            }
+        }
+        None if snapshot.is_empty_non_terminal(&name) => negative(&mut resp, snapshot, ResponseCode::NoError),
+        None => negative(&mut resp, snapshot, ResponseCode::NXDomain),
+    }
+    finish(resp, qtype, transport, udp_limit)
+}
+
+fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
+    resp.metadata.response_code = rcode;
+    let zone = &snapshot.zone;
+    resp.add_authority(zone.soa_record(snapshot.serial, zone.negative_ttl_secs()));
+}
+
+/// Answers for `query` at one name. Owner names are the query's own name, so they compress
+/// to a pointer at the question and keep the client's 0x20 case.
+fn collect(query: &Query, managed: Option<&Managed>, statics: &[Record], limits: &AnswerLimits, rng: &mut impl Rng) -> Vec<Record> {
+    let owner: &Name = query.name();
+    let qtype = query.query_type();
+    let mut out = Vec::new();
+    if let Some(m) = managed {
+        if matches!(qtype, RecordType::A | RecordType::ANY) {
+            for a in sample(&m.v4, limits.answer_addresses_max, rng) {
+                out.push(Record::from_rdata(owner.clone(), m.ttl_secs, RData::A(A(a))));
+            }
+        }
+        if matches!(qtype, RecordType::AAAA | RecordType::ANY) {
+            for a in sample(&m.v6, limits.answer_addresses_max, rng) {
+                out.push(Record::from_rdata(owner.clone(), m.ttl_secs, RData::AAAA(AAAA(a))));
+            }
+        }
+    }
+    // A CNAME answers every type at its name (RFC 1034 §3.6.2); resolvers follow it.
+    let cname = statics.iter().find(|r| r.record_type() == RecordType::CNAME);
+    if let Some(r) = cname.filter(|_| managed.is_none() && !matches!(qtype, RecordType::CNAME | RecordType::ANY)) {
+        let mut r = r.clone();
+        r.name = owner.clone();
+        return vec![r];
+    }
+    for r in statics {
+        let t = r.record_type();
+        // Managed addresses replace static ones at the same name.
+        let shadowed = managed.is_some() && matches!(t, RecordType::A | RecordType::AAAA);
+        if !shadowed && (t == qtype || qtype == RecordType::ANY) {
+            let mut r = r.clone();
+            r.name = owner.clone();
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// Weighted random sampling without replacement (Efraimidis–Spirakis): each target gets the
+/// key `ln(u) / weight` and the `k` largest keys win, in key order, so the answer order is
+/// weighted too. Zero-weight targets are used only when no target has a non-zero weight
+/// (Route 53 semantics), and then uniformly.
+pub fn sample<T: Copy>(targets: &[(T, u32)], k: usize, rng: &mut impl Rng) -> Vec<T> {
+    let any_weighted = targets.iter().any(|(_, w)| *w > 0);
+    let mut keyed: Vec<(f64, T)> = targets
+        .iter()
+        .filter(|(_, w)| !any_weighted || *w > 0)
+        .map(|(t, w)| {
+            let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+            let weight = if any_weighted { f64::from(*w) } else { 1.0 };
+            (u.ln() / weight, *t)
+        })
+        .collect();
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    keyed.into_iter().take(k).map(|(_, t)| t).collect()
+}
+
+fn finish(resp: Message, qtype: Option<RecordType>, transport: Transport, udp_limit: u16) -> Option<(Vec<u8>, Outcome)> {
+    let rcode = resp.metadata.response_code;
+    let limit = match transport {
+        Transport::Udp => usize::from(udp_limit),
+        Transport::Tcp => TCP_MESSAGE_BYTES_MAX,
+    };
+    let bytes = match resp.to_vec() {
+        Ok(b) => b,
+        Err(err) => {
+            tracing::error!(%err, "could not encode a response; sending SERVFAIL");
+            let fail = Message::error_msg(resp.metadata.id, resp.metadata.op_code, ResponseCode::ServFail);
+            let bytes = fail.to_vec().ok()?;
+            let outcome = Outcome { qtype, rcode: ResponseCode::ServFail, truncated: false, bytes: bytes.len() };
+            return Some((bytes, outcome));
+        }
+    };
+    if bytes.len() <= limit {
+        let outcome = Outcome { qtype, rcode, truncated: false, bytes: bytes.len() };
+        return Some((bytes, outcome));
+    }
+    // Too big for this transport: header, question and OPT only, with TC=1. The client
+    // retries over TCP (RFC 7766).
+    let mut truncated = resp.truncate();
+    truncated.metadata.truncation = true;
+    let bytes = truncated.to_vec().ok()?;
+    let outcome = Outcome { qtype, rcode, truncated: true, bytes: bytes.len() };
+    Some((bytes, outcome))
+}

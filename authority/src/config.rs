@@ -1,0 +1,134 @@
+//! The authority's TOML config (`authority.toml`). Unknown keys are errors; every error
+//! names the file, the key and the line.
+
+use crate::dns_zone::DnsZoneConfig;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Shortest accepted control token. 16 bytes of randomness resist guessing over HTTP.
+pub const TOKEN_BYTES_MIN: usize = 16;
+/// Environment variable that supplies (and overrides) the control token.
+pub const TOKEN_ENV: &str = "DNSPLAN_TOKEN";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthorityConfig {
+    /// Directory of the embedded store (created if missing).
+    pub data_dir: PathBuf,
+    #[serde(default)]
+    pub dns: DnsConfig,
+    pub control: ControlConfig,
+    pub dns_zone: DnsZoneConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsConfig {
+    /// Addresses to serve DNS on, UDP and TCP each.
+    #[serde(default = "default_dns_listen")]
+    pub listen: Vec<SocketAddr>,
+    #[serde(default = "default_payload")]
+    pub edns_udp_payload_bytes: u16,
+    #[serde(default = "default_answer_max")]
+    pub answer_addresses_max: usize,
+    #[serde(default = "default_tcp_idle")]
+    pub tcp_idle_timeout_secs: u64,
+    #[serde(default = "default_tcp_max")]
+    pub tcp_connections_max: usize,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            listen: default_dns_listen(),
+            edns_udp_payload_bytes: default_payload(),
+            answer_addresses_max: default_answer_max(),
+            tcp_idle_timeout_secs: default_tcp_idle(),
+            tcp_connections_max: default_tcp_max(),
+        }
+    }
+}
+
+fn default_dns_listen() -> Vec<SocketAddr> {
+    vec![SocketAddr::from(([127, 0, 0, 1], 5353))]
+}
+fn default_payload() -> u16 {
+    1_232
+}
+fn default_answer_max() -> usize {
+    8
+}
+fn default_tcp_idle() -> u64 {
+    10
+}
+fn default_tcp_max() -> usize {
+    1_024
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    #[serde(default = "default_control_listen")]
+    pub listen: SocketAddr,
+    /// The bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
+    pub token: Option<String>,
+}
+
+fn default_control_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8053))
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error("config file {path}: {detail}")]
+    Invalid { path: PathBuf, detail: String },
+}
+
+impl AuthorityConfig {
+    pub fn load(path: &Path) -> Result<AuthorityConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let mut config: AuthorityConfig =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), detail: e.to_string() })?;
+        let invalid = |detail: String| ConfigError::Invalid { path: path.into(), detail };
+        if config.dns.listen.is_empty() {
+            return Err(invalid("dns.listen: give at least one address".into()));
+        }
+        if config.dns.edns_udp_payload_bytes < 512 {
+            return Err(invalid(format!(
+                "dns.edns_udp_payload_bytes: {} is below the DNS minimum of 512",
+                config.dns.edns_udp_payload_bytes
+            )));
+        }
+        if !(1..=64).contains(&config.dns.answer_addresses_max) {
+            return Err(invalid(format!("dns.answer_addresses_max: {} is outside 1..=64", config.dns.answer_addresses_max)));
+        }
+        if config.dns.tcp_connections_max == 0 || config.dns.tcp_idle_timeout_secs == 0 {
+            return Err(invalid("dns.tcp_connections_max and dns.tcp_idle_timeout_secs must be above 0".into()));
+        }
+        if let Ok(token) = std::env::var(TOKEN_ENV) {
+            config.control.token = Some(token);
+        }
+        match &config.control.token {
+            None => return Err(invalid(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable"))),
+            Some(t) if t.len() < TOKEN_BYTES_MIN => {
+                return Err(invalid(format!("control.token is shorter than {TOKEN_BYTES_MIN} bytes; use a long random token")));
+            }
+            Some(_) => {}
+        }
+        if config.data_dir.is_relative() {
+            config.data_dir = path.parent().unwrap_or(Path::new(".")).join(&config.data_dir);
+        }
+        Ok(config)
+    }
+
+    pub fn token(&self) -> &str {
+        // Invariant: `load` refuses a config without a token.
+        self.control.token.as_deref().unwrap_or_default()
+    }
+}

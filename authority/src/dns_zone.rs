@@ -1,0 +1,177 @@
+//! The static part of the managed DNS zone: origin, SOA, NS and any static records, from the
+//! config file and optionally an RFC 1035 master file. Managed endpoints come from the store
+//! and are merged in by `snapshot`.
+
+use hickory_proto::rr::rdata::{NS, SOA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record};
+use hickory_proto::serialize::txt::Parser;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// The `[dns_zone]` table of the authority's config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsZoneConfig {
+    /// The DNS zone's origin, e.g. `example.test.`.
+    pub origin: String,
+    /// SOA fields; required unless `master_file` holds the SOA.
+    pub soa: Option<SoaConfig>,
+    /// Name servers at the apex; required unless `master_file` holds NS records.
+    #[serde(default)]
+    pub ns: Vec<String>,
+    #[serde(default = "default_ns_ttl")]
+    pub ns_ttl_secs: u32,
+    /// An RFC 1035 master file with static records (relative paths are relative to the config
+    /// file). `$ORIGIN` defaults to `origin`.
+    pub master_file: Option<PathBuf>,
+}
+
+fn default_ns_ttl() -> u32 {
+    3_600
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoaConfig {
+    pub mname: String,
+    /// The responsible person's mailbox in DNS form, e.g. `hostmaster.example.test.`.
+    pub rname: String,
+    #[serde(default = "default_soa_ttl")]
+    pub ttl_secs: u32,
+    #[serde(default = "default_refresh")]
+    pub refresh_secs: i32,
+    #[serde(default = "default_retry")]
+    pub retry_secs: i32,
+    #[serde(default = "default_expire")]
+    pub expire_secs: i32,
+    /// Negative-caching TTL (RFC 2308). Short, because health-steered names change.
+    #[serde(default = "default_minimum")]
+    pub minimum_secs: u32,
+}
+
+fn default_soa_ttl() -> u32 {
+    300
+}
+fn default_refresh() -> i32 {
+    3_600
+}
+fn default_retry() -> i32 {
+    600
+}
+fn default_expire() -> i32 {
+    604_800
+}
+fn default_minimum() -> u32 {
+    30
+}
+
+#[derive(Debug, Error)]
+pub enum DnsZoneError {
+    #[error("dns_zone.{field}: {value:?} is not a valid DNS name: {detail}")]
+    BadName { field: &'static str, value: String, detail: String },
+    #[error("dns_zone: no SOA; set [dns_zone.soa] or put an SOA in the master file")]
+    NoSoa,
+    #[error("dns_zone: the SOA is set both in [dns_zone.soa] and in the master file; keep one")]
+    TwoSoas,
+    #[error("dns_zone: no NS records; set dns_zone.ns or put NS records at the apex of the master file")]
+    NoNs,
+    #[error("dns_zone.master_file {path}: cannot read it")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("dns_zone.master_file {path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error("dns_zone.master_file {path}: record {name} is outside the DNS zone {origin}")]
+    Outside { path: PathBuf, name: String, origin: String },
+}
+
+/// The static records of the DNS zone, checked and ready to serve.
+#[derive(Clone, Debug)]
+pub struct StaticZone {
+    pub origin: Name,
+    /// The SOA with serial 0; the served serial comes from the store's change counter.
+    pub soa: SOA,
+    pub soa_ttl_secs: u32,
+    pub ns: Vec<Record>,
+    /// Every other static record (not SOA, not apex NS), class IN.
+    pub records: Vec<Record>,
+}
+
+fn parse_name(field: &'static str, value: &str) -> Result<Name, DnsZoneError> {
+    let mut name = Name::from_ascii(value).map_err(|e| DnsZoneError::BadName { field, value: value.into(), detail: e.to_string() })?;
+    name.set_fqdn(true);
+    Ok(name.to_lowercase())
+}
+
+impl StaticZone {
+    /// Builds the static zone; `config_dir` resolves a relative `master_file`.
+    pub fn load(config: &DnsZoneConfig, config_dir: &Path) -> Result<StaticZone, DnsZoneError> {
+        let origin = parse_name("origin", &config.origin)?;
+        let mut soa = None;
+        let mut soa_ttl = 0;
+        let mut ns = Vec::new();
+        let mut records = Vec::new();
+        if let Some(file) = &config.master_file {
+            let path = config_dir.join(file);
+            let text = std::fs::read_to_string(&path).map_err(|source| DnsZoneError::Read { path: path.clone(), source })?;
+            let (_, sets) = Parser::new(text, Some(path.clone()), Some(origin.clone()))
+                .parse()
+                .map_err(|e| DnsZoneError::Parse { path: path.clone(), detail: e.to_string() })?;
+            for set in sets.values() {
+                for record in set.records_without_rrsigs() {
+                    let name = record.name.to_lowercase();
+                    if !origin.zone_of(&name) {
+                        return Err(DnsZoneError::Outside { path, name: name.to_string(), origin: origin.to_string() });
+                    }
+                    if record.dns_class != DNSClass::IN {
+                        continue;
+                    }
+                    let mut record = record.clone();
+                    record.name = name.clone();
+                    match &record.data {
+                        RData::SOA(s) if name == origin => {
+                            soa = Some(s.clone());
+                            soa_ttl = record.ttl;
+                        }
+                        RData::NS(_) if name == origin => ns.push(record),
+                        _ => records.push(record),
+                    }
+                }
+            }
+        }
+        let soa = match (&config.soa, soa) {
+            (Some(_), Some(_)) => return Err(DnsZoneError::TwoSoas),
+            (None, None) => return Err(DnsZoneError::NoSoa),
+            (None, Some(s)) => s,
+            (Some(c), None) => {
+                soa_ttl = c.ttl_secs;
+                SOA::new(
+                    parse_name("soa.mname", &c.mname)?,
+                    parse_name("soa.rname", &c.rname)?,
+                    0,
+                    c.refresh_secs,
+                    c.retry_secs,
+                    c.expire_secs,
+                    c.minimum_secs,
+                )
+            }
+        };
+        for n in &config.ns {
+            ns.push(Record::from_rdata(origin.clone(), config.ns_ttl_secs, RData::NS(NS(parse_name("ns", n)?))));
+        }
+        if ns.is_empty() {
+            return Err(DnsZoneError::NoNs);
+        }
+        Ok(StaticZone { origin, soa, soa_ttl_secs: soa_ttl, ns, records })
+    }
+
+    /// The TTL of the SOA in negative answers: min(SOA TTL, SOA MINIMUM) (RFC 2308 §3).
+    pub fn negative_ttl_secs(&self) -> u32 {
+        self.soa_ttl_secs.min(self.soa.minimum)
+    }
+
+    pub fn soa_record(&self, serial: u32, ttl: u32) -> Record {
+        let s = &self.soa;
+        let soa = SOA::new(s.mname.clone(), s.rname.clone(), serial, s.refresh, s.retry, s.expire, s.minimum);
+        Record::from_rdata(self.origin.clone(), ttl, RData::SOA(soa))
+    }
+}

@@ -1,0 +1,32 @@
+//! `dnsplan-authority --config authority.toml`: the authoritative DNS server and control API.
+
+use anyhow::Context;
+use clap::Parser;
+use dnsplan_authority::config::AuthorityConfig;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(version, about = "dnsplan's authoritative DNS server and control API")]
+struct Args {
+    /// Path to authority.toml.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Log format.
+    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    dnsplan_authority::logging::init(&args.log_format);
+    let config = AuthorityConfig::load(&args.config)?;
+    let config_dir = args.config.parent().map(PathBuf::from).unwrap_or_default();
+    let bound = |b: dnsplan_authority::run::Bound| {
+        for addr in &b.dns {
+            println!("dns      {addr} (udp, tcp)");
+        }
+        println!("control  http://{}", b.control);
+    };
+    dnsplan_authority::run::run(config, &config_dir, dnsplan_authority::logging::shutdown_signal(), bound).await.context("authority failed")
+}

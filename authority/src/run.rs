@@ -1,0 +1,121 @@
+//! Wiring: opens the store, serves the last applied state at once, binds DNS and the control
+//! API, follows the store, and shuts down cleanly.
+
+use crate::answer::AnswerLimits;
+use crate::config::AuthorityConfig;
+use crate::control::{self, ApiError, Control};
+use crate::dns_zone::StaticZone;
+use crate::metrics::Metrics;
+use crate::server::{Serving, TcpLimits, serve_tcp, serve_udp};
+use anyhow::Context;
+use axum::Json;
+use axum::extract::State;
+use axum::routing::get;
+use dnsplan_common::{SledStore, Store};
+use serde::Serialize;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a running authority listens (ports resolved when 0 was configured).
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub dns: Vec<SocketAddr>,
+    pub control: SocketAddr,
+}
+
+/// What `/v1/status` reports.
+#[derive(Serialize)]
+struct Status {
+    latest: dnsplan_common::Generation,
+    paused: Option<dnsplan_common::PauseState>,
+    serial: u32,
+    applied_changes: u64,
+    managed_endpoints: usize,
+    heartbeats: Vec<dnsplan_common::Heartbeat>,
+}
+
+/// Runs the authority on the embedded store at `config.data_dir` until `shutdown` resolves.
+/// `on_bound` is told where it listens once everything serves.
+pub async fn run(
+    config: AuthorityConfig,
+    config_dir: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(Bound),
+) -> anyhow::Result<()> {
+    let store = SledStore::open(&config.data_dir).with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
+    run_with_store(store, config, config_dir, shutdown, on_bound).await
+}
+
+/// As `run`, on a store the caller opened (the one-process stack shares it).
+pub async fn run_with_store<S: Store>(
+    store: S,
+    config: AuthorityConfig,
+    config_dir: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(Bound),
+) -> anyhow::Result<()> {
+    let zone = Arc::new(StaticZone::load(&config.dns_zone, config_dir)?);
+    let metrics = Arc::new(Metrics::new());
+    let limits =
+        AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
+    // Static stability: serve the last applied state from our own disk before anything else.
+    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, metrics.clone()).await?);
+    let tcp_limits =
+        TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: config.dns.tcp_connections_max };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut dns = Vec::new();
+    for addr in &config.dns.listen {
+        let udp = tokio::net::UdpSocket::bind(addr).await.with_context(|| format!("binding DNS UDP on {addr}"))?;
+        let bound = udp.local_addr()?;
+        // TCP on the same port as UDP, also when the port was 0.
+        let tcp = tokio::net::TcpListener::bind(bound).await.with_context(|| format!("binding DNS TCP on {bound}"))?;
+        dns.push(bound);
+        tasks.spawn(serve_udp(udp, serving.clone()));
+        tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
+    }
+    tasks.spawn(serving.clone().follow(store.clone()));
+
+    let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone());
+    let app = control::router(ctl.clone())
+        .route("/metrics", get(metrics_text::<S>))
+        .route("/readyz", get(|| async { "ready\n" }))
+        .route("/v1/status", get(status::<S>))
+        .with_state(ctl);
+    let listener = tokio::net::TcpListener::bind(config.control.listen)
+        .await
+        .with_context(|| format!("binding the control API on {}", config.control.listen))?;
+    let control_addr = listener.local_addr()?;
+    on_bound(Bound { dns: dns.clone(), control: control_addr });
+    let _ = serving; // the listeners hold their own references
+    tracing::info!(dns = ?dns, control = %control_addr, origin = %zone.origin, "authority serving");
+    // Stop accepting control requests on shutdown, finish those in flight, then stop DNS.
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("control API failed")?;
+    tasks.shutdown().await;
+    tracing::info!("authority stopped");
+    Ok(())
+}
+
+async fn metrics_text<S: Store>(State(ctl): State<Control<S>>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let body = ctl.metrics().map(|m| m.render()).unwrap_or_default();
+    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+}
+
+async fn status<S: Store>(State(ctl): State<Control<S>>) -> Result<Json<serde_json::Value>, ApiError> {
+    let store = &ctl.store;
+    let active = store.active_all().await?;
+    let status = Status {
+        latest: store.latest().await?,
+        paused: store.paused().await?,
+        serial: active.applied_changes as u32,
+        applied_changes: active.applied_changes,
+        managed_endpoints: active.endpoints.len(),
+        heartbeats: store.heartbeats().await?,
+    };
+    let mut value = serde_json::to_value(status).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    value["endpoints"] = serde_json::to_value(&active.endpoints).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(Json(value))
+}

@@ -1,0 +1,157 @@
+//! The DNS I/O shell: UDP and TCP listeners that feed `answer::respond` from the current
+//! snapshot, and the follower that rebuilds and swaps the snapshot when the store changes.
+
+use crate::answer::{AnswerLimits, TCP_MESSAGE_BYTES_MAX, Transport, respond};
+use crate::dns_zone::StaticZone;
+use crate::metrics::Metrics;
+use crate::snapshot::Snapshot;
+use arc_swap::ArcSwap;
+use dnsplan_common::store::{Store, StoreVersion};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+
+/// Most queries answered on one TCP connection before it is closed; bounds what one client
+/// can hold on to.
+pub const TCP_QUERIES_PER_CONNECTION_MAX: usize = 10_000;
+/// How long the follower waits on the store per long-poll before asking again.
+const FOLLOW_WAIT: Duration = Duration::from_secs(30);
+/// Pause after a failed store read before the follower retries.
+const FOLLOW_RETRY: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, Debug)]
+pub struct TcpLimits {
+    pub idle_timeout: Duration,
+    pub connections_max: usize,
+}
+
+/// What the listeners share: the snapshot, limits and metrics.
+pub struct Serving {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub zone: Arc<StaticZone>,
+    pub limits: AnswerLimits,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Serving {
+    /// Loads the active state from `store` and builds the first snapshot.
+    pub async fn load<S: Store>(store: &S, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> anyhow::Result<Serving> {
+        let started = Instant::now();
+        let active = store.active_all().await?;
+        let snapshot = Snapshot::build(zone.clone(), &active);
+        metrics.observe_snapshot(&snapshot, started.elapsed().as_secs_f64());
+        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, metrics })
+    }
+
+    /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the
+    /// task is dropped. Changes that arrive during a rebuild are picked up by the next one.
+    pub async fn follow<S: Store>(self: Arc<Self>, store: S) {
+        let mut seen = StoreVersion { applied_changes: self.snapshot.load().applied_changes, ..StoreVersion::default() };
+        loop {
+            match store.wait_for_change(seen, FOLLOW_WAIT).await {
+                Ok(now) if now.applied_changes != seen.applied_changes => match self.rebuild(&store).await {
+                    Ok(applied) => seen = StoreVersion { applied_changes: applied, ..now },
+                    Err(err) => {
+                        tracing::warn!(error = %format!("{err:#}"), "could not rebuild the snapshot; still serving the previous one");
+                        tokio::time::sleep(FOLLOW_RETRY).await;
+                    }
+                },
+                Ok(now) => seen = now,
+                Err(err) => {
+                    tracing::warn!(error = %format!("{err:#}"), "waiting on the store failed; still serving the current snapshot");
+                    tokio::time::sleep(FOLLOW_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
+        let started = Instant::now();
+        let active = store.active_all().await?;
+        let zone = self.zone.clone();
+        let snapshot = tokio::task::spawn_blocking(move || Snapshot::build(zone, &active)).await?;
+        let applied = snapshot.applied_changes;
+        self.metrics.observe_snapshot(&snapshot, started.elapsed().as_secs_f64());
+        self.snapshot.store(Arc::new(snapshot));
+        tracing::debug!(applied_changes = applied, "snapshot swapped");
+        Ok(applied)
+    }
+}
+
+/// Answers UDP queries on `socket` until the task is dropped.
+pub async fn serve_udp(socket: UdpSocket, serving: Arc<Serving>) {
+    let mut buf = vec![0u8; 65_535];
+    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    loop {
+        let (len, peer) = match socket.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(err) => {
+                tracing::warn!(%err, "UDP receive failed");
+                continue;
+            }
+        };
+        let snapshot = serving.snapshot.load();
+        if let Some((bytes, outcome)) = respond(&buf[..len], &snapshot, Transport::Udp, &serving.limits, &mut rng) {
+            if let Err(err) = socket.send_to(&bytes, peer).await {
+                tracing::debug!(%err, %peer, "UDP send failed");
+            }
+            serving.metrics.observe_query(&outcome, Transport::Udp);
+        }
+    }
+}
+
+/// Accepts TCP connections on `listener` until the task is dropped.
+pub async fn serve_tcp(listener: TcpListener, serving: Arc<Serving>, limits: TcpLimits) {
+    let permits = Arc::new(Semaphore::new(limits.connections_max));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(err) => {
+                tracing::warn!(%err, "TCP accept failed");
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tracing::warn!(%peer, max = limits.connections_max, "too many TCP connections; closing the new one");
+            continue;
+        };
+        let serving = serving.clone();
+        tokio::spawn(async move {
+            if let Err(err) = tcp_connection(stream, &serving, limits.idle_timeout).await {
+                tracing::debug!(%err, %peer, "TCP connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn tcp_connection(mut stream: TcpStream, serving: &Serving, idle: Duration) -> std::io::Result<()> {
+    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    let mut buf = vec![0u8; TCP_MESSAGE_BYTES_MAX];
+    for _ in 0..TCP_QUERIES_PER_CONNECTION_MAX {
+        let len = match tokio::time::timeout(idle, stream.read_u16()).await {
+            Ok(Ok(len)) => usize::from(len),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok(()), // idle: close quietly
+        };
+        match tokio::time::timeout(idle, stream.read_exact(&mut buf[..len])).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(()),
+        };
+        let snapshot = serving.snapshot.load();
+        let Some((bytes, outcome)) = respond(&buf[..len], &snapshot, Transport::Tcp, &serving.limits, &mut rng) else {
+            continue;
+        };
+        let mut framed = Vec::with_capacity(bytes.len() + 2);
+        framed.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+        framed.extend_from_slice(&bytes);
+        tokio::time::timeout(idle, stream.write_all(&framed)).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
+        serving.metrics.observe_query(&outcome, Transport::Tcp);
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Shared by the authority's over-the-wire tests: an authority running in-process on real
+//! sockets (port 0), a small DNS client built on hickory-proto, and plan helpers.
+#![allow(dead_code)]
+
+use dnsplan_authority::config::AuthorityConfig;
+use dnsplan_authority::run::{Bound, run};
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{Author, DnsName, Endpoint, Generation, Plan, Store, Target, ValidatedPlan, ZoneId};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub const TOKEN: &str = "wire-test-token-0123456789";
+
+pub const ZONE_FILE: &str = "$ORIGIN example.test.\n$TTL 3600\nns1 IN A 127.0.0.1\nwww IN CNAME api.example.test.\n@ IN TXT \"hello\"\n_sip._udp IN SRV 10 5 5060 sip.example.test.\nsip IN A 192.0.2.53\n";
+
+pub fn config_text(data_dir: &Path, answer_addresses_max: usize) -> String {
+    format!(
+        r#"
+data_dir = "{data}"
+[dns]
+listen = ["127.0.0.1:0"]
+answer_addresses_max = {answer_addresses_max}
+[control]
+listen = "127.0.0.1:0"
+token = "{TOKEN}"
+[dns_zone]
+origin = "example.test."
+ns = ["ns1.example.test."]
+master_file = "zone.db"
+[dns_zone.soa]
+mname = "ns1.example.test."
+rname = "hostmaster.example.test."
+ttl_secs = 300
+minimum_secs = 30
+"#,
+        data = data_dir.display()
+    )
+}
+
+pub struct TestAuthority {
+    pub dns: SocketAddr,
+    pub control: String,
+    pub store: RemoteStore,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestAuthority {
+    /// Starts an authority whose store lives in `dir/data`.
+    pub async fn start(dir: &Path, answer_addresses_max: usize) -> anyhow::Result<TestAuthority> {
+        std::fs::write(dir.join("zone.db"), ZONE_FILE)?;
+        let config_path = dir.join("authority.toml");
+        std::fs::write(&config_path, config_text(&dir.join("data"), answer_addresses_max))?;
+        let config = AuthorityConfig::load(&config_path)?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
+        let dir: PathBuf = dir.into();
+        let task = tokio::spawn(async move {
+            run(config, &dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
+                let _ = bound_tx.send(b);
+            })
+            .await
+        });
+        let bound = bound_rx.await.map_err(|_| anyhow::anyhow!("authority stopped before binding"))?;
+        let control = format!("http://{}", bound.control);
+        let store = RemoteStore::new(&control, Some(TOKEN.into()))?;
+        Ok(TestAuthority { dns: bound.dns[0], control, store, stop: Some(stop_tx), task })
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await??;
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Ask {
+    pub tcp: bool,
+    pub edns: Option<u16>,
+    pub edns_version: u8,
+    pub class: DNSClass,
+}
+
+impl Default for Ask {
+    fn default() -> Self {
+        Ask { tcp: false, edns: Some(1232), edns_version: 0, class: DNSClass::IN }
+    }
+}
+
+pub fn build_query(name: &str, qtype: RecordType, ask: Ask) -> Vec<u8> {
+    let mut msg = Message::new(rand::random(), MessageType::Query, OpCode::Query);
+    let mut q = Query::query(Name::from_ascii(name).expect("test names are valid"), qtype);
+    q.set_query_class(ask.class);
+    msg.add_query(q);
+    msg.metadata.recursion_desired = true;
+    if let Some(size) = ask.edns {
+        let mut edns = Edns::new();
+        edns.set_max_payload(size).set_version(ask.edns_version);
+        msg.set_edns(edns);
+    }
+    msg.to_vec().expect("test queries encode")
+}
+
+/// Sends raw bytes over UDP and returns the raw reply, or `None` if none came within `wait`.
+pub async fn exchange_udp(server: SocketAddr, packet: &[u8], wait: Duration) -> anyhow::Result<Option<Vec<u8>>> {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    socket.send_to(packet, server).await?;
+    let mut buf = vec![0u8; 65_535];
+    match tokio::time::timeout(wait, socket.recv_from(&mut buf)).await {
+        Ok(r) => {
+            let (len, _) = r?;
+            Ok(Some(buf[..len].to_vec()))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+pub async fn exchange_tcp(server: SocketAddr, packet: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(server)).await??;
+    stream.write_all(&(packet.len() as u16).to_be_bytes()).await?;
+    stream.write_all(packet).await?;
+    let len = tokio::time::timeout(Duration::from_secs(5), stream.read_u16()).await??;
+    let mut buf = vec![0u8; usize::from(len)];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut buf)).await??;
+    Ok(buf)
+}
+
+/// One query and its decoded reply, with its raw bytes.
+pub async fn ask(server: SocketAddr, name: &str, qtype: RecordType, ask: Ask) -> anyhow::Result<(Message, Vec<u8>)> {
+    let packet = build_query(name, qtype, ask);
+    let raw = if ask.tcp {
+        exchange_tcp(server, &packet).await?
+    } else {
+        // Loopback does not lose packets, but a retry costs nothing.
+        let mut reply = None;
+        for _ in 0..3 {
+            reply = exchange_udp(server, &packet, Duration::from_secs(2)).await?;
+            if reply.is_some() {
+                break;
+            }
+        }
+        reply.ok_or_else(|| anyhow::anyhow!("no UDP reply for {name} {qtype}"))?
+    };
+    Ok((Message::from_vec(&raw)?, raw))
+}
+
+pub fn addresses(msg: &Message) -> BTreeSet<IpAddr> {
+    msg.answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            RData::AAAA(a) => Some(IpAddr::V6(a.0)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Polls DNS until `check` accepts the answer or the deadline passes.
+pub async fn until<F>(server: SocketAddr, name: &str, qtype: RecordType, deadline: Duration, mut check: F) -> anyhow::Result<Message>
+where
+    F: FnMut(&Message) -> bool,
+{
+    let start = Instant::now();
+    loop {
+        let (msg, _) = ask(server, name, qtype, Ask::default()).await?;
+        if check(&msg) {
+            return Ok(msg);
+        }
+        if start.elapsed() > deadline {
+            anyhow::bail!("condition on {name} {qtype} not met within {deadline:?}; last answer: {msg:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub fn target(addr: &str, zone: &str, weight: u32) -> Target {
+    Target { address: addr.parse().expect("test address"), zone: ZoneId::parse(zone).expect("test zone"), weight }
+}
+
+pub fn endpoint(ttl_secs: u32, targets: Vec<Target>) -> Endpoint {
+    Endpoint { ttl_secs, targets }
+}
+
+/// Plan `g` (parent `g - 1`) serving `endpoints`.
+pub fn plan(g: u64, endpoints: &[(&str, Endpoint)]) -> ValidatedPlan {
+    let endpoints: BTreeMap<_, _> = endpoints.iter().map(|(n, e)| (DnsName::parse(n).expect("test name"), e.clone())).collect();
+    ValidatedPlan::new(Plan {
+        generation: Generation(g),
+        parent_generation: Generation(g - 1),
+        created_at_unix_ms: 0,
+        author: Author::Planner { id: "wire-test".into() },
+        reason: format!("wire test plan {g}"),
+        dns_zone: DnsName::parse("example.test.").expect("zone"),
+        endpoints,
+        retired: BTreeSet::new(),
+        rollback_of: None,
+        provenance: vec![],
+    })
+    .expect("test plans are valid")
+}
+
+/// Publishes `plan` and applies every endpoint in it.
+pub async fn publish_and_apply<S: Store>(store: &S, plan: &ValidatedPlan) -> anyhow::Result<()> {
+    store.publish(plan).await?;
+    for (name, e) in &plan.plan().endpoints {
+        store.apply(name, plan.generation(), e).await?;
+    }
+    Ok(())
+}
