@@ -174,11 +174,41 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
         .route("/v1/heartbeats", get(heartbeats::<S>).post(heartbeat::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
-    plans.merge(rest).route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
+    plans
+        .merge(rest)
+        .route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
+        .layer(middleware::map_response(json_for_framework_errors))
 }
 
-async fn publish<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
-    let plan = codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?;
+/// axum's own refusals (body too large, wrong method) are plain text; give them the same
+/// JSON error body as ours.
+async fn json_for_framework_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let ours = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
+    if ours || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let detail = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => format!("request body too large (limit {JSON_BODY_BYTES_MAX} bytes, plans {PLAN_BODY_BYTES_MAX})"),
+        other => format!("HTTP {other}"),
+    };
+    let error = WireError::BadRequest { detail: detail.clone() };
+    (status, Json(ErrorBody { error, message: format!("bad request: {detail}") })).into_response()
+}
+
+fn is_json(headers: &HeaderMap, key: header::HeaderName) -> bool {
+    headers.get(key).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// Plans are codec envelopes by default; `Content-Type: application/json` accepts the same
+/// plan as JSON (for `curl`), validated exactly the same way.
+async fn publish<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, body: Bytes) -> ApiResult<StatusCode> {
+    let plan = if is_json(&headers, header::CONTENT_TYPE) {
+        let raw: dnsplan_common::Plan = parse_json(&body)?;
+        dnsplan_common::ValidatedPlan::new(raw).map_err(|e| ApiError::from(StoreError::Invalid(e)))?
+    } else {
+        codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?
+    };
     ctl.store.publish(&plan).await?;
     tracing::info!(generation = %plan.generation(), author = %plan.plan().author, "plan published");
     Ok(StatusCode::NO_CONTENT)
@@ -196,9 +226,13 @@ async fn list<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ListParam
     Ok(Json(ctl.store.list(Generation(q.from), limit).await?).into_response())
 }
 
-async fn plan<S: Store>(State(ctl): State<Control<S>>, Path(generation): Path<String>) -> ApiResult<Response> {
+/// A plan as a codec envelope, or as JSON with `Accept: application/json`.
+async fn plan<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Path(generation): Path<String>) -> ApiResult<Response> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
     let plan = ctl.store.plan(Generation(g)).await?;
+    if is_json(&headers, header::ACCEPT) {
+        return Ok(Json(plan.plan()).into_response());
+    }
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode_plan(&plan)).into_response())
 }
 

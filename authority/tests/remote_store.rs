@@ -90,7 +90,7 @@ async fn bad_bodies_are_clear_errors() -> anyhow::Result<()> {
         (client.get(format!("{base}/v1/active/bad..name")), 400, "empty label"),
         (client.get(format!("{base}/v1/plans/abc")), 400, "not a number"),
         (client.get(format!("{base}/v1/plans/7")), 404, "not found"),
-        (client.put(format!("{base}/v1/pause")).bearer_auth(TOKEN).body(vec![b'x'; 100_000]), 413, ""),
+        (client.put(format!("{base}/v1/pause")).bearer_auth(TOKEN).body(vec![b'x'; 100_000]), 413, "too large"),
     ];
     for (req, status, text) in cases {
         let resp = req.send().await?;
@@ -98,5 +98,25 @@ async fn bad_bodies_are_clear_errors() -> anyhow::Result<()> {
         let body = resp.text().await?;
         assert!(body.contains(text), "want {text:?} in {body}");
     }
+    Ok(())
+}
+
+/// `curl` users can publish and read plans as JSON; the same validation applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_as_json() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = serve(SledStore::open(dir.path())?).await?;
+    let client = reqwest::Client::new();
+    let p = plan(1, &[name("x")], planner());
+    let resp = client.post(format!("{base}/v1/plans")).bearer_auth(TOKEN).json(p.plan()).send().await?;
+    assert_eq!(resp.status(), 204);
+    let back: dnsplan_common::Plan =
+        client.get(format!("{base}/v1/plans/1")).header("accept", "application/json").send().await?.json().await?;
+    assert_eq!(&back, p.plan());
+    let mut empty = plan(2, &[name("x")], planner()).into_plan();
+    empty.endpoints.values_mut().for_each(|e| e.targets.clear());
+    let resp = client.post(format!("{base}/v1/plans")).bearer_auth(TOKEN).json(&empty).send().await?;
+    assert_eq!(resp.status(), 422);
+    assert!(resp.text().await?.contains("no targets"));
     Ok(())
 }
