@@ -2,15 +2,14 @@
 //! names the file, the key and the line.
 
 use crate::dns_zone::DnsZoneConfig;
+use dnsplan_common::daemon;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use thiserror::Error;
 
 /// Shortest accepted control token. 16 bytes of randomness resist guessing over HTTP.
 pub const TOKEN_BYTES_MIN: usize = 16;
-/// Environment variable that supplies (and overrides) the control token.
-pub const TOKEN_ENV: &str = "DNSPLAN_TOKEN";
+pub use dnsplan_common::daemon::{ConfigError, TOKEN_ENV};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -80,22 +79,10 @@ fn default_control_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8053))
 }
 
-#[derive(Debug, Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("config file {path}: {detail}")]
-    Parse { path: PathBuf, detail: String },
-    #[error("config file {path}: {detail}")]
-    Invalid { path: PathBuf, detail: String },
-}
-
 impl AuthorityConfig {
     pub fn load(path: &Path) -> Result<AuthorityConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let mut config: AuthorityConfig =
-            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), detail: e.to_string() })?;
-        let invalid = |detail: String| ConfigError::Invalid { path: path.into(), detail };
+        let mut config: AuthorityConfig = daemon::load_toml(path)?;
+        let invalid = |detail: String| ConfigError::invalid(path, detail);
         if config.dns.listen.is_empty() {
             return Err(invalid("dns.listen: give at least one address".into()));
         }
@@ -111,9 +98,7 @@ impl AuthorityConfig {
         if config.dns.tcp_connections_max == 0 || config.dns.tcp_idle_timeout_secs == 0 {
             return Err(invalid("dns.tcp_connections_max and dns.tcp_idle_timeout_secs must be above 0".into()));
         }
-        if let Ok(token) = std::env::var(TOKEN_ENV) {
-            config.control.token = Some(token);
-        }
+        config.control.token = daemon::token_from_env_or(config.control.token.take());
         match &config.control.token {
             None => return Err(invalid(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable"))),
             Some(t) if t.len() < TOKEN_BYTES_MIN => {
@@ -121,9 +106,7 @@ impl AuthorityConfig {
             }
             Some(_) => {}
         }
-        if config.data_dir.is_relative() {
-            config.data_dir = path.parent().unwrap_or(Path::new(".")).join(&config.data_dir);
-        }
+        config.data_dir = daemon::relative_to_config(path, &config.data_dir);
         Ok(config)
     }
 

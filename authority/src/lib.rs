@@ -9,7 +9,6 @@ pub mod answer;
 pub mod config;
 pub mod control;
 pub mod dns_zone;
-pub mod logging;
 pub mod metrics;
 pub mod run;
 pub mod server;

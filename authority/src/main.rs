@@ -19,7 +19,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    dnsplan_authority::logging::init(&args.log_format);
+    dnsplan_common::daemon::init(&args.log_format);
     let config = AuthorityConfig::load(&args.config)?;
     let config_dir = args.config.parent().map(PathBuf::from).unwrap_or_default();
     let bound = |b: dnsplan_authority::run::Bound| {
@@ -28,5 +28,5 @@ async fn main() -> anyhow::Result<()> {
         }
         println!("control  http://{}", b.control);
     };
-    dnsplan_authority::run::run(config, &config_dir, dnsplan_authority::logging::shutdown_signal(), bound).await.context("authority failed")
+    dnsplan_authority::run::run(config, &config_dir, dnsplan_common::daemon::shutdown_signal(), bound).await.context("authority failed")
 }

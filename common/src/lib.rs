@@ -5,13 +5,19 @@
 //! no network code; the planner, enactors and authority build on it.
 
 pub mod codec;
+#[cfg(feature = "daemon")]
+pub mod daemon;
+#[cfg(feature = "dns")]
+pub mod dns_probe;
 pub mod generation;
 pub mod names;
 pub mod plan;
 
 pub use generation::Generation;
 pub use names::{DnsName, EndpointName, NameError, ZoneId};
-pub use plan::{Author, Endpoint, Plan, PlanSummary, Provenance, Target, ValidatedPlan, ValidationError, validate_endpoint};
+pub use plan::{
+    Author, Endpoint, Plan, PlanSummary, Provenance, Target, ValidatedPlan, ValidationError, removed_weight_fraction, validate_endpoint,
+};
 pub mod store;
 
 pub use store::sled::SledStore;

@@ -182,6 +182,22 @@ pub fn validate_endpoint(name: &EndpointName, endpoint: &Endpoint) -> Result<(),
     Ok(())
 }
 
+/// The fraction (0.0..=1.0) of `active`'s weight that `next` stops serving: the summed weight
+/// of active targets with a non-zero weight that `next` drops or sets to zero, over the
+/// active total. Lowering a weight that stays above zero, or adding targets, removes nothing.
+///
+/// The planner's velocity control limits this per plan, and enactors refuse plans above
+/// their own limit: both sides measure removals the same way.
+pub fn removed_weight_fraction(active: &Endpoint, next: &Endpoint) -> f64 {
+    let total: u64 = active.targets.iter().map(|t| u64::from(t.weight)).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let kept: HashSet<IpAddr> = next.targets.iter().filter(|t| t.weight > 0).map(|t| t.address).collect();
+    let removed: u64 = active.targets.iter().filter(|t| t.weight > 0 && !kept.contains(&t.address)).map(|t| u64::from(t.weight)).sum();
+    removed as f64 / total as f64
+}
+
 /// A plan that passed validation. The only kind of plan a store accepts.
 // Invariant: `plan` satisfies every rule in `ValidatedPlan::new`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -308,6 +324,24 @@ mod tests {
             rollback_of: None,
             provenance: vec![],
         }
+    }
+
+    #[test]
+    fn removed_weight_counts_only_targets_that_stop_serving() {
+        let active = Endpoint { ttl_secs: 30, targets: vec![target("192.0.2.1", 1), target("192.0.2.2", 1), target("192.0.2.3", 2)] };
+        let same = active.clone();
+        assert_eq!(removed_weight_fraction(&active, &same), 0.0);
+        let drop_one = Endpoint { ttl_secs: 30, targets: vec![target("192.0.2.1", 1), target("192.0.2.3", 2)] };
+        assert_eq!(removed_weight_fraction(&active, &drop_one), 0.25);
+        let zero_heavy = Endpoint { ttl_secs: 30, targets: vec![target("192.0.2.1", 1), target("192.0.2.2", 1), target("192.0.2.3", 0)] };
+        assert_eq!(removed_weight_fraction(&active, &zero_heavy), 0.5);
+        let lowered_and_added = Endpoint {
+            ttl_secs: 30,
+            targets: vec![target("192.0.2.1", 1), target("192.0.2.2", 1), target("192.0.2.3", 1), target("192.0.2.9", 5)],
+        };
+        assert_eq!(removed_weight_fraction(&active, &lowered_and_added), 0.0);
+        let replaced = Endpoint { ttl_secs: 30, targets: vec![target("192.0.2.9", 1)] };
+        assert_eq!(removed_weight_fraction(&active, &replaced), 1.0);
     }
 
     /// Each rule, data-driven: a plan breaking exactly that rule and the error we expect.

@@ -535,6 +535,7 @@ pub async fn heartbeats_round_trip<S: Store>(store: S) -> anyhow::Result<Violati
                 enactor_id: id.into(),
                 zone: ZoneId::parse(zone)?,
                 last_applied: Generation(g),
+                latest_seen: Generation(g + 1),
                 at_unix_ms: g,
                 state: "idle".into(),
             })
@@ -548,6 +549,7 @@ pub async fn heartbeats_round_trip<S: Store>(store: S) -> anyhow::Result<Violati
         enactor_id: "x".repeat(1_000),
         zone: ZoneId::parse("a")?,
         last_applied: Generation(1),
+        latest_seen: Generation(1),
         at_unix_ms: 0,
         state: "idle".into(),
     };

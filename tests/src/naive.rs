@@ -4,6 +4,11 @@
 //! fence and writes later (check-then-act, with the lock dropped in between), `publish` does
 //! the same with the latest generation, `cleanup` deletes by age alone, and nothing refuses a
 //! generation whose plan is gone. The suite must report violations against it.
+//!
+//! [`NaiveStore::as_in_2025`] goes further, for the enactor race tests: writes are not fenced
+//! at all (the enactor's one-time check is the only guard, as in 2025), and the served records
+//! belong to their plan, so age-only cleanup of a plan also removes the records that still
+//! point at it. That is how the outage emptied a live endpoint.
 
 use dnsplan_common::store::{
     ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, PauseState, Store, StoreError,
@@ -30,15 +35,21 @@ struct State {
 pub struct NaiveStore {
     state: Arc<Mutex<State>>,
     version: Arc<watch::Sender<StoreVersion>>,
+    unfenced_2025: bool,
 }
 
 impl Default for NaiveStore {
     fn default() -> Self {
-        NaiveStore { state: Arc::default(), version: Arc::new(watch::Sender::new(StoreVersion::default())) }
+        NaiveStore { state: Arc::default(), version: Arc::new(watch::Sender::new(StoreVersion::default())), unfenced_2025: false }
     }
 }
 
 impl NaiveStore {
+    /// The store of the 2025 automation: unfenced writes, records that belong to their plan.
+    pub fn as_in_2025() -> NaiveStore {
+        NaiveStore { unfenced_2025: true, ..NaiveStore::default() }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let out = f(&mut state);
@@ -53,6 +64,14 @@ impl NaiveStore {
     async fn switch(&self, endpoint: &EndpointName, generation: Generation, state: ActiveState) -> StoreResult<ApplyOutcome> {
         // The check...
         let current = self.with(|s| s.active.get(endpoint).map(|a| a.generation));
+        if self.unfenced_2025 {
+            // No check at all: whatever the writer decided earlier is written.
+            self.with(|s| {
+                s.active.insert(endpoint.clone(), ActiveRecord { generation, state });
+                s.applied_changes += 1;
+            });
+            return Ok(ApplyOutcome::Switched { previous: current.unwrap_or_default() });
+        }
         match current {
             Some(active) if active > generation => {
                 return Err(StoreError::Stale { endpoint: endpoint.clone(), active, attempted: generation });
@@ -129,10 +148,19 @@ impl Store for NaiveStore {
     }
 
     async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
+        let unfenced_2025 = self.unfenced_2025;
         Ok(self.with(|s| {
             let decision = age_only(s, retain);
             s.plans.retain(|g, _| *g >= decision.horizon_after);
             s.control_changes += 1;
+            if unfenced_2025 {
+                // The records went with their plan.
+                let before = s.active.len();
+                s.active.retain(|_, record| record.generation >= decision.horizon_after);
+                if s.active.len() != before {
+                    s.applied_changes += 1;
+                }
+            }
             decision
         }))
     }

@@ -97,12 +97,23 @@ impl Record for PauseState {
     const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
 }
 
+impl Heartbeat {
+    /// How many generations this enactor was behind the latest plan when it reported.
+    pub fn lag(&self) -> u64 {
+        self.latest_seen.0.saturating_sub(self.last_applied.0)
+    }
+}
+
 /// An enactor's report of itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub enactor_id: String,
     pub zone: ZoneId,
+    /// The generation this enactor has fully applied last.
     pub last_applied: Generation,
+    /// The latest published generation it knew of when it reported; the lag is the
+    /// difference.
+    pub latest_seen: Generation,
     pub at_unix_ms: u64,
     /// Free text such as `applying`, `idle`, `refusing`.
     pub state: String,

@@ -1,0 +1,78 @@
+//! Process plumbing shared by dnsplan's daemons (feature `daemon`): tracing setup, the
+//! shutdown signal, TOML config loading with errors that name the file, key and line, and the
+//! control token's environment variable.
+
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Environment variable that supplies (and overrides) the control API's bearer token, for the
+/// authority that checks it and for every client that sends it.
+pub const TOKEN_ENV: &str = "DNSPLAN_TOKEN";
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error("config file {path}: {detail}")]
+    Invalid { path: PathBuf, detail: String },
+}
+
+impl ConfigError {
+    pub fn invalid(path: &Path, detail: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { path: path.into(), detail: detail.into() }
+    }
+}
+
+/// Reads and parses a TOML config file. Types should `deny_unknown_fields`, so that a typo is
+/// an error naming the key and the line rather than a silently ignored setting.
+pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), detail: e.to_string() })
+}
+
+/// `relative` resolved against the directory of the config file at `config_path`.
+pub fn relative_to_config(config_path: &Path, relative: &Path) -> PathBuf {
+    if relative.is_absolute() { relative.into() } else { config_path.parent().unwrap_or(Path::new(".")).join(relative) }
+}
+
+/// The control token: `DNSPLAN_TOKEN` if set, else the configured one.
+pub fn token_from_env_or(configured: Option<String>) -> Option<String> {
+    std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(configured)
+}
+
+/// Installs a tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON lines.
+pub fn init(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops this process");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown requested");
+}

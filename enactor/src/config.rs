@@ -1,0 +1,244 @@
+//! The enactor's TOML config (`enactor.toml`). Unknown keys are errors; every error names the
+//! file, the key and the line. `--id` and `--zone` on the command line override the file.
+
+use dnsplan_common::ZoneId;
+use dnsplan_common::daemon::{self, ConfigError};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Longest accepted enactor id, in bytes (the store's heartbeat limit).
+pub const ID_BYTES_MAX: usize = dnsplan_common::store::HEARTBEAT_TEXT_BYTES_MAX;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnactorConfig {
+    /// This enactor's id, unique in the fleet (heartbeats are keyed by it).
+    pub id: String,
+    /// The availability zone it runs in.
+    pub zone: ZoneId,
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub apply: ApplyConfig,
+    #[serde(default)]
+    pub cleanup: CleanupConfig,
+    #[serde(default)]
+    pub verify: VerifyConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The control API of the authority that holds the store, e.g. `http://127.0.0.1:8053`.
+    pub url: String,
+    /// Bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
+    pub token: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApplyConfig {
+    /// Re-apply the latest plan in full this often even when nothing changed.
+    pub reconcile_interval_secs: u64,
+    /// Timeout of each store call.
+    pub call_timeout_ms: u64,
+    /// Attempts per store call on transient errors (timeouts, unreachable store).
+    pub retry_attempts: u32,
+    /// First backoff; doubles per attempt up to `retry_max_ms`, with full jitter.
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// Deadline of one plan application; past it the enactor starts again from the latest plan.
+    pub plan_deadline_secs: u64,
+    /// Refuse a plan that stops serving more than this fraction of an endpoint's active
+    /// weight in one step (operator rollbacks excepted).
+    pub max_removal_fraction: f64,
+    pub heartbeat_interval_secs: u64,
+}
+
+impl Default for ApplyConfig {
+    fn default() -> Self {
+        ApplyConfig {
+            reconcile_interval_secs: 60,
+            call_timeout_ms: 5_000,
+            retry_attempts: 5,
+            retry_base_ms: 50,
+            retry_max_ms: 2_000,
+            plan_deadline_secs: 120,
+            max_removal_fraction: 0.5,
+            heartbeat_interval_secs: 10,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CleanupConfig {
+    pub enabled: bool,
+    /// Plans kept for rollback; the store never deletes an active or newer plan anyway.
+    pub retain_plans: u64,
+}
+
+impl Default for CleanupConfig {
+    fn default() -> Self {
+        CleanupConfig { enabled: true, retain_plans: 20 }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifyConfig {
+    pub enabled: bool,
+    /// The authority's DNS address.
+    pub dns_server: SocketAddr,
+    /// How long the authority may take to serve an applied plan.
+    pub timeout_ms: u64,
+    /// Most changed endpoints checked per plan (a sample when more changed).
+    pub endpoints_max: usize,
+}
+
+impl Default for VerifyConfig {
+    fn default() -> Self {
+        VerifyConfig { enabled: false, dns_server: SocketAddr::from(([127, 0, 0, 1], 5353)), timeout_ms: 5_000, endpoints_max: 1_000 }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Where `/metrics` and `/healthz` listen; none to disable.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { listen: Some(SocketAddr::from(([127, 0, 0, 1], 9101))) }
+    }
+}
+
+impl EnactorConfig {
+    /// Loads `path`, applies the command-line overrides, then checks every value.
+    pub fn load(path: &Path, id: Option<String>, zone: Option<ZoneId>) -> Result<EnactorConfig, ConfigError> {
+        let mut config: EnactorConfig = daemon::load_toml(path)?;
+        if let Some(id) = id {
+            config.id = id;
+        }
+        if let Some(zone) = zone {
+            config.zone = zone;
+        }
+        config.store.token = daemon::token_from_env_or(config.store.token.take());
+        config.check().map_err(|detail| ConfigError::invalid(path, detail))?;
+        Ok(config)
+    }
+
+    /// Every value in range, with a message naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= ID_BYTES_MAX
+            && self.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !id_ok {
+            return Err(format!("id: {:?} must be 1..={ID_BYTES_MAX} bytes of letters, digits, '-', '_' or '.'", self.id));
+        }
+        if !(self.store.url.starts_with("http://") || self.store.url.starts_with("https://")) {
+            return Err(format!("store.url: {:?} must start with http:// or https://", self.store.url));
+        }
+        let a = &self.apply;
+        let positive = [
+            ("apply.reconcile_interval_secs", a.reconcile_interval_secs),
+            ("apply.call_timeout_ms", a.call_timeout_ms),
+            ("apply.retry_attempts", u64::from(a.retry_attempts)),
+            ("apply.retry_base_ms", a.retry_base_ms),
+            ("apply.plan_deadline_secs", a.plan_deadline_secs),
+            ("apply.heartbeat_interval_secs", a.heartbeat_interval_secs),
+            ("verify.timeout_ms", self.verify.timeout_ms),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(format!("{key} must be above 0"));
+            }
+        }
+        if a.retry_max_ms < a.retry_base_ms {
+            return Err(format!("apply.retry_max_ms ({}) is below apply.retry_base_ms ({})", a.retry_max_ms, a.retry_base_ms));
+        }
+        if !(a.max_removal_fraction > 0.0 && a.max_removal_fraction <= 1.0) {
+            return Err(format!("apply.max_removal_fraction: {} must be in (0, 1]", a.max_removal_fraction));
+        }
+        if self.cleanup.retain_plans == 0 {
+            return Err("cleanup.retain_plans must be at least 1 (keep something to roll back to)".into());
+        }
+        Ok(())
+    }
+
+    pub fn settings(&self) -> Settings {
+        let a = &self.apply;
+        Settings {
+            id: self.id.clone(),
+            zone: self.zone.clone(),
+            reconcile_interval: Duration::from_secs(a.reconcile_interval_secs),
+            call_timeout: Duration::from_millis(a.call_timeout_ms),
+            retry: RetryPolicy {
+                attempts: a.retry_attempts,
+                base: Duration::from_millis(a.retry_base_ms),
+                max: Duration::from_millis(a.retry_max_ms),
+            },
+            plan_deadline: Duration::from_secs(a.plan_deadline_secs),
+            max_removal_fraction: a.max_removal_fraction,
+            heartbeat_interval: Duration::from_secs(a.heartbeat_interval_secs),
+            cleanup_retain: self.cleanup.enabled.then_some(self.cleanup.retain_plans),
+            verify: self.verify.enabled.then(|| VerifySettings {
+                dns_server: self.verify.dns_server,
+                timeout: Duration::from_millis(self.verify.timeout_ms),
+                endpoints_max: self.verify.endpoints_max,
+            }),
+        }
+    }
+}
+
+/// Retries of one store call: `attempts` in all, backoff from `base` doubling to `max`.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub base: Duration,
+    pub max: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct VerifySettings {
+    pub dns_server: SocketAddr,
+    pub timeout: Duration,
+    pub endpoints_max: usize,
+}
+
+/// What an `Enactor` runs with, from the config or built directly (the one-process stack).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub id: String,
+    pub zone: ZoneId,
+    pub reconcile_interval: Duration,
+    pub call_timeout: Duration,
+    pub retry: RetryPolicy,
+    pub plan_deadline: Duration,
+    pub max_removal_fraction: f64,
+    pub heartbeat_interval: Duration,
+    /// `Some(retain)` to clean up after each fully applied plan.
+    pub cleanup_retain: Option<u64>,
+    pub verify: Option<VerifySettings>,
+}
+
+impl Settings {
+    /// The defaults of `enactor.toml` for `id` in `zone`.
+    pub fn new(id: &str, zone: ZoneId) -> Settings {
+        let config = EnactorConfig {
+            id: id.into(),
+            zone,
+            store: StoreConfig { url: "http://127.0.0.1:8053".into(), token: None },
+            apply: ApplyConfig::default(),
+            cleanup: CleanupConfig::default(),
+            verify: VerifyConfig::default(),
+            metrics: MetricsConfig::default(),
+        };
+        config.settings()
+    }
+}

@@ -1,0 +1,509 @@
+//! The enactor's loop: learn of the newest plan, apply it endpoint by endpoint through the
+//! store's fence, verify it over DNS, clean up, report a heartbeat; and re-apply the latest
+//! plan in full every reconcile interval even when nothing changed.
+//!
+//! There is no "is my plan newer" check that later writes rely on. Each write is its own
+//! compare-and-swap inside the store; `Stale` means a newer plan already holds that endpoint
+//! and is skipped. A newer published plan preempts the one being applied.
+
+use crate::config::{RetryPolicy, Settings, VerifySettings};
+#[cfg(feature = "testing")]
+use crate::hooks::{Behaviour, Event, Hooks, NoHooks};
+use crate::metrics::Metrics;
+use crate::{guard, verify};
+use dnsplan_common::store::{StoreVersion, WAIT_TIMEOUT_MAX};
+use dnsplan_common::{ApplyOutcome, EndpointName, Generation, Heartbeat, Store, StoreError, StoreResult, ValidatedPlan};
+use rand::RngExt;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+/// How long one long-poll on the store waits before asking again.
+const WATCH_WAIT: Duration = Duration::from_secs(30);
+/// Pause between retries of a failed long-poll, and before retrying after the store failed.
+const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
+
+/// Why a plan application stopped before it finished.
+#[derive(Debug)]
+enum Step {
+    /// Every endpoint is at this plan's generation or newer.
+    Done {
+        plan: ValidatedPlan,
+        changed: Vec<EndpointName>,
+    },
+    /// Stop and apply `to` instead.
+    MoveTo {
+        to: Generation,
+        reason: &'static str,
+    },
+    Refused {
+        reason: &'static str,
+        detail: String,
+    },
+    DeadlinePassed,
+    Failed(StoreError),
+}
+
+pub struct Enactor<S: Store> {
+    store: S,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    last_applied: Generation,
+    latest_seen: Generation,
+    /// Plans refused, so that each is reported once and not retried on every change.
+    refused: BTreeSet<Generation>,
+    state: String,
+    #[cfg(feature = "testing")]
+    hooks: Arc<dyn Hooks>,
+    #[cfg(feature = "testing")]
+    behaviour: Behaviour,
+}
+
+impl<S: Store> Enactor<S> {
+    pub fn new(store: S, settings: Settings, metrics: Arc<Metrics>) -> Enactor<S> {
+        Enactor {
+            store,
+            settings,
+            metrics,
+            last_applied: Generation::NONE,
+            latest_seen: Generation::NONE,
+            refused: BTreeSet::new(),
+            state: "starting".into(),
+            #[cfg(feature = "testing")]
+            hooks: Arc::new(NoHooks),
+            #[cfg(feature = "testing")]
+            behaviour: Behaviour::Fenced,
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    #[cfg(feature = "testing")]
+    pub fn with_behaviour(mut self, behaviour: Behaviour) -> Self {
+        self.behaviour = behaviour;
+        self
+    }
+
+    /// Runs until `shutdown` resolves. Never returns early: store outages, refused plans and
+    /// failed verifications are logged, counted and reported, and the loop goes on.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let (mut versions, watcher) = watch_store(self.store.clone(), self.settings.call_timeout);
+        let _watcher = AbortOnDrop(watcher);
+        let mut next_reconcile = Instant::now();
+        let mut next_heartbeat = Instant::now();
+        tracing::info!(enactor = %self.settings.id, zone = %self.settings.zone, "enactor running");
+        loop {
+            let mut wake = Instant::now() + self.settings.heartbeat_interval;
+            match self.call("latest", || self.store.latest()).await {
+                Ok(latest) => {
+                    self.see_latest(latest);
+                    let due = Instant::now() >= next_reconcile;
+                    let fresh = latest > self.last_applied && !self.refused.contains(&latest);
+                    if latest > Generation::NONE && (fresh || due) {
+                        if due {
+                            next_reconcile = Instant::now() + self.settings.reconcile_interval;
+                            tracing::debug!(enactor = %self.settings.id, generation = %latest, "reconciling the latest plan in full");
+                        }
+                        self.enact(latest, &versions).await;
+                        next_heartbeat = Instant::now();
+                    } else if latest > Generation::NONE && !self.refused.contains(&latest) {
+                        self.state = "idle".into();
+                    }
+                }
+                Err(err) => {
+                    tracing::error!(enactor = %self.settings.id, error = %err, "cannot read the latest plan; retrying");
+                    self.state = "store-unreachable".into();
+                    wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
+                }
+            }
+            if Instant::now() >= next_heartbeat {
+                self.heartbeat().await;
+                next_heartbeat = Instant::now() + self.settings.heartbeat_interval;
+            }
+            if self.last_applied < self.latest_seen && !self.refused.contains(&self.latest_seen) {
+                // The last attempt did not finish (store error, deadline): try again soon.
+                wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
+            }
+            let wake = tokio::time::Instant::from_std(wake.min(next_reconcile).min(next_heartbeat));
+            // Wake for a plan newer than any we have handled, not for every apply elsewhere.
+            let handled = self.latest_seen;
+            tokio::select! {
+                _ = &mut shutdown => break,
+                watching = async { versions.wait_for(|v| v.latest > handled).await.is_ok() } => {
+                    if !watching {
+                        // The watcher is gone (it never ends on its own); fall back to the timer.
+                        tokio::time::sleep_until(wake).await;
+                    }
+                }
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+        self.state = "stopped".into();
+        self.heartbeat().await;
+        tracing::info!(enactor = %self.settings.id, "enactor stopped");
+    }
+
+    fn see_latest(&mut self, latest: Generation) {
+        self.latest_seen = self.latest_seen.max(latest);
+        self.metrics.latest_generation.set(self.latest_seen.0 as i64);
+        self.metrics.lag_generations.set(self.latest_seen.0.saturating_sub(self.last_applied.0) as i64);
+    }
+
+    /// Applies `target`, following newer plans as they appear, then verifies and cleans up.
+    async fn enact(&mut self, target: Generation, versions: &watch::Receiver<StoreVersion>) {
+        let deadline = Instant::now() + self.settings.plan_deadline;
+        let mut generation = target;
+        let mut moves = 0u32;
+        loop {
+            let started = Instant::now();
+            self.state = format!("applying {generation}");
+            let span = tracing::info_span!("plan", enactor = %self.settings.id, generation = %generation);
+            let step = self.apply_plan(generation, deadline, versions).instrument(span.clone()).await;
+            match step {
+                Step::Done { plan, changed } => {
+                    self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+                    self.metrics.plans_applied.inc();
+                    self.last_applied = self.last_applied.max(generation);
+                    self.metrics.last_applied_generation.set(self.last_applied.0 as i64);
+                    self.see_latest(generation);
+                    tracing::info!(parent: &span, changed = changed.len(), elapsed_ms = started.elapsed().as_millis() as u64, "plan applied");
+                    let verified = match &self.settings.verify {
+                        Some(v) => self.verify(&plan, &changed, v, versions).instrument(span.clone()).await,
+                        None => true,
+                    };
+                    if verified {
+                        #[cfg(feature = "testing")]
+                        self.hooks.before_cleanup(&self.settings.id, generation).await;
+                        self.cleanup().instrument(span.clone()).await;
+                        self.state = "idle".into();
+                    } else {
+                        self.state = format!("verify-failed {generation}");
+                    }
+                    self.event_done(generation);
+                    return;
+                }
+                Step::MoveTo { to, reason } => {
+                    self.metrics.abandoned(reason);
+                    self.event_abandoned(generation);
+                    moves += 1;
+                    // A move always goes forward; bound the chain in case a store misbehaves.
+                    if to <= generation || moves > 1_000 {
+                        tracing::error!(parent: &span, to = %to, reason, "cannot move to a newer plan; will retry from the latest");
+                        return;
+                    }
+                    tracing::info!(parent: &span, to = %to, reason, "abandoning this plan for a newer one");
+                    generation = to;
+                }
+                Step::Refused { reason, detail } => {
+                    self.metrics.refused(reason);
+                    self.refused.insert(generation);
+                    // Bound the memory of refusals; the oldest matter least.
+                    while self.refused.len() > 1_024 {
+                        self.refused.pop_first();
+                    }
+                    self.state = format!("refusing {generation}");
+                    tracing::error!(parent: &span, reason, detail = %detail, "refusing plan {generation}: {detail}; waiting for a newer plan or an operator");
+                    self.event_refused(generation);
+                    return;
+                }
+                Step::DeadlinePassed => {
+                    self.metrics.abandoned("deadline");
+                    tracing::warn!(parent: &span, deadline_secs = self.settings.plan_deadline.as_secs(), "plan application passed its deadline; starting again from the latest plan");
+                    self.event_abandoned(generation);
+                    return;
+                }
+                Step::Failed(err) => {
+                    self.metrics.abandoned("store_error");
+                    tracing::error!(parent: &span, error = %err, "plan application failed; starting again from the latest plan");
+                    self.state = "store-unreachable".into();
+                    self.event_abandoned(generation);
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn apply_plan(&self, generation: Generation, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
+        let plan = match self.call("plan", || self.store.plan(generation)).await {
+            Ok(plan) => plan,
+            Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
+            Err(err) => return Step::Failed(err),
+        };
+        // Second line of defence: the same validation as publish, on what we are about to write.
+        let plan = match ValidatedPlan::new(plan.into_plan()) {
+            Ok(plan) if plan.generation() == generation => plan,
+            Ok(plan) => {
+                return Step::Refused {
+                    reason: "invalid",
+                    detail: format!("the store returned plan {} when asked for {generation}", plan.generation()),
+                };
+            }
+            Err(err) => return Step::Refused { reason: "invalid", detail: err.to_string() },
+        };
+        if plan.plan().rollback_of.is_none() {
+            let active = match self.call("active_all", || self.store.active_all()).await {
+                Ok(active) => active,
+                Err(err) => return Step::Failed(err),
+            };
+            if let Some(removal) = guard::excessive_removal(&plan, &active, self.settings.max_removal_fraction) {
+                return Step::Refused { reason: "removal", detail: removal.to_string() };
+            }
+            #[cfg(feature = "testing")]
+            if self.behaviour == Behaviour::Naive {
+                return self.apply_naive(plan, &active).await;
+            }
+        }
+
+        let mut changed = Vec::new();
+        for (name, records) in &plan.plan().endpoints {
+            if let Some(step) = self.preempted(generation, deadline, versions) {
+                return step;
+            }
+            #[cfg(feature = "testing")]
+            self.hooks.before_write(&self.settings.id, generation, name).await;
+            let span = tracing::debug_span!("apply", endpoint = %name);
+            let result = self.call("apply", || self.store.apply(name, generation, records)).instrument(span).await;
+            if let Some(step) = self.record_write(name, result, &mut changed).await {
+                return step;
+            }
+        }
+        for name in &plan.plan().retired {
+            if let Some(step) = self.preempted(generation, deadline, versions) {
+                return step;
+            }
+            #[cfg(feature = "testing")]
+            self.hooks.before_write(&self.settings.id, generation, name).await;
+            let span = tracing::debug_span!("retire", endpoint = %name);
+            let result = self.call("retire", || self.store.retire(name, generation)).instrument(span).await;
+            if let Some(step) = self.record_write(name, result, &mut changed).await {
+                return step;
+            }
+        }
+        Step::Done { plan, changed }
+    }
+
+    /// Whether to stop before the next write: past the deadline, or a newer plan exists.
+    fn preempted(&self, generation: Generation, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Option<Step> {
+        if Instant::now() >= deadline {
+            return Some(Step::DeadlinePassed);
+        }
+        let newest = versions.borrow().latest;
+        (newest > generation).then_some(Step::MoveTo { to: newest, reason: "newer_plan" })
+    }
+
+    /// Counts one write's outcome; `Some` when the plan cannot go on.
+    async fn record_write(&self, name: &EndpointName, result: StoreResult<ApplyOutcome>, changed: &mut Vec<EndpointName>) -> Option<Step> {
+        match result {
+            Ok(ApplyOutcome::Switched { previous }) => {
+                self.metrics.write("switched");
+                tracing::debug!(endpoint = %name, previous = %previous, "switched");
+                changed.push(name.clone());
+                None
+            }
+            Ok(ApplyOutcome::Unchanged) => {
+                self.metrics.write("unchanged");
+                None
+            }
+            Err(StoreError::Stale { active, .. }) => {
+                // A newer plan already holds this endpoint: skip it, never overwrite.
+                self.metrics.write("stale");
+                tracing::info!(endpoint = %name, active = %active, "a newer plan is already active here; skipped");
+                None
+            }
+            Err(StoreError::Pruned { .. }) => Some(self.move_to_latest("pruned").await),
+            Err(StoreError::Invalid(err)) => Some(Step::Refused { reason: "invalid", detail: err.to_string() }),
+            Err(err) => Some(Step::Failed(err)),
+        }
+    }
+
+    async fn move_to_latest(&self, reason: &'static str) -> Step {
+        match self.call("latest", || self.store.latest()).await {
+            Ok(to) => Step::MoveTo { to, reason },
+            Err(err) => Step::Failed(err),
+        }
+    }
+
+    /// The October 2025 enactor, for the race tests' counterfactual only: one check that the
+    /// plan is newer than anything active, then every write trusting it.
+    #[cfg(feature = "testing")]
+    async fn apply_naive(&self, plan: ValidatedPlan, active: &dnsplan_common::ActiveSnapshot) -> Step {
+        let generation = plan.generation();
+        let newest_active = active.endpoints.values().map(|r| r.generation).max().unwrap_or_default();
+        if newest_active >= generation {
+            return Step::Done { plan, changed: Vec::new() };
+        }
+        let mut changed = Vec::new();
+        for (name, records) in &plan.plan().endpoints {
+            self.hooks.before_write(&self.settings.id, generation, name).await;
+            match self.call("apply", || self.store.apply(name, generation, records)).await {
+                Ok(_) => changed.push(name.clone()),
+                Err(StoreError::Stale { .. }) => {}
+                Err(err) => return Step::Failed(err),
+            }
+        }
+        Step::Done { plan, changed }
+    }
+
+    /// Checks over DNS that each changed endpoint answers only with this plan's addresses.
+    async fn verify(
+        &self,
+        plan: &ValidatedPlan,
+        changed: &[EndpointName],
+        settings: &VerifySettings,
+        versions: &watch::Receiver<StoreVersion>,
+    ) -> bool {
+        let generation = plan.generation();
+        let mut checks = verify::checks_for(plan, changed, settings.endpoints_max);
+        let total = checks.len();
+        let outcome = verify::run(&mut checks, settings, || versions.borrow().latest > generation).await;
+        match outcome {
+            verify::Outcome::Served => {
+                tracing::info!(checked = total, "verified over DNS");
+                true
+            }
+            verify::Outcome::Superseded => {
+                tracing::info!("a newer plan was published during verification; it will be verified instead");
+                true
+            }
+            verify::Outcome::Mismatch { failing, example } => {
+                self.metrics.verify_failures.inc();
+                tracing::error!(failing, checked = total, example = %example, "the authority does not serve this plan within {:?}; cleanup skipped", settings.timeout);
+                false
+            }
+        }
+    }
+
+    async fn cleanup(&self) {
+        let Some(retain) = self.settings.cleanup_retain else { return };
+        match self.call("cleanup", || self.store.cleanup(retain)).await {
+            Ok(report) => {
+                self.metrics.cleanup_deleted_plans.inc_by(report.deleted_count());
+                if let Some((first, last)) = report.deleted() {
+                    tracing::info!(first = %first, last = %last, oldest_active = ?report.oldest_active.as_ref().map(|(g, _)| g), "cleaned up old plans");
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "cleanup failed; the next plan will try again"),
+        }
+    }
+
+    async fn heartbeat(&self) {
+        let beat = Heartbeat {
+            enactor_id: self.settings.id.clone(),
+            zone: self.settings.zone.clone(),
+            last_applied: self.last_applied,
+            latest_seen: self.latest_seen,
+            at_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default(),
+            state: self.state.chars().take(dnsplan_common::store::HEARTBEAT_TEXT_BYTES_MAX / 4).collect(),
+        };
+        // One attempt: a missed heartbeat is reported again at the next interval.
+        match tokio::time::timeout(self.settings.call_timeout, self.store.heartbeat(beat)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "heartbeat failed"),
+            Err(_) => tracing::warn!("heartbeat timed out"),
+        }
+    }
+
+    /// One store call with a timeout, retried with jittered backoff on transient errors.
+    async fn call<T, F, Fut>(&self, what: &'static str, mut op: F) -> StoreResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let mut attempt = 1;
+        loop {
+            let result = match tokio::time::timeout(self.settings.call_timeout, op()).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Unavailable(format!("store call {what} timed out after {:?}", self.settings.call_timeout))),
+            };
+            match result {
+                Err(err) if is_transient(&err) => {
+                    if attempt >= self.settings.retry.attempts {
+                        self.metrics.store_errors.inc();
+                        return Err(err);
+                    }
+                    self.metrics.store_retries.inc();
+                    let wait = backoff(self.settings.retry, attempt);
+                    tracing::warn!(call = what, attempt, wait_ms = wait.as_millis() as u64, error = %err, "store call failed; retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    fn event_done(&self, generation: Generation) {
+        self.hooks.event(Event::PlanDone { enactor: self.settings.id.clone(), generation });
+    }
+    #[cfg(feature = "testing")]
+    fn event_abandoned(&self, generation: Generation) {
+        self.hooks.event(Event::PlanAbandoned { enactor: self.settings.id.clone(), generation });
+    }
+    #[cfg(feature = "testing")]
+    fn event_refused(&self, generation: Generation) {
+        self.hooks.event(Event::PlanRefused { enactor: self.settings.id.clone(), generation });
+    }
+    #[cfg(not(feature = "testing"))]
+    fn event_done(&self, _: Generation) {}
+    #[cfg(not(feature = "testing"))]
+    fn event_abandoned(&self, _: Generation) {}
+    #[cfg(not(feature = "testing"))]
+    fn event_refused(&self, _: Generation) {}
+}
+
+/// Timeouts and an unreachable store are worth retrying; refusals are answers.
+fn is_transient(err: &StoreError) -> bool {
+    matches!(err, StoreError::Unavailable(_) | StoreError::Io(_))
+}
+
+/// Full jitter: a random wait in `[0, min(max, base * 2^(attempt-1))]`.
+pub fn backoff(policy: RetryPolicy, attempt: u32) -> Duration {
+    let ceiling = policy.base.saturating_mul(1u32 << attempt.saturating_sub(1).min(20)).min(policy.max);
+    let ceiling_us = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
+    Duration::from_micros(rand::rng().random_range(0..=ceiling_us))
+}
+
+/// Follows the store's version with long-polls, so that a newer plan preempts the one being
+/// applied without a store call per endpoint.
+fn watch_store<S: Store>(store: S, call_timeout: Duration) -> (watch::Receiver<StoreVersion>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(StoreVersion::default());
+    let task = tokio::spawn(async move {
+        let mut seen = StoreVersion::default();
+        loop {
+            let wait = WATCH_WAIT.min(WAIT_TIMEOUT_MAX);
+            match tokio::time::timeout(wait + call_timeout, store.wait_for_change(seen, wait)).await {
+                Ok(Ok(version)) => {
+                    seen = version;
+                    tx.send_if_modified(|v| {
+                        let changed = *v != version;
+                        *v = version;
+                        changed
+                    });
+                }
+                Ok(Err(err)) => {
+                    tracing::debug!(error = %err, "watching the store failed; retrying");
+                    tokio::time::sleep(STORE_DOWN_RETRY).await;
+                }
+                Err(_) => tokio::time::sleep(STORE_DOWN_RETRY).await,
+            }
+        }
+    });
+    (rx, task)
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

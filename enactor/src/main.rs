@@ -1,0 +1,67 @@
+//! `dnsplan-enactor --config enactor.toml [--id ID] [--zone ZONE]`: applies the newest plan
+//! through the authority's control API, and serves its metrics.
+
+use anyhow::Context;
+use axum::routing::get;
+use clap::Parser;
+use dnsplan_common::ZoneId;
+use dnsplan_common::daemon;
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_enactor::{Enactor, EnactorConfig, Metrics};
+use prometheus_client::registry::Registry;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(version, about = "dnsplan's enactor: applies the newest plan through the store's generation fence")]
+struct Args {
+    /// Path to enactor.toml.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// This enactor's id (overrides `id` in the config).
+    #[arg(long)]
+    id: Option<String>,
+    /// The availability zone it runs in (overrides `zone` in the config).
+    #[arg(long, value_parser = parse_zone)]
+    zone: Option<ZoneId>,
+    /// Log format.
+    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+}
+
+fn parse_zone(text: &str) -> Result<ZoneId, String> {
+    ZoneId::parse(text).map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    daemon::init(&args.log_format);
+    let config = EnactorConfig::load(&args.config, args.id, args.zone)?;
+    let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
+    let mut registry = Registry::with_prefix("dnsplan");
+    let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
+    let registry = Arc::new(registry);
+
+    if let Some(listen) = config.metrics.listen {
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
+        println!("metrics  http://{}/metrics", listener.local_addr()?);
+        let app = axum::Router::new().route("/metrics", get(move || render(registry.clone()))).route("/healthz", get(|| async { "ok\n" }));
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, app).await {
+                tracing::error!(error = %err, "metrics server failed");
+            }
+        });
+    }
+    println!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.url);
+    Enactor::new(store, config.settings(), metrics).run(daemon::shutdown_signal()).await;
+    Ok(())
+}
+
+async fn render(registry: Arc<Registry>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let mut body = String::new();
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut body, &registry) {
+        tracing::error!(error = %err, "cannot encode metrics");
+    }
+    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+}

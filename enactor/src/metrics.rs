@@ -1,0 +1,87 @@
+//! The enactor's Prometheus metrics. Every series carries the label `enactor="<id>"`, so that
+//! several enactors can share one registry (the one-process stack) without colliding.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::borrow::Cow;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    /// Time to apply one plan fully (verification excluded).
+    pub apply_seconds: Histogram,
+    /// Endpoint writes by outcome: `switched`, `unchanged`, `stale` (a newer plan was there).
+    pub writes: Family<OutcomeLabels, Counter>,
+    pub plans_applied: Counter,
+    /// Plans left unfinished, by reason: `newer_plan`, `pruned`, `deadline`, `store_error`.
+    pub plans_abandoned: Family<ReasonLabels, Counter>,
+    /// Plans refused, by reason: `invalid`, `removal`.
+    pub refusals: Family<ReasonLabels, Counter>,
+    pub store_retries: Counter,
+    pub store_errors: Counter,
+    pub verify_failures: Counter,
+    pub cleanup_deleted_plans: Counter,
+    pub last_applied_generation: Gauge,
+    pub latest_generation: Gauge,
+    /// Generations between the latest plan and the last one this enactor fully applied.
+    pub lag_generations: Gauge,
+}
+
+impl Metrics {
+    /// Registers the enactor's metrics in `registry` under `dnsplan_enactor_`, labelled with `id`.
+    pub fn register(registry: &mut Registry, id: &str) -> Metrics {
+        let m = Metrics {
+            apply_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            writes: Family::default(),
+            plans_applied: Counter::default(),
+            plans_abandoned: Family::default(),
+            refusals: Family::default(),
+            store_retries: Counter::default(),
+            store_errors: Counter::default(),
+            verify_failures: Counter::default(),
+            cleanup_deleted_plans: Counter::default(),
+            last_applied_generation: Gauge::default(),
+            latest_generation: Gauge::default(),
+            lag_generations: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("enactor").sub_registry_with_label((Cow::Borrowed("enactor"), Cow::Owned(id.to_owned())));
+        r.register("apply_duration_seconds", "Time to apply one plan fully", m.apply_seconds.clone());
+        r.register("endpoint_writes", "Endpoint writes by outcome (stale: a newer plan was already there)", m.writes.clone());
+        r.register("plans_applied", "Plans applied fully", m.plans_applied.clone());
+        r.register("plans_abandoned", "Plans left unfinished, by reason", m.plans_abandoned.clone());
+        r.register("refusals", "Plans refused by the enactor's own checks, by reason", m.refusals.clone());
+        r.register("store_retries", "Store calls retried after a transient error", m.store_retries.clone());
+        r.register("store_errors", "Store calls that failed after every retry", m.store_errors.clone());
+        r.register("verify_failures", "Applied plans the authority did not serve within the verify timeout", m.verify_failures.clone());
+        r.register("cleanup_deleted_plans", "Plans deleted by this enactor's cleanups", m.cleanup_deleted_plans.clone());
+        r.register("last_applied_generation", "Last generation applied fully", m.last_applied_generation.clone());
+        r.register("latest_generation", "Latest published generation seen", m.latest_generation.clone());
+        r.register("lag_generations", "Generations behind the latest plan", m.lag_generations.clone());
+        m
+    }
+
+    pub fn write(&self, outcome: &'static str) {
+        self.writes.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    pub fn abandoned(&self, reason: &'static str) {
+        self.plans_abandoned.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    pub fn refused(&self, reason: &'static str) {
+        self.refusals.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}

@@ -1,0 +1,70 @@
+//! An authority running in-process on real sockets (port 0) over a store the caller chose, for
+//! tests that need the whole serving path: DNS over UDP and TCP, and the control API.
+
+use dnsplan_authority::config::AuthorityConfig;
+use dnsplan_authority::run::{Bound, run_with_store};
+use dnsplan_common::Store;
+use std::net::SocketAddr;
+use std::path::Path;
+
+pub const TOKEN: &str = "stack-test-token-0123456789";
+
+/// The authority config the tests use: the fixtures' DNS zone, ports chosen by the system.
+pub fn authority_config_text(data_dir: &Path) -> String {
+    format!(
+        r#"
+data_dir = "{data}"
+[dns]
+listen = ["127.0.0.1:0"]
+[control]
+listen = "127.0.0.1:0"
+token = "{TOKEN}"
+[dns_zone]
+origin = "{zone}"
+ns = ["ns1.{zone}"]
+[dns_zone.soa]
+mname = "ns1.{zone}"
+rname = "hostmaster.{zone}"
+ttl_secs = 300
+minimum_secs = 30
+"#,
+        data = data_dir.display(),
+        zone = crate::fixtures::DNS_ZONE,
+    )
+}
+
+pub struct Authority {
+    pub dns: SocketAddr,
+    /// The control API's base URL.
+    pub control: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Authority {
+    /// Serves `store` with a config written into `dir`.
+    pub async fn start<S: Store>(store: S, dir: &Path) -> anyhow::Result<Authority> {
+        let config_path = dir.join("authority.toml");
+        std::fs::write(&config_path, authority_config_text(&dir.join("data")))?;
+        let config = AuthorityConfig::load(&config_path)?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
+        let dir = dir.to_path_buf();
+        let task = tokio::spawn(async move {
+            run_with_store(store, config, &dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
+                let _ = bound_tx.send(b);
+            })
+            .await
+        });
+        let bound = bound_rx.await.map_err(|_| anyhow::anyhow!("authority stopped before binding"))?;
+        Ok(Authority { dns: bound.dns[0], control: format!("http://{}", bound.control), stop: Some(stop_tx), task })
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await??;
+        Ok(())
+    }
+}

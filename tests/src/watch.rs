@@ -1,0 +1,232 @@
+//! Watching a running stack the way its users would, and judging what was seen.
+//!
+//! A DNS prober asks the authority for every managed name in turn and records each answer; a
+//! store observer records every active snapshot together with the oldest stored plan read
+//! just before it. [`check`] reads both histories against the plans that were published and
+//! reports every violation of the invariants: no empty answer, only published data served,
+//! no generation going backwards, no active plan deleted, no endpoint vanishing.
+
+use dnsplan_common::dns_probe::{self, DnsAnswer, RecordType};
+use dnsplan_common::{ActiveSnapshot, ActiveState, DnsName, EndpointName, Generation, Store, StoreVersion, ValidatedPlan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Most answers one prober records; the prober stops by itself there.
+pub const ANSWERS_MAX: usize = 200_000;
+/// Most snapshots one observer records.
+pub const SNAPSHOTS_MAX: usize = 20_000;
+const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the authority may take to serve what the store holds.
+const CATCH_UP_WITHIN: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub name: EndpointName,
+    pub result: Result<DnsAnswer, String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// Oldest stored plan, read just before `snapshot` (plans below it were deleted).
+    pub horizon: Generation,
+    pub snapshot: ActiveSnapshot,
+}
+
+#[derive(Debug, Default)]
+pub struct History {
+    pub answers: Vec<Answer>,
+    pub snapshots: Vec<Observed>,
+}
+
+/// A prober and an observer running until [`Watcher::stop`]. Both append, in time order, to
+/// the same history that [`Watcher::checkpoint`] adds to.
+pub struct Watcher<S: Store> {
+    stop: watch::Sender<bool>,
+    prober: JoinHandle<()>,
+    observer: JoinHandle<()>,
+    shared: Shared<S>,
+}
+
+#[derive(Clone)]
+struct Shared<S: Store> {
+    dns: SocketAddr,
+    origin: DnsName,
+    names: Vec<EndpointName>,
+    store: S,
+    history: Arc<Mutex<History>>,
+}
+
+impl<S: Store> Shared<S> {
+    fn push_answer(&self, answer: Answer) -> usize {
+        let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        history.answers.push(answer);
+        history.answers.len()
+    }
+
+    /// Records one snapshot; false when the store could not be read.
+    async fn observe_once(&self) -> bool {
+        // Horizon first: both it and (fenced) active generations only grow, so an active
+        // generation below a horizon read earlier was deleted while active.
+        let Ok(list) = self.store.list(Generation::NONE, 1).await else { return false };
+        let horizon = list.first().map(|p| p.generation).unwrap_or_default();
+        let Ok(snapshot) = self.store.active_all().await else { return false };
+        let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        if history.snapshots.len() < SNAPSHOTS_MAX {
+            history.snapshots.push(Observed { horizon, snapshot });
+        }
+        true
+    }
+
+    /// Waits (bounded) until the authority's SOA serial shows the store's applied changes.
+    async fn authority_caught_up(&self) -> anyhow::Result<()> {
+        let want = self.store.active_all().await?.applied_changes as u32;
+        let deadline = tokio::time::Instant::now() + CATCH_UP_WITHIN;
+        loop {
+            let soa = dns_probe::query(self.dns, self.origin.as_str(), RecordType::SOA, QUERY_TIMEOUT).await;
+            if matches!(&soa, Ok(a) if a.soa_serial == Some(want)) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!("the authority did not catch up with the store (serial {want}) within {CATCH_UP_WITHIN:?}: {soa:?}");
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+impl<S: Store> Watcher<S> {
+    /// Watches `names` in the DNS zone `origin` served at `dns` from `store`.
+    pub fn start(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> Watcher<S> {
+        let (stop, stopped) = watch::channel(false);
+        let shared = Shared { dns, origin, names, store, history: Arc::default() };
+        let prober = tokio::spawn(probe(shared.clone(), stopped.clone()));
+        let observer = tokio::spawn(observe(shared.clone(), stopped));
+        Watcher { stop, prober, observer, shared }
+    }
+
+    /// Once the authority serves what the store holds, records a snapshot and asks every name:
+    /// whatever state the stack is in now is judged for certain, not only if the prober
+    /// happened to look.
+    pub async fn checkpoint(&self) -> anyhow::Result<()> {
+        self.shared.authority_caught_up().await?;
+        self.shared.observe_once().await;
+        for name in &self.shared.names {
+            self.shared.push_answer(ask(self.shared.dns, name).await);
+        }
+        Ok(())
+    }
+
+    /// Stops both, takes a last checkpoint, and returns what was seen.
+    pub async fn stop(mut self) -> anyhow::Result<History> {
+        let _ = self.stop.send(true);
+        (&mut self.prober).await?;
+        (&mut self.observer).await?;
+        self.checkpoint().await?;
+        let mut history = self.shared.history.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(std::mem::take(&mut *history))
+    }
+}
+
+async fn ask(dns: SocketAddr, name: &EndpointName) -> Answer {
+    let result = dns_probe::query(dns, name.as_str(), RecordType::A, QUERY_TIMEOUT).await.map_err(|e| e.to_string());
+    Answer { name: name.clone(), result }
+}
+
+async fn probe<S: Store>(shared: Shared<S>, stopped: watch::Receiver<bool>) {
+    loop {
+        for name in &shared.names {
+            if *stopped.borrow() {
+                return;
+            }
+            if shared.push_answer(ask(shared.dns, name).await) >= ANSWERS_MAX {
+                return;
+            }
+        }
+    }
+}
+
+async fn observe<S: Store>(shared: Shared<S>, mut stopped: watch::Receiver<bool>) {
+    let mut seen = StoreVersion::default();
+    for _ in 0..SNAPSHOTS_MAX {
+        if *stopped.borrow() {
+            return;
+        }
+        shared.observe_once().await;
+        tokio::select! {
+            version = shared.store.wait_for_change(seen, Duration::from_secs(1)) => match version {
+                Ok(version) => seen = version,
+                // The store is unreachable: retry at a bounded rate.
+                Err(_) => { let _ = tokio::time::timeout(Duration::from_millis(100), stopped.changed()).await; }
+            },
+            _ = stopped.changed() => {}
+        }
+    }
+}
+
+/// Every violation in `history`, given every plan that was published (by generation).
+pub fn check(history: &History, published: &BTreeMap<Generation, ValidatedPlan>) -> Vec<String> {
+    let mut violations = Vec::new();
+    // Addresses each published plan gives each name.
+    let mut served_by: BTreeMap<&EndpointName, Vec<(Generation, BTreeSet<IpAddr>)>> = BTreeMap::new();
+    for (g, plan) in published {
+        for (name, endpoint) in &plan.plan().endpoints {
+            served_by.entry(name).or_default().push((*g, endpoint.targets.iter().map(|t| t.address).collect()));
+        }
+    }
+    let mut floor: BTreeMap<&EndpointName, Generation> = BTreeMap::new();
+    for (i, answer) in history.answers.iter().enumerate() {
+        let got = match &answer.result {
+            Ok(got) if got.has_addresses() => got,
+            Ok(got) => {
+                violations.push(format!("answer {i}: {} answered {:?} with no address", answer.name, got.rcode));
+                continue;
+            }
+            Err(err) => {
+                violations.push(format!("answer {i}: {} got no answer: {err}", answer.name));
+                continue;
+            }
+        };
+        let candidates: Vec<Generation> = served_by
+            .get(&answer.name)
+            .map(|plans| plans.iter().filter(|(_, allowed)| got.addresses.is_subset(allowed)).map(|(g, _)| *g).collect())
+            .unwrap_or_default();
+        let (Some(lowest), Some(highest)) = (candidates.iter().min(), candidates.iter().max()) else {
+            violations.push(format!("answer {i}: {} answered {:?}, which no published plan serves", answer.name, got.addresses));
+            continue;
+        };
+        let previous = floor.entry(&answer.name).or_default();
+        if *highest < *previous {
+            violations
+                .push(format!("answer {i}: {} went backwards: served plan {highest} after plan {previous} had been served", answer.name));
+        }
+        *previous = (*previous).max(*lowest);
+    }
+
+    let mut last: BTreeMap<&EndpointName, Generation> = BTreeMap::new();
+    for (i, observed) in history.snapshots.iter().enumerate() {
+        for (name, record) in &observed.snapshot.endpoints {
+            if let Some(before) = last.get(name)
+                && record.generation < *before
+            {
+                violations.push(format!("snapshot {i}: {name}'s active generation went back from {before} to {}", record.generation));
+            }
+            if matches!(record.state, ActiveState::Serving(_)) && record.generation < observed.horizon {
+                violations.push(format!(
+                    "snapshot {i}: {name} is active at plan {}, which was deleted (oldest stored plan {})",
+                    record.generation, observed.horizon
+                ));
+            }
+            last.insert(name, record.generation);
+        }
+        for name in last.keys() {
+            if !observed.snapshot.endpoints.contains_key(*name) {
+                violations.push(format!("snapshot {i}: {name} had records and now has none"));
+            }
+        }
+    }
+    violations
+}

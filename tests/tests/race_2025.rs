@@ -1,0 +1,278 @@
+//! The October 2025 race, deterministic, end to end: three enactors on one store, the real
+//! authority serving it over UDP, and a DNS client asking throughout.
+//!
+//! Enactor A takes plan N and is held just before its first write. Plans N+1..N+10 are
+//! published; B and C apply N+10 everywhere and clean up, which deletes plan N. Then A is
+//! released and writes. With the fenced store and enactor nothing bad is ever seen and
+//! everything converges to N+10. With the 2025 behaviour (a one-time check, unfenced writes,
+//! records that go with their plan on age-only cleanup) the checker must see violations:
+//! that is the test proving its own teeth.
+
+use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::{EndpointName, Generation, SledStore, Store, ValidatedPlan, ZoneId};
+use dnsplan_enactor::config::VerifySettings;
+use dnsplan_enactor::hooks::{Behaviour, Event, HookFuture, Hooks};
+use dnsplan_enactor::metrics::ReasonLabels;
+use dnsplan_enactor::{Enactor, Metrics, Settings};
+use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
+use dnsplan_tests::naive::NaiveStore;
+use dnsplan_tests::stack::Authority;
+use dnsplan_tests::watch::{self, Watcher};
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// Plan N of the story.
+const N: u64 = 2;
+/// How many plans follow it while A is held.
+const NEWER: u64 = 10;
+const RETAIN: u64 = 5;
+const CONVERGE_WITHIN: Duration = Duration::from_secs(20);
+
+/// Holds enactor `a` before its write of the first endpoint at plan N until released (and the
+/// others' writes of plan N until `a` is held), and forwards every enactor event.
+struct Gate {
+    hold: (String, Generation, EndpointName),
+    reached: Mutex<Option<oneshot::Sender<()>>>,
+    /// Set once A is held: the others write plan N only after A took it, as in the story.
+    a_holding: tokio::sync::watch::Sender<bool>,
+    release: Notify,
+    /// After the release, A is held once more before its next cleanup, so that the state its
+    /// writes left can be checked for certain.
+    at_cleanup: Mutex<Option<oneshot::Sender<Generation>>>,
+    released: AtomicBool,
+    release_cleanup: Notify,
+    /// After that cleanup, A's next write waits until this is set, so that the state right
+    /// after the cleanup is checked before anything repairs it.
+    writes_resume: tokio::sync::watch::Sender<bool>,
+    hold_writes: AtomicBool,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Hooks for Gate {
+    fn before_write<'a>(&'a self, enactor: &'a str, generation: Generation, endpoint: &'a EndpointName) -> HookFuture<'a> {
+        Box::pin(async move {
+            if enactor == self.hold.0 && self.hold_writes.load(Ordering::SeqCst) {
+                let _ = self.writes_resume.subscribe().wait_for(|resume| *resume).await;
+                return;
+            }
+            if enactor != self.hold.0 && generation == self.hold.1 {
+                let _ = self.a_holding.subscribe().wait_for(|holding| *holding).await;
+                return;
+            }
+            if (enactor, generation, endpoint) != (self.hold.0.as_str(), self.hold.1, &self.hold.2) {
+                return;
+            }
+            let first_time = self.reached.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(reached) = first_time {
+                let _ = reached.send(());
+                self.a_holding.send_replace(true);
+                self.release.notified().await;
+            }
+        })
+    }
+
+    fn before_cleanup<'a>(&'a self, enactor: &'a str, generation: Generation) -> HookFuture<'a> {
+        Box::pin(async move {
+            if enactor != self.hold.0 || !self.released.load(Ordering::SeqCst) {
+                return;
+            }
+            let first_time = self.at_cleanup.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(at_cleanup) = first_time {
+                let _ = at_cleanup.send(generation);
+                self.release_cleanup.notified().await;
+                self.hold_writes.store(true, Ordering::SeqCst);
+            }
+        })
+    }
+
+    fn event(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+}
+
+struct Outcome {
+    violations: Vec<String>,
+    answers: usize,
+    a_abandoned: u64,
+    converged: Result<(), String>,
+}
+
+fn names() -> Vec<EndpointName> {
+    (0..4).map(|i| name(&format!("e{i}"))).collect()
+}
+
+async fn wait_done(events: &mut mpsc::UnboundedReceiver<Event>, enactors: &[&str], generation: Generation) -> anyhow::Result<()> {
+    let mut waiting: Vec<&str> = enactors.to_vec();
+    let wait = async {
+        while let Some(event) = events.recv().await {
+            if let Event::PlanDone { enactor, generation: g } = event
+                && g == generation
+            {
+                waiting.retain(|e| *e != enactor);
+                if waiting.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
+        anyhow::bail!("event stream ended")
+    };
+    tokio::time::timeout(CONVERGE_WITHIN, wait)
+        .await
+        .map_err(|_| anyhow::anyhow!("enactors {enactors:?} did not finish plan {generation}"))?
+}
+
+async fn wait_any_done(events: &mut mpsc::UnboundedReceiver<Event>, enactor: &str) -> anyhow::Result<Generation> {
+    let wait = async {
+        while let Some(event) = events.recv().await {
+            if let Event::PlanDone { enactor: e, generation } = event
+                && e == enactor
+            {
+                return Ok(generation);
+            }
+        }
+        anyhow::bail!("event stream ended")
+    };
+    tokio::time::timeout(CONVERGE_WITHIN, wait).await.map_err(|_| anyhow::anyhow!("enactor {enactor} finished no plan"))?
+}
+
+/// Every endpoint answers with plan `target`'s addresses, over DNS, within the deadline.
+async fn converged(dns: std::net::SocketAddr, target: Generation) -> Result<(), String> {
+    let want: std::collections::BTreeSet<IpAddr> = endpoint_for(target).targets.iter().map(|t| t.address).collect();
+    let start = tokio::time::Instant::now();
+    for name in names() {
+        loop {
+            let got = dns_probe::query(dns, name.as_str(), RecordType::A, Duration::from_secs(1)).await;
+            if matches!(&got, Ok(a) if a.addresses == want) {
+                break;
+            }
+            if start.elapsed() > CONVERGE_WITHIN {
+                return Err(format!("{name} did not converge to plan {target}: last answer {got:?}"));
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    Ok(())
+}
+
+async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Outcome> {
+    let dir = tempfile::tempdir()?;
+    let names = names();
+    let mut published: BTreeMap<Generation, ValidatedPlan> = BTreeMap::new();
+    let first = fixtures::plan(1, &names, planner());
+    store.publish(&first).await?;
+    for name in &names {
+        store.apply(name, Generation(1), &endpoint_for(Generation(1))).await?;
+    }
+    published.insert(Generation(1), first);
+
+    let authority = Authority::start(store.clone(), dir.path()).await?;
+    let watcher = Watcher::start(authority.dns, fixtures::dns_zone(), names.clone(), store.clone());
+
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (reached_tx, reached) = oneshot::channel();
+    let (at_cleanup_tx, at_cleanup) = oneshot::channel();
+    let gate = Arc::new(Gate {
+        hold: ("a".into(), Generation(N), names[0].clone()),
+        reached: Mutex::new(Some(reached_tx)),
+        a_holding: tokio::sync::watch::Sender::new(false),
+        release: Notify::new(),
+        at_cleanup: Mutex::new(Some(at_cleanup_tx)),
+        released: AtomicBool::new(false),
+        release_cleanup: Notify::new(),
+        writes_resume: tokio::sync::watch::Sender::new(false),
+        hold_writes: AtomicBool::new(false),
+        events: events_tx,
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut registry = Registry::default();
+    let mut tasks = Vec::new();
+    let mut a_metrics = None;
+    for id in ["a", "b", "c"] {
+        let mut settings = Settings::new(id, ZoneId::parse(id)?);
+        settings.cleanup_retain = Some(RETAIN);
+        // Each fixture plan replaces every address (so that answers tell generations apart);
+        // the removal guard, tested on its own, would rightly refuse that.
+        settings.max_removal_fraction = 1.0;
+        // No reconcile during the story: the sequence, not the timer, must decide.
+        settings.reconcile_interval = Duration::from_secs(3_600);
+        settings.verify = Some(VerifySettings { dns_server: authority.dns, timeout: Duration::from_secs(5), endpoints_max: 100 });
+        let metrics = Arc::new(Metrics::register(&mut registry, id));
+        if id == "a" {
+            a_metrics = Some(metrics.clone());
+        }
+        let enactor = Enactor::new(store.clone(), settings, metrics).with_hooks(gate.clone()).with_behaviour(behaviour);
+        let mut stop = stop_rx.clone();
+        tasks.push(tokio::spawn(enactor.run(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+    }
+    wait_done(&mut events, &["a", "b", "c"], Generation(1)).await?;
+
+    // Plan N: B and C apply it, A takes it and is held before its first write.
+    let plan_n = fixtures::plan(N, &names, planner());
+    store.publish(&plan_n).await?;
+    published.insert(Generation(N), plan_n);
+    tokio::time::timeout(CONVERGE_WITHIN, reached).await.map_err(|_| anyhow::anyhow!("enactor a never took plan {N}"))??;
+    wait_done(&mut events, &["b", "c"], Generation(N)).await?;
+
+    // N+1..N+10 while A is held; B and C finish the last one and clean up after it.
+    let last = Generation(N + NEWER);
+    for g in N + 1..=last.0 {
+        let plan = fixtures::plan(g, &names, planner());
+        store.publish(&plan).await?;
+        published.insert(Generation(g), plan);
+    }
+    wait_done(&mut events, &["b", "c"], last).await?;
+    anyhow::ensure!(store.plan(Generation(N)).await.is_err(), "the story needs plan {N} deleted before A resumes");
+
+    // A resumes and writes; what it left is checked before its cleanup and after.
+    gate.released.store(true, Ordering::SeqCst);
+    gate.release.notify_one();
+    tokio::time::timeout(CONVERGE_WITHIN, at_cleanup).await.map_err(|_| anyhow::anyhow!("enactor a never finished a plan"))??;
+    watcher.checkpoint().await?;
+    gate.release_cleanup.notify_one();
+    wait_any_done(&mut events, "a").await?;
+    watcher.checkpoint().await?;
+    gate.writes_resume.send_replace(true);
+    let converged = if behaviour == Behaviour::Fenced { converged(authority.dns, last).await } else { Ok(()) };
+
+    let history = watcher.stop().await?;
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        task.await?;
+    }
+    authority.stop().await?;
+    let violations = watch::check(&history, &published);
+    let a_metrics = a_metrics.ok_or_else(|| anyhow::anyhow!("enactor a has metrics"))?;
+    let a_abandoned =
+        ["pruned", "newer_plan"].iter().map(|&reason| a_metrics.plans_abandoned.get_or_create(&ReasonLabels { reason }).get()).sum();
+    Ok(Outcome { violations, answers: history.answers.len(), a_abandoned, converged })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_enactors_survive_the_2025_race() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let outcome = race(store, Behaviour::Fenced).await?;
+    assert!(outcome.violations.is_empty(), "violations: {:#?}", &outcome.violations[..outcome.violations.len().min(20)]);
+    assert!(outcome.answers > names().len(), "the prober must have watched the whole story ({} answers)", outcome.answers);
+    // A really did try to write its old plan, and the store's fence turned it away.
+    assert!(outcome.a_abandoned >= 1, "enactor a never hit the fence: the test did not exercise the race");
+    outcome.converged.map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_2025_behaviour_is_caught() -> anyhow::Result<()> {
+    let outcome = race(NaiveStore::as_in_2025(), Behaviour::Naive).await?;
+    let v = &outcome.violations;
+    assert!(v.iter().any(|v| v.contains("no address")), "the checker must see an empty answer: {v:#?}");
+    assert!(v.iter().any(|v| v.contains("went back")), "the checker must see a generation going backwards: {v:#?}");
+    assert!(v.iter().any(|v| v.contains("deleted") || v.contains("now has none")), "the checker must see the active plan deleted: {v:#?}");
+    Ok(())
+}
