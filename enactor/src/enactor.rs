@@ -174,7 +174,7 @@ impl<S: Store> Enactor<S> {
                     self.last_applied = self.last_applied.max(generation);
                     self.metrics.last_applied_generation.set(self.last_applied.0 as i64);
                     self.see_latest(generation);
-                    tracing::info!(parent: &span, changed = changed.len(), elapsed_ms = started.elapsed().as_millis() as u64, "plan applied");
+                    tracing::info!(parent: &span, generation = generation.0, changed = changed.len(), elapsed_ms = started.elapsed().as_millis() as u64, "plan applied");
                     let verified = match &self.settings.verify {
                         Some(v) => self.verify(&plan, &changed, v, versions).instrument(span.clone()).await,
                         None => true,

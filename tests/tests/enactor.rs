@@ -1,0 +1,260 @@
+//! The enactor's behaviour on an embedded store: it refuses plans that strip too much weight
+//! and keeps going, retries transient store errors, and its reconcile pass heals a record the
+//! store lost.
+
+use dnsplan_common::store::{CleanupDecision, CleanupReport};
+use dnsplan_common::{
+    ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState,
+    PlanSummary, SledStore, Store, StoreError, StoreResult, StoreVersion, Target, ValidatedPlan, ZoneId,
+};
+use dnsplan_enactor::hooks::{Event, HookFuture, Hooks};
+use dnsplan_enactor::metrics::ReasonLabels;
+use dnsplan_enactor::{Enactor, Metrics, Settings};
+use dnsplan_tests::fixtures::{self, name, planner};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+struct Events(mpsc::UnboundedSender<Event>);
+
+impl Hooks for Events {
+    fn before_write<'a>(&'a self, _: &'a str, _: Generation, _: &'a EndpointName) -> HookFuture<'a> {
+        Box::pin(async {})
+    }
+    fn before_cleanup<'a>(&'a self, _: &'a str, _: Generation) -> HookFuture<'a> {
+        Box::pin(async {})
+    }
+    fn event(&self, event: Event) {
+        let _ = self.0.send(event);
+    }
+}
+
+/// A running enactor, its metrics and its events.
+struct Running {
+    metrics: Arc<Metrics>,
+    events: mpsc::UnboundedReceiver<Event>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn start<S: Store>(store: S, tune: impl FnOnce(&mut Settings)) -> anyhow::Result<Running> {
+        let mut settings = Settings::new("en-test", ZoneId::parse("a")?);
+        settings.retry.base = Duration::from_millis(1);
+        settings.retry.max = Duration::from_millis(5);
+        tune(&mut settings);
+        let metrics = Arc::new(Metrics::register(&mut Registry::default(), "en-test"));
+        let (tx, events) = mpsc::unbounded_channel();
+        let enactor = Enactor::new(store, settings, metrics.clone()).with_hooks(Arc::new(Events(tx)));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(enactor.run(async move {
+            let _ = stopped.await;
+        }));
+        Ok(Running { metrics, events, stop, task })
+    }
+
+    /// The next event, within the deadline.
+    async fn next(&mut self) -> anyhow::Result<Event> {
+        tokio::time::timeout(WITHIN, self.events.recv()).await?.ok_or_else(|| anyhow::anyhow!("enactor stopped"))
+    }
+
+    /// Events until one matches.
+    async fn until(&mut self, want: impl Fn(&Event) -> bool) -> anyhow::Result<Event> {
+        loop {
+            let event = self.next().await?;
+            if want(&event) {
+                return Ok(event);
+            }
+        }
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        self.task.await?;
+        Ok(())
+    }
+}
+
+fn done(g: u64) -> impl Fn(&Event) -> bool {
+    move |e| matches!(e, Event::PlanDone { generation, .. } if *generation == Generation(g))
+}
+
+fn endpoint(addresses: &[&str]) -> Endpoint {
+    let targets = addresses
+        .iter()
+        .map(|a| Target { address: a.parse().expect("test address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 })
+        .collect();
+    Endpoint { ttl_secs: 30, targets }
+}
+
+fn plan_with(g: u64, api: Endpoint, author: Author, rollback_of: Option<Generation>) -> anyhow::Result<ValidatedPlan> {
+    let mut plan = fixtures::plan(g, &[name("api")], author).into_plan();
+    plan.endpoints.insert(name("api"), api);
+    plan.rollback_of = rollback_of;
+    Ok(ValidatedPlan::new(plan)?)
+}
+
+async fn serving<S: Store>(store: &S) -> anyhow::Result<(Generation, usize)> {
+    let record = store.active(&name("api")).await?.ok_or_else(|| anyhow::anyhow!("api has no record"))?;
+    let ActiveState::Serving(served) = record.state else { anyhow::bail!("api is retired") };
+    Ok((record.generation, served.targets.len()))
+}
+
+#[tokio::test]
+async fn refuses_a_plan_that_strips_too_much_weight_and_keeps_going() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let four = endpoint(&["192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"]);
+    store.publish(&plan_with(1, four.clone(), planner(), None)?).await?;
+    let mut en = Running::start(store.clone(), |_| {})?;
+    en.until(done(1)).await?;
+
+    // Plan 2 drops three of four targets: 75% of the weight, above the default 50%.
+    store.publish(&plan_with(2, endpoint(&["192.0.2.1"]), planner(), None)?).await?;
+    let refused = en.next().await?;
+    assert!(matches!(refused, Event::PlanRefused { generation: Generation(2), .. }), "{refused:?}");
+    assert_eq!(serving(&store).await?, (Generation(1), 4), "the refused plan must not be applied in part");
+    assert_eq!(en.metrics.refusals.get_or_create(&ReasonLabels { reason: "removal" }).get(), 1);
+
+    // Not wedged: a reasonable plan 3 is applied.
+    store.publish(&plan_with(3, endpoint(&["192.0.2.1", "192.0.2.2", "192.0.2.3"]), planner(), None)?).await?;
+    en.until(done(3)).await?;
+    assert_eq!(serving(&store).await?, (Generation(3), 3));
+
+    // An operator rollback is not limited: back to one target, in one step.
+    let operator = Author::Operator { name: "alice".into() };
+    store.publish(&plan_with(4, endpoint(&["192.0.2.9"]), operator, Some(Generation(2)))?).await?;
+    en.until(done(4)).await?;
+    assert_eq!(serving(&store).await?, (Generation(4), 1));
+    let beats = store.heartbeats().await?;
+    assert_eq!(beats.len(), 1);
+    assert_eq!(beats[0].enactor_id, "en-test");
+    en.stop().await?;
+    // The last heartbeat says where it stopped.
+    let beat = &store.heartbeats().await?[0];
+    assert_eq!((beat.last_applied, beat.lag(), beat.state.as_str()), (Generation(4), 0, "stopped"));
+    Ok(())
+}
+
+/// A store that fails the first `fail_applies` applies as unreachable, and acknowledges the
+/// first apply of `lose` without writing it (a lost write).
+#[derive(Clone)]
+struct Faulty<S> {
+    inner: S,
+    fail_applies: Arc<AtomicU32>,
+    lose: Arc<Mutex<Option<EndpointName>>>,
+}
+
+impl<S: Store> Store for Faulty<S> {
+    async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
+        self.inner.publish(plan).await
+    }
+    async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
+        self.inner.plan(generation).await
+    }
+    async fn latest(&self) -> StoreResult<Generation> {
+        self.inner.latest().await
+    }
+    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+        self.inner.list(from, limit).await
+    }
+    async fn apply(&self, endpoint: &EndpointName, generation: Generation, records: &Endpoint) -> StoreResult<ApplyOutcome> {
+        if self.fail_applies.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(StoreError::Unavailable("injected: store unreachable".into()));
+        }
+        let lost = {
+            let mut lose = self.lose.lock().unwrap_or_else(|p| p.into_inner());
+            if lose.as_ref() == Some(endpoint) { lose.take().is_some() } else { false }
+        };
+        if lost {
+            return Ok(ApplyOutcome::Switched { previous: Generation::NONE });
+        }
+        self.inner.apply(endpoint, generation, records).await
+    }
+    async fn retire(&self, endpoint: &EndpointName, generation: Generation) -> StoreResult<ApplyOutcome> {
+        self.inner.retire(endpoint, generation).await
+    }
+    async fn active(&self, endpoint: &EndpointName) -> StoreResult<Option<ActiveRecord>> {
+        self.inner.active(endpoint).await
+    }
+    async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
+        self.inner.active_all().await
+    }
+    async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
+        self.inner.cleanup_preview(retain).await
+    }
+    async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
+        self.inner.cleanup(retain).await
+    }
+    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+        self.inner.pause(state).await
+    }
+    async fn resume(&self) -> StoreResult<()> {
+        self.inner.resume().await
+    }
+    async fn paused(&self) -> StoreResult<Option<PauseState>> {
+        self.inner.paused().await
+    }
+    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+        self.inner.heartbeat(heartbeat).await
+    }
+    async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
+        self.inner.heartbeats().await
+    }
+    async fn version(&self) -> StoreResult<StoreVersion> {
+        self.inner.version().await
+    }
+    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+        self.inner.wait_for_change(seen, timeout).await
+    }
+}
+
+#[tokio::test]
+async fn retries_transient_errors_and_reconcile_heals_a_lost_write() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sled = SledStore::open(dir.path())?;
+    let names = [name("api"), name("db"), name("www")];
+    let store =
+        Faulty { inner: sled.clone(), fail_applies: Arc::new(AtomicU32::new(3)), lose: Arc::new(Mutex::new(Some(names[1].clone()))) };
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+    let mut en = Running::start(store.clone(), |s| {
+        s.reconcile_interval = Duration::from_millis(100);
+        s.retry.attempts = 5;
+    })?;
+    // Three injected failures, retried within one call's five attempts.
+    en.until(done(1)).await?;
+    assert_eq!(en.metrics.store_retries.get(), 3);
+    assert_eq!(en.metrics.store_errors.get(), 0);
+    // db's write was acknowledged and lost; the store does not have it.
+    assert_eq!(sled.active(&names[1]).await?, None);
+    // The next reconcile pass applies the latest plan in full again and heals it.
+    en.until(done(1)).await?;
+    let healed = sled.active(&names[1]).await?.ok_or_else(|| anyhow::anyhow!("db was not healed"))?;
+    assert_eq!(healed.generation, Generation(1));
+    en.stop().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn gives_up_after_the_retries_and_recovers_later() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sled = SledStore::open(dir.path())?;
+    let names = [name("api")];
+    let store = Faulty { inner: sled.clone(), fail_applies: Arc::new(AtomicU32::new(4)), lose: Arc::default() };
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+    let mut en = Running::start(store, |s| s.retry.attempts = 2)?;
+    // Two attempts fail, the plan is abandoned, the loop comes back and the next two fail,
+    // then it goes through: an outage longer than the retries never wedges the enactor.
+    let first = en.next().await?;
+    assert!(matches!(first, Event::PlanAbandoned { generation: Generation(1), .. }), "{first:?}");
+    en.until(done(1)).await?;
+    assert_eq!(en.metrics.store_errors.get(), 2);
+    assert_eq!(en.metrics.plans_abandoned.get_or_create(&ReasonLabels { reason: "store_error" }).get(), 2);
+    assert_eq!(sled.active(&names[0]).await?.map(|r| r.generation), Some(Generation(1)));
+    en.stop().await?;
+    Ok(())
+}
