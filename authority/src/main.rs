@@ -20,13 +20,15 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     dnsplan_common::daemon::init(&args.log_format);
+    // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.
+    let shutdown = dnsplan_common::daemon::shutdown_signal();
     let config = AuthorityConfig::load(&args.config)?;
     let config_dir = args.config.parent().map(PathBuf::from).unwrap_or_default();
     let bound = |b: dnsplan_authority::run::Bound| {
         for addr in &b.dns {
-            println!("dns      {addr} (udp, tcp)");
+            dnsplan_common::daemon::announce(&format!("dns      {addr} (udp, tcp)"));
         }
-        println!("control  http://{}", b.control);
+        dnsplan_common::daemon::announce(&format!("control  http://{}", b.control));
     };
-    dnsplan_authority::run::run(config, &config_dir, dnsplan_common::daemon::shutdown_signal(), bound).await.context("authority failed")
+    dnsplan_authority::run::run(config, &config_dir, shutdown, bound).await.context("authority failed")
 }

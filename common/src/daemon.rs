@@ -38,6 +38,13 @@ pub fn relative_to_config(config_path: &Path, relative: &Path) -> PathBuf {
     if relative.is_absolute() { relative.into() } else { config_path.parent().unwrap_or(Path::new(".")).join(relative) }
 }
 
+/// Prints one line for the person who started the daemon (where it listens). A closed or
+/// broken stdout is ignored: a daemon must not die because nobody reads its banner.
+pub fn announce(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
 /// The control token: `DNSPLAN_TOKEN` if set, else the configured one.
 pub fn token_from_env_or(configured: Option<String>) -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(configured)
@@ -54,25 +61,33 @@ pub fn init(format: &str) {
     }
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT).
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Resolves on SIGTERM or Ctrl-C (SIGINT). The handlers are installed when this is called,
+/// not when the future is first polled, so a signal that arrives while the daemon is still
+/// busy starting up is not lost (nor does it kill the process with the default action).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(err) => {
-                tracing::warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops this process");
-                let _ = ctrl_c.await;
-                return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let streams = signal(SignalKind::terminate()).and_then(|term| Ok((term, signal(SignalKind::interrupt())?)));
+        async move {
+            match streams {
+                Ok((mut term, mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "cannot listen for SIGTERM; only Ctrl-C stops this process");
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            tracing::info!("shutdown requested");
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutdown requested");
+    async move {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown requested");
+    }
 }

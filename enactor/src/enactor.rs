@@ -101,38 +101,13 @@ impl<S: Store> Enactor<S> {
         let mut next_heartbeat = Instant::now();
         tracing::info!(enactor = %self.settings.id, zone = %self.settings.zone, "enactor running");
         loop {
-            let mut wake = Instant::now() + self.settings.heartbeat_interval;
-            match self.call("latest", || self.store.latest()).await {
-                Ok(latest) => {
-                    self.see_latest(latest);
-                    let due = Instant::now() >= next_reconcile;
-                    let fresh = latest > self.last_applied && !self.refused.contains(&latest);
-                    if latest > Generation::NONE && (fresh || due) {
-                        if due {
-                            next_reconcile = Instant::now() + self.settings.reconcile_interval;
-                            tracing::debug!(enactor = %self.settings.id, generation = %latest, "reconciling the latest plan in full");
-                        }
-                        self.enact(latest, &versions).await;
-                        next_heartbeat = Instant::now();
-                    } else if latest > Generation::NONE && !self.refused.contains(&latest) {
-                        self.state = "idle".into();
-                    }
-                }
-                Err(err) => {
-                    tracing::error!(enactor = %self.settings.id, error = %err, "cannot read the latest plan; retrying");
-                    self.state = "store-unreachable".into();
-                    wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
-                }
-            }
-            if Instant::now() >= next_heartbeat {
-                self.heartbeat().await;
-                next_heartbeat = Instant::now() + self.settings.heartbeat_interval;
-            }
-            if self.last_applied < self.latest_seen && !self.refused.contains(&self.latest_seen) {
-                // The last attempt did not finish (store error, deadline): try again soon.
-                wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
-            }
-            let wake = tokio::time::Instant::from_std(wake.min(next_reconcile).min(next_heartbeat));
+            // Shutdown interrupts a plan in flight: each write is fenced on its own, so
+            // stopping between (or during) writes leaves nothing half-done that matters.
+            let wake = tokio::select! {
+                _ = &mut shutdown => break,
+                wake = self.step(&mut next_reconcile, &mut next_heartbeat, &versions) => wake,
+            };
+            let wake = tokio::time::Instant::from_std(wake);
             // Wake for a plan newer than any we have handled, not for every apply elsewhere.
             let handled = self.latest_seen;
             tokio::select! {
@@ -149,6 +124,48 @@ impl<S: Store> Enactor<S> {
         self.state = "stopped".into();
         self.heartbeat().await;
         tracing::info!(enactor = %self.settings.id, "enactor stopped");
+    }
+
+    /// One pass: read the latest generation, apply it if new or if a reconcile is due, send a
+    /// heartbeat if due. Returns when the loop should look again at the latest.
+    async fn step(
+        &mut self,
+        next_reconcile: &mut Instant,
+        next_heartbeat: &mut Instant,
+        versions: &watch::Receiver<StoreVersion>,
+    ) -> Instant {
+        let mut wake = Instant::now() + self.settings.heartbeat_interval;
+        match self.call("latest", || self.store.latest()).await {
+            Ok(latest) => {
+                self.see_latest(latest);
+                let due = Instant::now() >= *next_reconcile;
+                let fresh = latest > self.last_applied && !self.refused.contains(&latest);
+                if latest > Generation::NONE && (fresh || due) {
+                    if due {
+                        *next_reconcile = Instant::now() + self.settings.reconcile_interval;
+                        tracing::debug!(enactor = %self.settings.id, generation = %latest, "reconciling the latest plan in full");
+                    }
+                    self.enact(latest, versions).await;
+                    *next_heartbeat = Instant::now();
+                } else if latest > Generation::NONE && !self.refused.contains(&latest) {
+                    self.state = "idle".into();
+                }
+            }
+            Err(err) => {
+                tracing::error!(enactor = %self.settings.id, error = %err, "cannot read the latest plan; retrying");
+                self.state = "store-unreachable".into();
+                wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
+            }
+        }
+        if Instant::now() >= *next_heartbeat {
+            self.heartbeat().await;
+            *next_heartbeat = Instant::now() + self.settings.heartbeat_interval;
+        }
+        if self.last_applied < self.latest_seen && !self.refused.contains(&self.latest_seen) {
+            // The last attempt did not finish (store error, deadline): try again soon.
+            wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
+        }
+        wake.min(*next_reconcile).min(*next_heartbeat)
     }
 
     fn see_latest(&mut self, latest: Generation) {

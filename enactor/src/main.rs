@@ -37,6 +37,8 @@ fn parse_zone(text: &str) -> Result<ZoneId, String> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     daemon::init(&args.log_format);
+    // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.
+    let shutdown = daemon::shutdown_signal();
     let config = EnactorConfig::load(&args.config, args.id, args.zone)?;
     let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
     let mut registry = Registry::with_prefix("dnsplan");
@@ -45,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
 
     if let Some(listen) = config.metrics.listen {
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
-        println!("metrics  http://{}/metrics", listener.local_addr()?);
+        daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
         let app = axum::Router::new().route("/metrics", get(move || render(registry.clone()))).route("/healthz", get(|| async { "ok\n" }));
         tokio::spawn(async move {
             if let Err(err) = axum::serve(listener, app).await {
@@ -53,8 +55,8 @@ async fn main() -> anyhow::Result<()> {
             }
         });
     }
-    println!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.url);
-    Enactor::new(store, config.settings(), metrics).run(daemon::shutdown_signal()).await;
+    daemon::announce(&format!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.url));
+    Enactor::new(store, config.settings(), metrics).run(shutdown).await;
     Ok(())
 }
 

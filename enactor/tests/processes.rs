@@ -123,7 +123,7 @@ listen = "127.0.0.1:0"
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_enactor_processes_keep_dns_correct_through_the_race() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let store = SledStore::open(&dir.path().join("store"))?;
+    let store = SledStore::open(dir.path().join("store"))?;
     let names: Vec<_> = (0..8).map(|i| name(&format!("svc{i}"))).collect();
     let mut published: BTreeMap<Generation, ValidatedPlan> = BTreeMap::new();
     let first = fixtures::plan(1, &names, planner());
