@@ -14,8 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use dnsplan_common::codec;
-use dnsplan_common::store::wire::{ApplyRequest, CleanupRequest, ErrorBody, RetireRequest, WaitQuery, WireError};
-use dnsplan_common::store::{ApplyOutcome, Heartbeat, PauseState, Store, StoreError, StoreVersion};
+use dnsplan_common::store::wire::{
+    AcquireLeaseRequest, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
+    WireError,
+};
+use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -172,6 +175,7 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
         .route("/v1/cleanup", get(cleanup_preview::<S>).post(cleanup::<S>))
         .route("/v1/pause", get(paused::<S>).put(pause::<S>).delete(resume::<S>))
         .route("/v1/heartbeats", get(heartbeats::<S>).post(heartbeat::<S>))
+        .route("/v1/lease", get(lease::<S>).post(acquire_lease::<S>).delete(release_lease::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
     plans
@@ -209,7 +213,17 @@ async fn publish<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, bo
     } else {
         codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?
     };
-    ctl.store.publish(&plan).await?;
+    let header =
+        |name: &str| headers.get(name).map(|v| v.to_str().map_err(|_| ApiError::bad_request(format!("header {name} is not text"))));
+    match (header(LEASE_HOLDER_HEADER).transpose()?, header(LEASE_EPOCH_HEADER).transpose()?) {
+        (Some(holder), Some(epoch)) => {
+            let epoch = epoch.parse().map_err(|_| ApiError::bad_request(format!("{LEASE_EPOCH_HEADER} {epoch:?} is not a number")))?;
+            let lease = Lease { holder: holder.to_owned(), epoch, expires_at_unix_ms: 0 };
+            ctl.store.publish_leased(&plan, &lease).await?;
+        }
+        (None, None) => ctl.store.publish(&plan).await?,
+        _ => return Err(ApiError::bad_request(format!("send both {LEASE_HOLDER_HEADER} and {LEASE_EPOCH_HEADER}, or neither"))),
+    }
     tracing::info!(generation = %plan.generation(), author = %plan.plan().author, "plan published");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -304,6 +318,23 @@ async fn heartbeats<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Respon
 async fn heartbeat<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
     let beat: Heartbeat = parse_json(&body)?;
     ctl.store.heartbeat(beat).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn lease<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.lease().await?).into_response())
+}
+
+async fn acquire_lease<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<Response> {
+    let req: AcquireLeaseRequest = parse_json(&body)?;
+    let lease = ctl.store.acquire_lease(&req.holder, Duration::from_millis(req.ttl_ms)).await?;
+    Ok(Json(lease).into_response())
+}
+
+async fn release_lease<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+    let lease: Lease = parse_json(&body)?;
+    ctl.store.release_lease(&lease).await?;
+    tracing::info!(holder = %lease.holder, epoch = lease.epoch, "planner lease released");
     Ok(StatusCode::NO_CONTENT)
 }
 

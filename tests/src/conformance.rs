@@ -10,7 +10,11 @@
 //! `racing_applies_are_monotonic` fail; without the refusal of cleaned-up generations,
 //! `cleanup_is_guarded` and `race_2025_sequence` fail (an old plan becomes active on a new
 //! endpoint after its plan was deleted). The SIGKILL test in `tests/sled_crash.rs` fails
-//! when `apply` stops flushing before it acknowledges.
+//! when `apply` stops flushing before it acknowledges. Without the lease check in a leased
+//! publish, `lease_is_exclusive_and_fences_publish` and `leased_publish_is_fenced` fail.
+//! Against the naive store, `racing_lease_acquires` and `leased_publish_is_fenced` catch the
+//! check-then-act only in most runs (they race real threads), so the teeth check requires
+//! only the deterministic lease check.
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
 use dnsplan_common::store::{ActiveState, ApplyOutcome, PauseState, Store, StoreError};
@@ -108,6 +112,10 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         snapshot_is_consistent,
         wait_for_change_wakes,
         heartbeats_round_trip,
+        lease_is_exclusive_and_fences_publish,
+        lease_expires,
+        racing_lease_acquires,
+        leased_publish_is_fenced,
     );
     Ok(report)
 }
@@ -554,5 +562,127 @@ pub async fn heartbeats_round_trip<S: Store>(store: S) -> anyhow::Result<Violati
         state: "idle".into(),
     };
     v.check(store.heartbeat(too_long).await.is_err(), || "a 1000-byte enactor id was accepted".into());
+    Ok(v)
+}
+
+fn planner_as(id: &str) -> dnsplan_common::Author {
+    dnsplan_common::Author::Planner { id: id.into() }
+}
+
+const LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// One live lease at a time; renewals keep the epoch; a new holder gets a higher one; publish
+/// checks the lease as a fencing token, and automation cannot bypass it.
+pub async fn lease_is_exclusive_and_fences_publish<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let e = [name("e0")];
+    let a = store.acquire_lease("planner-a", LEASE_TTL).await?;
+    let b_refused = store.acquire_lease("planner-b", LEASE_TTL).await;
+    v.check(matches!(&b_refused, Err(StoreError::LeaseHeld { holder, .. }) if holder == "planner-a"), || {
+        format!("a second holder got a live lease: {b_refused:?}")
+    });
+    let renewed = store.acquire_lease("planner-a", LEASE_TTL).await?;
+    v.check(renewed.epoch == a.epoch, || format!("renewal changed the epoch {} -> {}", a.epoch, renewed.epoch));
+    let unleased = store.publish(&plan(1, &e, planner_as("planner-b"))).await;
+    v.check(matches!(unleased, Err(StoreError::NotLeaseHolder { .. })), || format!("automation published around the lease: {unleased:?}"));
+    store.publish_leased(&plan(1, &e, planner_as("planner-a")), &a).await?;
+    store.publish(&plan(2, &e, operator())).await?; // operators are not bound by the lease
+    store.release_lease(&a).await?;
+    let b = store.acquire_lease("planner-b", LEASE_TTL).await?;
+    v.check(b.epoch > a.epoch, || format!("takeover did not raise the epoch ({} -> {})", a.epoch, b.epoch));
+    let fenced = store.publish_leased(&plan(3, &e, planner_as("planner-a")), &a).await;
+    v.check(matches!(fenced, Err(StoreError::NotLeaseHolder { .. })), || format!("a lost lease still published: {fenced:?}"));
+    store.publish_leased(&plan(3, &e, planner_as("planner-b")), &b).await?;
+    let current = store.lease().await?;
+    v.check(current.as_ref().map(|l| (l.holder.as_str(), l.epoch)) == Some(("planner-b", b.epoch)), || {
+        format!("lease() reports {current:?}")
+    });
+    Ok(v)
+}
+
+/// An expired lease can be taken over, under a new epoch.
+pub async fn lease_expires<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let ttl = dnsplan_common::store::lease::LEASE_TTL_MIN;
+    let a = store.acquire_lease("planner-a", ttl).await?;
+    // Waiting on the lease's own clock is the point here: retry until it has run out.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let b = loop {
+        match store.acquire_lease("planner-b", LEASE_TTL).await {
+            Ok(b) => break Some(b),
+            Err(StoreError::LeaseHeld { expires_in_ms, .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(expires_in_ms.max(1))).await;
+            }
+            Err(_) => break None,
+        }
+    };
+    match b {
+        Some(b) => v.check(b.epoch > a.epoch, || format!("takeover after expiry kept epoch {}", b.epoch)),
+        None => v.push(format!("a lease of {ttl:?} was still held after 5 s")),
+    }
+    Ok(v)
+}
+
+/// Many would-be planners race for a free lease: exactly one wins.
+pub async fn racing_lease_acquires<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let contenders = 8;
+    let barrier = Arc::new(Barrier::new(contenders));
+    let mut tasks = Vec::new();
+    for i in 0..contenders {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store.acquire_lease(&format!("planner-{i}"), LEASE_TTL).await.is_ok()
+        }));
+    }
+    let mut winners = 0;
+    for t in tasks {
+        winners += usize::from(t.await?);
+    }
+    v.check(winners == 1, || format!("{winners} planners hold the lease at once"));
+    Ok(v)
+}
+
+/// A planner keeps publishing under its lease while another takes the lease over: no plan of
+/// the old holder may be published after the takeover returned.
+pub async fn leased_publish_is_fenced<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let e = [name("e0")];
+    for round in 0..40u64 {
+        let a = store.acquire_lease("planner-a", LEASE_TTL).await?;
+        let start = store.latest().await?;
+        let publisher = {
+            let (store, a, e) = (store.clone(), a.clone(), e.clone());
+            tokio::spawn(async move {
+                for _ in 0..30 {
+                    let latest = store.latest().await?;
+                    match store.publish_leased(&plan(latest.0 + 1, &e, planner_as("planner-a")), &a).await {
+                        Ok(()) | Err(StoreError::Conflict { .. }) => {}
+                        Err(StoreError::NotLeaseHolder { .. }) => break,
+                        Err(err) => return Err(anyhow::Error::from(err)),
+                    }
+                }
+                anyhow::Ok(())
+            })
+        };
+        for _ in 0..(round % 8) * 2 {
+            tokio::task::yield_now().await;
+        }
+        // Planner A is presumed dead: its lease is released and B takes over.
+        store.release_lease(&a).await?;
+        let b = store.acquire_lease("planner-b", LEASE_TTL).await?;
+        let at_takeover = store.latest().await?;
+        publisher.await??;
+        for summary in store.list(Generation(start.0 + 1), 1_000).await? {
+            if summary.generation > at_takeover && summary.author == planner_as("planner-a") {
+                v.push(format!("round {round}: plan {} by planner-a was published after planner-b took the lease", summary.generation));
+            }
+        }
+        store.release_lease(&b).await?;
+        if !v.is_empty() {
+            break;
+        }
+    }
     Ok(v)
 }

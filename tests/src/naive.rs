@@ -3,13 +3,16 @@
 //! It makes the mistakes of the automation behind the October 2025 outage: `apply` checks the
 //! fence and writes later (check-then-act, with the lock dropped in between), `publish` does
 //! the same with the latest generation, `cleanup` deletes by age alone, and nothing refuses a
-//! generation whose plan is gone. The suite must report violations against it.
+//! generation whose plan is gone. Leases are checked, then acted on later (acquire and leased
+//! publish alike), and automation may publish around the lease. The suite must report
+//! violations against it.
 //!
 //! [`NaiveStore::as_in_2025`] goes further, for the enactor race tests: writes are not fenced
 //! at all (the enactor's one-time check is the only guard, as in 2025), and the served records
 //! belong to their plan, so age-only cleanup of a plan also removes the records that still
 //! point at it. That is how the outage emptied a live endpoint.
 
+use dnsplan_common::store::lease::{self, Lease};
 use dnsplan_common::store::{
     ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, PauseState, Store, StoreError,
     StoreResult, StoreVersion,
@@ -29,6 +32,7 @@ struct State {
     control_changes: u64,
     pause: Option<PauseState>,
     heartbeats: BTreeMap<String, Heartbeat>,
+    lease: Option<Lease>,
 }
 
 #[derive(Clone)]
@@ -109,6 +113,35 @@ impl Store for NaiveStore {
             s.latest = s.latest.max(plan.generation());
         });
         Ok(())
+    }
+
+    /// Checks the lease, and publishes some time later trusting the check.
+    async fn publish_leased(&self, plan: &ValidatedPlan, held: &Lease) -> StoreResult<()> {
+        let current = self.with(|s| s.lease.clone());
+        lease::check_holder(current.as_ref(), held, lease::now_unix_ms())?;
+        yield_a_while().await;
+        self.publish(plan).await
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
+        let current = self.with(|s| s.lease.clone());
+        let granted = lease::decide_acquire(current.as_ref(), holder, ttl, lease::now_unix_ms())?;
+        yield_a_while().await;
+        self.with(|s| s.lease = Some(granted.clone()));
+        Ok(granted)
+    }
+
+    async fn release_lease(&self, held: &Lease) -> StoreResult<()> {
+        self.with(|s| {
+            if let Some(released) = lease::decide_release(s.lease.as_ref(), held, lease::now_unix_ms()) {
+                s.lease = Some(released);
+            }
+        });
+        Ok(())
+    }
+
+    async fn lease(&self) -> StoreResult<Option<Lease>> {
+        Ok(self.with(|s| s.lease.clone()))
     }
 
     async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {

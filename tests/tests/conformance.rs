@@ -46,6 +46,7 @@ async fn naive_store_fails_the_suite() -> anyhow::Result<()> {
         "race_2025_concurrent",
         "racing_applies_are_monotonic",
         "racing_publishes_have_no_gaps",
+        "lease_is_exclusive_and_fences_publish",
     ] {
         assert!(failed.contains(must_fail), "the suite did not catch the naive store in {must_fail}:\n{report}");
     }

@@ -2,7 +2,7 @@
 //! and keeps going, retries transient store errors, and its reconcile pass heals a record the
 //! store lost.
 
-use dnsplan_common::store::{CleanupDecision, CleanupReport};
+use dnsplan_common::store::{CleanupDecision, CleanupReport, Lease};
 use dnsplan_common::{
     ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState,
     PlanSummary, SledStore, Store, StoreError, StoreResult, StoreVersion, Target, ValidatedPlan, ZoneId,
@@ -152,6 +152,18 @@ struct Faulty<S> {
 impl<S: Store> Store for Faulty<S> {
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
         self.inner.publish(plan).await
+    }
+    async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {
+        self.inner.publish_leased(plan, lease).await
+    }
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
+        self.inner.acquire_lease(holder, ttl).await
+    }
+    async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
+        self.inner.release_lease(lease).await
+    }
+    async fn lease(&self) -> StoreResult<Option<Lease>> {
+        self.inner.lease().await
     }
     async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
         self.inner.plan(generation).await

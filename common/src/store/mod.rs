@@ -15,6 +15,7 @@
 //! - Reads see only durable state, and `wait_for_change` wakes on change without polling.
 
 pub mod cleanup;
+pub mod lease;
 #[cfg(feature = "remote")]
 pub mod remote;
 pub mod sled;
@@ -31,6 +32,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use cleanup::{CleanupDecision, CleanupReport, decide_cleanup};
+pub use lease::Lease;
 
 /// Most plans one `list` call returns; callers page with `from`.
 pub const LIST_LIMIT_MAX: usize = 1_000;
@@ -146,6 +148,10 @@ pub enum StoreError {
     Unpublished { attempted: Generation, latest: Generation },
     #[error("plan {attempted} was cleaned up (oldest stored plan is {horizon}); apply the latest plan instead")]
     Pruned { attempted: Generation, horizon: Generation },
+    #[error("the planner lease is held by {holder} (epoch {epoch}) for another {expires_in_ms} ms; this planner stands by")]
+    LeaseHeld { holder: String, epoch: u64, expires_in_ms: u64 },
+    #[error("{}", not_lease_holder(holder, *epoch, *attempted_epoch))]
+    NotLeaseHolder { holder: Option<String>, epoch: u64, attempted_epoch: u64 },
     #[error("plan {0} not found")]
     PlanNotFound(Generation),
     #[error("plan is for DNS zone {attempted} but this store serves {stored}")]
@@ -176,6 +182,14 @@ pub enum StoreError {
     Rejected(String),
 }
 
+fn not_lease_holder(holder: &Option<String>, epoch: u64, attempted_epoch: u64) -> String {
+    match (holder, attempted_epoch) {
+        (Some(h), 0) => format!("automation must publish under the planner lease, which {h} holds (epoch {epoch})"),
+        (Some(h), _) => format!("lease epoch {attempted_epoch} is not current: {h} holds epoch {epoch}; this planner lost its lease"),
+        (None, _) => format!("lease epoch {attempted_epoch} is not current (no live lease; last epoch {epoch}); acquire it again"),
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// The plan store. Cheap to clone (implementations share state behind an `Arc`).
@@ -185,6 +199,17 @@ pub type StoreResult<T> = Result<T, StoreError>;
 pub trait Store: Clone + Send + Sync + 'static {
     /// Publishes `plan` iff `plan.generation == latest + 1` and `plan.parent == latest`.
     fn publish(&self, plan: &ValidatedPlan) -> impl Future<Output = StoreResult<()>> + Send;
+    /// As `publish`, under the planner lease: refused with [`StoreError::NotLeaseHolder`] unless
+    /// `lease` is the live lease, checked atomically with the publish CAS. A planner-authored
+    /// plain `publish` is refused while anyone holds a live lease.
+    fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Grants or renews the planner lease for `ttl` (store clock), or refuses with
+    /// [`StoreError::LeaseHeld`] while another holder's lease is live.
+    fn acquire_lease(&self, holder: &str, ttl: Duration) -> impl Future<Output = StoreResult<Lease>> + Send;
+    /// Gives `lease` up at once (a clean shutdown), if it is still the current one.
+    fn release_lease(&self, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
+    /// The current (possibly expired) lease, `None` if none was ever granted.
+    fn lease(&self) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
     fn plan(&self, generation: Generation) -> impl Future<Output = StoreResult<ValidatedPlan>> + Send;
     /// The latest published generation, `Generation::NONE` if none.
     fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;

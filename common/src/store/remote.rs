@@ -5,9 +5,11 @@
 //! [`super::wire`]). Inputs are validated here too, before they travel, so an invalid
 //! endpoint is refused on both sides of the wire.
 
-use super::wire::{ApplyRequest, CleanupRequest, ErrorBody, RetireRequest, WaitQuery};
+use super::wire::{
+    AcquireLeaseRequest, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
+};
 use super::{
-    ActiveRecord, ActiveSnapshot, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX,
+    ActiveRecord, ActiveSnapshot, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX, Lease,
     PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_len,
 };
 use crate::codec;
@@ -109,6 +111,32 @@ impl Store for RemoteStore {
         let body = codec::encode_plan(plan);
         let req = self.inner.client.post(self.url("/v1/plans")).header("content-type", "application/octet-stream").body(body);
         self.send(req).await.map(|_| ())
+    }
+
+    async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {
+        let body = codec::encode_plan(plan);
+        let req = self
+            .inner
+            .client
+            .post(self.url("/v1/plans"))
+            .header("content-type", "application/octet-stream")
+            .header(LEASE_HOLDER_HEADER, &lease.holder)
+            .header(LEASE_EPOCH_HEADER, lease.epoch.to_string())
+            .body(body);
+        self.send(req).await.map(|_| ())
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
+        let body = AcquireLeaseRequest { holder: holder.to_owned(), ttl_ms: ttl.as_millis() as u64 };
+        self.json(self.inner.client.post(self.url("/v1/lease")).json(&body)).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
+        self.send(self.inner.client.delete(self.url("/v1/lease")).json(lease)).await.map(|_| ())
+    }
+
+    async fn lease(&self) -> StoreResult<Option<Lease>> {
+        self.json(self.inner.client.get(self.url("/v1/lease"))).await
     }
 
     async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {

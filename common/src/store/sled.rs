@@ -6,7 +6,7 @@
 //! - `fences`: generation (big-endian) ++ endpoint name → empty; an index of serving
 //!   endpoints by generation, so the oldest active generation is one lookup.
 //! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `control_changes`,
-//!   `dns_zone`, `pause`.
+//!   `dns_zone`, `pause`, `lease`.
 //! - `heartbeats`: enactor id → heartbeat envelope.
 //!
 //! Concurrency: sled cannot scan inside a transaction, and cleanup must see every fence at
@@ -20,10 +20,11 @@
 //! plans; removing the bytes below it follows and is finished on the next open if a crash
 //! interrupts it.
 
+use super::lease;
 use super::{
     ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX,
-    Heartbeat, LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_len,
-    decide_cleanup,
+    Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
+    check_len, decide_cleanup,
 };
 use crate::codec;
 use crate::generation::Generation;
@@ -47,6 +48,7 @@ const META_APPLIED: &[u8] = b"applied_changes";
 const META_CONTROL: &[u8] = b"control_changes";
 const META_DNS_ZONE: &[u8] = b"dns_zone";
 const META_PAUSE: &[u8] = b"pause";
+const META_LEASE: &[u8] = b"lease";
 
 /// The embedded store. Clones share one database.
 #[derive(Clone)]
@@ -226,16 +228,53 @@ impl Inner {
             .transpose()
     }
 
+    fn read_lease(&self) -> StoreResult<Option<Lease>> {
+        self.meta
+            .get(META_LEASE)
+            .map_err(io)?
+            .map(|bytes| codec::decode::<Lease>(&bytes).map_err(|e| corrupt("planner lease", e)))
+            .transpose()
+    }
+
+    fn write_lease(&self, lease: &Lease) -> StoreResult<()> {
+        self.meta.insert(META_LEASE, codec::encode(lease)).map_err(io)?;
+        self.flush()
+    }
+
+    fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
+        let _guard = self.guard()?;
+        let lease = lease::decide_acquire(self.read_lease()?.as_ref(), holder, ttl, lease::now_unix_ms())?;
+        self.write_lease(&lease)?;
+        Ok(lease)
+    }
+
+    fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
+        let _guard = self.guard()?;
+        match lease::decide_release(self.read_lease()?.as_ref(), lease, lease::now_unix_ms()) {
+            Some(released) => self.write_lease(&released),
+            None => Ok(()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn publish(
         &self,
         generation: Generation,
         parent: Generation,
         dns_zone: &DnsName,
         is_operator: bool,
+        lease: Option<&Lease>,
         plan: Vec<u8>,
         summary: Vec<u8>,
     ) -> StoreResult<()> {
         let _guard = self.guard()?;
+        // The fencing token, checked in the same critical section as the CAS below.
+        let current = self.read_lease()?;
+        match lease {
+            Some(lease) => lease::check_holder(current.as_ref(), lease, lease::now_unix_ms())?,
+            None if !is_operator => lease::check_unleased(current.as_ref(), lease::now_unix_ms())?,
+            None => {}
+        }
         let latest = self.latest()?;
         let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
         if generation != next || parent != latest {
@@ -438,7 +477,34 @@ impl Store for SledStore {
         let summary = codec::encode(&plan.summary());
         let p = plan.plan();
         let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
-        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, bytes, summary)).await
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, None, bytes, summary)).await
+    }
+
+    async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {
+        let bytes = codec::encode_plan(plan);
+        let summary = codec::encode(&plan.summary());
+        let p = plan.plan();
+        let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
+        let lease = lease.clone();
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, Some(&lease), bytes, summary)).await
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
+        let holder = holder.to_owned();
+        self.blocking(move |inner| inner.acquire_lease(&holder, ttl)).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> StoreResult<()> {
+        let lease = lease.clone();
+        self.blocking(move |inner| inner.release_lease(&lease)).await
+    }
+
+    async fn lease(&self) -> StoreResult<Option<Lease>> {
+        self.blocking(|inner| {
+            let _guard = inner.guard()?;
+            inner.read_lease()
+        })
+        .await
     }
 
     async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {

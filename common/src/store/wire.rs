@@ -29,6 +29,17 @@ pub struct CleanupRequest {
     pub retain: u64,
 }
 
+/// Body of `POST /v1/lease`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AcquireLeaseRequest {
+    pub holder: String,
+    pub ttl_ms: u64,
+}
+
+/// Headers of a leased `POST /v1/plans`: the lease holder and its epoch.
+pub const LEASE_HOLDER_HEADER: &str = "x-dnsplan-lease-holder";
+pub const LEASE_EPOCH_HEADER: &str = "x-dnsplan-lease-epoch";
+
 /// Query of `GET /v1/plans`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ListQuery {
@@ -85,6 +96,16 @@ pub enum WireError {
     PlanNotFound {
         generation: Generation,
     },
+    LeaseHeld {
+        holder: String,
+        epoch: u64,
+        expires_in_ms: u64,
+    },
+    NotLeaseHolder {
+        holder: Option<String>,
+        epoch: u64,
+        attempted_epoch: u64,
+    },
     DnsZoneMismatch {
         attempted: DnsName,
         stored: DnsName,
@@ -123,7 +144,8 @@ impl WireError {
     pub fn status(&self) -> u16 {
         match self {
             WireError::Conflict { .. } | WireError::Stale { .. } | WireError::Unpublished { .. } | WireError::Exhausted { .. } => 409,
-            WireError::Paused { .. } => 423,
+            WireError::Paused { .. } | WireError::LeaseHeld { .. } => 423,
+            WireError::NotLeaseHolder { .. } => 409,
             WireError::Pruned { .. } => 410,
             WireError::PlanNotFound { .. } => 404,
             WireError::DnsZoneMismatch { .. } | WireError::Invalid { .. } => 422,
@@ -150,6 +172,12 @@ impl From<&StoreError> for WireError {
             StoreError::Unpublished { attempted, latest } => WireError::Unpublished { attempted: *attempted, latest: *latest },
             StoreError::Pruned { attempted, horizon } => WireError::Pruned { attempted: *attempted, horizon: *horizon },
             StoreError::PlanNotFound(g) => WireError::PlanNotFound { generation: *g },
+            StoreError::LeaseHeld { holder, epoch, expires_in_ms } => {
+                WireError::LeaseHeld { holder: holder.clone(), epoch: *epoch, expires_in_ms: *expires_in_ms }
+            }
+            StoreError::NotLeaseHolder { holder, epoch, attempted_epoch } => {
+                WireError::NotLeaseHolder { holder: holder.clone(), epoch: *epoch, attempted_epoch: *attempted_epoch }
+            }
             StoreError::DnsZoneMismatch { attempted, stored } => {
                 WireError::DnsZoneMismatch { attempted: attempted.clone(), stored: stored.clone() }
             }
@@ -176,6 +204,8 @@ impl From<WireError> for StoreError {
             WireError::Unpublished { attempted, latest } => StoreError::Unpublished { attempted, latest },
             WireError::Pruned { attempted, horizon } => StoreError::Pruned { attempted, horizon },
             WireError::PlanNotFound { generation } => StoreError::PlanNotFound(generation),
+            WireError::LeaseHeld { holder, epoch, expires_in_ms } => StoreError::LeaseHeld { holder, epoch, expires_in_ms },
+            WireError::NotLeaseHolder { holder, epoch, attempted_epoch } => StoreError::NotLeaseHolder { holder, epoch, attempted_epoch },
             WireError::DnsZoneMismatch { attempted, stored } => StoreError::DnsZoneMismatch { attempted, stored },
             WireError::Exhausted { latest } => StoreError::Exhausted(latest),
             // The validation error's structure stays on the server; its text travels.
