@@ -1,0 +1,9 @@
+//! dnsplan's planner: health-checks every target, decides the next plan with the
+//! static-stability rules, and publishes it with a compare-and-swap on the latest generation,
+//! under a lease that keeps one planner active.
+//!
+//! `decide` is the pure core; `health` the probes and their hysteresis; `planner` the loop
+//! (lease, decide, publish); `config` the TOML config; `metrics` the Prometheus metrics.
+
+pub mod config;
+pub mod decide;
