@@ -125,9 +125,6 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        dnsplan_common::daemon::metrics_text(&self.registry)
     }
 }

@@ -101,7 +101,7 @@ pub async fn run_with_store<S: Store>(
 
 async fn metrics_text<S: Store>(State(ctl): State<Control<S>>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
     let body = ctl.metrics().map(|m| m.render()).unwrap_or_default();
-    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+    ([(axum::http::header::CONTENT_TYPE, dnsplan_common::daemon::METRICS_CONTENT_TYPE)], body)
 }
 
 async fn status<S: Store>(State(ctl): State<Control<S>>) -> Result<Json<serde_json::Value>, ApiError> {

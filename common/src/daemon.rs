@@ -45,6 +45,17 @@ pub fn announce(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
+/// The `Content-Type` of every `/metrics` response.
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A registry as Prometheus (OpenMetrics) text.
+pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
 /// The control token: `DNSPLAN_TOKEN` if set, else the configured one.
 pub fn token_from_env_or(configured: Option<String>) -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(configured)

@@ -22,5 +22,5 @@ pub mod store;
 
 pub use store::sled::SledStore;
 pub use store::{
-    ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, Heartbeat, PauseState, Store, StoreError, StoreResult, StoreVersion,
+    ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreResult, StoreVersion,
 };

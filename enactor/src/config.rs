@@ -108,13 +108,13 @@ impl Default for VerifyConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    /// Where `/metrics` and `/healthz` listen; none to disable.
-    pub listen: Option<SocketAddr>,
+    /// Where `/metrics` and `/healthz` listen; port 0 lets the system choose (the binary prints it).
+    pub listen: SocketAddr,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig { listen: Some(SocketAddr::from(([127, 0, 0, 1], 9101))) }
+        MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9101)) }
     }
 }
 

@@ -45,7 +45,8 @@ async fn main() -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
     let registry = Arc::new(registry);
 
-    if let Some(listen) = config.metrics.listen {
+    {
+        let listen = config.metrics.listen;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
         daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
         let app = axum::Router::new().route("/metrics", get(move || render(registry.clone()))).route("/healthz", get(|| async { "ok\n" }));
@@ -61,9 +62,5 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn render(registry: Arc<Registry>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    let mut body = String::new();
-    if let Err(err) = prometheus_client::encoding::text::encode(&mut body, &registry) {
-        tracing::error!(error = %err, "cannot encode metrics");
-    }
-    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+    ([(axum::http::header::CONTENT_TYPE, daemon::METRICS_CONTENT_TYPE)], daemon::metrics_text(&registry))
 }

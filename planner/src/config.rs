@@ -134,13 +134,13 @@ impl Default for Policy {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
-    /// Where `/metrics`, `/healthz` and `/v1/status` listen; remove the key to disable.
-    pub listen: Option<SocketAddr>,
+    /// Where `/metrics`, `/healthz` and `/v1/status` listen; port 0 lets the system choose (the binary prints it).
+    pub listen: SocketAddr,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig { listen: Some(SocketAddr::from(([127, 0, 0, 1], 9102))) }
+        MetricsConfig { listen: SocketAddr::from(([127, 0, 0, 1], 9102)) }
     }
 }
 
@@ -364,6 +364,12 @@ impl PlannerConfig {
         }
         if !(config.policy.capacity_headroom.is_finite() && config.policy.capacity_headroom >= 1.0) {
             return Err(format!("policy.capacity_headroom: {} must be at least 1.0", config.policy.capacity_headroom));
+        }
+        let (interval, ttl) = (config.planner.decide_interval_ms.0, config.planner.lease_ttl_ms.0);
+        if interval.saturating_mul(3) > ttl {
+            return Err(format!(
+                "planner.decide_interval_ms ({interval}) must be at most a third of planner.lease_ttl_ms ({ttl}): the lease is renewed every decision"
+            ));
         }
         if config.endpoints.is_empty() || config.endpoints.len() > ENDPOINTS_MAX {
             return Err(format!("give 1..={ENDPOINTS_MAX} [[endpoint]] tables (found {})", config.endpoints.len()));

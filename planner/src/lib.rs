@@ -7,3 +7,9 @@
 
 pub mod config;
 pub mod decide;
+pub mod health;
+pub mod metrics;
+pub mod planner;
+
+pub use config::PlannerConfig;
+pub use planner::Planner;

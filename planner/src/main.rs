@@ -1,0 +1,78 @@
+//! `dnsplan-planner --config planner.toml [--id ID]`: health-checks the targets and publishes
+//! plans through the authority's control API; serves `/metrics`, `/healthz` and `/v1/status`.
+
+use anyhow::Context;
+use axum::Json;
+use axum::routing::get;
+use clap::Parser;
+use dnsplan_common::daemon;
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_planner::health::{HealthBook, spawn_checks};
+use dnsplan_planner::metrics::Metrics;
+use dnsplan_planner::{Planner, PlannerConfig};
+use prometheus_client::registry::Registry;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(version, about = "dnsplan's planner: health checks, static-stability decisions, fenced publishing")]
+struct Args {
+    /// Path to planner.toml.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// This planner's id (overrides `id` in the config); two planners need different ids.
+    #[arg(long)]
+    id: Option<String>,
+    /// Log format.
+    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    daemon::init(&args.log_format);
+    let shutdown = daemon::shutdown_signal();
+    let mut config = PlannerConfig::load(&args.config)?;
+    if let Some(id) = args.id {
+        anyhow::ensure!(!id.is_empty() && id.len() <= dnsplan_common::plan::AUTHOR_BYTES_MAX, "--id: give 1..=128 bytes");
+        config.id = id;
+    }
+    let config = Arc::new(config);
+    let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
+    let mut registry = Registry::with_prefix("dnsplan");
+    let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
+    let registry = Arc::new(registry);
+    let book = Arc::new(HealthBook::default());
+    let _checks = spawn_checks(&config, book.clone(), metrics.clone());
+    let planner = Planner::new(store, config.clone(), book, metrics);
+    let status = planner.status();
+
+    {
+        let listen = config.metrics.listen;
+        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
+        daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
+        let app = axum::Router::new()
+            .route("/metrics", get(move || render(registry.clone())))
+            .route(
+                "/v1/status",
+                get(move || {
+                    let status = status.lock().map(|s| s.clone()).unwrap_or_default();
+                    async move { Json(status) }
+                }),
+            )
+            .route("/healthz", get(|| async { "ok\n" }));
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, app).await {
+                tracing::error!(error = %err, "metrics server failed");
+            }
+        });
+    }
+    daemon::announce(&format!("planner  {} for {} against {}", config.id, config.dns_zone, config.store.url));
+    planner.run(shutdown).await;
+    Ok(())
+}
+
+async fn render(registry: Arc<Registry>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    ([(axum::http::header::CONTENT_TYPE, daemon::METRICS_CONTENT_TYPE)], daemon::metrics_text(&registry))
+}

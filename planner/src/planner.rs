@@ -1,0 +1,275 @@
+//! The planner's loop: hold the lease, read the latest plan, decide, publish plan N+1 with a
+//! compare-and-swap under the lease, and on a conflict read again and decide again.
+//!
+//! A standby planner (the lease is someone else's) keeps its health checks warm and tries for
+//! the lease on every tick, so it takes over within one lease TTL of the active one dying.
+//! While automation is paused nothing is published. The breaker pauses automation itself,
+//! with its reason, so that `status` shows it and an operator's resume clears it.
+
+use crate::config::PlannerConfig;
+use crate::decide::{Decision, Health, PlannerState, decide};
+use crate::health::HealthBook;
+use crate::metrics::{KindLabels, Metrics};
+use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::{Author, Generation, Lease, PauseState, Plan, Store, StoreError, StoreResult, ValidatedPlan};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use serde::Serialize;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Times one tick re-reads and re-decides after losing the publish CAS.
+const CONFLICT_RETRIES: usize = 5;
+
+/// What `/v1/status` of the planner shows.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    pub id: String,
+    pub active: bool,
+    pub lease: Option<Lease>,
+    pub paused: Option<PauseState>,
+    pub last_decision: String,
+    pub last_published: Option<Generation>,
+    pub zone_shifted: Option<String>,
+    pub targets: Vec<TargetStatus>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetStatus {
+    pub endpoint: String,
+    pub address: String,
+    pub zone: String,
+    pub health: &'static str,
+}
+
+pub struct Planner<S: Store> {
+    store: S,
+    config: Arc<PlannerConfig>,
+    book: Arc<HealthBook>,
+    metrics: Arc<Metrics>,
+    status: Arc<Mutex<Status>>,
+    state: PlannerState,
+    lease: Option<Lease>,
+    rng: SmallRng,
+}
+
+impl<S: Store> Planner<S> {
+    pub fn new(store: S, config: Arc<PlannerConfig>, book: Arc<HealthBook>, metrics: Arc<Metrics>) -> Planner<S> {
+        let status = Status { id: config.id.clone(), ..Status::default() };
+        Planner {
+            store,
+            config,
+            book,
+            metrics,
+            status: Arc::new(Mutex::new(status)),
+            state: PlannerState::default(),
+            lease: None,
+            rng: SmallRng::from_rng(&mut rand::rng()),
+        }
+    }
+
+    /// A handle on the status the loop keeps up to date.
+    pub fn status(&self) -> Arc<Mutex<Status>> {
+        self.status.clone()
+    }
+
+    /// Decides on every health change and every `decide_interval_ms`, until `shutdown`;
+    /// then gives the lease up so that a standby takes over at once.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        tracing::info!(planner = %self.config.id, endpoints = self.config.endpoints.len(), "planner running");
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = self.tick() => {}
+            }
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = self.book.changed.notified() => {}
+                _ = tokio::time::sleep(self.config.decide_interval()) => {}
+            }
+        }
+        if let Some(lease) = self.lease.take() {
+            match self.call(self.store.release_lease(&lease)).await {
+                Ok(()) => tracing::info!(planner = %self.config.id, epoch = lease.epoch, "lease released"),
+                Err(err) => tracing::warn!(error = %err, "could not release the lease; it expires by itself"),
+            }
+        }
+        tracing::info!(planner = %self.config.id, "planner stopped");
+    }
+
+    async fn call<T>(&self, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        let timeout = Duration::from_millis(self.config.planner.call_timeout_ms.0);
+        tokio::time::timeout(timeout, fut)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("store call timed out after {timeout:?}"))))
+    }
+
+    fn set_status(&self, f: impl FnOnce(&mut Status)) {
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut status);
+    }
+
+    /// One round: lease, pause, decide, publish.
+    pub async fn tick(&mut self) {
+        self.report_health();
+        let ttl = Duration::from_millis(self.config.planner.lease_ttl_ms.0);
+        match self.call(self.store.acquire_lease(&self.config.id, ttl)).await {
+            Ok(lease) => {
+                if self.lease.as_ref().map(|l| l.epoch) != Some(lease.epoch) {
+                    tracing::info!(planner = %self.config.id, epoch = lease.epoch, "holding the planner lease: active");
+                }
+                self.lease = Some(lease);
+            }
+            Err(StoreError::LeaseHeld { holder, epoch, .. }) => {
+                if self.lease.take().is_some() || self.status.lock().map(|s| s.active).unwrap_or(false) {
+                    tracing::warn!(planner = %self.config.id, %holder, epoch, "the lease is held elsewhere: standing by");
+                }
+                self.metrics.active.set(0);
+                self.set_status(|s| {
+                    s.active = false;
+                    s.lease = None;
+                    s.last_decision = format!("standby: {holder} holds the lease (epoch {epoch})");
+                });
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(planner = %self.config.id, error = %err, "cannot reach the store for the lease; not deciding");
+                self.set_status(|s| s.last_decision = format!("store unreachable: {err}"));
+                return;
+            }
+        }
+        let lease = self.lease.clone();
+        self.metrics.active.set(1);
+        self.set_status(|s| {
+            s.active = true;
+            s.lease = lease;
+        });
+        let paused = match self.call(self.store.paused()).await {
+            Ok(p) => p,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the pause state; not deciding");
+                return;
+            }
+        };
+        self.metrics.paused.set(i64::from(paused.is_some()));
+        if let Some(p) = paused {
+            self.set_status(|s| {
+                s.last_decision = format!("paused by {}: {}", p.by, p.reason);
+                s.paused = Some(p);
+            });
+            return;
+        }
+        self.set_status(|s| s.paused = None);
+        for _ in 0..CONFLICT_RETRIES {
+            match self.decide_and_publish().await {
+                Err(StoreError::Conflict { latest, .. }) => {
+                    self.metrics.publish_conflicts.inc();
+                    tracing::info!(latest = %latest, "another plan was published first; deciding again");
+                }
+                Err(StoreError::NotLeaseHolder { .. }) => {
+                    tracing::warn!(planner = %self.config.id, "lost the lease while publishing: standing by");
+                    self.lease = None;
+                    self.metrics.active.set(0);
+                    return;
+                }
+                Err(StoreError::Paused { .. }) => return,
+                Err(err) => {
+                    tracing::warn!(error = %err, "deciding or publishing failed; trying again next tick");
+                    return;
+                }
+                Ok(()) => return,
+            }
+        }
+    }
+
+    async fn decide_and_publish(&mut self) -> StoreResult<()> {
+        let latest = self.call(self.store.latest()).await?;
+        let previous = if latest > Generation::NONE { Some(self.call(self.store.plan(latest)).await?) } else { None };
+        let now = now_unix_ms();
+        let outcome = decide(&self.config, &self.book.view(), previous.as_ref().map(|p| p.plan()), &self.state, now, &mut self.rng);
+        match outcome.decision {
+            Decision::NoChange => {
+                self.metrics.decision("no_change");
+                self.keep(outcome.state);
+                self.set_status(|s| s.last_decision = format!("no change (latest plan {latest})"));
+                Ok(())
+            }
+            Decision::Breaker { reason } => {
+                self.metrics.decision("breaker");
+                self.metrics.breaker_trips.inc();
+                tracing::error!(planner = %self.config.id, %reason, "breaker tripped: publishing nothing; an operator must resume automation");
+                let pause = PauseState {
+                    reason: reason.chars().take(1_000).collect(),
+                    by: format!("planner:{}", self.config.id),
+                    since_unix_ms: now,
+                };
+                self.set_status(|s| s.last_decision = reason.clone());
+                self.call(self.store.pause(pause)).await
+            }
+            Decision::Publish { endpoints, provenance, reason } => {
+                self.metrics.decision("publish");
+                let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+                let plan = Plan {
+                    generation: next,
+                    parent_generation: latest,
+                    created_at_unix_ms: now,
+                    author: Author::Planner { id: self.config.id.clone() },
+                    reason: reason.clone(),
+                    dns_zone: self.config.dns_zone.clone(),
+                    endpoints,
+                    retired: Default::default(),
+                    rollback_of: None,
+                    provenance,
+                };
+                let plan = ValidatedPlan::new(plan)?;
+                let lease = self.lease.clone().ok_or(StoreError::NotLeaseHolder { holder: None, epoch: 0, attempted_epoch: 0 })?;
+                self.call(self.store.publish_leased(&plan, &lease)).await?;
+                self.metrics.plans_published.inc();
+                self.metrics.last_published_generation.set(next.0 as i64);
+                tracing::info!(planner = %self.config.id, generation = next.0, %reason, "plan published");
+                self.keep(outcome.state);
+                self.set_status(|s| {
+                    s.last_published = Some(next);
+                    s.last_decision = format!("published {next}: {reason}");
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn keep(&mut self, state: PlannerState) {
+        self.metrics.zone_shifted.set(i64::from(state.shifted.is_some()));
+        let shifted = state.shifted.as_ref().map(|s| s.zone.to_string());
+        self.set_status(|s| s.zone_shifted = shifted);
+        self.state = state;
+    }
+
+    fn report_health(&self) {
+        let view = self.book.view();
+        let mut targets = Vec::new();
+        let mut counts = [0i64; 3];
+        for ep in self.config.endpoints() {
+            for t in &ep.targets {
+                let h = view.get(&(ep.name.clone(), t.address)).copied().unwrap_or(Health::Unknown);
+                let (i, name) = match h {
+                    Health::Up => (0, "up"),
+                    Health::Down => (1, "down"),
+                    Health::Unknown => (2, "unknown"),
+                };
+                counts[i] += 1;
+                targets.push(TargetStatus {
+                    endpoint: ep.name.to_string(),
+                    address: t.address.to_string(),
+                    zone: t.zone.to_string(),
+                    health: name,
+                });
+            }
+        }
+        for (i, kind) in ["up", "down", "unknown"].into_iter().enumerate() {
+            self.metrics.targets.get_or_create(&KindLabels { kind }).set(counts[i]);
+        }
+        self.set_status(|s| s.targets = targets);
+    }
+}

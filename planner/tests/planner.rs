@@ -1,0 +1,137 @@
+//! A planner on the embedded store, pointed at real TCP listeners on loopback: it publishes
+//! the first plan, removes a target whose listener goes away, brings it back, and trips the
+//! breaker (pausing automation) on a mass change.
+
+use dnsplan_common::{Generation, SledStore, Store, ValidatedPlan};
+use dnsplan_planner::health::{HealthBook, spawn_checks};
+use dnsplan_planner::metrics::Metrics;
+use dnsplan_planner::{Planner, PlannerConfig};
+use prometheus_client::registry::Registry;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod support;
+
+use support::{Backends, config_text};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    _checks: tokio::task::JoinSet<()>,
+}
+
+fn start(store: SledStore, config: PlannerConfig) -> Running {
+    let config = Arc::new(config);
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), &config.id));
+    let book = Arc::new(HealthBook::default());
+    let checks = spawn_checks(&config, book.clone(), metrics.clone());
+    let planner = Planner::new(store, config, book, metrics);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(planner.run(async move {
+        let _ = stopped.await;
+    }));
+    Running { stop, task, _checks: checks }
+}
+
+/// Waits on the store (not a timer) until the latest plan satisfies `want`.
+async fn wait_plan(store: &SledStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
+    let wait = async {
+        loop {
+            let version = store.version().await?;
+            if version.latest > Generation::NONE {
+                let plan = store.plan(version.latest).await?;
+                if want(&plan) {
+                    return anyhow::Ok(plan);
+                }
+            }
+            store.wait_for_change(version, WITHIN).await?;
+        }
+    };
+    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("no plan matched within {WITHIN:?}"))?
+}
+
+fn weight(plan: &ValidatedPlan, endpoint: &str, address: &str) -> Option<u32> {
+    let name = dnsplan_common::DnsName::parse(endpoint).ok()?;
+    let address: IpAddr = address.parse().ok()?;
+    plan.plan().endpoints.get(&name)?.targets.iter().find(|t| t.address == address).map(|t| t.weight)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_real_listeners_up_and_down() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let mut backends = Backends::start().await?;
+    let config = PlannerConfig::parse(&config_text(backends.port, "")).map_err(anyhow::Error::msg)?;
+    let planner = start(store.clone(), config);
+
+    let first = wait_plan(&store, |_| true).await?;
+    assert_eq!(first.generation(), Generation(1));
+    assert!(first.plan().endpoints.values().all(|e| e.targets.iter().all(|t| t.weight == 1)), "{first:?}");
+
+    backends.stop("127.0.1.3")?;
+    let removed = wait_plan(&store, |p| weight(p, "api.example.test.", "127.0.1.3") == Some(0)).await?;
+    assert!(
+        removed.plan().provenance.iter().any(|p| p.rule == "health" && p.detail.contains("127.0.1.3")),
+        "{:?}",
+        removed.plan().provenance
+    );
+    let others: Vec<u32> = removed
+        .plan()
+        .endpoints
+        .values()
+        .flat_map(|e| &e.targets)
+        .filter(|t| t.address.to_string() != "127.0.1.3")
+        .map(|t| t.weight)
+        .collect();
+    assert!(others.iter().all(|w| *w == 1), "healthy targets lost weight: {removed:?}");
+
+    backends.start_again("127.0.1.3").await?;
+    let back = wait_plan(&store, |p| weight(p, "api.example.test.", "127.0.1.3") == Some(1)).await?;
+    assert!(back.generation() > removed.generation());
+    // Generations are contiguous and every plan is this planner's.
+    let plans = store.list(Generation::NONE, 1_000).await?;
+    for (i, p) in plans.iter().enumerate() {
+        assert_eq!(p.generation, Generation(i as u64 + 1));
+        assert_eq!(p.author.to_string(), "planner:p1");
+    }
+    let _ = planner.stop.send(());
+    planner.task.await?;
+    // A clean stop gives the lease up at once.
+    let lease = store.lease().await?.ok_or_else(|| anyhow::anyhow!("no lease"))?;
+    assert!(!lease.is_live(dnsplan_common::store::lease::now_unix_ms()), "{lease:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mass_change_pauses_automation() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let mut backends = Backends::start().await?;
+    let config = PlannerConfig::parse(&config_text(backends.port, "breaker_endpoint_fraction = 0.4\nbreaker_min_changed = 1"))
+        .map_err(anyhow::Error::msg)?;
+    let planner = start(store.clone(), config);
+    let first = wait_plan(&store, |_| true).await?;
+
+    // One target of each endpoint, in different zones (no zone is impaired).
+    backends.stop("127.0.1.1")?;
+    backends.stop("127.0.2.3")?;
+    let paused = tokio::time::timeout(WITHIN, async {
+        loop {
+            let version = store.version().await?;
+            if let Some(p) = store.paused().await? {
+                return anyhow::Ok(p);
+            }
+            store.wait_for_change(version, WITHIN).await?;
+        }
+    })
+    .await??;
+    assert_eq!(paused.by, "planner:p1");
+    assert!(paused.reason.contains("breaker"), "{paused:?}");
+    assert_eq!(store.latest().await?, first.generation(), "nothing may be published when the breaker trips");
+    let _ = planner.stop.send(());
+    planner.task.await?;
+    Ok(())
+}

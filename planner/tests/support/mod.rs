@@ -1,0 +1,56 @@
+//! Shared by the planner's tests: real TCP backends on loopback and a config pointing at them.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use tokio::net::TcpListener;
+
+/// Six listeners per endpoint, two per zone, all on one port: api on 127.0.1.x, db on 127.0.2.x.
+pub struct Backends {
+    pub port: u16,
+    listeners: BTreeMap<IpAddr, Option<TcpListener>>,
+}
+
+impl Backends {
+    pub async fn start() -> anyhow::Result<Backends> {
+        let first = TcpListener::bind("127.0.1.1:0").await?;
+        let port = first.local_addr()?.port();
+        let mut listeners = BTreeMap::new();
+        listeners.insert("127.0.1.1".parse()?, Some(first));
+        for net in [1, 2] {
+            for host in 1..=6 {
+                let ip: IpAddr = format!("127.0.{net}.{host}").parse()?;
+                if let std::collections::btree_map::Entry::Vacant(slot) = listeners.entry(ip) {
+                    slot.insert(Some(TcpListener::bind(SocketAddr::new(ip, port)).await?));
+                }
+            }
+        }
+        Ok(Backends { port, listeners })
+    }
+
+    pub fn stop(&mut self, ip: &str) -> anyhow::Result<()> {
+        self.listeners.insert(ip.parse()?, None);
+        Ok(())
+    }
+
+    pub async fn start_again(&mut self, ip: &str) -> anyhow::Result<()> {
+        let ip: IpAddr = ip.parse()?;
+        self.listeners.insert(ip, Some(TcpListener::bind(SocketAddr::new(ip, self.port)).await?));
+        Ok(())
+    }
+}
+
+pub fn config_text(port: u16, policy: &str) -> String {
+    let mut text = format!(
+        "id = \"p1\"\ndns_zone = \"example.test.\"\n[store]\nurl = \"http://127.0.0.1:1\"\n[planner]\ndecide_interval_ms = 50\nlease_ttl_ms = 1000\n[policy]\n{policy}\n"
+    );
+    for (net, name) in [(1, "api"), (2, "db")] {
+        text.push_str(&format!(
+            "[[endpoint]]\nname = \"{name}.example.test.\"\nttl_secs = 30\ncheck = {{ kind = \"tcp\", port = {port}, interval_ms = 50, timeout_ms = 50, rise = 1, fall = 2 }}\n"
+        ));
+        for (i, zone) in ["a", "a", "b", "b", "c", "c"].iter().enumerate() {
+            text.push_str(&format!("[[endpoint.target]]\naddress = \"127.0.{net}.{}\"\nzone = \"{zone}\"\n", i + 1));
+        }
+    }
+    text
+}
