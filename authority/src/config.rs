@@ -82,32 +82,34 @@ fn default_control_listen() -> SocketAddr {
 impl AuthorityConfig {
     pub fn load(path: &Path) -> Result<AuthorityConfig, ConfigError> {
         let mut config: AuthorityConfig = daemon::load_toml(path)?;
-        let invalid = |detail: String| ConfigError::invalid(path, detail);
-        if config.dns.listen.is_empty() {
-            return Err(invalid("dns.listen: give at least one address".into()));
-        }
-        if config.dns.edns_udp_payload_bytes < 512 {
-            return Err(invalid(format!(
-                "dns.edns_udp_payload_bytes: {} is below the DNS minimum of 512",
-                config.dns.edns_udp_payload_bytes
-            )));
-        }
-        if !(1..=64).contains(&config.dns.answer_addresses_max) {
-            return Err(invalid(format!("dns.answer_addresses_max: {} is outside 1..=64", config.dns.answer_addresses_max)));
-        }
-        if config.dns.tcp_connections_max == 0 || config.dns.tcp_idle_timeout_secs == 0 {
-            return Err(invalid("dns.tcp_connections_max and dns.tcp_idle_timeout_secs must be above 0".into()));
-        }
         config.control.token = daemon::token_from_env_or(config.control.token.take());
-        match &config.control.token {
-            None => return Err(invalid(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable"))),
-            Some(t) if t.len() < TOKEN_BYTES_MIN => {
-                return Err(invalid(format!("control.token is shorter than {TOKEN_BYTES_MIN} bytes; use a long random token")));
-            }
-            Some(_) => {}
-        }
+        config.check().map_err(|detail| ConfigError::invalid(path, detail))?;
         config.data_dir = daemon::relative_to_config(path, &config.data_dir);
         Ok(config)
+    }
+
+    /// Every value in range, with a message naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        let dns = &self.dns;
+        if dns.listen.is_empty() {
+            return Err("dns.listen: give at least one address".into());
+        }
+        if dns.edns_udp_payload_bytes < 512 {
+            return Err(format!("dns.edns_udp_payload_bytes: {} is below the DNS minimum of 512", dns.edns_udp_payload_bytes));
+        }
+        if !(1..=64).contains(&dns.answer_addresses_max) {
+            return Err(format!("dns.answer_addresses_max: {} is outside 1..=64", dns.answer_addresses_max));
+        }
+        if dns.tcp_connections_max == 0 || dns.tcp_idle_timeout_secs == 0 {
+            return Err("dns.tcp_connections_max and dns.tcp_idle_timeout_secs must be above 0".into());
+        }
+        match &self.control.token {
+            None => Err(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable")),
+            Some(t) if t.len() < TOKEN_BYTES_MIN => {
+                Err(format!("control.token is shorter than {TOKEN_BYTES_MIN} bytes; use a long random token"))
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     pub fn token(&self) -> &str {

@@ -142,7 +142,7 @@ fn parse_endpoint(raw: &str) -> ApiResult<EndpointName> {
 }
 
 /// Compares in time independent of where the first difference is. The length is not secret.
-fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     if given.len() != expected.len() {
         return false;
     }

@@ -127,4 +127,9 @@ impl Metrics {
     pub fn render(&self) -> String {
         dnsplan_common::daemon::metrics_text(&self.registry)
     }
+
+    /// This registry's metrics followed by `extra`'s, as one exposition.
+    pub fn render_with(&self, extra: &prometheus_client::registry::Registry) -> String {
+        dnsplan_common::daemon::metrics_text_of(&[&self.registry, extra])
+    }
 }

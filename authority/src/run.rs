@@ -49,6 +49,14 @@ pub async fn run(
     run_with_store(store, config, config_dir, shutdown, on_bound).await
 }
 
+/// What an embedding process adds to the control API: routes, and metrics to serve with the
+/// authority's on `/metrics`.
+#[derive(Default)]
+pub struct Extras {
+    pub routes: Option<axum::Router>,
+    pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
+}
+
 /// As `run`, on a store the caller opened (the one-process stack shares it).
 pub async fn run_with_store<S: Store>(
     store: S,
@@ -57,12 +65,25 @@ pub async fn run_with_store<S: Store>(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound),
 ) -> anyhow::Result<()> {
+    run_with_extras(store, config, config_dir, shutdown, on_bound, Extras::default()).await
+}
+
+/// As `run_with_store`, with routes and metrics of the embedding process.
+pub async fn run_with_extras<S: Store>(
+    store: S,
+    config: AuthorityConfig,
+    config_dir: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(Bound),
+    extras: Extras,
+) -> anyhow::Result<()> {
     let zone = Arc::new(StaticZone::load(&config.dns_zone, config_dir)?);
     let metrics = Arc::new(Metrics::new());
+    let serving_metrics = metrics.clone();
     let limits =
         AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
     // Static stability: serve the last applied state from our own disk before anything else.
-    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, metrics.clone()).await?);
+    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?);
     let tcp_limits =
         TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: config.dns.tcp_connections_max };
 
@@ -80,11 +101,25 @@ pub async fn run_with_store<S: Store>(
     tasks.spawn(serving.clone().follow(store.clone()));
 
     let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone());
-    let app = control::router(ctl.clone())
-        .route("/metrics", get(metrics_text::<S>))
+    let extra_metrics = extras.metrics.clone();
+    let render = move || {
+        let (metrics, extra) = (metrics.clone(), extra_metrics.clone());
+        async move {
+            let body = match &extra {
+                Some(extra) => metrics.render_with(extra),
+                None => metrics.render(),
+            };
+            ([(axum::http::header::CONTENT_TYPE, dnsplan_common::daemon::METRICS_CONTENT_TYPE)], body)
+        }
+    };
+    let mut app = control::router(ctl.clone())
         .route("/readyz", get(|| async { "ready\n" }))
         .route("/v1/status", get(status::<S>))
-        .with_state(ctl);
+        .with_state(ctl)
+        .route("/metrics", get(render));
+    if let Some(routes) = extras.routes {
+        app = app.merge(routes);
+    }
     let listener = tokio::net::TcpListener::bind(config.control.listen)
         .await
         .with_context(|| format!("binding the control API on {}", config.control.listen))?;
@@ -97,11 +132,6 @@ pub async fn run_with_store<S: Store>(
     tasks.shutdown().await;
     tracing::info!("authority stopped");
     Ok(())
-}
-
-async fn metrics_text<S: Store>(State(ctl): State<Control<S>>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    let body = ctl.metrics().map(|m| m.render()).unwrap_or_default();
-    ([(axum::http::header::CONTENT_TYPE, dnsplan_common::daemon::METRICS_CONTENT_TYPE)], body)
 }
 
 async fn status<S: Store>(State(ctl): State<Control<S>>) -> Result<Json<serde_json::Value>, ApiError> {

@@ -50,9 +50,19 @@ pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 
 /// A registry as Prometheus (OpenMetrics) text.
 pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String {
+    metrics_text_of(&[registry])
+}
+
+/// Several registries as one OpenMetrics exposition (the one-process stack serves the
+/// authority's, the planner's and the enactors' metrics together).
+pub fn metrics_text_of(registries: &[&prometheus_client::registry::Registry]) -> String {
+    use prometheus_client::encoding::text::{encode_eof, encode_registry};
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    for registry in registries {
+        let _ = encode_registry(&mut out, registry);
+    }
+    let _ = encode_eof(&mut out);
     out
 }
 

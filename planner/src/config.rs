@@ -355,12 +355,20 @@ impl PlannerConfig {
     /// Parses and checks a config text; errors name the key or endpoint and the line.
     pub fn parse(text: &str) -> Result<PlannerConfig, String> {
         let config: PlannerConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        if !(config.store.url.starts_with("http://") || config.store.url.starts_with("https://")) {
+            return Err(format!("store.url: {:?} must start with http:// or https://", config.store.url));
+        }
+        config.validate(text)?;
+        Ok(config)
+    }
+
+    /// Checks what parsing cannot: cross-field rules and each endpoint as a whole. `text` is
+    /// the document the endpoints' spans point into, for line numbers.
+    pub fn validate(&self, text: &str) -> Result<(), String> {
+        let config = self;
         let line = |offset: usize| text[..offset.min(text.len())].bytes().filter(|b| *b == b'\n').count() + 1;
         if config.id.is_empty() || config.id.len() > dnsplan_common::plan::AUTHOR_BYTES_MAX {
             return Err(format!("id: give 1..={} bytes", dnsplan_common::plan::AUTHOR_BYTES_MAX));
-        }
-        if !(config.store.url.starts_with("http://") || config.store.url.starts_with("https://")) {
-            return Err(format!("store.url: {:?} must start with http:// or https://", config.store.url));
         }
         if !(config.policy.capacity_headroom.is_finite() && config.policy.capacity_headroom >= 1.0) {
             return Err(format!("policy.capacity_headroom: {} must be at least 1.0", config.policy.capacity_headroom));
@@ -383,7 +391,7 @@ impl PlannerConfig {
                 return Err(format!("line {at}: endpoint {} is configured twice", endpoint.name));
             }
         }
-        Ok(config)
+        Ok(())
     }
 
     pub fn endpoints(&self) -> impl Iterator<Item = &EndpointConfig> {

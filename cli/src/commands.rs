@@ -1,0 +1,635 @@
+//! The operator commands, against a running stack's control API.
+
+use crate::output::{self, Format, table};
+use clap::Subcommand;
+use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{
+    ActiveRecord, ActiveState, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
+    ValidatedPlan,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Latest plan, pause and breaker, every endpoint's active plan and addresses, enactors.
+    Status,
+    /// Published plans: list, show, diff, explain.
+    Plans {
+        #[command(subcommand)]
+        command: PlansCommand,
+    },
+    /// Publish a new plan with an older plan's content (roll forward), pause automation
+    /// unless --keep-automation, and wait until it is enacted and served.
+    Rollback {
+        #[arg(long)]
+        to: u64,
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        keep_automation: bool,
+        /// Who rolls back (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// The DNS server to check the result on.
+        #[arg(long, default_value = "127.0.0.1:5353")]
+        dns: SocketAddr,
+        /// How long to wait for the rollback to be enacted and served.
+        #[arg(long, default_value_t = 60)]
+        wait_secs: u64,
+    },
+    /// Stop automation from publishing (operators still can).
+    Pause {
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Let automation publish again (this also clears a tripped breaker).
+    Resume,
+    /// Ask DNS for every managed endpoint and compare with the active state.
+    Verify {
+        #[arg(long, default_value = "127.0.0.1:5353")]
+        dns: SocketAddr,
+    },
+    /// Delete old plans (never an active or newer one); --dry-run shows what would go.
+    Cleanup {
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, default_value_t = 20)]
+        retain: u64,
+    },
+    /// The served DNS zone.
+    Zone {
+        #[command(subcommand)]
+        command: ZoneCommand,
+    },
+    /// The demo backends of `dnsplan up`: list, fail, heal.
+    Backend {
+        #[command(subcommand)]
+        command: BackendCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PlansCommand {
+    /// The newest plans, newest last.
+    List {
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One plan: who, why, and every endpoint's targets.
+    Show { generation: u64 },
+    /// What changes from plan A to plan B, as - and + lines.
+    Diff { from: u64, to: u64 },
+    /// Why each change in a plan was made (its provenance).
+    Explain { generation: u64 },
+}
+
+#[derive(Subcommand)]
+pub enum ZoneCommand {
+    /// The managed records as they are served, as an RFC 1035 master file.
+    Export,
+}
+
+#[derive(Subcommand)]
+pub enum BackendCommand {
+    List,
+    /// Make a demo backend fail its health checks (close its listeners).
+    Fail {
+        address: IpAddr,
+    },
+    /// Bring it back.
+    Heal {
+        address: IpAddr,
+    },
+}
+
+/// A failed command and its exit code.
+#[derive(Debug)]
+pub enum CliError {
+    Unreachable(String),
+    Unauthorized(String),
+    Refused(String),
+    Failed(String),
+}
+
+impl CliError {
+    pub fn exit(self) -> ExitCode {
+        let (code, message) = match self {
+            CliError::Failed(m) => (1, m),
+            CliError::Unreachable(m) => (3, m),
+            CliError::Unauthorized(m) => (4, m),
+            CliError::Refused(m) => (5, m),
+        };
+        eprintln!("error: {message}");
+        ExitCode::from(code)
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(err: StoreError) -> CliError {
+        match err {
+            StoreError::Unavailable(m) => {
+                CliError::Unreachable(format!("{m}; is the stack running (`dnsplan up`)? Use --control to point elsewhere"))
+            }
+            StoreError::Unauthorized => {
+                CliError::Unauthorized("the control API refused the token; pass --token or set DNSPLAN_TOKEN to the stack's token".into())
+            }
+            other => CliError::Refused(other.to_string()),
+        }
+    }
+}
+
+type CliResult<T> = Result<T, CliError>;
+
+pub struct Client {
+    store: RemoteStore,
+    http: reqwest::Client,
+    control: String,
+    token: Option<String>,
+    format: Format,
+}
+
+impl Client {
+    pub fn new(control: &str, token: Option<String>, format: Format) -> CliResult<Client> {
+        let store = RemoteStore::new(control, token.clone())?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| CliError::Failed(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Client { store, http, control: control.trim_end_matches('/').to_owned(), token, format })
+    }
+
+    async fn get_json<T: for<'de> Deserialize<'de>>(&self, path: &str) -> CliResult<Option<T>> {
+        let url = format!("{}{path}", self.control);
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}; is the stack running?")))?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !resp.status().is_success() {
+            return Err(CliError::Refused(format!("{url} answered {}", resp.status())));
+        }
+        resp.json().await.map(Some).map_err(|e| CliError::Failed(format!("{url} sent a body this client cannot read: {e}")))
+    }
+
+    fn print_json(&self, value: &impl Serialize) -> CliResult<()> {
+        let text = serde_json::to_string_pretty(value).map_err(|e| CliError::Failed(e.to_string()))?;
+        crate::out!("{text}");
+        Ok(())
+    }
+}
+
+/// The authority's `/v1/status`.
+#[derive(Debug, Serialize, Deserialize)]
+struct StatusView {
+    latest: Generation,
+    paused: Option<PauseState>,
+    serial: u32,
+    applied_changes: u64,
+    heartbeats: Vec<Heartbeat>,
+    endpoints: BTreeMap<EndpointName, ActiveRecord>,
+    /// The one-process stack's planner (`/v1/planner`), when there is one.
+    #[serde(default)]
+    planner: Option<serde_json::Value>,
+}
+
+pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
+    match command {
+        Command::Status => status(client).await,
+        Command::Plans { command } => plans(client, command).await,
+        Command::Rollback { to, reason, keep_automation, by, dns, wait_secs } => {
+            rollback(client, Generation(to), &reason, keep_automation, by, dns, Duration::from_secs(wait_secs)).await
+        }
+        Command::Pause { reason, by } => {
+            let by = by.unwrap_or_else(operator_name);
+            client.store.pause(PauseState { reason: reason.clone(), by: by.clone(), since_unix_ms: now_unix_ms() }).await?;
+            crate::out!("automation paused by {by}: {reason}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume => {
+            client.store.resume().await?;
+            crate::out!("automation resumed");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify { dns } => verify(client, dns).await,
+        Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
+        Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
+        Command::Backend { command } => backend(client, command).await,
+    }
+}
+
+fn operator_name() -> String {
+    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "operator".into())
+}
+
+fn addresses(endpoint: &Endpoint) -> String {
+    endpoint.targets.iter().map(|t| format!("{} ({}, w{})", t.address, t.zone, t.weight)).collect::<Vec<_>>().join(", ")
+}
+
+async fn status(client: &Client) -> CliResult<ExitCode> {
+    let mut view: StatusView =
+        client.get_json("/v1/status").await?.ok_or_else(|| CliError::Refused("no /v1/status at this address".into()))?;
+    view.planner = client.get_json("/v1/planner").await.ok().flatten();
+    if client.format == Format::Json {
+        client.print_json(&view)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    crate::out!("latest plan   {}", view.latest);
+    let automation = match &view.paused {
+        None => "running".to_owned(),
+        Some(p) if p.by.starts_with("planner:") => format!("BREAKER TRIPPED ({}) {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
+        Some(p) => format!("PAUSED by {} {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
+    };
+    crate::out!("automation    {automation}");
+    crate::out!("serial        {}", view.serial);
+    if let Some(p) = &view.planner {
+        let active = if p["active"].as_bool() == Some(true) { "active" } else { "standby" };
+        crate::out!("planner       {} ({active}): {}", p["id"].as_str().unwrap_or("?"), p["last_decision"].as_str().unwrap_or(""));
+    }
+    crate::out!();
+    let rows: Vec<Vec<String>> = view
+        .endpoints
+        .iter()
+        .map(|(name, r)| {
+            let served = match &r.state {
+                ActiveState::Serving(e) => addresses(e),
+                ActiveState::Retired => "(retired)".into(),
+            };
+            vec![name.to_string(), r.generation.to_string(), served]
+        })
+        .collect();
+    crate::out_raw!("{}", table(&["ENDPOINT", "PLAN", "ADDRESSES (zone, weight)"], &rows));
+    crate::out!();
+    let rows: Vec<Vec<String>> = view
+        .heartbeats
+        .iter()
+        .map(|h| {
+            vec![
+                h.enactor_id.clone(),
+                h.zone.to_string(),
+                h.last_applied.to_string(),
+                h.lag().to_string(),
+                h.state.clone(),
+                output::ago(h.at_unix_ms),
+            ]
+        })
+        .collect();
+    crate::out_raw!("{}", table(&["ENACTOR", "ZONE", "APPLIED", "LAG", "STATE", "SEEN"], &rows));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn plan_or_explain(client: &Client, generation: Generation) -> CliResult<ValidatedPlan> {
+    client.store.plan(generation).await.map_err(|e| match e {
+        StoreError::PlanNotFound(_) | StoreError::Pruned { .. } => {
+            CliError::Refused(format!("plan {generation} is not stored (never published, or cleaned up); see `dnsplan plans list`"))
+        }
+        other => other.into(),
+    })
+}
+
+async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
+    match command {
+        PlansCommand::List { limit } => {
+            let latest = client.store.latest().await?;
+            let from = Generation(latest.0.saturating_sub(limit.max(1) as u64 - 1).max(1));
+            let list = client.store.list(from, limit).await?;
+            if client.format == Format::Json {
+                client.print_json(&list)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|p| {
+                    let rollback = p.rollback_of.map(|g| format!(" (rollback of {g})")).unwrap_or_default();
+                    vec![
+                        p.generation.to_string(),
+                        output::ago(p.created_at_unix_ms),
+                        p.author.to_string(),
+                        p.endpoint_count.to_string(),
+                        format!("{}{rollback}", p.reason),
+                    ]
+                })
+                .collect();
+            crate::out_raw!("{}", table(&["PLAN", "CREATED", "AUTHOR", "ENDPOINTS", "REASON"], &rows));
+        }
+        PlansCommand::Show { generation } => {
+            let plan = plan_or_explain(client, Generation(generation)).await?;
+            if client.format == Format::Json {
+                client.print_json(plan.plan())?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let p = plan.plan();
+            crate::out!("plan {} (parent {}) by {} {}", p.generation, p.parent_generation, p.author, output::ago(p.created_at_unix_ms));
+            crate::out!("reason: {}", p.reason);
+            if let Some(g) = p.rollback_of {
+                crate::out!("rollback of plan {g}");
+            }
+            crate::out!();
+            let rows: Vec<Vec<String>> =
+                p.endpoints.iter().map(|(n, e)| vec![n.to_string(), e.ttl_secs.to_string(), addresses(e)]).collect();
+            crate::out_raw!("{}", table(&["ENDPOINT", "TTL", "TARGETS (zone, weight)"], &rows));
+            for name in &p.retired {
+                crate::out!("retired: {name}");
+            }
+        }
+        PlansCommand::Diff { from, to } => {
+            let (a, b) = (plan_or_explain(client, Generation(from)).await?, plan_or_explain(client, Generation(to)).await?);
+            let lines = diff(a.plan(), b.plan());
+            if client.format == Format::Json {
+                client.print_json(&lines.iter().map(|(s, t)| format!("{s} {t}")).collect::<Vec<_>>())?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            crate::out!("plan {from} -> plan {to}");
+            if lines.is_empty() {
+                crate::out!("(no differences)");
+            }
+            for (sign, text) in lines {
+                crate::out!("{}", output::diff_line(sign, &text));
+            }
+        }
+        PlansCommand::Explain { generation } => {
+            let plan = plan_or_explain(client, Generation(generation)).await?;
+            let p = plan.plan();
+            if client.format == Format::Json {
+                client.print_json(&serde_json::json!({"generation": p.generation, "reason": p.reason, "author": p.author.to_string(), "provenance": p.provenance}))?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            crate::out!("plan {} by {}: {}", p.generation, p.author, p.reason);
+            let mut by_endpoint: BTreeMap<&EndpointName, Vec<&Provenance>> = BTreeMap::new();
+            for entry in &p.provenance {
+                by_endpoint.entry(&entry.endpoint).or_default().push(entry);
+            }
+            for (name, entries) in by_endpoint {
+                crate::out!("{name}");
+                for e in entries {
+                    crate::out!("  {:<16} {}", e.rule, e.detail);
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `(sign, text)` lines from plan `a` to plan `b`.
+fn diff(a: &Plan, b: &Plan) -> Vec<(char, String)> {
+    let mut lines = Vec::new();
+    let names: BTreeSet<&EndpointName> = a.endpoints.keys().chain(b.endpoints.keys()).collect();
+    for name in names {
+        match (a.endpoints.get(name), b.endpoints.get(name)) {
+            (Some(_), None) if b.retired.contains(name) => lines.push(('-', format!("{name} (retired)"))),
+            (Some(_), None) => {} // absent from a plan: left as it was
+            (None, Some(e)) => lines.push(('+', format!("{name} ttl {} {}", e.ttl_secs, addresses(e)))),
+            (Some(x), Some(y)) => {
+                if x.ttl_secs != y.ttl_secs {
+                    lines.push(('-', format!("{name} ttl {}", x.ttl_secs)));
+                    lines.push(('+', format!("{name} ttl {}", y.ttl_secs)));
+                }
+                let old: BTreeMap<IpAddr, _> = x.targets.iter().map(|t| (t.address, t)).collect();
+                let new: BTreeMap<IpAddr, _> = y.targets.iter().map(|t| (t.address, t)).collect();
+                for (addr, t) in &old {
+                    if new.get(addr) != Some(t) {
+                        lines.push(('-', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
+                    }
+                }
+                for (addr, t) in &new {
+                    if old.get(addr) != Some(t) {
+                        lines.push(('+', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
+                    }
+                }
+            }
+            (None, None) => {}
+        }
+    }
+    lines
+}
+
+async fn rollback(
+    client: &Client,
+    to: Generation,
+    reason: &str,
+    keep_automation: bool,
+    by: Option<String>,
+    dns: SocketAddr,
+    wait: Duration,
+) -> CliResult<ExitCode> {
+    let by = by.unwrap_or_else(operator_name);
+    let old = plan_or_explain(client, to).await?;
+    if !keep_automation {
+        let pause = PauseState { reason: format!("rollback to plan {to}: {reason}"), by: by.clone(), since_unix_ms: now_unix_ms() };
+        client.store.pause(pause).await?;
+        crate::out!("automation paused (resume with `dnsplan resume`)");
+    }
+    let mut attempt = 0;
+    let plan = loop {
+        let latest = client.store.latest().await?;
+        let next = latest.next().ok_or(CliError::Refused(format!("generation space exhausted at {latest}")))?;
+        let provenance = old
+            .plan()
+            .endpoints
+            .keys()
+            .map(|n| Provenance { endpoint: n.clone(), rule: "rollback".into(), detail: format!("content of plan {to}, by {by}") })
+            .collect();
+        let plan = Plan {
+            generation: next,
+            parent_generation: latest,
+            created_at_unix_ms: now_unix_ms(),
+            author: Author::Operator { name: by.clone() },
+            reason: format!("rollback to plan {to}: {reason}"),
+            dns_zone: old.plan().dns_zone.clone(),
+            endpoints: old.plan().endpoints.clone(),
+            retired: BTreeSet::new(),
+            rollback_of: Some(to),
+            provenance,
+        };
+        let plan = ValidatedPlan::new(plan).map_err(|e| CliError::Refused(format!("the rollback plan is invalid: {e}")))?;
+        match client.store.publish(&plan).await {
+            Ok(()) => break plan,
+            Err(StoreError::Conflict { .. }) if attempt < 5 => attempt += 1,
+            Err(err) => return Err(err.into()),
+        }
+    };
+    let g = plan.generation();
+    crate::out!("published plan {g} with the content of plan {to}");
+    let deadline = Instant::now() + wait;
+    // Enacted: every endpoint of the plan at generation >= g.
+    loop {
+        let version = client.store.version().await?;
+        let active = client.store.active_all().await?;
+        let behind: Vec<&EndpointName> =
+            plan.plan().endpoints.keys().filter(|n| active.endpoints.get(*n).is_none_or(|r| r.generation < g)).collect();
+        if behind.is_empty() {
+            crate::out!("enacted on all {} endpoints", plan.plan().endpoints.len());
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(CliError::Failed(format!("not enacted within {wait:?}: {} endpoint(s) behind, e.g. {}", behind.len(), behind[0])));
+        }
+        crate::out!("waiting: {} endpoint(s) not yet at plan {g}", behind.len());
+        let left = deadline.saturating_duration_since(Instant::now());
+        client.store.wait_for_change(version, left.min(Duration::from_secs(5))).await?;
+    }
+    // Served: DNS answers with this plan's addresses.
+    for (name, endpoint) in &plan.plan().endpoints {
+        loop {
+            match check_served(dns, name, endpoint).await {
+                Ok(()) => break,
+                Err(problem) if Instant::now() >= deadline => {
+                    return Err(CliError::Failed(format!("enacted but not served within {wait:?}: {problem}")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+    crate::out!("served: every endpoint answers with plan {g}'s addresses on {dns}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `name` answers on `dns` with a non-empty subset of `endpoint`'s addresses, per
+/// family it has.
+async fn check_served(dns: SocketAddr, name: &EndpointName, endpoint: &Endpoint) -> Result<(), String> {
+    for (qtype, family) in [(RecordType::A, true), (RecordType::AAAA, false)] {
+        let allowed: BTreeSet<IpAddr> = endpoint.targets.iter().map(|t| t.address).filter(|a| a.is_ipv4() == family).collect();
+        if allowed.is_empty() {
+            continue;
+        }
+        let answer =
+            dns_probe::query(dns, name.as_str(), qtype, Duration::from_secs(2)).await.map_err(|e| format!("{name} {qtype}: {e}"))?;
+        if !answer.has_addresses() || !answer.addresses.is_subset(&allowed) {
+            return Err(format!(
+                "{name} {qtype} answered {:?} {:?}; expected addresses among {:?}",
+                answer.rcode, answer.addresses, allowed
+            ));
+        }
+    }
+    Ok(())
+}
+
+async fn verify(client: &Client, dns: SocketAddr) -> CliResult<ExitCode> {
+    let active = client.store.active_all().await?;
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for (name, record) in &active.endpoints {
+        let ActiveState::Serving(endpoint) = &record.state else { continue };
+        let result = check_served(dns, name, endpoint).await;
+        if result.is_err() {
+            failed += 1;
+        }
+        rows.push((name.to_string(), record.generation, result));
+    }
+    if client.format == Format::Json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|(n, g, r)| serde_json::json!({"endpoint": n, "generation": g, "ok": r.is_ok(), "problem": r.as_ref().err()}))
+            .collect();
+        client.print_json(&out)?;
+    } else {
+        let table_rows: Vec<Vec<String>> = rows
+            .iter()
+            .map(|(n, g, r)| {
+                vec![
+                    n.clone(),
+                    g.to_string(),
+                    match r {
+                        Ok(()) => "ok".into(),
+                        Err(p) => format!("MISMATCH: {p}"),
+                    },
+                ]
+            })
+            .collect();
+        crate::out_raw!("{}", table(&["ENDPOINT", "PLAN", "DNS"], &table_rows));
+        crate::out!("{} of {} endpoints served as active", rows.len() - failed, rows.len());
+    }
+    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+async fn cleanup(client: &Client, dry_run: bool, retain: u64) -> CliResult<ExitCode> {
+    let decision = if dry_run { client.store.cleanup_preview(retain).await? } else { client.store.cleanup(retain).await? };
+    if client.format == Format::Json {
+        client.print_json(&decision)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    match decision.deleted() {
+        Some((first, last)) => crate::out!("{verb} plans {first}..={last}"),
+        None => crate::out!("nothing to delete"),
+    }
+    if let Some((g, name)) = &decision.oldest_active {
+        crate::out!("oldest active plan: {g} (at {name}); it and every newer plan are kept");
+    }
+    if let Some((first, last)) = decision.kept_for_rollback {
+        crate::out!("kept for rollback: {first}..={last}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn zone_export(client: &Client) -> CliResult<ExitCode> {
+    let active = client.store.active_all().await?;
+    let latest = client.store.latest().await?;
+    crate::out!("; managed records served by dnsplan, serial {} (plan {latest})", active.applied_changes as u32);
+    crate::out!("; weights as comments; the static records (SOA, NS, master file) are in the authority's config");
+    for (name, record) in &active.endpoints {
+        let ActiveState::Serving(e) = &record.state else { continue };
+        for t in &e.targets {
+            let rtype = if t.address.is_ipv4() { "A" } else { "AAAA" };
+            crate::out!("{name} {} IN {rtype} {} ; zone {} weight {} plan {}", e.ttl_secs, t.address, t.zone, t.weight, record.generation);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn backend(client: &Client, command: BackendCommand) -> CliResult<ExitCode> {
+    let (address, action) = match command {
+        BackendCommand::List => {
+            let list: serde_json::Value = client
+                .get_json("/v1/demo/backends")
+                .await?
+                .ok_or_else(|| CliError::Refused("this stack has no demo backends (`dnsplan up` has)".into()))?;
+            if client.format == Format::Json {
+                client.print_json(&list)?;
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|b| {
+                        vec![
+                            b["address"].as_str().unwrap_or("?").to_owned(),
+                            b["kind"].as_str().unwrap_or("?").to_owned(),
+                            if b["healthy"].as_bool() == Some(true) { "up".into() } else { "FAILED".into() },
+                        ]
+                    })
+                    .collect();
+                crate::out_raw!("{}", table(&["BACKEND", "KIND", "STATE"], &rows));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        BackendCommand::Fail { address } => (address, "fail"),
+        BackendCommand::Heal { address } => (address, "heal"),
+    };
+    let url = format!("{}/v1/demo/backends/{address}/{action}", client.control);
+    let mut req = client.http.post(&url);
+    if let Some(t) = &client.token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}; is `dnsplan up` running?")))?;
+    match resp.status().as_u16() {
+        200 => {
+            crate::out!("{address}: {}", if action == "fail" { "failed (listeners closed)" } else { "healed (listening again)" });
+            Ok(ExitCode::SUCCESS)
+        }
+        401 => Err(CliError::Unauthorized("the stack refused the token; pass --token or set DNSPLAN_TOKEN".into())),
+        404 => Err(CliError::Refused(format!("no demo backend on {address} (see `dnsplan backend list`)"))),
+        other => Err(CliError::Refused(format!("{url} answered {other}"))),
+    }
+}

@@ -1,0 +1,128 @@
+//! `dnsplan`: run the whole stack in one process (`dnsplan up`), and operate a running stack
+//! through its control API (`status`, `plans`, `rollback`, `pause`, `resume`, `verify`,
+//! `cleanup`, `zone export`, `backend`).
+//!
+//! Exit codes: 0 ok; 1 a check failed (`verify` mismatch, `rollback` not served in time);
+//! 2 bad usage; 3 the stack is unreachable; 4 missing or wrong token; 5 the store refused
+//! (conflict, paused, not found, invalid).
+
+mod commands;
+mod demo;
+mod output;
+mod up;
+
+use clap::{Parser, Subcommand};
+use dnsplan_common::daemon;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(version, about = "dnsplan: authoritative DNS that follows health-checked, fenced plans")]
+struct Cli {
+    /// The control API of the stack to operate.
+    #[arg(long, global = true, env = "DNSPLAN_CONTROL", default_value = "http://127.0.0.1:8053")]
+    control: String,
+    /// The control API's bearer token (for writes).
+    #[arg(long, global = true, env = "DNSPLAN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Read the token from this stack config (dnsplan.toml's `token`) when none is given.
+    #[arg(long, global = true)]
+    stack_config: Option<PathBuf>,
+    /// Output format of read commands.
+    #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
+    output: output::Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the authority, the planner, three enactors and demo backends in one process.
+    Up {
+        /// The stack's config (default: the built-in examples/dnsplan.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The embedded store's directory (default: data_dir of the config, ./dnsplan-data).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Serve DNS here (UDP and TCP) instead of the config's address.
+        #[arg(long)]
+        dns: Option<SocketAddr>,
+        /// Serve the control API here instead of the config's address.
+        #[arg(long = "listen-control")]
+        listen_control: Option<SocketAddr>,
+        #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+        log_format: String,
+    },
+    #[command(flatten)]
+    Ops(commands::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Up { config, data_dir, dns, listen_control, log_format } => {
+                daemon::init(&log_format);
+                let shutdown = daemon::shutdown_signal();
+                let overrides = up::Overrides { data_dir, dns, control: listen_control };
+                match up(config, overrides, shutdown).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(err) => {
+                        eprintln!("error: {err:#}");
+                        ExitCode::from(1)
+                    }
+                }
+            }
+            Command::Ops(command) => {
+                let token = match (cli.token, &cli.stack_config) {
+                    (Some(t), _) => Some(t),
+                    (None, Some(path)) => match up::token_of(path) {
+                        Ok(t) => t,
+                        Err(err) => {
+                            eprintln!("error: {err:#}");
+                            return ExitCode::from(2);
+                        }
+                    },
+                    (None, None) => None,
+                };
+                let client = match commands::Client::new(&cli.control, token, cli.output) {
+                    Ok(c) => c,
+                    Err(err) => return err.exit(),
+                };
+                match commands::run(&client, command).await {
+                    Ok(code) => code,
+                    Err(err) => err.exit(),
+                }
+            }
+        }
+    })
+}
+
+async fn up(
+    config: Option<PathBuf>,
+    overrides: up::Overrides,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let stack = up::Stack::load(config.as_deref(), overrides)?;
+    stack
+        .run(shutdown, |ready| {
+            let control = format!("http://{}", ready.control);
+            daemon::announce(&format!("dnsplan up: DNS zone {} on {} (UDP, TCP)", ready.zone, ready.dns));
+            daemon::announce(&format!("control  {control}  (metrics at {control}/metrics)"));
+            daemon::announce(&format!("store    {}", ready.data_dir.display()));
+            daemon::announce(&format!("demo     {} backends (dnsplan backend fail|heal ADDRESS)", ready.demo_backends));
+            daemon::announce(&format!("try      dig @{} -p {} {} A", ready.dns.ip(), ready.dns.port(), ready.first_endpoint));
+            daemon::announce(&format!("         dnsplan --control {control} status"));
+            daemon::announce("stop with Ctrl-C");
+        })
+        .await
+}

@@ -1,0 +1,339 @@
+//! `dnsplan up`: the authority, the planner, one enactor per zone and the demo backends in one
+//! process, sharing one embedded sled store. Each part is the same library code the separate
+//! daemons run; only the store is shared in-process instead of reached over HTTP.
+
+use crate::demo::Backends;
+use anyhow::Context;
+use axum::Json;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::routing::{get, post};
+use dnsplan_authority::config::{AuthorityConfig, ControlConfig, DnsConfig, TOKEN_BYTES_MIN};
+use dnsplan_authority::dns_zone::DnsZoneConfig;
+use dnsplan_authority::run::{Bound, Extras, run_with_extras};
+use dnsplan_common::daemon::{self, ConfigError};
+use dnsplan_common::{DnsName, SledStore, ZoneId};
+use dnsplan_enactor::config::{ApplyConfig, CleanupConfig, EnactorConfig, MetricsConfig as EnactorMetrics, StoreConfig, VerifyConfig};
+use dnsplan_planner::config::{EndpointConfig, LoopConfig, MetricsConfig, Policy};
+use dnsplan_planner::health::{HealthBook, spawn_checks};
+use dnsplan_planner::{Planner, PlannerConfig};
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The built-in configuration, also shipped as `examples/dnsplan.toml`.
+pub const BUILT_IN: &str = include_str!("../../examples/dnsplan.toml");
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpConfig {
+    data_dir: PathBuf,
+    token: Option<String>,
+    authority: AuthoritySection,
+    enactors: EnactorsSection,
+    planner: PlannerSection,
+    #[serde(default)]
+    demo: DemoSection,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuthoritySection {
+    #[serde(default)]
+    dns: DnsConfig,
+    control: ControlListen,
+    dns_zone: DnsZoneConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ControlListen {
+    listen: SocketAddr,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnactorsSection {
+    zones: Vec<ZoneId>,
+    #[serde(default)]
+    apply: ApplyConfig,
+    #[serde(default)]
+    cleanup: CleanupConfig,
+    #[serde(default)]
+    verify: VerifyToggle,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyToggle {
+    #[serde(default)]
+    enabled: bool,
+    #[serde(default = "verify_timeout")]
+    timeout_ms: u64,
+}
+
+impl Default for VerifyToggle {
+    fn default() -> Self {
+        VerifyToggle { enabled: true, timeout_ms: verify_timeout() }
+    }
+}
+
+fn verify_timeout() -> u64 {
+    5_000
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlannerSection {
+    #[serde(default)]
+    planner: LoopConfig,
+    #[serde(default)]
+    policy: Policy,
+    #[serde(rename = "endpoint", default)]
+    endpoints: Vec<toml::Spanned<EndpointConfig>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DemoSection {
+    backends: bool,
+}
+
+impl Default for DemoSection {
+    fn default() -> Self {
+        DemoSection { backends: true }
+    }
+}
+
+/// The `token` of a stack config file, for the operator commands.
+pub fn token_of(path: &Path) -> anyhow::Result<Option<String>> {
+    #[derive(Deserialize)]
+    struct TokenOnly {
+        token: Option<String>,
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let parsed: TokenOnly = toml::from_str::<toml::Table>(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+        .and_then(|t| toml::Value::Table(t).try_into().map_err(|e| anyhow::anyhow!("{}: token: {e}", path.display())))?;
+    Ok(parsed.token)
+}
+
+/// Command-line overrides of the config.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    pub data_dir: Option<PathBuf>,
+    pub dns: Option<SocketAddr>,
+    pub control: Option<SocketAddr>,
+}
+
+/// Everything `up` runs, checked.
+pub struct Stack {
+    authority: AuthorityConfig,
+    config_dir: PathBuf,
+    enactors: Vec<EnactorConfig>,
+    planner: PlannerConfig,
+    demo: bool,
+}
+
+impl Stack {
+    /// Reads `path`, or the built-in configuration when `None`.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Stack, ConfigError> {
+        let (text, shown, config_dir) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.into(), source })?;
+                (text, p.to_path_buf(), p.parent().map(PathBuf::from).unwrap_or_default())
+            }
+            None => (BUILT_IN.to_owned(), PathBuf::from("(built-in examples/dnsplan.toml)"), PathBuf::from(".")),
+        };
+        let invalid = |detail: String| ConfigError::invalid(&shown, detail);
+        let up: UpConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse { path: shown.clone(), detail: e.to_string() })?;
+        let token =
+            daemon::token_from_env_or(up.token).ok_or_else(|| invalid(format!("token is not set; set it or {}", daemon::TOKEN_ENV)))?;
+        if token.len() < TOKEN_BYTES_MIN {
+            return Err(invalid(format!("token is shorter than {TOKEN_BYTES_MIN} bytes; use a long random token")));
+        }
+        let data_dir = overrides.data_dir.unwrap_or(up.data_dir);
+        let data_dir = if path.is_some() { daemon::relative_to_config(&shown, &data_dir) } else { data_dir };
+        let mut dns = up.authority.dns;
+        if let Some(addr) = overrides.dns {
+            dns.listen = vec![addr];
+        }
+        let control_listen = overrides.control.unwrap_or(up.authority.control.listen);
+        let dns_zone = DnsName::parse(&up.authority.dns_zone.origin).map_err(|e| invalid(format!("authority.dns_zone.origin: {e}")))?;
+        let authority = AuthorityConfig {
+            data_dir,
+            dns,
+            control: ControlConfig { listen: control_listen, token: Some(token.clone()) },
+            dns_zone: up.authority.dns_zone,
+        };
+        authority.check().map_err(|detail| invalid(format!("authority.{detail}")))?;
+
+        let planner = PlannerConfig {
+            id: "planner".into(),
+            dns_zone,
+            store: dnsplan_planner::config::StoreConfig { url: "embedded".into(), token: None },
+            planner: up.planner.planner,
+            policy: up.planner.policy,
+            metrics: MetricsConfig::default(),
+            endpoints: up.planner.endpoints,
+        };
+        planner.validate(&text).map_err(|detail| invalid(format!("planner: {detail}")))?;
+
+        if up.enactors.zones.is_empty() {
+            return Err(invalid("enactors.zones: give at least one availability zone".into()));
+        }
+        let mut enactors = Vec::new();
+        for zone in up.enactors.zones {
+            let config = EnactorConfig {
+                id: format!("enactor-{zone}"),
+                zone,
+                store: StoreConfig { url: "http://embedded".into(), token: None },
+                apply: up.enactors.apply.clone(),
+                cleanup: up.enactors.cleanup.clone(),
+                // The DNS address is filled in once the authority has bound it.
+                verify: VerifyConfig {
+                    enabled: up.enactors.verify.enabled,
+                    timeout_ms: up.enactors.verify.timeout_ms,
+                    ..VerifyConfig::default()
+                },
+                metrics: EnactorMetrics::default(),
+            };
+            config.check().map_err(|detail| invalid(format!("enactors: {detail}")))?;
+            enactors.push(config);
+        }
+        Ok(Stack { authority, config_dir, enactors, planner, demo: up.demo.backends })
+    }
+
+    /// Runs until `shutdown`; `on_ready` is told where everything listens.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        on_ready: impl FnOnce(Ready),
+    ) -> anyhow::Result<()> {
+        let data_dir = self.authority.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).with_context(|| format!("creating the data directory {}", data_dir.display()))?;
+        let store = SledStore::open(&data_dir).with_context(|| format!("opening the store in {}", data_dir.display()))?;
+        let planner_config = Arc::new(self.planner);
+        let backends = if self.demo { Backends::start(&planner_config).await? } else { Backends::default() };
+
+        let mut registry = Registry::with_prefix("dnsplan");
+        let planner_metrics = Arc::new(dnsplan_planner::metrics::Metrics::register(&mut registry, &planner_config.id));
+        let enactor_metrics: Vec<_> =
+            self.enactors.iter().map(|e| Arc::new(dnsplan_enactor::Metrics::register(&mut registry, &e.id))).collect();
+        let registry = Arc::new(registry);
+
+        let book = Arc::new(HealthBook::default());
+        let planner = Planner::new(store.clone(), planner_config.clone(), book.clone(), planner_metrics.clone());
+        let status = planner.status();
+        let token: Arc<str> = self.authority.token().into();
+        let demo_state = DemoState { backends: backends.clone(), token };
+        let routes = axum::Router::new()
+            .route(
+                "/v1/planner",
+                get(move || {
+                    let status = status.lock().map(|s| s.clone()).unwrap_or_default();
+                    async move { Json(status) }
+                }),
+            )
+            .route("/v1/demo/backends", get(list_backends))
+            .route("/v1/demo/backends/{address}/{action}", post(switch_backend))
+            .with_state(demo_state);
+
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
+        let (authority_config, config_dir, authority_store, authority_stopped) =
+            (self.authority, self.config_dir, store.clone(), stopped());
+        let authority = tokio::spawn(async move {
+            let on_bound = move |b| {
+                let _ = bound_tx.send(b);
+            };
+            let extras = Extras { routes: Some(routes), metrics: Some(registry) };
+            run_with_extras(authority_store, authority_config, &config_dir, authority_stopped, on_bound, extras).await
+        });
+        let bound = match bound_rx.await {
+            Ok(bound) => bound,
+            Err(_) => return authority.await?.context("the authority stopped before serving"),
+        };
+
+        let mut tasks = tokio::task::JoinSet::new();
+        for (config, metrics) in self.enactors.iter().zip(enactor_metrics) {
+            let mut settings = config.settings();
+            if let Some(v) = settings.verify.as_mut() {
+                v.dns_server = bound.dns[0];
+            }
+            tasks.spawn(dnsplan_enactor::Enactor::new(store.clone(), settings, metrics).run(stopped()));
+        }
+        let checks = spawn_checks(&planner_config, book, planner_metrics);
+        tasks.spawn(planner.run(stopped()));
+
+        on_ready(Ready {
+            dns: bound.dns[0],
+            control: bound.control,
+            data_dir,
+            zone: planner_config.dns_zone.to_string(),
+            first_endpoint: planner_config.endpoints().next().map(|e| e.name.to_string()).unwrap_or_default(),
+            demo_backends: backends.list().len(),
+        });
+        shutdown.await;
+        tracing::info!("stopping: enactors and planner first, then the authority");
+        let _ = stop_tx.send(true);
+        drop(checks);
+        while tasks.join_next().await.is_some() {}
+        authority.await??;
+        Ok(())
+    }
+}
+
+/// Where a running stack listens.
+pub struct Ready {
+    pub dns: SocketAddr,
+    pub control: SocketAddr,
+    pub data_dir: PathBuf,
+    pub zone: String,
+    pub first_endpoint: String,
+    pub demo_backends: usize,
+}
+
+#[derive(Clone)]
+struct DemoState {
+    backends: Backends,
+    token: Arc<str>,
+}
+
+async fn list_backends(State(demo): State<DemoState>) -> Json<Vec<crate::demo::BackendStatus>> {
+    Json(demo.backends.list())
+}
+
+async fn switch_backend(
+    State(demo): State<DemoState>,
+    headers: HeaderMap,
+    UrlPath((address, action)): UrlPath<(String, String)>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    if !given.is_some_and(|t| dnsplan_authority::control::token_matches(t.as_bytes(), demo.token.as_bytes())) {
+        return (StatusCode::UNAUTHORIZED, Json(serde_json::json!({"message": "this needs 'Authorization: Bearer <token>'"})));
+    }
+    let Ok(ip) = address.parse::<IpAddr>() else {
+        return (StatusCode::BAD_REQUEST, Json(serde_json::json!({"message": format!("{address:?} is not an IP address")})));
+    };
+    let healthy = match action.as_str() {
+        "heal" => true,
+        "fail" => false,
+        other => return (StatusCode::BAD_REQUEST, Json(serde_json::json!({"message": format!("{other:?}: use fail or heal")}))),
+    };
+    match demo.backends.set(ip, healthy) {
+        0 => (StatusCode::NOT_FOUND, Json(serde_json::json!({"message": format!("no demo backend on {ip}")}))),
+        n => {
+            tracing::warn!(%ip, action = %action, "demo backend switched");
+            (StatusCode::OK, Json(serde_json::json!({"address": ip, "healthy": healthy, "listeners": n})))
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The README's tour, end to end: `dnsplan up` as a real process on free ports, walked with the
+//! CLI and a DNS client. Each step is asserted; waits are on the store's change feed or on
+//! DNS answers, each bounded.
+
+use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{Generation, Store, ValidatedPlan};
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const WITHIN: Duration = Duration::from_secs(30);
+const TOKEN: &str = "dnsplan-demo-token-change-me";
+const BUILT_IN: &str = include_str!("../../examples/dnsplan.toml");
+
+struct Up {
+    child: Child,
+    dns: SocketAddr,
+    control: String,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn up(dir: &Path) -> anyhow::Result<Up> {
+    // The built-in config with its demo backends on ports nobody else uses.
+    let config = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
+    std::fs::write(dir.join("dnsplan.toml"), config)?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan"))
+        .arg("up")
+        .arg("--config")
+        .arg(dir.join("dnsplan.toml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--dns", "127.0.0.1:0", "--listen-control", "127.0.0.1:0"])
+        .env_remove("DNSPLAN_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let (mut dns, mut control) = (None, None);
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    for line in lines.by_ref() {
+        let line = line?;
+        if let Some(rest) = line.strip_prefix("dnsplan up: DNS zone example.test. on ") {
+            dns = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+        }
+        if let Some(rest) = line.strip_prefix("control  ") {
+            control = rest.split_whitespace().next().map(str::to_owned);
+        }
+        if line.starts_with("stop with Ctrl-C") {
+            break;
+        }
+    }
+    // Keep reading stdout so the stack never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let (Some(dns), Some(control)) = (dns, control) else { anyhow::bail!("dnsplan up did not say where it listens") };
+    Ok(Up { child, dns, control })
+}
+
+fn dnsplan(up: &Up, args: &[&str]) -> anyhow::Result<Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", &up.control, "--token", TOKEN]).args(args).output()?)
+}
+
+fn ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "exit {}: {stdout}{}", out.status, String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+/// Waits on the store's change feed until the latest plan satisfies `want`.
+async fn until_plan(store: &RemoteStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let version = store.version().await?;
+        if version.latest > Generation::NONE {
+            let plan = store.plan(version.latest).await?;
+            if want(&plan) {
+                return Ok(plan);
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no plan as wanted within {WITHIN:?}");
+        store.wait_for_change(version, Duration::from_secs(5)).await?;
+    }
+}
+
+/// Asks DNS until the answer satisfies `want`.
+async fn until_dns(dns: SocketAddr, name: &str, want: impl Fn(&BTreeSet<IpAddr>) -> bool) -> anyhow::Result<BTreeSet<IpAddr>> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        if let Ok(answer) = dns_probe::query(dns, name, RecordType::A, Duration::from_secs(1)).await
+            && answer.has_addresses()
+            && want(&answer.addresses)
+        {
+            return Ok(answer.addresses);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{name} never answered as wanted");
+        tokio::task::yield_now().await;
+    }
+}
+
+fn weight(plan: &ValidatedPlan, address: &str) -> Option<u32> {
+    let address: IpAddr = address.parse().ok()?;
+    plan.plan().endpoints.values().flat_map(|e| &e.targets).find(|t| t.address == address).map(|t| t.weight)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_tour_works() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let up = up(dir.path())?;
+    let store = RemoteStore::new(&up.control, Some(TOKEN.into()))?;
+    let failed: IpAddr = "127.0.0.11".parse()?;
+
+    // dig: all six api targets.
+    until_dns(up.dns, "api.example.test.", |a| a.len() == 6).await?;
+    let status = ok(&dnsplan(&up, &["status"])?);
+    assert!(status.contains("automation    running") && status.contains("enactor-c"), "{status}");
+
+    // Fail a backend: the planner removes it, DNS stops answering it.
+    ok(&dnsplan(&up, &["backend", "fail", "127.0.0.11"])?);
+    let removed = until_plan(&store, |p| weight(p, "127.0.0.11") == Some(0)).await?;
+    until_dns(up.dns, "api.example.test.", |a| !a.contains(&failed)).await?;
+    let explain = ok(&dnsplan(&up, &["plans", "explain", &removed.generation().to_string()])?);
+    assert!(explain.contains("127.0.0.11") && explain.contains("down"), "{explain}");
+
+    // Roll back to plan 1: enacted, served, automation paused.
+    let rollback = ok(&dnsplan(&up, &["rollback", "--to", "1", "--reason", "tour", "--dns", &up.dns.to_string()])?);
+    assert!(rollback.contains("served"), "{rollback}");
+    until_dns(up.dns, "api.example.test.", |a| a.contains(&failed)).await?;
+    let status = ok(&dnsplan(&up, &["status"])?);
+    assert!(status.contains("PAUSED"), "{status}");
+    let rolled = store.latest().await?;
+
+    // Resume: the planner takes over again and removes the still-failed backend.
+    ok(&dnsplan(&up, &["resume"])?);
+    let again = until_plan(&store, |p| p.generation() > rolled && weight(p, "127.0.0.11") == Some(0)).await?;
+    assert!(again.plan().author.to_string().starts_with("planner:"));
+    until_dns(up.dns, "api.example.test.", |a| !a.contains(&failed)).await?;
+    let verify = ok(&dnsplan(&up, &["verify", "--dns", &up.dns.to_string()])?);
+    assert!(verify.contains("2 of 2 endpoints served as active"), "{verify}");
+
+    // Heal it: back in the answers.
+    ok(&dnsplan(&up, &["backend", "heal", "127.0.0.11"])?);
+    until_plan(&store, |p| weight(p, "127.0.0.11") == Some(1)).await?;
+    until_dns(up.dns, "api.example.test.", |a| a.contains(&failed)).await?;
+
+    // Diff and JSON output.
+    let diff = ok(&dnsplan(&up, &["plans", "diff", &removed.generation().to_string(), &store.latest().await?.to_string()])?);
+    assert!(diff.contains("+ api.example.test. 127.0.0.11 zone a weight 1"), "{diff}");
+    let json: serde_json::Value = serde_json::from_str(&ok(&dnsplan(&up, &["--output", "json", "plans", "list"])?))?;
+    assert!(json.as_array().is_some_and(|plans| plans.len() >= 5), "{json}");
+
+    // Clear errors and exit codes.
+    let wrong = Command::new(env!("CARGO_BIN_EXE_dnsplan"))
+        .args(["--control", &up.control, "--token", "wrong-token-0123456789", "pause", "--reason", "x"])
+        .output()?;
+    assert_eq!(wrong.status.code(), Some(4), "{}", String::from_utf8_lossy(&wrong.stderr));
+    let down = Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", "http://127.0.0.1:1", "status"]).output()?;
+    assert_eq!(down.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&down.stderr).contains("is the stack running"));
+
+    // Ctrl-C / SIGTERM: a clean stop.
+    let mut up = up;
+    let status = Command::new("kill").args(["-TERM", &up.child.id().to_string()]).status()?;
+    assert!(status.success());
+    let exit = up.child.wait()?;
+    assert!(exit.success(), "exit after SIGTERM: {exit}");
+    Ok(())
+}
