@@ -6,6 +6,7 @@
 //! wiring of one authority process.
 
 pub mod answer;
+pub mod args;
 pub mod config;
 pub mod control;
 pub mod dns_zone;

@@ -2,19 +2,9 @@
 
 use anyhow::Context;
 use clap::Parser;
+use dnsplan_authority::args::Args;
 use dnsplan_authority::config::AuthorityConfig;
 use std::path::PathBuf;
-
-#[derive(Parser)]
-#[command(version, about = "dnsplan's authoritative DNS server and control API")]
-struct Args {
-    /// Path to authority.toml.
-    #[arg(long, short)]
-    config: PathBuf,
-    /// Log format.
-    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-    log_format: String,
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

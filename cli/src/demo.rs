@@ -84,6 +84,24 @@ impl Backends {
     }
 }
 
+/// Serves HTTP on `http` and TCP on `tcp` addresses, always healthy (containers are failed
+/// by stopping them). Returns once all listen; they serve until the process ends.
+pub async fn serve_standalone(http: &[SocketAddr], tcp: &[SocketAddr]) -> anyhow::Result<()> {
+    anyhow::ensure!(!http.is_empty() || !tcp.is_empty(), "give at least one --http or --tcp address");
+    for (addrs, kind) in [(http, Kind::Http), (tcp, Kind::Tcp)] {
+        for &addr in addrs {
+            let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            let (switch_tx, switch) = watch::channel(true);
+            tokio::spawn(async move {
+                let _keep = switch_tx;
+                serve(addr, kind, Some(listener), switch).await;
+            });
+            tracing::info!(%addr, ?kind, "demo backend listening");
+        }
+    }
+    Ok(())
+}
+
 /// Serves while healthy; closes the listener while not, and binds again on heal.
 async fn serve(addr: SocketAddr, kind: Kind, mut listener: Option<TcpListener>, mut switch: watch::Receiver<bool>) {
     loop {

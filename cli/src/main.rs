@@ -6,58 +6,12 @@
 //! 2 bad usage; 3 the stack is unreachable; 4 missing or wrong token; 5 the store refused
 //! (conflict, paused, not found, invalid).
 
-mod commands;
-mod demo;
-mod output;
-mod up;
-
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use dnsplan_cli::args::{Cli, Command};
+use dnsplan_cli::{commands, demo, up};
 use dnsplan_common::daemon;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-
-#[derive(Parser)]
-#[command(version, about = "dnsplan: authoritative DNS that follows health-checked, fenced plans")]
-struct Cli {
-    /// The control API of the stack to operate.
-    #[arg(long, global = true, env = "DNSPLAN_CONTROL", default_value = "http://127.0.0.1:8053")]
-    control: String,
-    /// The control API's bearer token (for writes).
-    #[arg(long, global = true, env = "DNSPLAN_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Read the token from this stack config (dnsplan.toml's `token`) when none is given.
-    #[arg(long, global = true)]
-    stack_config: Option<PathBuf>,
-    /// Output format of read commands.
-    #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
-    output: output::Format,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the authority, the planner, three enactors and demo backends in one process.
-    Up {
-        /// The stack's config (default: the built-in examples/dnsplan.toml).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// The embedded store's directory (default: data_dir of the config, ./dnsplan-data).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Serve DNS here (UDP and TCP) instead of the config's address.
-        #[arg(long)]
-        dns: Option<SocketAddr>,
-        /// Serve the control API here instead of the config's address.
-        #[arg(long = "listen-control")]
-        listen_control: Option<SocketAddr>,
-        #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-        log_format: String,
-    },
-    #[command(flatten)]
-    Ops(commands::Command),
-}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -76,6 +30,20 @@ fn main() -> ExitCode {
                 let overrides = up::Overrides { data_dir, dns, control: listen_control };
                 match up(config, overrides, shutdown).await {
                     Ok(()) => ExitCode::SUCCESS,
+                    Err(err) => {
+                        eprintln!("error: {err:#}");
+                        ExitCode::from(1)
+                    }
+                }
+            }
+            Command::DemoBackend { http, tcp } => {
+                daemon::init("text");
+                let shutdown = daemon::shutdown_signal();
+                match demo::serve_standalone(&http, &tcp).await {
+                    Ok(()) => {
+                        shutdown.await;
+                        ExitCode::SUCCESS
+                    }
                     Err(err) => {
                         eprintln!("error: {err:#}");
                         ExitCode::from(1)

@@ -6,6 +6,7 @@
 //! `config` the TOML config; `metrics` the Prometheus metrics; `hooks` (feature `testing`)
 //! the fault hooks and the naive 2025 behaviour used by the race tests.
 
+pub mod args;
 pub mod config;
 pub mod enactor;
 pub mod guard;

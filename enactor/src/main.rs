@@ -4,34 +4,12 @@
 use anyhow::Context;
 use axum::routing::get;
 use clap::Parser;
-use dnsplan_common::ZoneId;
 use dnsplan_common::daemon;
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_enactor::args::Args;
 use dnsplan_enactor::{Enactor, EnactorConfig, Metrics};
 use prometheus_client::registry::Registry;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-#[derive(Parser)]
-#[command(version, about = "dnsplan's enactor: applies the newest plan through the store's generation fence")]
-struct Args {
-    /// Path to enactor.toml.
-    #[arg(long, short)]
-    config: PathBuf,
-    /// This enactor's id (overrides `id` in the config).
-    #[arg(long)]
-    id: Option<String>,
-    /// The availability zone it runs in (overrides `zone` in the config).
-    #[arg(long, value_parser = parse_zone)]
-    zone: Option<ZoneId>,
-    /// Log format.
-    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-    log_format: String,
-}
-
-fn parse_zone(text: &str) -> Result<ZoneId, String> {
-    ZoneId::parse(text).map_err(|e| e.to_string())
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -5,6 +5,7 @@
 //! `decide` is the pure core; `health` the probes and their hysteresis; `planner` the loop
 //! (lease, decide, publish); `config` the TOML config; `metrics` the Prometheus metrics.
 
+pub mod args;
 pub mod config;
 pub mod decide;
 pub mod health;

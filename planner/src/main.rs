@@ -7,26 +7,12 @@ use axum::routing::get;
 use clap::Parser;
 use dnsplan_common::daemon;
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_planner::args::Args;
 use dnsplan_planner::health::{HealthBook, spawn_checks};
 use dnsplan_planner::metrics::Metrics;
 use dnsplan_planner::{Planner, PlannerConfig};
 use prometheus_client::registry::Registry;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-#[derive(Parser)]
-#[command(version, about = "dnsplan's planner: health checks, static-stability decisions, fenced publishing")]
-struct Args {
-    /// Path to planner.toml.
-    #[arg(long, short)]
-    config: PathBuf,
-    /// This planner's id (overrides `id` in the config); two planners need different ids.
-    #[arg(long)]
-    id: Option<String>,
-    /// Log format.
-    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-    log_format: String,
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -1,0 +1,16 @@
+//! The `dnsplan-authority` command line, in the library so that deployment files can be checked
+//! against the real flags.
+
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(version, about = "dnsplan's authoritative DNS server and control API")]
+pub struct Args {
+    /// Path to authority.toml.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Log format.
+    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+    pub log_format: String,
+}
