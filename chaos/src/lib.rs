@@ -1,8 +1,13 @@
-//! dnsplan's chaos work. So far: `model`, a stateright model of the plan protocol, checked
-//! exhaustively in its fenced form and shown to fail in its 2025 form. The process-level
-//! harness (`dnsplan-chaos`) comes next.
+//! dnsplan's chaos harness and model check.
+//!
+//! `model` is a stateright model of the plan protocol, checked exhaustively in its fenced form
+//! and shown to fail in its 2025 form. `race` is the deterministic `aws-2025-race` scenario on
+//! the real authority. `harness` runs real authority and enactor processes under faults.
+//! The `dnsplan-chaos` binary runs the named scenarios.
 
+pub mod harness;
 pub mod model;
+pub mod race;
 
 pub use model::{Action, PlanModel, State, Variant};
 

@@ -1,0 +1,373 @@
+//! The process-level harness: a real `dnsplan-authority` and three real `dnsplan-enactor`
+//! processes on loopback, a scripted plan publisher, faults (SIGKILL and restart, SIGSTOP and
+//! SIGCONT, plan storms), and the `watch` prober and observer judging the whole run.
+//!
+//! Every loop is bounded by the run's duration and a count, and every random choice comes
+//! from the run's seed.
+
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{EndpointName, Generation, Store, ValidatedPlan};
+use dnsplan_tests::fixtures::{self, name, planner};
+use dnsplan_tests::watch::{self, CheckOptions, Watcher};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const TOKEN: &str = "chaos-harness-token-0123456789";
+/// Most faults one run injects, whatever its duration.
+pub const FAULTS_MAX: u32 = 200;
+/// Most plans one run publishes.
+pub const PLANS_MAX: u64 = 5_000;
+/// How long the stack may take to converge once faults stop.
+pub const CONVERGE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Where the binaries are: by default next to `dnsplan-chaos` itself (cargo builds them all
+/// into one directory).
+#[derive(Clone, Debug)]
+pub struct Bins {
+    pub authority: PathBuf,
+    pub enactor: PathBuf,
+}
+
+impl Bins {
+    pub fn in_dir(dir: &Path) -> anyhow::Result<Bins> {
+        let bins = Bins { authority: dir.join("dnsplan-authority"), enactor: dir.join("dnsplan-enactor") };
+        for b in [&bins.authority, &bins.enactor] {
+            anyhow::ensure!(
+                b.exists(),
+                "{} is missing; build the workspace first (cargo build --workspace) or pass --bin-dir",
+                b.display()
+            );
+        }
+        Ok(bins)
+    }
+}
+
+/// What a run reports.
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub seed: u64,
+    pub unsafe_naive: bool,
+    pub duration_ms: u64,
+    pub answers_checked: usize,
+    pub snapshots_checked: usize,
+    pub plans_published: u64,
+    pub faults: BTreeMap<String, u32>,
+    pub converged: bool,
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    pub fn fault(&mut self, kind: &str) {
+        *self.faults.entry(kind.to_owned()).or_default() += 1;
+    }
+
+    /// A few lines for a person.
+    pub fn summary(&self) -> String {
+        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let mut out = format!(
+            "{}: seed {}, {:.1} s, {} answers and {} snapshots checked, {} plans, faults: {}, converged: {}, violations: {}",
+            self.scenario,
+            self.seed,
+            self.duration_ms as f64 / 1_000.0,
+            self.answers_checked,
+            self.snapshots_checked,
+            self.plans_published,
+            if faults.is_empty() { "none".into() } else { faults.join(", ") },
+            if self.converged { "yes" } else { "NO" },
+            self.violations.len()
+        );
+        // Grouped by kind, a few examples each, so that no kind hides behind another.
+        let kinds = [
+            ("empty answer", "no address"),
+            ("no answer", "got no answer"),
+            ("unpublished data", "no published plan"),
+            ("backwards", "went back"),
+            ("active plan deleted", "which was deleted"),
+            ("records vanished", "now has none"),
+            ("not converged", "did not converge"),
+        ];
+        for (kind, marker) in kinds {
+            let found: Vec<&String> = self.violations.iter().filter(|v| v.contains(marker)).collect();
+            if found.is_empty() {
+                continue;
+            }
+            out.push_str(&format!("\n  {kind}: {}", found.len()));
+            for v in found.iter().take(2) {
+                out.push_str(&format!("\n    {v}"));
+            }
+        }
+        out
+    }
+}
+
+struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill {signal} failed");
+        Ok(())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A real stack on loopback: one authority, three enactors, fixed ports so that restarts
+/// come back where clients expect them.
+pub struct Stack {
+    dir: tempfile::TempDir,
+    bins: Bins,
+    pub dns: SocketAddr,
+    pub control: String,
+    authority: Option<Proc>,
+    enactors: Vec<(String, Option<Proc>)>,
+}
+
+impl Stack {
+    pub fn start(bins: Bins) -> anyhow::Result<Stack> {
+        let dir = tempfile::tempdir()?;
+        let (dns_port, control_port) = (free_port()?, free_port()?);
+        let dns: SocketAddr = format!("127.0.0.1:{dns_port}").parse()?;
+        let control = format!("http://127.0.0.1:{control_port}");
+        let authority_text = dnsplan_tests::stack::authority_config_text(&dir.path().join("data"))
+            .replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{dns}\"]"), 1)
+            .replacen("listen = \"127.0.0.1:0\"", &format!("listen = \"127.0.0.1:{control_port}\""), 1)
+            .replace(dnsplan_tests::stack::TOKEN, TOKEN);
+        std::fs::write(dir.path().join("authority.toml"), authority_text)?;
+        let enactor_text = format!(
+            "id = \"x\"\nzone = \"x\"\n[store]\nurl = \"{control}\"\ntoken = \"{TOKEN}\"\n[apply]\nreconcile_interval_secs = 1\nretry_base_ms = 5\nretry_max_ms = 200\ncall_timeout_ms = 2000\n# Fixture plans replace every address.\nmax_removal_fraction = 1.0\n[cleanup]\nretain_plans = 5\n[verify]\nenabled = true\ndns_server = \"{dns}\"\ntimeout_ms = 2000\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
+        );
+        std::fs::write(dir.path().join("enactor.toml"), enactor_text)?;
+        let mut stack =
+            Stack { dir, bins, dns, control, authority: None, enactors: ["a", "b", "c"].iter().map(|z| (z.to_string(), None)).collect() };
+        stack.start_authority()?;
+        for i in 0..stack.enactors.len() {
+            stack.start_enactor(i)?;
+        }
+        Ok(stack)
+    }
+
+    /// Starts the authority and returns once it says where it listens.
+    pub fn start_authority(&mut self) -> anyhow::Result<()> {
+        let mut child = Command::new(&self.bins.authority)
+            .arg("--config")
+            .arg(self.dir.path().join("authority.toml"))
+            .env_remove("DNSPLAN_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let ready = lines.by_ref().map_while(Result::ok).any(|l| l.starts_with("control"));
+        std::thread::spawn(move || for _ in lines {});
+        anyhow::ensure!(ready, "the authority exited before serving");
+        self.authority = Some(Proc { child });
+        Ok(())
+    }
+
+    pub fn kill_authority(&mut self) {
+        self.authority = None; // Drop sends SIGKILL and reaps.
+    }
+
+    pub fn start_enactor(&mut self, i: usize) -> anyhow::Result<()> {
+        let zone = self.enactors[i].0.clone();
+        let child = Command::new(&self.bins.enactor)
+            .arg("--config")
+            .arg(self.dir.path().join("enactor.toml"))
+            .args(["--id", &format!("enactor-{zone}"), "--zone", &zone])
+            .env_remove("DNSPLAN_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.enactors[i].1 = Some(Proc { child });
+        Ok(())
+    }
+
+    pub fn kill_enactor(&mut self, i: usize) {
+        self.enactors[i].1 = None;
+    }
+
+    pub fn signal_enactor(&self, i: usize, signal: &str) -> anyhow::Result<()> {
+        match &self.enactors[i].1 {
+            Some(p) => p.signal(signal),
+            None => Ok(()),
+        }
+    }
+
+    pub fn store(&self) -> anyhow::Result<RemoteStore> {
+        Ok(RemoteStore::new(&self.control, Some(TOKEN.into()))?)
+    }
+}
+
+/// The scripted planner: publishes fixture plans for `names`, remembering each.
+pub struct Publisher {
+    store: RemoteStore,
+    names: Vec<EndpointName>,
+    pub published: BTreeMap<Generation, ValidatedPlan>,
+}
+
+impl Publisher {
+    pub fn new(store: RemoteStore, names: Vec<EndpointName>) -> Publisher {
+        Publisher { store, names, published: BTreeMap::new() }
+    }
+
+    /// Publishes the next plan; transient store errors (the authority restarting) are retried
+    /// by the caller's next call.
+    pub async fn publish_next(&mut self) -> anyhow::Result<Option<Generation>> {
+        if self.published.len() as u64 >= PLANS_MAX {
+            return Ok(None);
+        }
+        let latest = match self.store.latest().await {
+            Ok(l) => l,
+            Err(_) => return Ok(None),
+        };
+        let plan = fixtures::plan(latest.0 + 1, &self.names, planner());
+        match self.store.publish(&plan).await {
+            Ok(()) => {
+                let g = plan.generation();
+                self.published.insert(g, plan);
+                Ok(Some(g))
+            }
+            Err(dnsplan_common::StoreError::Unavailable(_) | dnsplan_common::StoreError::Conflict { .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
+/// The faults of a process scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Faults {
+    /// SIGKILL a random enactor and start it again.
+    EnactorKill,
+    /// SIGKILL the authority and start it again on the same ports and data.
+    AuthorityKill,
+    /// Plans as fast as the store takes them, with a random enactor frozen (SIGSTOP) and
+    /// thawed (SIGCONT) now and then.
+    Storm,
+}
+
+/// Runs a process scenario for `duration`, then stops the faults and checks convergence and
+/// the whole history.
+pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64, duration: Duration) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut report = Report { scenario: scenario.into(), seed, ..Report::default() };
+    let mut stack = Stack::start(bins)?;
+    let names: Vec<EndpointName> = (0..6).map(|i| name(&format!("svc{i}"))).collect();
+    let store = stack.store()?;
+    let mut publisher = Publisher::new(store.clone(), names.clone());
+    // A first plan, served before the prober starts: from then on every name must answer.
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    while publisher.published.is_empty() {
+        anyhow::ensure!(Instant::now() < deadline, "the first plan could not be published");
+        publisher.publish_next().await?;
+    }
+    converge(&store, &names, *publisher.published.keys().last().unwrap_or(&Generation(1))).await?;
+    let watcher = Watcher::start(stack.dns, fixtures::dns_zone(), names.clone(), store.clone());
+
+    let end = started + duration;
+    let mut frozen: Option<usize> = None;
+    let mut faults_done = 0;
+    while Instant::now() < end && faults_done < FAULTS_MAX {
+        publisher.publish_next().await?;
+        let wait = match faults {
+            Faults::Storm => Duration::ZERO,
+            _ => Duration::from_millis(rng.random_range(30..150)),
+        };
+        // Pace (not synchronise): the fault schedule is part of the scenario.
+        tokio::time::sleep(wait).await;
+        if rng.random_range(0..4) != 0 {
+            continue;
+        }
+        faults_done += 1;
+        match faults {
+            Faults::EnactorKill => {
+                let i = rng.random_range(0..3);
+                stack.kill_enactor(i);
+                stack.start_enactor(i)?;
+                report.fault("enactor SIGKILL+restart");
+            }
+            Faults::AuthorityKill => {
+                stack.kill_authority();
+                report.fault("authority SIGKILL+restart");
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
+                stack.start_authority()?;
+            }
+            Faults::Storm => match frozen.take() {
+                Some(i) => {
+                    stack.signal_enactor(i, "-CONT")?;
+                    report.fault("enactor SIGCONT");
+                }
+                None => {
+                    let i = rng.random_range(0..3);
+                    stack.signal_enactor(i, "-STOP")?;
+                    frozen = Some(i);
+                    report.fault("enactor SIGSTOP");
+                }
+            },
+        }
+    }
+    if let Some(i) = frozen {
+        stack.signal_enactor(i, "-CONT")?;
+    }
+    // Faults stop: one last plan, and everything must converge to it.
+    let mut last = None;
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    while last.is_none() && Instant::now() < deadline {
+        last = publisher.publish_next().await?;
+    }
+    let last = last.ok_or_else(|| anyhow::anyhow!("could not publish the final plan"))?;
+    report.converged = converge(&store, &names, last).await.is_ok();
+    let history = watcher.stop().await?;
+    let options = CheckOptions { unanswered_ok: faults == Faults::AuthorityKill };
+    report.violations = watch::check_with(&history, &publisher.published, options);
+    if !report.converged {
+        report.violations.push(format!("did not converge to plan {last} within {CONVERGE_WITHIN:?}"));
+    }
+    report.answers_checked = history.answers.len();
+    report.snapshots_checked = history.snapshots.len();
+    report.plans_published = publisher.published.len() as u64;
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    drop(stack);
+    Ok(report)
+}
+
+/// Waits on the store's change feed until every name is active at `target` or newer.
+async fn converge(store: &RemoteStore, names: &[EndpointName], target: Generation) -> anyhow::Result<()> {
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    loop {
+        if let Ok(version) = store.version().await {
+            if let Ok(active) = store.active_all().await
+                && names.iter().all(|n| active.endpoints.get(n).is_some_and(|r| r.generation >= target))
+            {
+                return Ok(());
+            }
+            let _ = store.wait_for_change(version, Duration::from_secs(2)).await;
+        } else {
+            // The authority is restarting; its control API comes back within a moment.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "not converged to plan {target}");
+    }
+}

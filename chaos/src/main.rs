@@ -1,0 +1,149 @@
+//! `dnsplan-chaos run SCENARIO|all [--seed N] [--duration SECS] [--unsafe-naive] [--report FILE]`
+//!
+//! Exit 0 when every scenario kept every invariant (with `--unsafe-naive`: when the harness
+//! caught the 2025 behaviour); 1 otherwise; 2 on bad usage.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use dnsplan_chaos::harness::{self, Bins, Faults, Report};
+use dnsplan_chaos::race;
+use dnsplan_enactor::hooks::Behaviour;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(version, about = "dnsplan's chaos harness: real processes, real faults, every answer checked")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a scenario (or all of them in turn).
+    Run {
+        scenario: Scenario,
+        /// Every random choice derives from it; a failure prints it.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Fault phase of each process scenario, in seconds.
+        #[arg(long, default_value_t = 10)]
+        duration: u64,
+        /// Run the 2025 behaviour instead (aws-2025-race only); succeed only if it is caught.
+        #[arg(long)]
+        unsafe_naive: bool,
+        /// Also write the reports as JSON here.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Where dnsplan-authority and dnsplan-enactor are (default: next to this binary).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// The incident's exact sequence, deterministic, on the real authority.
+    #[value(name = "aws-2025-race")]
+    Aws2025Race,
+    /// Enactors SIGKILLed and restarted while plans keep coming.
+    EnactorKillLoop,
+    /// The authority SIGKILLed and restarted on its own data.
+    AuthorityKill9,
+    /// Plans as fast as possible, with enactors frozen and thawed.
+    PlannerStorm,
+    All,
+}
+
+async fn run_one(scenario: Scenario, seed: u64, duration: Duration, unsafe_naive: bool, bins: &Option<Bins>) -> anyhow::Result<Report> {
+    let bins = || bins.clone().ok_or_else(|| anyhow::anyhow!("process scenarios need the binaries (see --bin-dir)"));
+    match scenario {
+        Scenario::Aws2025Race => {
+            let started = Instant::now();
+            let outcome = if unsafe_naive {
+                race::race(dnsplan_tests::naive::NaiveStore::as_in_2025(), Behaviour::Naive).await?
+            } else {
+                let dir = tempfile::tempdir()?;
+                race::race(dnsplan_common::SledStore::open(dir.path())?, Behaviour::Fenced).await?
+            };
+            let mut report = Report {
+                scenario: "aws-2025-race".into(),
+                seed,
+                unsafe_naive,
+                answers_checked: outcome.answers,
+                snapshots_checked: outcome.snapshots,
+                plans_published: outcome.plans as u64,
+                converged: outcome.converged.is_ok(),
+                violations: outcome.violations,
+                ..Report::default()
+            };
+            report.fault("enactor held before its write");
+            if let Err(e) = outcome.converged {
+                report.violations.push(e);
+            }
+            report.duration_ms = started.elapsed().as_millis() as u64;
+            Ok(report)
+        }
+        Scenario::EnactorKillLoop => harness::run_processes(bins()?, Faults::EnactorKill, "enactor-kill-loop", seed, duration).await,
+        Scenario::AuthorityKill9 => harness::run_processes(bins()?, Faults::AuthorityKill, "authority-kill9", seed, duration).await,
+        Scenario::PlannerStorm => harness::run_processes(bins()?, Faults::Storm, "planner-storm", seed, duration).await,
+        Scenario::All => unreachable_all(),
+    }
+}
+
+fn unreachable_all() -> anyhow::Result<Report> {
+    anyhow::bail!("`all` is expanded before running")
+}
+
+fn main() -> ExitCode {
+    let Cmd::Run { scenario, seed, duration, unsafe_naive, report, bin_dir } = Cli::parse().command;
+    let scenarios = match scenario {
+        Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race],
+        Scenario::All => vec![Scenario::Aws2025Race, Scenario::EnactorKillLoop, Scenario::AuthorityKill9, Scenario::PlannerStorm],
+        s if unsafe_naive && s != Scenario::Aws2025Race => {
+            eprintln!("error: --unsafe-naive applies to aws-2025-race only");
+            return ExitCode::from(2);
+        }
+        s => vec![s],
+    };
+    let dir = bin_dir.or_else(|| std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)));
+    let bins = dir.and_then(|d| Bins::in_dir(&d).ok());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut reports = Vec::new();
+    let mut ok = true;
+    for s in scenarios {
+        match runtime.block_on(run_one(s, seed, Duration::from_secs(duration), unsafe_naive, &bins)) {
+            Ok(report) => {
+                println!("{}", report.summary());
+                let caught = !report.violations.is_empty();
+                if caught != unsafe_naive {
+                    ok = false;
+                    println!("  FAILED (seed {seed}){}", if unsafe_naive { ": the 2025 behaviour was NOT caught" } else { "" });
+                }
+                reports.push(report);
+            }
+            Err(err) => {
+                ok = false;
+                println!("{s:?}: could not run (seed {seed}): {err:#}");
+            }
+        }
+    }
+    if let Some(path) = report {
+        match serde_json::to_string_pretty(&reports) {
+            Ok(text) => {
+                if let Err(err) = std::fs::write(&path, text) {
+                    eprintln!("error: cannot write {}: {err}", path.display());
+                    ok = false;
+                }
+            }
+            Err(err) => eprintln!("error: {err}"),
+        }
+    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+}
