@@ -134,6 +134,8 @@ fn free_port() -> anyhow::Result<u16> {
 /// A real stack on loopback: one authority, three enactors, fixed ports so that restarts
 /// come back where clients expect them.
 pub struct Stack {
+    /// Between the enactors and the control API, when the scenario wants one.
+    pub proxy: Option<crate::proxy::Proxy>,
     dir: tempfile::TempDir,
     bins: Bins,
     pub dns: SocketAddr,
@@ -143,22 +145,31 @@ pub struct Stack {
 }
 
 impl Stack {
-    pub fn start(bins: Bins) -> anyhow::Result<Stack> {
+    pub async fn start(bins: Bins, with_proxy: bool) -> anyhow::Result<Stack> {
         let dir = tempfile::tempdir()?;
         let (dns_port, control_port) = (free_port()?, free_port()?);
         let dns: SocketAddr = format!("127.0.0.1:{dns_port}").parse()?;
         let control = format!("http://127.0.0.1:{control_port}");
+        let proxy = if with_proxy { Some(crate::proxy::Proxy::start(format!("127.0.0.1:{control_port}").parse()?).await?) } else { None };
+        let enactor_store = proxy.as_ref().map(|p| format!("http://{}", p.addr)).unwrap_or_else(|| control.clone());
         let authority_text = dnsplan_tests::stack::authority_config_text(&dir.path().join("data"))
             .replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{dns}\"]"), 1)
             .replacen("listen = \"127.0.0.1:0\"", &format!("listen = \"127.0.0.1:{control_port}\""), 1)
             .replace(dnsplan_tests::stack::TOKEN, TOKEN);
         std::fs::write(dir.path().join("authority.toml"), authority_text)?;
         let enactor_text = format!(
-            "id = \"x\"\nzone = \"x\"\n[store]\nurl = \"{control}\"\ntoken = \"{TOKEN}\"\n[apply]\nreconcile_interval_secs = 1\nretry_base_ms = 5\nretry_max_ms = 200\ncall_timeout_ms = 2000\n# Fixture plans replace every address.\nmax_removal_fraction = 1.0\n[cleanup]\nretain_plans = 5\n[verify]\nenabled = true\ndns_server = \"{dns}\"\ntimeout_ms = 2000\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
+            "id = \"x\"\nzone = \"x\"\n[store]\nurl = \"{enactor_store}\"\ntoken = \"{TOKEN}\"\n[apply]\nreconcile_interval_secs = 1\nretry_base_ms = 5\nretry_max_ms = 200\ncall_timeout_ms = 2000\n# Fixture plans replace every address.\nmax_removal_fraction = 1.0\n[cleanup]\nretain_plans = 5\n[verify]\nenabled = true\ndns_server = \"{dns}\"\ntimeout_ms = 2000\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
         );
         std::fs::write(dir.path().join("enactor.toml"), enactor_text)?;
-        let mut stack =
-            Stack { dir, bins, dns, control, authority: None, enactors: ["a", "b", "c"].iter().map(|z| (z.to_string(), None)).collect() };
+        let mut stack = Stack {
+            proxy,
+            dir,
+            bins,
+            dns,
+            control,
+            authority: None,
+            enactors: ["a", "b", "c"].iter().map(|z| (z.to_string(), None)).collect(),
+        };
         stack.start_authority()?;
         for i in 0..stack.enactors.len() {
             stack.start_enactor(i)?;
@@ -166,21 +177,39 @@ impl Stack {
         Ok(stack)
     }
 
-    /// Starts the authority and returns once it says where it listens.
+    /// Starts the authority and returns once it says where it listens. Like a supervisor,
+    /// tries again (three times in all) if it exits at once; the last error carries its log.
     pub fn start_authority(&mut self) -> anyhow::Result<()> {
+        let mut last = None;
+        for _ in 0..3 {
+            match self.start_authority_once() {
+                Ok(()) => return Ok(()),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("the authority did not start")))
+    }
+
+    fn start_authority_once(&mut self) -> anyhow::Result<()> {
+        let log_path = self.dir.path().join("authority.log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
         let mut child = Command::new(&self.bins.authority)
             .arg("--config")
             .arg(self.dir.path().join("authority.toml"))
             .env_remove("DNSPLAN_TOKEN")
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
         let mut lines = std::io::BufReader::new(stdout).lines();
         let ready = lines.by_ref().map_while(Result::ok).any(|l| l.starts_with("control"));
         std::thread::spawn(move || for _ in lines {});
-        anyhow::ensure!(ready, "the authority exited before serving");
+        if !ready {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            anyhow::bail!("the authority exited before serving: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
+        }
         self.authority = Some(Proc { child });
         Ok(())
     }
@@ -265,6 +294,8 @@ pub enum Faults {
     /// Plans as fast as the store takes them, with a random enactor frozen (SIGSTOP) and
     /// thawed (SIGCONT) now and then.
     Storm,
+    /// The enactors reach the store through a fault proxy that delays and partitions them.
+    Partition,
 }
 
 /// Runs a process scenario for `duration`, then stops the faults and checks convergence and
@@ -273,7 +304,7 @@ pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64
     let started = Instant::now();
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut report = Report { scenario: scenario.into(), seed, ..Report::default() };
-    let mut stack = Stack::start(bins)?;
+    let mut stack = Stack::start(bins, faults == Faults::Partition).await?;
     let names: Vec<EndpointName> = (0..6).map(|i| name(&format!("svc{i}"))).collect();
     let store = stack.store()?;
     let mut publisher = Publisher::new(store.clone(), names.clone());
@@ -314,6 +345,20 @@ pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64
                 tokio::time::sleep(Duration::from_millis(rng.random_range(0..200))).await;
                 stack.start_authority()?;
             }
+            Faults::Partition => {
+                let proxy = stack.proxy.as_ref().ok_or_else(|| anyhow::anyhow!("partition needs the proxy"))?;
+                let mode = match rng.random_range(0..3) {
+                    0 => crate::proxy::Mode::Partition,
+                    1 => crate::proxy::Mode::Delay(Duration::from_millis(rng.random_range(10..300))),
+                    _ => crate::proxy::Mode::Pass,
+                };
+                proxy.set(mode);
+                report.fault(match mode {
+                    crate::proxy::Mode::Partition => "partition enactors from the store",
+                    crate::proxy::Mode::Delay(_) => "delay enactors' store calls",
+                    crate::proxy::Mode::Pass => "heal the network",
+                });
+            }
             Faults::Storm => match frozen.take() {
                 Some(i) => {
                     stack.signal_enactor(i, "-CONT")?;
@@ -330,6 +375,9 @@ pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64
     }
     if let Some(i) = frozen {
         stack.signal_enactor(i, "-CONT")?;
+    }
+    if let Some(proxy) = &stack.proxy {
+        proxy.set(crate::proxy::Mode::Pass);
     }
     // Faults stop: one last plan, and everything must converge to it.
     let mut last = None;

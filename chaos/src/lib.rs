@@ -7,6 +7,7 @@
 
 pub mod harness;
 pub mod model;
+pub mod proxy;
 pub mod race;
 
 pub use model::{Action, PlanModel, State, Variant};

@@ -52,6 +52,8 @@ enum Scenario {
     AuthorityKill9,
     /// Plans as fast as possible, with enactors frozen and thawed.
     PlannerStorm,
+    /// Enactors delayed and partitioned from the store by a TCP fault proxy.
+    Partition,
     All,
 }
 
@@ -87,6 +89,7 @@ async fn run_one(scenario: Scenario, seed: u64, duration: Duration, unsafe_naive
         Scenario::EnactorKillLoop => harness::run_processes(bins()?, Faults::EnactorKill, "enactor-kill-loop", seed, duration).await,
         Scenario::AuthorityKill9 => harness::run_processes(bins()?, Faults::AuthorityKill, "authority-kill9", seed, duration).await,
         Scenario::PlannerStorm => harness::run_processes(bins()?, Faults::Storm, "planner-storm", seed, duration).await,
+        Scenario::Partition => harness::run_processes(bins()?, Faults::Partition, "partition", seed, duration).await,
         Scenario::All => unreachable_all(),
     }
 }
@@ -99,7 +102,9 @@ fn main() -> ExitCode {
     let Cmd::Run { scenario, seed, duration, unsafe_naive, report, bin_dir } = Cli::parse().command;
     let scenarios = match scenario {
         Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race],
-        Scenario::All => vec![Scenario::Aws2025Race, Scenario::EnactorKillLoop, Scenario::AuthorityKill9, Scenario::PlannerStorm],
+        Scenario::All => {
+            vec![Scenario::Aws2025Race, Scenario::EnactorKillLoop, Scenario::AuthorityKill9, Scenario::PlannerStorm, Scenario::Partition]
+        }
         s if unsafe_naive && s != Scenario::Aws2025Race => {
             eprintln!("error: --unsafe-naive applies to aws-2025-race only");
             return ExitCode::from(2);

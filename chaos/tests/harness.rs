@@ -27,12 +27,12 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         .expect("the harness runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    for scenario in ["aws-2025-race", "enactor-kill-loop", "authority-kill9", "planner-storm"] {
+    for scenario in ["aws-2025-race", "enactor-kill-loop", "authority-kill9", "planner-storm", "partition"] {
         assert!(stdout.contains(&format!("{scenario}: seed 42")), "{scenario} did not run: {stdout}");
     }
     let reports: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report written")).expect("JSON");
     let reports = reports.as_array().expect("a list");
-    assert_eq!(reports.len(), 4);
+    assert_eq!(reports.len(), 5);
     for r in reports {
         assert_eq!(r["violations"].as_array().map(Vec::len), Some(0), "{r}");
         assert_eq!(r["converged"], true, "{r}");
@@ -41,6 +41,7 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
     // Faults were really injected.
     assert!(reports[1]["faults"]["enactor SIGKILL+restart"].as_u64().unwrap_or(0) > 0, "{}", reports[1]);
     assert!(reports[2]["faults"]["authority SIGKILL+restart"].as_u64().unwrap_or(0) > 0, "{}", reports[2]);
+    assert!(reports[4]["faults"]["partition enactors from the store"].as_u64().unwrap_or(0) > 0, "{}", reports[4]);
 
     let naive = Command::new(env!("CARGO_BIN_EXE_dnsplan-chaos")).args(["run", "aws-2025-race", "--unsafe-naive"]).output().expect("runs");
     let stdout = String::from_utf8_lossy(&naive.stdout);
