@@ -347,9 +347,10 @@ pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64
             }
             Faults::Partition => {
                 let proxy = stack.proxy.as_ref().ok_or_else(|| anyhow::anyhow!("partition needs the proxy"))?;
-                let mode = match rng.random_range(0..3) {
-                    0 => crate::proxy::Mode::Partition,
-                    1 => crate::proxy::Mode::Delay(Duration::from_millis(rng.random_range(10..300))),
+                // A cycle, so that every run partitions: partition, heal, delay, heal, ...
+                let mode = match faults_done % 4 {
+                    1 => crate::proxy::Mode::Partition,
+                    3 => crate::proxy::Mode::Delay(Duration::from_millis(rng.random_range(10..300))),
                     _ => crate::proxy::Mode::Pass,
                 };
                 proxy.set(mode);

@@ -46,23 +46,21 @@ impl Drop for Proxy {
 }
 
 async fn relay(mut client: TcpStream, upstream: SocketAddr, mut modes: watch::Receiver<Mode>) {
-    loop {
-        let mode = *modes.borrow_and_update();
-        match mode {
-            Mode::Partition => {
-                // Held: nothing passes; the connection is dropped once the partition heals,
-                // and the client's retry gets through.
-                let _ = modes.changed().await;
-                return;
-            }
-            Mode::Delay(d) => tokio::time::sleep(d).await,
-            Mode::Pass => {}
+    let mode = *modes.borrow_and_update();
+    match mode {
+        Mode::Partition => {
+            // Held: nothing passes; the connection is dropped once the partition heals, and
+            // the client's retry gets through.
+            let _ = modes.changed().await;
+            return;
         }
-        let Ok(mut server) = TcpStream::connect(upstream).await else { return };
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
-            // A partition cuts open connections; other mode changes leave them be.
-            _ = modes.wait_for(|m| *m == Mode::Partition) => return,
-        }
+        Mode::Delay(d) => tokio::time::sleep(d).await,
+        Mode::Pass => {}
+    }
+    let Ok(mut server) = TcpStream::connect(upstream).await else { return };
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+        // A partition cuts open connections; other mode changes leave them be.
+        _ = modes.wait_for(|m| *m == Mode::Partition) => {}
     }
 }
