@@ -33,12 +33,14 @@ pub const CONVERGE_WITHIN: Duration = Duration::from_secs(30);
 pub struct Bins {
     pub authority: PathBuf,
     pub enactor: PathBuf,
+    pub planner: PathBuf,
 }
 
 impl Bins {
     pub fn in_dir(dir: &Path) -> anyhow::Result<Bins> {
-        let bins = Bins { authority: dir.join("dnsplan-authority"), enactor: dir.join("dnsplan-enactor") };
-        for b in [&bins.authority, &bins.enactor] {
+        let bins =
+            Bins { authority: dir.join("dnsplan-authority"), enactor: dir.join("dnsplan-enactor"), planner: dir.join("dnsplan-planner") };
+        for b in [&bins.authority, &bins.enactor, &bins.planner] {
             anyhow::ensure!(
                 b.exists(),
                 "{} is missing; build the workspace first (cargo build --workspace) or pass --bin-dir",
@@ -158,7 +160,7 @@ impl Stack {
             .replace(dnsplan_tests::stack::TOKEN, TOKEN);
         std::fs::write(dir.path().join("authority.toml"), authority_text)?;
         let enactor_text = format!(
-            "id = \"x\"\nzone = \"x\"\n[store]\nurl = \"{enactor_store}\"\ntoken = \"{TOKEN}\"\n[apply]\nreconcile_interval_secs = 1\nretry_base_ms = 5\nretry_max_ms = 200\ncall_timeout_ms = 2000\n# Fixture plans replace every address.\nmax_removal_fraction = 1.0\n[cleanup]\nretain_plans = 5\n[verify]\nenabled = true\ndns_server = \"{dns}\"\ntimeout_ms = 2000\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
+            "id = \"x\"\nzone = \"x\"\n[store]\nurl = \"{enactor_store}\"\ntoken = \"{TOKEN}\"\n[apply]\nreconcile_interval_secs = 1\nretry_base_ms = 5\nretry_max_ms = 200\ncall_timeout_ms = 2000\n# Fixture plans replace every address.\nmax_removal_fraction = 1.0\n[cleanup]\nretain_plans = 50\n[verify]\nenabled = true\ndns_server = \"{dns}\"\ntimeout_ms = 2000\n[metrics]\nlisten = \"127.0.0.1:0\"\n"
         );
         std::fs::write(dir.path().join("enactor.toml"), enactor_text)?;
         let mut stack = Stack {
@@ -419,4 +421,129 @@ async fn converge(store: &RemoteStore, names: &[EndpointName], target: Generatio
         }
         anyhow::ensure!(Instant::now() < deadline, "not converged to plan {target}");
     }
+}
+
+/// The gray-zone backends: zone a's two targets answer slowly or not at all at random (a gray,
+/// partial failure), zones b and c answer at once.
+async fn gray_backends(port: u16, seed: u64) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tasks = Vec::new();
+    for (i, host) in (41..=46).enumerate() {
+        let listener = tokio::net::TcpListener::bind(format!("127.0.0.{host}:{port}")).await?;
+        let gray = i < 2;
+        let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(i as u64));
+        tasks.push(tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let roll: u32 = rng.random_range(0..10);
+                tokio::spawn(async move {
+                    if gray && roll < 2 {
+                        return; // lost: the connection closes unanswered
+                    }
+                    if gray && roll < 6 {
+                        tokio::time::sleep(Duration::from_millis(400)).await; // slower than the check's timeout
+                    }
+                    let mut buf = [0u8; 1024];
+                    let _ = stream.read(&mut buf).await;
+                    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n").await;
+                });
+            }
+        }));
+    }
+    Ok(tasks)
+}
+
+/// `gray-zone`: a real planner checks six HTTP backends in three zones while zone a's are
+/// slow and lossy. The planner must shift zone a away once and not flap, never take weight
+/// from the healthy zones, and every answer must hold the invariants.
+pub async fn run_gray_zone(bins: Bins, seed: u64, duration: Duration) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let mut report = Report { scenario: "gray-zone".into(), seed, ..Report::default() };
+    let stack = Stack::start(bins.clone(), false).await?;
+    let port = free_port()?;
+    let backends = gray_backends(port, seed).await?;
+    report.fault("zone a slow and lossy");
+    let api = name("api");
+    let mut planner_text = format!(
+        "id = \"planner-1\"\ndns_zone = \"{zone}\"\n[store]\nurl = \"{control}\"\ntoken = \"{TOKEN}\"\n[planner]\ndecide_interval_ms = 100\nlease_ttl_ms = 2000\n[policy]\nzone_recovery_dwell_secs = 300\n[metrics]\nlisten = \"127.0.0.1:0\"\n[[endpoint]]\nname = \"{api}\"\nttl_secs = 30\ncheck = {{ kind = \"http\", port = {port}, path = \"/\", interval_ms = 250, timeout_ms = 200, rise = 2, fall = 2 }}\n",
+        zone = fixtures::DNS_ZONE,
+        control = stack.control,
+    );
+    for (i, host) in (41..=46).enumerate() {
+        planner_text
+            .push_str(&format!("[[endpoint.target]]\naddress = \"127.0.0.{host}\"\nzone = \"{}\"\n", ["a", "a", "b", "b", "c", "c"][i]));
+    }
+    let config = stack.dir.path().join("planner.toml");
+    std::fs::write(&config, planner_text)?;
+    let planner_log = stack.dir.path().join("planner.log");
+    let planner = Proc {
+        child: Command::new(&bins.planner)
+            .arg("--config")
+            .arg(&config)
+            .env_remove("DNSPLAN_TOKEN")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&planner_log)?)
+            .spawn()?,
+    };
+    let store = stack.store()?;
+    // The first plan: the watch starts once the name is served.
+    let deadline = Instant::now() + CONVERGE_WITHIN;
+    loop {
+        let version = store.version().await?;
+        if store.active(&api).await?.is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let log = std::fs::read_to_string(&planner_log).unwrap_or_default();
+            anyhow::bail!(
+                "the planner published nothing: {}",
+                log.lines().filter(|l| l.contains("panicked") || l.contains("rror")).take(3).collect::<Vec<_>>().join(" | ")
+            );
+        }
+        store.wait_for_change(version, Duration::from_secs(2)).await?;
+    }
+    let watcher = Watcher::start(stack.dns, fixtures::dns_zone(), vec![api.clone()], store.clone());
+    // The fault phase is the backends' own behaviour; the harness only waits it out.
+    tokio::time::sleep(duration).await;
+    let latest = store.latest().await?;
+    report.converged = converge(&store, std::slice::from_ref(&api), latest).await.is_ok();
+    let history = watcher.stop().await?;
+    drop(planner);
+    for b in backends {
+        b.abort();
+    }
+    let mut published = BTreeMap::new();
+    for summary in store.list(Generation::NONE, 1_000).await? {
+        published.insert(summary.generation, store.plan(summary.generation).await?);
+    }
+    report.violations = watch::check(&history, &published);
+    // Zone a shifted once, no flapping, healthy zones untouched.
+    let weights = |p: &ValidatedPlan, zone: &str| -> Vec<u32> {
+        p.plan()
+            .endpoints
+            .get(&api)
+            .map(|e| e.targets.iter().filter(|t| t.zone.as_str() == zone).map(|t| t.weight).collect())
+            .unwrap_or_default()
+    };
+    let zone_a: Vec<Vec<u32>> = published.values().map(|p| weights(p, "a")).collect();
+    let changes = zone_a.windows(2).filter(|w| w[0] != w[1]).count();
+    if changes > 1 {
+        report.violations.push(format!("zone a's weights changed {changes} times (flapping): {zone_a:?}"));
+    }
+    if !zone_a.last().is_some_and(|w| w.iter().all(|x| *x == 0)) {
+        report.violations.push(format!("zone a was never shifted away: {zone_a:?}"));
+    }
+    for zone in ["b", "c"] {
+        if published.values().any(|p| weights(p, zone).contains(&0)) {
+            report.violations.push(format!("a healthy zone ({zone}) lost weight"));
+        }
+    }
+    if !report.converged {
+        report.violations.push(format!("did not converge to plan {latest} within {CONVERGE_WITHIN:?}"));
+    }
+    report.answers_checked = history.answers.len();
+    report.snapshots_checked = history.snapshots.len();
+    report.plans_published = published.len() as u64;
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
 }

@@ -35,7 +35,7 @@ enum Cmd {
         /// Also write the reports as JSON here.
         #[arg(long)]
         report: Option<PathBuf>,
-        /// Where dnsplan-authority and dnsplan-enactor are (default: next to this binary).
+        /// Where dnsplan-authority, dnsplan-enactor and dnsplan-planner are (default: next to this binary).
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
@@ -54,6 +54,8 @@ enum Scenario {
     PlannerStorm,
     /// Enactors delayed and partitioned from the store by a TCP fault proxy.
     Partition,
+    /// One zone's backends slow and lossy: the planner shifts the zone once and does not flap.
+    GrayZone,
     All,
 }
 
@@ -90,6 +92,7 @@ async fn run_one(scenario: Scenario, seed: u64, duration: Duration, unsafe_naive
         Scenario::AuthorityKill9 => harness::run_processes(bins()?, Faults::AuthorityKill, "authority-kill9", seed, duration).await,
         Scenario::PlannerStorm => harness::run_processes(bins()?, Faults::Storm, "planner-storm", seed, duration).await,
         Scenario::Partition => harness::run_processes(bins()?, Faults::Partition, "partition", seed, duration).await,
+        Scenario::GrayZone => harness::run_gray_zone(bins()?, seed, duration).await,
         Scenario::All => unreachable_all(),
     }
 }
@@ -102,9 +105,14 @@ fn main() -> ExitCode {
     let Cmd::Run { scenario, seed, duration, unsafe_naive, report, bin_dir } = Cli::parse().command;
     let scenarios = match scenario {
         Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race],
-        Scenario::All => {
-            vec![Scenario::Aws2025Race, Scenario::EnactorKillLoop, Scenario::AuthorityKill9, Scenario::PlannerStorm, Scenario::Partition]
-        }
+        Scenario::All => vec![
+            Scenario::Aws2025Race,
+            Scenario::EnactorKillLoop,
+            Scenario::AuthorityKill9,
+            Scenario::PlannerStorm,
+            Scenario::Partition,
+            Scenario::GrayZone,
+        ],
         s if unsafe_naive && s != Scenario::Aws2025Race => {
             eprintln!("error: --unsafe-naive applies to aws-2025-race only");
             return ExitCode::from(2);

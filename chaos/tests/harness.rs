@@ -8,7 +8,7 @@ use std::process::Command;
 fn build_daemons() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "dnsplan-authority", "-p", "dnsplan-enactor"])
+        .args(["build", "--quiet", "-p", "dnsplan-authority", "-p", "dnsplan-enactor", "-p", "dnsplan-planner"])
         .current_dir(root)
         .status()
         .expect("cargo runs");
@@ -27,12 +27,12 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         .expect("the harness runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    for scenario in ["aws-2025-race", "enactor-kill-loop", "authority-kill9", "planner-storm", "partition"] {
+    for scenario in ["aws-2025-race", "enactor-kill-loop", "authority-kill9", "planner-storm", "partition", "gray-zone"] {
         assert!(stdout.contains(&format!("{scenario}: seed 42")), "{scenario} did not run: {stdout}");
     }
     let reports: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report written")).expect("JSON");
     let reports = reports.as_array().expect("a list");
-    assert_eq!(reports.len(), 5);
+    assert_eq!(reports.len(), 6);
     for r in reports {
         assert_eq!(r["violations"].as_array().map(Vec::len), Some(0), "{r}");
         assert_eq!(r["converged"], true, "{r}");
