@@ -1,0 +1,150 @@
+//! Control-plane benchmark: a plan of N endpoints (default 10,000) enacted by three enactors
+//! on the embedded store (as `dnsplan up` runs them) and through the control API (as separate
+//! daemons do); a plan changing 1% of them; and publish-to-served latency seen by a DNS
+//! client. Run it through `bench/plans.sh`; figures are printed with a raw store baseline
+//! from the same run (fenced applies/s with one writer), because only ratios travel.
+//!
+//! Usage: plans-bench [ENDPOINTS] (default 10000)
+
+use anyhow::Context;
+use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{EndpointName, Generation, SledStore, Store};
+use dnsplan_enactor::{Enactor, Metrics, Settings};
+use dnsplan_tests::fixtures::{endpoint_for, name, planner};
+use dnsplan_tests::stack::{Authority, TOKEN};
+use prometheus_client::registry::Registry;
+use std::time::{Duration, Instant};
+
+const LATENCY_SAMPLES: usize = 50;
+
+/// Three enactors on `store` until the returned sender is dropped.
+fn start_enactors<S: Store>(store: S) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for zone in ["a", "b", "c"] {
+        let mut settings = Settings::new(&format!("bench-{zone}"), dnsplan_common::ZoneId::parse(zone)?);
+        settings.max_removal_fraction = 1.0; // fixture plans replace every address
+        settings.cleanup_retain = Some(20);
+        let metrics = std::sync::Arc::new(Metrics::register(&mut Registry::default(), zone));
+        let mut rx = stopped.clone();
+        tokio::spawn(Enactor::new(store.clone(), settings, metrics).run(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+    }
+    Ok(stop)
+}
+
+/// Publishes plan `g` where the first `changed` of `names` get generation `g`'s records and
+/// the rest keep `keep`'s, then waits until every endpoint is at `g`.
+async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usize, keep: Generation) -> anyhow::Result<Duration> {
+    let mut plan = dnsplan_tests::fixtures::plan(g, names, planner()).into_plan();
+    for n in names.iter().skip(changed) {
+        plan.endpoints.insert(n.clone(), endpoint_for(keep));
+    }
+    let plan = dnsplan_common::ValidatedPlan::new(plan)?;
+    // Every endpoint's fence moves once: the applied-change counter grows by exactly its
+    // count. Watching the counter (in memory) keeps the observer off the store's lock.
+    let before = store.version().await?.applied_changes;
+    let started = Instant::now();
+    store.publish(&plan).await?;
+    let mut version = store.version().await?;
+    while version.applied_changes < before + names.len() as u64 {
+        version = store.wait_for_change(version, Duration::from_secs(30)).await?;
+    }
+    let elapsed = started.elapsed();
+    let active = store.active_all().await?;
+    anyhow::ensure!(
+        names.iter().all(|n| active.endpoints.get(n).is_some_and(|r| r.generation == Generation(g))),
+        "not every endpoint is at plan {g}"
+    );
+    Ok(elapsed)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1).min(sorted.len() - 1)]
+}
+
+async fn latency(store: &RemoteStore, dns: std::net::SocketAddr, names: &[EndpointName], from: u64) -> anyhow::Result<Vec<Duration>> {
+    let target = &names[..1];
+    let mut samples = Vec::new();
+    for i in 0..LATENCY_SAMPLES as u64 {
+        let g = from + i;
+        let plan = dnsplan_tests::fixtures::plan(g, target, planner());
+        let want: std::collections::BTreeSet<_> = endpoint_for(Generation(g)).targets.iter().map(|t| t.address).collect();
+        let started = Instant::now();
+        store.publish(&plan).await?;
+        loop {
+            let answer = dns_probe::query(dns, target[0].as_str(), RecordType::A, Duration::from_secs(1)).await?;
+            if answer.addresses == want {
+                samples.push(started.elapsed());
+                break;
+            }
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "plan {g} was never served");
+        }
+    }
+    samples.sort();
+    Ok(samples)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let n: usize = std::env::args().nth(1).map(|a| a.parse()).transpose().context("ENDPOINTS must be a number")?.unwrap_or(10_000);
+    let names: Vec<EndpointName> = (0..n).map(|i| name(&format!("e{i}"))).collect();
+    println!("control-plane benchmark: {n} endpoints, three enactors");
+    println!("{:<52}{:>12}{:>14}", "figure", "value", "endpoints/s");
+
+    // Baseline: single-writer fenced applies on the same disk, same run.
+    let dir = tempfile::tempdir()?;
+    let raw = SledStore::open(dir.path().join("raw"))?;
+    raw.publish(&dnsplan_tests::fixtures::plan(1, &names[..1], planner())).await?;
+    let started = Instant::now();
+    let count = 1_000.min(n);
+    for nm in &names[..count] {
+        raw.apply(nm, Generation(1), &endpoint_for(Generation(1))).await?;
+    }
+    let baseline = count as f64 / started.elapsed().as_secs_f64();
+    println!("{:<52}{:>12}{:>14.0}", "baseline: fenced apply, 1 writer, embedded", "", baseline);
+    drop(raw);
+
+    // Embedded: the store in-process, as `dnsplan up` runs the enactors.
+    let embedded = SledStore::open(dir.path().join("embedded"))?;
+    let stop = start_enactors(embedded.clone())?;
+    let full = enact(&embedded, 1, &names, n, Generation(1)).await?;
+    println!("{:<52}{:>11.0}ms{:>14.0}", "embedded: full plan enacted", full.as_secs_f64() * 1e3, n as f64 / full.as_secs_f64());
+    let one_pct = (n / 100).max(1);
+    let small = enact(&embedded, 2, &names, one_pct, Generation(1)).await?;
+    println!(
+        "{:<52}{:>11.0}ms{:>14.0}",
+        format!("embedded: plan changing 1% ({one_pct}) enacted"),
+        small.as_secs_f64() * 1e3,
+        one_pct as f64 / small.as_secs_f64()
+    );
+    drop(stop);
+
+    // Remote: the enactors through the control API, as separate daemons run.
+    let remote_dir = dir.path().join("remote");
+    std::fs::create_dir_all(&remote_dir)?;
+    let store = SledStore::open(remote_dir.join("store"))?;
+    let authority = Authority::start(store, &remote_dir).await?;
+    let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    let stop = start_enactors(remote.clone())?;
+    let full = enact(&remote, 1, &names, n, Generation(1)).await?;
+    println!("{:<52}{:>11.0}ms{:>14.0}", "remote: full plan enacted", full.as_secs_f64() * 1e3, n as f64 / full.as_secs_f64());
+    let small = enact(&remote, 2, &names, one_pct, Generation(1)).await?;
+    println!(
+        "{:<52}{:>11.0}ms{:>14.0}",
+        format!("remote: plan changing 1% ({one_pct}) enacted"),
+        small.as_secs_f64() * 1e3,
+        one_pct as f64 / small.as_secs_f64()
+    );
+    let samples = latency(&remote, authority.dns, &names, 3).await?;
+    println!(
+        "{:<52}{:>11.1}ms",
+        format!("remote: publish-to-served p50 ({LATENCY_SAMPLES} plans, {n}-name zone)"),
+        pct(&samples, 0.5).as_secs_f64() * 1e3
+    );
+    println!("{:<52}{:>11.1}ms", "remote: publish-to-served p99", pct(&samples, 0.99).as_secs_f64() * 1e3);
+    drop(stop);
+    authority.stop().await?;
+    Ok(())
+}
