@@ -349,15 +349,20 @@ pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64
             }
             Faults::Partition => {
                 let proxy = stack.proxy.as_ref().ok_or_else(|| anyhow::anyhow!("partition needs the proxy"))?;
-                // A cycle, so that every run partitions: partition, heal, delay, heal, ...
-                let mode = match faults_done % 4 {
+                // A cycle, so that every run sees each fault: partition, heal, one way, heal,
+                // reset, heal, delay, heal, ...
+                let mode = match faults_done % 8 {
                     1 => crate::proxy::Mode::Partition,
-                    3 => crate::proxy::Mode::Delay(Duration::from_millis(rng.random_range(10..300))),
+                    3 => crate::proxy::Mode::OneWay,
+                    5 => crate::proxy::Mode::Reset,
+                    7 => crate::proxy::Mode::Delay(Duration::from_millis(rng.random_range(10..300))),
                     _ => crate::proxy::Mode::Pass,
                 };
                 proxy.set(mode);
                 report.fault(match mode {
                     crate::proxy::Mode::Partition => "partition enactors from the store",
+                    crate::proxy::Mode::OneWay => "one-way partition (answers lost)",
+                    crate::proxy::Mode::Reset => "reset enactors' connections",
                     crate::proxy::Mode::Delay(_) => "delay enactors' store calls",
                     crate::proxy::Mode::Pass => "heal the network",
                 });

@@ -1,5 +1,6 @@
-//! A TCP fault proxy between daemons and the control API: passes, delays, or partitions
-//! (new connections are held without an answer, open ones are cut), switchable at any time.
+//! A TCP fault proxy between daemons and the control API: passes, delays, partitions (new
+//! connections held without an answer), resets, or lets requests through one way only;
+//! switchable at any time, cutting open connections when the network breaks.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,6 +14,11 @@ pub enum Mode {
     Delay(Duration),
     /// Hold new connections without an answer and cut open ones.
     Partition,
+    /// Refuse: close new connections at once (a reset) and cut open ones.
+    Reset,
+    /// One way: requests reach the control API, its answers never come back (the write may
+    /// have happened; the caller cannot know). Open connections are cut.
+    OneWay,
 }
 
 pub struct Proxy {
@@ -45,6 +51,10 @@ impl Drop for Proxy {
     }
 }
 
+fn breaks(m: &Mode) -> bool {
+    matches!(m, Mode::Partition | Mode::Reset | Mode::OneWay)
+}
+
 async fn relay(mut client: TcpStream, upstream: SocketAddr, mut modes: watch::Receiver<Mode>) {
     let mode = *modes.borrow_and_update();
     match mode {
@@ -54,13 +64,26 @@ async fn relay(mut client: TcpStream, upstream: SocketAddr, mut modes: watch::Re
             let _ = modes.changed().await;
             return;
         }
+        Mode::Reset => return,
+        Mode::OneWay => {
+            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let (mut client_read, _client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let mut sink = tokio::io::sink();
+            tokio::select! {
+                _ = tokio::io::copy(&mut client_read, &mut server_write) => {}
+                _ = tokio::io::copy(&mut server_read, &mut sink) => {}
+                _ = modes.wait_for(|m| *m != Mode::OneWay) => {}
+            }
+            return;
+        }
         Mode::Delay(d) => tokio::time::sleep(d).await,
         Mode::Pass => {}
     }
     let Ok(mut server) = TcpStream::connect(upstream).await else { return };
     tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-        // A partition cuts open connections; other mode changes leave them be.
-        _ = modes.wait_for(|m| *m == Mode::Partition) => {}
+        // A breaking fault cuts open connections; a delay leaves them be.
+        _ = modes.wait_for(breaks) => {}
     }
 }
