@@ -7,6 +7,7 @@
 
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{EndpointName, Generation, Store, ValidatedPlan};
+use dnsplan_tests::daemon::Daemon;
 use dnsplan_tests::fixtures::{self, name, planner};
 use dnsplan_tests::watch::{self, CheckOptions, Watcher};
 use rand::rngs::SmallRng;
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "chaos-harness-token-0123456789";
@@ -110,25 +111,6 @@ impl Report {
     }
 }
 
-struct Proc {
-    child: Child,
-}
-
-impl Proc {
-    fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status()?;
-        anyhow::ensure!(status.success(), "kill {signal} failed");
-        Ok(())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -142,8 +124,8 @@ pub struct Stack {
     bins: Bins,
     pub dns: SocketAddr,
     pub control: String,
-    authority: Option<Proc>,
-    enactors: Vec<(String, Option<Proc>)>,
+    authority: Option<Daemon>,
+    enactors: Vec<(String, Option<Daemon>)>,
 }
 
 impl Stack {
@@ -212,7 +194,7 @@ impl Stack {
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             anyhow::bail!("the authority exited before serving: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
         }
-        self.authority = Some(Proc { child });
+        self.authority = Some(Daemon::adopt("authority", child));
         Ok(())
     }
 
@@ -231,7 +213,7 @@ impl Stack {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        self.enactors[i].1 = Some(Proc { child });
+        self.enactors[i].1 = Some(Daemon::adopt(&format!("enactor-{zone}"), child));
         Ok(())
     }
 
@@ -480,8 +462,9 @@ pub async fn run_gray_zone(bins: Bins, seed: u64, duration: Duration) -> anyhow:
     let config = stack.dir.path().join("planner.toml");
     std::fs::write(&config, planner_text)?;
     let planner_log = stack.dir.path().join("planner.log");
-    let planner = Proc {
-        child: Command::new(&bins.planner)
+    let planner = Daemon::adopt(
+        "planner",
+        Command::new(&bins.planner)
             .arg("--config")
             .arg(&config)
             .env_remove("DNSPLAN_TOKEN")
@@ -489,7 +472,7 @@ pub async fn run_gray_zone(bins: Bins, seed: u64, duration: Duration) -> anyhow:
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&planner_log)?)
             .spawn()?,
-    };
+    );
     let store = stack.store()?;
     // The first plan: the watch starts once the name is served.
     let deadline = Instant::now() + CONVERGE_WITHIN;

@@ -212,7 +212,7 @@ mod tests {
             (&bytes[..5], |e| matches!(e, CodecError::Truncated { .. })),
             (&bytes[..bytes.len() - 1], |e| matches!(e, CodecError::LengthMismatch { .. })),
             (&padded, |e| matches!(e, CodecError::LengthMismatch { .. })),
-            (b"XXXXXXXXXXXXXXXXXXXX", |e| matches!(e, CodecError::BadMagic)),
+            (b"not a dnsplan record", |e| matches!(e, CodecError::BadMagic)),
             (&future, |e| matches!(e, CodecError::FutureVersion { .. })),
             (&wrong_kind, |e| matches!(e, CodecError::WrongKind { .. })),
             (&huge, |e| matches!(e, CodecError::TooLarge { .. })),

@@ -10,6 +10,27 @@ use thiserror::Error;
 /// authority that checks it and for every client that sends it.
 pub const TOKEN_ENV: &str = "DNSPLAN_TOKEN";
 
+/// The `[store]` table of every daemon that reaches the store through the control API.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The control API of the authority that holds the store, e.g. `http://127.0.0.1:8053`.
+    pub url: String,
+    /// Bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
+    pub token: Option<String>,
+}
+
+impl StoreConfig {
+    /// The URL is one an HTTP client can use, with a message naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        if self.url.starts_with("http://") || self.url.starts_with("https://") {
+            Ok(())
+        } else {
+            Err(format!("store.url: {:?} must start with http:// or https://", self.url))
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}")]

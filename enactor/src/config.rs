@@ -2,6 +2,7 @@
 //! file, the key and the line. `--id` and `--zone` on the command line override the file.
 
 use dnsplan_common::ZoneId;
+pub use dnsplan_common::daemon::StoreConfig;
 use dnsplan_common::daemon::{self, ConfigError};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -27,15 +28,6 @@ pub struct EnactorConfig {
     pub verify: VerifyConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreConfig {
-    /// The control API of the authority that holds the store, e.g. `http://127.0.0.1:8053`.
-    pub url: String,
-    /// Bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
-    pub token: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -141,9 +133,7 @@ impl EnactorConfig {
         if !id_ok {
             return Err(format!("id: {:?} must be 1..={ID_BYTES_MAX} bytes of letters, digits, '-', '_' or '.'", self.id));
         }
-        if !(self.store.url.starts_with("http://") || self.store.url.starts_with("https://")) {
-            return Err(format!("store.url: {:?} must start with http:// or https://", self.store.url));
-        }
+        self.store.check()?;
         let a = &self.apply;
         let positive = [
             ("apply.reconcile_interval_secs", a.reconcile_interval_secs),

@@ -7,91 +7,39 @@
 
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{Generation, SledStore, Store, ValidatedPlan};
+use dnsplan_tests::daemon::{self, Daemon, LogLine};
 use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
 use dnsplan_tests::stack::{Authority, TOKEN};
 use dnsplan_tests::watch::{self, Watcher};
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
 const WITHIN: Duration = Duration::from_secs(30);
 
-/// What the tests read from an enactor's log: who said what about which generation.
-#[derive(Debug, Clone)]
-struct Line {
-    enactor: String,
-    message: String,
-    generation: Option<u64>,
-}
-
-fn parse(enactor: &str, line: &str) -> Option<Line> {
-    let value: serde_json::Value = serde_json::from_str(line).ok()?;
-    let message = value.pointer("/fields/message")?.as_str()?.to_owned();
-    let generation = [value.pointer("/fields/generation"), value.pointer("/span/generation")]
-        .into_iter()
-        .flatten()
-        .find_map(|g| g.as_str().and_then(|s| s.parse().ok()).or(g.as_u64()));
-    Some(Line { enactor: enactor.into(), message, generation })
-}
-
-struct Enactor {
-    id: String,
-    child: Child,
-}
-
-impl Enactor {
-    fn spawn(id: &str, config: &Path, lines: mpsc::UnboundedSender<Line>) -> anyhow::Result<Enactor> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan-enactor"))
-            .args(["--config", &config.display().to_string(), "--id", id, "--zone", id, "--log-format", "json"])
-            .env("RUST_LOG", "info")
-            .env_remove("DNSPLAN_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr"))?;
-        let owner = id.to_owned();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(parsed) = parse(&owner, &line) {
-                    let _ = lines.send(parsed);
-                }
-            }
-        });
-        Ok(Enactor { id: id.into(), child })
-    }
-
-    fn signal(&self, signal: &str) -> anyhow::Result<()> {
-        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status()?;
-        anyhow::ensure!(status.success(), "kill {signal} {} failed", self.id);
-        Ok(())
-    }
-}
-
-impl Drop for Enactor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn spawn(id: &str, config: &Path, lines: mpsc::UnboundedSender<LogLine>) -> anyhow::Result<Daemon> {
+    let config = config.display().to_string();
+    Daemon::spawn(Path::new(env!("CARGO_BIN_EXE_dnsplan-enactor")), &["--config", &config, "--id", id, "--zone", id], id, lines)
 }
 
 /// Waits until every enactor in `who` logged `message` about generation `g`.
-async fn until_all(lines: &mut mpsc::UnboundedReceiver<Line>, who: &[&str], message: &str, g: u64) -> anyhow::Result<()> {
+async fn until_all(lines: &mut mpsc::UnboundedReceiver<LogLine>, who: &[&str], message: &str, g: u64) -> anyhow::Result<()> {
     let mut waiting: Vec<&str> = who.to_vec();
-    let wait = async {
-        while let Some(line) = lines.recv().await {
+    daemon::until(
+        lines,
+        WITHIN,
+        |_| {},
+        |line| {
             if line.message == message && line.generation == Some(g) {
-                waiting.retain(|w| *w != line.enactor);
-                if waiting.is_empty() {
-                    return Ok(());
-                }
+                waiting.retain(|w| *w != line.who);
             }
-        }
-        anyhow::bail!("enactor logs ended")
-    };
-    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("{who:?} did not log {message:?} for plan {g}"))?
+            waiting.is_empty()
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{who:?} did not log {message:?} for plan {g}: {e}"))?;
+    Ok(())
 }
 
 fn config_text(control: &str, dns: std::net::SocketAddr) -> String {
@@ -139,9 +87,9 @@ async fn three_enactor_processes_keep_dns_correct_through_the_race() -> anyhow::
     let config = dir.path().join("enactor.toml");
     std::fs::write(&config, config_text(&authority.control, authority.dns))?;
     let (tx, mut lines) = mpsc::unbounded_channel();
-    let a = Enactor::spawn("a", &config, tx.clone())?;
-    let mut b = Enactor::spawn("b", &config, tx.clone())?;
-    let c = Enactor::spawn("c", &config, tx.clone())?;
+    let a = spawn("a", &config, tx.clone())?;
+    let mut b = spawn("b", &config, tx.clone())?;
+    let c = spawn("c", &config, tx.clone())?;
     until_all(&mut lines, &["a", "b", "c"], "plan applied", 1).await?;
 
     // Plan 2, and A frozen wherever it is in applying it.
@@ -159,7 +107,7 @@ async fn three_enactor_processes_keep_dns_correct_through_the_race() -> anyhow::
     }
     b.signal("-KILL")?;
     drop(b);
-    b = Enactor::spawn("b", &config, tx.clone())?;
+    b = spawn("b", &config, tx.clone())?;
     for g in 7..=12 {
         publish(g).await?;
     }

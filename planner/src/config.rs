@@ -3,6 +3,7 @@
 //! that name the key and the line: ranges are checked while parsing (the `Fraction`,
 //! `Positive` and `NonZeroU32` types), and each endpoint is checked as a whole with its span.
 
+pub use dnsplan_common::daemon::StoreConfig;
 use dnsplan_common::daemon::{self, ConfigError};
 use dnsplan_common::plan::{TARGET_WEIGHT_MAX, TARGETS_PER_ENDPOINT_MAX, TTL_SECS_MAX, TTL_SECS_MIN};
 use dnsplan_common::{DnsName, EndpointName, ZoneId};
@@ -57,13 +58,6 @@ pub struct PlannerConfig {
     pub metrics: MetricsConfig,
     #[serde(rename = "endpoint", default)]
     pub endpoints: Vec<toml::Spanned<EndpointConfig>>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreConfig {
-    pub url: String,
-    pub token: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -355,9 +349,7 @@ impl PlannerConfig {
     /// Parses and checks a config text; errors name the key or endpoint and the line.
     pub fn parse(text: &str) -> Result<PlannerConfig, String> {
         let config: PlannerConfig = toml::from_str(text).map_err(|e| e.to_string())?;
-        if !(config.store.url.starts_with("http://") || config.store.url.starts_with("https://")) {
-            return Err(format!("store.url: {:?} must start with http:// or https://", config.store.url));
-        }
+        config.store.check()?;
         config.validate(text)?;
         Ok(config)
     }

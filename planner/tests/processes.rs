@@ -6,69 +6,27 @@ mod support;
 
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{Generation, SledStore, Store};
+use dnsplan_tests::daemon::{self, Daemon, LogLine};
 use dnsplan_tests::stack::{Authority, TOKEN};
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::{Backends, config_text};
 use tokio::sync::mpsc;
 
 const WITHIN: Duration = Duration::from_secs(30);
 
-#[derive(Debug)]
-struct Line {
-    planner: String,
-    message: String,
-    generation: Option<u64>,
+fn spawn(id: &str, config: &Path, lines: mpsc::UnboundedSender<LogLine>) -> anyhow::Result<Daemon> {
+    let config = config.display().to_string();
+    Daemon::spawn(Path::new(env!("CARGO_BIN_EXE_dnsplan-planner")), &["--config", &config, "--id", id], id, lines)
 }
 
-struct Process {
-    child: Child,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(id: &str, config: &Path, lines: mpsc::UnboundedSender<Line>) -> anyhow::Result<Process> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan-planner"))
-        .args(["--config", &config.display().to_string(), "--id", id, "--log-format", "json"])
-        .env("RUST_LOG", "info")
-        .env_remove("DNSPLAN_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr"))?;
-    let owner = id.to_owned();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
-            let message = value.pointer("/fields/message").and_then(|m| m.as_str()).unwrap_or_default().to_owned();
-            let generation = value.pointer("/fields/generation").and_then(|g| g.as_u64());
-            let _ = lines.send(Line { planner: owner.clone(), message, generation });
-        }
-    });
-    Ok(Process { child })
-}
-
-async fn until(lines: &mut mpsc::UnboundedReceiver<Line>, log: &mut Vec<Line>, want: impl Fn(&Line) -> bool) -> anyhow::Result<String> {
-    let wait = async {
-        while let Some(line) = lines.recv().await {
-            let hit = want(&line);
-            let who = line.planner.clone();
-            log.push(line);
-            if hit {
-                return Ok(who);
-            }
-        }
-        anyhow::bail!("planner logs ended")
-    };
-    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("the expected log line did not come"))?
+async fn until(
+    lines: &mut mpsc::UnboundedReceiver<LogLine>,
+    log: &mut Vec<LogLine>,
+    want: impl Fn(&LogLine) -> bool,
+) -> anyhow::Result<String> {
+    Ok(daemon::until(lines, WITHIN, |l| log.push(l.clone()), want).await?.who)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +54,7 @@ async fn a_standby_planner_takes_over_without_publishing_any_generation_twice() 
 
     // Kill the active planner; the standby takes over within a lease TTL.
     processes.remove(&first);
-    until(&mut lines, &mut log, |l| l.planner == survivor && l.message == "holding the planner lease: active").await?;
+    until(&mut lines, &mut log, |l| l.who == survivor && l.message == "holding the planner lease: active").await?;
     let taken = remote.lease().await?.ok_or_else(|| anyhow::anyhow!("no lease"))?;
     assert_eq!(taken.holder, survivor);
     assert!(taken.epoch > lease.epoch, "takeover must raise the epoch: {lease:?} -> {taken:?}");
@@ -104,7 +62,7 @@ async fn a_standby_planner_takes_over_without_publishing_any_generation_twice() 
     // And acts: a backend goes away, the survivor publishes the change.
     let before = remote.latest().await?;
     backends.stop("127.0.2.5")?;
-    until(&mut lines, &mut log, |l| l.planner == survivor && l.message == "plan published").await?;
+    until(&mut lines, &mut log, |l| l.who == survivor && l.message == "plan published").await?;
 
     let plans = remote.list(Generation::NONE, 1_000).await?;
     for (i, p) in plans.iter().enumerate() {
@@ -112,7 +70,7 @@ async fn a_standby_planner_takes_over_without_publishing_any_generation_twice() 
     }
     let mut published: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
     for l in log.iter().filter(|l| l.message == "plan published") {
-        published.entry(l.generation.unwrap_or_default()).or_default().push(&l.planner);
+        published.entry(l.generation.unwrap_or_default()).or_default().push(&l.who);
     }
     assert!(published.values().all(|who| who.len() == 1), "a generation was published twice: {published:?}");
     let after: Vec<_> = plans.iter().filter(|p| p.generation > before).collect();

@@ -5,10 +5,12 @@
 //! things: a real store has none, and the naive store (check-then-act apply, age-only
 //! cleanup, unfenced publish) has some. A suite that passes the naive store is broken.
 //!
-//! `stack` runs an authority in-process over any store; `watch` probes it over DNS, observes
+//! `daemon` starts real daemon processes and follows their JSON logs; `stack` runs an
+//! authority in-process over any store; `watch` probes it over DNS, observes
 //! the store, and checks the invariants over what was seen.
 
 pub mod conformance;
+pub mod daemon;
 pub mod fixtures;
 pub mod naive;
 pub mod stack;

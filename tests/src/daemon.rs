@@ -1,0 +1,96 @@
+//! Real daemon processes for tests: started with JSON logs that are followed line by line (no
+//! polling), signalled (SIGSTOP, SIGCONT, SIGTERM), and killed with SIGKILL when dropped.
+
+use std::io::BufRead;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// One log event: which daemon said what, about which generation (from the event's fields or
+/// its span).
+#[derive(Clone, Debug)]
+pub struct LogLine {
+    pub who: String,
+    pub message: String,
+    pub generation: Option<u64>,
+}
+
+/// Reads one JSON log line of `tracing-subscriber`; `None` for anything else.
+pub fn parse(who: &str, line: &str) -> Option<LogLine> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let message = value.pointer("/fields/message")?.as_str()?.to_owned();
+    let generation = [value.pointer("/fields/generation"), value.pointer("/span/generation")]
+        .into_iter()
+        .flatten()
+        .find_map(|g| g.as_str().and_then(|s| s.parse().ok()).or(g.as_u64()));
+    Some(LogLine { who: who.into(), message, generation })
+}
+
+pub struct Daemon {
+    pub who: String,
+    child: Child,
+}
+
+impl Daemon {
+    /// Starts `bin args… --log-format json` with `RUST_LOG=info` and no `DNSPLAN_TOKEN`, and
+    /// sends each log line, parsed, to `lines`.
+    pub fn spawn(bin: &Path, args: &[&str], who: &str, lines: mpsc::UnboundedSender<LogLine>) -> anyhow::Result<Daemon> {
+        let mut child = Command::new(bin)
+            .args(args)
+            .args(["--log-format", "json"])
+            .env("RUST_LOG", "info")
+            .env_remove("DNSPLAN_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr"))?;
+        let owner = who.to_owned();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(parsed) = parse(&owner, &line) {
+                    let _ = lines.send(parsed);
+                }
+            }
+        });
+        Ok(Daemon { who: who.into(), child })
+    }
+
+    /// Takes charge of a process started elsewhere (SIGKILL on drop).
+    pub fn adopt(who: &str, child: Child) -> Daemon {
+        Daemon { who: who.into(), child }
+    }
+
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {} failed", self.who);
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads log lines until one satisfies `want`, within `within`; every line read is also
+/// given to `seen` (to keep a log).
+pub async fn until(
+    lines: &mut mpsc::UnboundedReceiver<LogLine>,
+    within: Duration,
+    mut seen: impl FnMut(&LogLine),
+    mut want: impl FnMut(&LogLine) -> bool,
+) -> anyhow::Result<LogLine> {
+    let wait = async {
+        while let Some(line) = lines.recv().await {
+            seen(&line);
+            if want(&line) {
+                return Ok(line);
+            }
+        }
+        anyhow::bail!("the daemons' logs ended")
+    };
+    tokio::time::timeout(within, wait).await.map_err(|_| anyhow::anyhow!("the expected log line did not come within {within:?}"))?
+}
