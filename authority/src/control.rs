@@ -15,8 +15,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dnsplan_common::codec;
 use dnsplan_common::store::wire::{
-    AcquireLeaseRequest, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
-    WireError,
+    AcquireLeaseRequest, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesQuery, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
+    LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
@@ -28,6 +28,8 @@ use std::time::Duration;
 /// Largest JSON body (apply, pause, heartbeat, cleanup requests): an endpoint with the maximum
 /// number of targets is a few KiB.
 pub const JSON_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Largest batch apply body: `APPLY_BATCH_MAX` endpoints with the most targets each.
+pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Largest plan body: the envelope header plus the largest plan body the codec accepts.
 pub const PLAN_BODY_BYTES_MAX: usize = codec::HEADER_BYTES + codec::BODY_BYTES_MAX;
 
@@ -165,6 +167,7 @@ async fn require_token_for_writes<S: Store>(State(ctl): State<Control<S>>, heade
 /// `/readyz` and `/v1/status`, which depend on what else runs in the process.
 pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
     let plans = Router::new().route("/v1/plans", post(publish::<S>).get(list::<S>)).layer(DefaultBodyLimit::max(PLAN_BODY_BYTES_MAX));
+    let batches = Router::new().route("/v1/apply", post(apply_many::<S>)).layer(DefaultBodyLimit::max(BATCH_BODY_BYTES_MAX));
     let rest = Router::new()
         .route("/v1/plans/{generation}", get(plan::<S>))
         .route("/v1/version", get(version::<S>))
@@ -172,6 +175,7 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
         .route("/v1/active", get(active_all::<S>))
         .route("/v1/active/{endpoint}", get(active::<S>).put(apply::<S>))
         .route("/v1/active/{endpoint}/retire", post(retire::<S>))
+        .route("/v1/changes", get(changes::<S>))
         .route("/v1/cleanup", get(cleanup_preview::<S>).post(cleanup::<S>))
         .route("/v1/pause", get(paused::<S>).put(pause::<S>).delete(resume::<S>))
         .route("/v1/heartbeats", get(heartbeats::<S>).post(heartbeat::<S>))
@@ -179,6 +183,7 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
     plans
+        .merge(batches)
         .merge(rest)
         .route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
         .layer(middleware::map_response(json_for_framework_errors))
@@ -193,7 +198,9 @@ async fn json_for_framework_errors(resp: Response) -> Response {
         return resp;
     }
     let detail = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => format!("request body too large (limit {JSON_BODY_BYTES_MAX} bytes, plans {PLAN_BODY_BYTES_MAX})"),
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "request body too large (limit {JSON_BODY_BYTES_MAX} bytes, batch applies {BATCH_BODY_BYTES_MAX}, plans {PLAN_BODY_BYTES_MAX})"
+        ),
         other => format!("HTTP {other}"),
     };
     let error = WireError::BadRequest { detail: detail.clone() };
@@ -273,6 +280,18 @@ async fn apply<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<Str
     let result = ctl.store.apply(&name, req.generation, &req.records).await;
     ctl.count_apply(&result);
     Ok(Json(result?).into_response())
+}
+
+async fn apply_many<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<Response> {
+    let req: ApplyManyRequest = parse_json(&body)?;
+    let results = ctl.store.apply_many(req.generation, &req.items).await?;
+    results.iter().for_each(|r| ctl.count_apply(r));
+    let answer: ApplyManyResponse = results.into_iter().map(|r| r.map_err(|e| WireError::from(&e))).collect();
+    Ok(Json(answer).into_response())
+}
+
+async fn changes<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ChangesQuery>) -> ApiResult<Response> {
+    Ok(Json(ctl.store.active_since(q.since).await?).into_response())
 }
 
 async fn retire<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {

@@ -17,7 +17,7 @@
 //! only the deterministic lease check.
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
-use dnsplan_common::store::{ActiveState, ApplyOutcome, PauseState, Store, StoreError};
+use dnsplan_common::store::{ActiveState, ApplyItem, ApplyOutcome, PauseState, Store, StoreError};
 use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, ValidatedPlan, ZoneId};
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -116,6 +116,8 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         lease_expires,
         racing_lease_acquires,
         leased_publish_is_fenced,
+        apply_many_is_fenced_per_item,
+        active_since_follows,
     );
     Ok(report)
 }
@@ -220,6 +222,74 @@ pub async fn apply_is_fenced<S: Store>(store: S) -> anyhow::Result<Violations> {
     v.check(matches!(r, Err(StoreError::Invalid(_))), || format!("empty endpoint: want Invalid, got {r:?}"));
     v.check(store.active(&name("y")).await?.is_none(), || "an empty endpoint became active".into());
     v.check(store.active(&x).await?.map(|a| a.generation) == Some(Generation(3)), || "active is not 3 at the end".into());
+    Ok(v)
+}
+
+fn item(label: &str, g: u64) -> ApplyItem {
+    ApplyItem { endpoint: name(label), records: endpoint_for(Generation(g)) }
+}
+
+/// A batch apply fences each item on its own, commits the switches and refuses what concerns
+/// the whole batch.
+pub async fn apply_many_is_fenced_per_item<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    publish_range(&store, 1..=3, &["a", "b", "c"]).await?;
+    let before = store.version().await?.applied_changes;
+    let r = store.apply_many(Generation(2), &[item("a", 2), item("b", 2)]).await?;
+    v.check(r.iter().all(|r| matches!(r, Ok(ApplyOutcome::Switched { previous: Generation::NONE }))), || format!("first batch: {r:?}"));
+    store.apply(&name("a"), Generation(3), &endpoint_for(Generation(3))).await?;
+    let mut empty = item("d", 2);
+    empty.records.targets.clear();
+    let r = store.apply_many(Generation(2), &[item("a", 2), item("b", 2), item("c", 2), empty]).await?;
+    v.check(r.len() == 4, || format!("want 4 results, got {r:?}"));
+    v.check(matches!(r.first(), Some(Err(StoreError::Stale { active: Generation(3), .. }))), || {
+        format!("a is at 3: want Stale, got {r:?}")
+    });
+    v.check(matches!(r.get(1), Some(Ok(ApplyOutcome::Unchanged))), || format!("b is at 2: want Unchanged, got {r:?}"));
+    v.check(matches!(r.get(2), Some(Ok(ApplyOutcome::Switched { .. }))), || format!("c is new: want Switched, got {r:?}"));
+    v.check(matches!(r.get(3), Some(Err(StoreError::Invalid(_) | StoreError::Rejected(_)))), || {
+        format!("empty d: want Invalid, got {r:?}")
+    });
+    let active = store.active_all().await?;
+    let at = |label: &str| active.endpoints.get(&name(label)).map(|a| a.generation.0);
+    v.check(at("a") == Some(3) && at("b") == Some(2) && at("c") == Some(2) && at("d").is_none(), || {
+        format!("after the batches: a {:?}, b {:?}, c {:?}, d {:?}", at("a"), at("b"), at("c"), at("d"))
+    });
+    v.check(active.applied_changes == before + 4, || format!("applied_changes moved by {}, want 4", active.applied_changes - before));
+    let r = store.apply_many(Generation(4), &[item("a", 4)]).await;
+    v.check(matches!(r, Err(StoreError::Unpublished { .. })), || format!("unpublished generation: want Unpublished, got {r:?}"));
+    let r = store.apply_many(Generation(3), &[item("b", 3), item("b", 3)]).await;
+    v.check(matches!(r, Err(StoreError::BadRequest(_))), || format!("a name twice: want BadRequest, got {r:?}"));
+    v.check(store.active(&name("b")).await?.map(|a| a.generation) == Some(Generation(2)), || "a refused batch switched b".into());
+    Ok(v)
+}
+
+/// A follower that merges `active_since` answers holds what `active_all` says.
+pub async fn active_since_follows<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let labels = ["p", "q", "r", "s"];
+    publish_range(&store, 1..=6, &labels).await?;
+    let mut held = std::collections::BTreeMap::new();
+    let mut seen = 0;
+    let steps: [&[(&str, u64)]; 5] =
+        [&[], &[("p", 1), ("q", 1)], &[("p", 2), ("r", 2)], &[("s", 3), ("q", 1)], &[("p", 6), ("q", 6), ("r", 6)]];
+    for (step, applies) in steps.iter().enumerate() {
+        for (label, g) in *applies {
+            let _ = store.apply(&name(label), Generation(*g), &endpoint_for(Generation(*g))).await;
+        }
+        if step == 3 {
+            store.retire(&name("s"), Generation(4)).await?;
+        }
+        let delta = store.active_since(seen).await?;
+        if delta.full {
+            held.clear();
+        }
+        held.extend(delta.endpoints);
+        seen = delta.applied_changes;
+        let truth = store.active_all().await?;
+        v.check(seen == truth.applied_changes, || format!("step {step}: delta at {seen}, store at {}", truth.applied_changes));
+        v.check(held == truth.endpoints, || format!("step {step}: follower holds {held:?}, store has {:?}", truth.endpoints));
+    }
     Ok(v)
 }
 

@@ -9,10 +9,13 @@
 //!   write time: older → [`StoreError::Stale`], equal → [`ApplyOutcome::Unchanged`], newer →
 //!   fence and a copy of the records switch together, durably, before `Ok` returns. A
 //!   generation that was never published or whose plan was cleaned up is refused.
+//!   `apply_many` is the same check for each endpoint of a batch, committed and flushed once.
 //! - `cleanup` deletes, in one step, only plans older than both the oldest active generation
 //!   and the last `retain` plans. Served records are copies, so cleanup never changes what is
 //!   served.
 //! - Reads see only durable state, and `wait_for_change` wakes on change without polling.
+//! - `active_since` returns what switched after a given applied-change count (or the whole
+//!   state, marked `full`), so a follower's cost follows the change, not the state.
 
 pub mod cleanup;
 pub mod lease;
@@ -46,6 +49,11 @@ pub const HEARTBEATS_MAX: usize = 1_024;
 pub const PAUSE_TEXT_BYTES_MAX: usize = 1_024;
 /// Longest enactor id or state text in a heartbeat, in bytes.
 pub const HEARTBEAT_TEXT_BYTES_MAX: usize = 128;
+/// Most endpoints in one `apply_many`: one transaction and one flush; 4,096 endpoints with
+/// the most targets each are about 13 MB of JSON on the control API.
+pub const APPLY_BATCH_MAX: usize = 4_096;
+/// Most endpoints in one `active_since` answer before it is sent as the whole state instead.
+pub const DELTA_ENDPOINTS_MAX: usize = 65_536;
 
 /// What an endpoint serves now, as copied at apply time.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +82,31 @@ pub struct ActiveSnapshot {
     /// How many applies have switched a fence so far; the SOA serial derives from it.
     pub applied_changes: u64,
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
+}
+
+/// One endpoint of an `apply_many` batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyItem {
+    pub endpoint: EndpointName,
+    pub records: Endpoint,
+}
+
+/// What switched since a follower last looked (see [`Store::active_since`]).
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ActiveDelta {
+    /// The applied-change count this answer brings the follower to.
+    pub applied_changes: u64,
+    /// `true`: `endpoints` is the whole active state, to replace what the follower holds
+    /// (the change log no longer reaches back far enough, or too much changed).
+    /// `false`: only the endpoints that switched, to merge.
+    pub full: bool,
+    pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
+}
+
+impl From<ActiveSnapshot> for ActiveDelta {
+    fn from(snapshot: ActiveSnapshot) -> ActiveDelta {
+        ActiveDelta { applied_changes: snapshot.applied_changes, full: true, endpoints: snapshot.endpoints }
+    }
 }
 
 /// The result of an `apply` that was not refused.
@@ -223,10 +256,44 @@ pub trait Store: Clone + Send + Sync + 'static {
         generation: Generation,
         records: &Endpoint,
     ) -> impl Future<Output = StoreResult<ApplyOutcome>> + Send;
+    /// `apply` for every item of `items` at one `generation`, in one durable step: each item
+    /// is fenced on its own and gets its own result (a `Stale` item does not stop the others).
+    /// The whole batch is refused for what concerns the generation (unpublished, pruned), a
+    /// batch over [`APPLY_BATCH_MAX`] items, or an endpoint named twice.
+    ///
+    /// The default applies one by one; stores override it with one transaction.
+    fn apply_many(
+        &self,
+        generation: Generation,
+        items: &[ApplyItem],
+    ) -> impl Future<Output = StoreResult<Vec<StoreResult<ApplyOutcome>>>> + Send {
+        async move {
+            check_batch(items)?;
+            let mut results = Vec::with_capacity(items.len());
+            for item in items {
+                match self.apply(&item.endpoint, generation, &item.records).await {
+                    Err(
+                        e @ (StoreError::Unpublished { .. } | StoreError::Pruned { .. } | StoreError::Io(_) | StoreError::Unavailable(_)),
+                    ) => {
+                        return Err(e);
+                    }
+                    other => results.push(other),
+                }
+            }
+            Ok(results)
+        }
+    }
     /// Retires `endpoint` at `generation` (an operator plan's decision), fenced like `apply`.
     fn retire(&self, endpoint: &EndpointName, generation: Generation) -> impl Future<Output = StoreResult<ApplyOutcome>> + Send;
     fn active(&self, endpoint: &EndpointName) -> impl Future<Output = StoreResult<Option<ActiveRecord>>> + Send;
     fn active_all(&self) -> impl Future<Output = StoreResult<ActiveSnapshot>> + Send;
+    /// The endpoints whose active record switched after the store's applied-change count was
+    /// `since`, with their records now; or, marked `full`, the whole state. The default always
+    /// answers with the whole state, which is correct and slow.
+    fn active_since(&self, since: u64) -> impl Future<Output = StoreResult<ActiveDelta>> + Send {
+        let _ = since;
+        async move { Ok(ActiveDelta::from(self.active_all().await?)) }
+    }
     /// What `cleanup(retain)` would do now, without doing it.
     fn cleanup_preview(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupDecision>> + Send;
     fn cleanup(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupReport>> + Send;
@@ -239,6 +306,20 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Returns as soon as the store's version differs from `seen`, or after `timeout`
     /// (capped at `WAIT_TIMEOUT_MAX`) with the current version. Never busy-polls.
     fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+}
+
+/// The batch-wide checks of `apply_many` that need no store: size and duplicate names.
+pub fn check_batch(items: &[ApplyItem]) -> StoreResult<()> {
+    if items.len() > APPLY_BATCH_MAX {
+        return Err(StoreError::BadRequest(format!("a batch apply has {} endpoints; the limit is {APPLY_BATCH_MAX}", items.len())));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(items.len());
+    for item in items {
+        if !seen.insert(&item.endpoint) {
+            return Err(StoreError::BadRequest(format!("endpoint {} appears twice in one batch apply", item.endpoint)));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {

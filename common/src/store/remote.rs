@@ -6,11 +6,13 @@
 //! endpoint is refused on both sides of the wire.
 
 use super::wire::{
-    AcquireLeaseRequest, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
+    AcquireLeaseRequest, ApplyManyRequest, ApplyManyResponse, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
+    LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
 };
 use super::{
-    ActiveRecord, ActiveSnapshot, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX, Lease,
-    PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_len,
+    ActiveDelta, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX,
+    Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
+    check_batch, check_len,
 };
 use crate::codec;
 use crate::generation::Generation;
@@ -160,6 +162,34 @@ impl Store for RemoteStore {
         self.json(self.inner.client.put(self.url(&Self::endpoint_path(endpoint))).json(&body)).await
     }
 
+    async fn apply_many(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
+        check_batch(items)?;
+        // Invalid items are refused here, one by one, and only the valid ones travel.
+        let valid: Vec<StoreResult<()>> =
+            items.iter().map(|i| validate_endpoint(&i.endpoint, &i.records).map_err(StoreError::from)).collect();
+        let body =
+            ApplyManyRequest { generation, items: items.iter().zip(&valid).filter(|(_, v)| v.is_ok()).map(|(i, _)| i.clone()).collect() };
+        let answers: ApplyManyResponse =
+            if body.items.is_empty() { Vec::new() } else { self.json(self.inner.client.post(self.url("/v1/apply")).json(&body)).await? };
+        if answers.len() != body.items.len() {
+            return Err(StoreError::Unavailable(format!(
+                "control API answered {} results for a batch of {}",
+                answers.len(),
+                body.items.len()
+            )));
+        }
+        let mut answers = answers.into_iter();
+        Ok(valid
+            .into_iter()
+            .map(|v| match v {
+                Err(e) => Err(e),
+                Ok(()) => answers
+                    .next()
+                    .map_or_else(|| Err(StoreError::Unavailable("missing batch result".into())), |r| r.map_err(StoreError::from)),
+            })
+            .collect())
+    }
+
     async fn retire(&self, endpoint: &EndpointName, generation: Generation) -> StoreResult<ApplyOutcome> {
         let path = format!("{}/retire", Self::endpoint_path(endpoint));
         self.json(self.inner.client.post(self.url(&path)).json(&RetireRequest { generation })).await
@@ -171,6 +201,10 @@ impl Store for RemoteStore {
 
     async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
         self.json(self.inner.client.get(self.url("/v1/active"))).await
+    }
+
+    async fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
+        self.json(self.inner.client.get(self.url(&format!("/v1/changes?since={since}")))).await
     }
 
     async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {

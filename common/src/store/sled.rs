@@ -5,6 +5,9 @@
 //! - `active`: endpoint name → [`ActiveRecord`] envelope (the fence and the copied records).
 //! - `fences`: generation (big-endian) ++ endpoint name → empty; an index of serving
 //!   endpoints by generation, so the oldest active generation is one lookup.
+//! - `changes`: applied-change count (big-endian) → endpoint name; the last
+//!   `CHANGE_LOG_KEPT` switches, written in the same transaction as the switch, for
+//!   `active_since`.
 //! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `control_changes`,
 //!   `dns_zone`, `pause`, `lease`.
 //! - `heartbeats`: enactor id → heartbeat envelope.
@@ -22,9 +25,9 @@
 
 use super::lease;
 use super::{
-    ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX,
-    Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
-    check_len, decide_cleanup,
+    ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX,
+    HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError,
+    StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_len, decide_cleanup,
 };
 use crate::codec;
 use crate::generation::Generation;
@@ -49,6 +52,10 @@ const META_CONTROL: &[u8] = b"control_changes";
 const META_DNS_ZONE: &[u8] = b"dns_zone";
 const META_PAUSE: &[u8] = b"pause";
 const META_LEASE: &[u8] = b"lease";
+/// Change-log entries kept for `active_since` followers.
+pub const CHANGE_LOG_KEPT: u64 = 1 << 20;
+/// How often (in applied changes) the change log is trimmed.
+const CHANGE_LOG_TRIM_EVERY: u64 = 1 << 16;
 
 /// The embedded store. Clones share one database.
 #[derive(Clone)]
@@ -62,6 +69,8 @@ struct Inner {
     summaries: sled::Tree,
     active: sled::Tree,
     fences: sled::Tree,
+    /// Applied-change count (big-endian) → endpoint name: the log `active_since` reads.
+    changes: sled::Tree,
     meta: sled::Tree,
     heartbeats: sled::Tree,
     /// Serialises every operation; see the module docs.
@@ -82,6 +91,25 @@ fn tx_error(err: TransactionError<StoreError>) -> StoreError {
         TransactionError::Abort(e) => e,
         TransactionError::Storage(e) => io(e),
     }
+}
+
+fn parse_name(bytes: &[u8], what: &str) -> StoreResult<EndpointName> {
+    DnsName::parse(&String::from_utf8_lossy(bytes))
+        .map_err(|e| corrupt(what, codec::CodecError::Body { kind: "endpoint name", detail: e.to_string() }))
+}
+
+fn change_key(key: &[u8]) -> StoreResult<u64> {
+    let array: [u8; 8] = key.try_into().map_err(|_| corrupt("change log key", codec::CodecError::Truncated { len: key.len() }))?;
+    Ok(u64::from_be_bytes(array))
+}
+
+/// One switch of a batch, prepared under the lock and written in the transaction.
+struct Switch {
+    name: EndpointName,
+    record: Vec<u8>,
+    old_fence: Option<Vec<u8>>,
+    new_fence: Option<Vec<u8>>,
+    applied: u64,
 }
 
 fn fence_key(generation: Generation, name: &EndpointName) -> Vec<u8> {
@@ -121,6 +149,7 @@ impl SledStore {
             summaries: tree("summaries")?,
             active: tree("active")?,
             fences: tree("fences")?,
+            changes: tree("changes")?,
             meta: tree("meta")?,
             heartbeats: tree("heartbeats")?,
             db,
@@ -337,10 +366,23 @@ impl Inner {
 
     /// The fenced write shared by `apply` and `retire`.
     fn switch(&self, name: &EndpointName, generation: Generation, state: ActiveState) -> StoreResult<ApplyOutcome> {
-        if let ActiveState::Serving(records) = &state {
-            // Pair check: plans were validated at build and publish; check again at apply.
-            validate_endpoint(name, records)?;
-        }
+        let mut results = self.switch_many(generation, vec![(name.clone(), state)])?;
+        // Invariant: one result per item.
+        assert_eq!(results.len(), 1, "switch_many returned {} results for one item", results.len());
+        results.remove(0)
+    }
+
+    /// The fenced write of `apply_many`: every item compared against its own fence under the
+    /// writer lock, and every switch committed in one transaction and flushed once.
+    fn switch_many(&self, generation: Generation, items: Vec<(EndpointName, ActiveState)>) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
+        // Pair check: plans were validated at build and publish; check again at apply.
+        let valid: Vec<StoreResult<()>> = items
+            .iter()
+            .map(|(name, state)| match state {
+                ActiveState::Serving(records) => validate_endpoint(name, records).map_err(StoreError::from),
+                ActiveState::Retired => Ok(()),
+            })
+            .collect();
         let _guard = self.guard()?;
         let latest = self.latest()?;
         if generation.is_none() || generation > latest {
@@ -350,29 +392,53 @@ impl Inner {
         if generation < horizon {
             return Err(StoreError::Pruned { attempted: generation, horizon });
         }
-        // Invariant: the fence is compared here, under the writer lock, in the same critical
-        // section that writes: no earlier reading of it is trusted.
-        let current = self.read_active(name)?;
-        let previous = match &current {
-            Some(active) if active.generation > generation => {
-                return Err(StoreError::Stale { endpoint: name.clone(), active: active.generation, attempted: generation });
+        let mut applied = self.meta_u64(META_APPLIED, 0)?;
+        let mut results = Vec::with_capacity(items.len());
+        let mut writes = Vec::new();
+        for ((name, state), valid) in items.into_iter().zip(valid) {
+            if let Err(err) = valid {
+                results.push(Err(err));
+                continue;
             }
-            Some(active) if active.generation == generation => return Ok(ApplyOutcome::Unchanged),
-            Some(active) => active.generation,
-            None => Generation::NONE,
-        };
-        let old_fence = current.as_ref().filter(|a| matches!(a.state, ActiveState::Serving(_))).map(|a| fence_key(a.generation, name));
-        let new_fence = matches!(state, ActiveState::Serving(_)).then(|| fence_key(generation, name));
-        let record = codec::encode(&ActiveRecord { generation, state });
-        let applied = self.meta_u64(META_APPLIED, 0)?.wrapping_add(1);
-        (&self.active, &self.fences, &self.meta)
-            .transaction(|(active, fences, meta)| {
-                active.insert(name.as_str().as_bytes(), record.as_slice())?;
-                if let Some(key) = &old_fence {
-                    fences.remove(key.as_slice())?;
+            // Invariant: the fence is compared here, under the writer lock, in the same
+            // critical section that writes: no earlier reading of it is trusted.
+            let current = self.read_active(&name)?;
+            let previous = match &current {
+                Some(active) if active.generation > generation => {
+                    results.push(Err(StoreError::Stale { endpoint: name, active: active.generation, attempted: generation }));
+                    continue;
                 }
-                if let Some(key) = &new_fence {
-                    fences.insert(key.as_slice(), &[])?;
+                Some(active) if active.generation == generation => {
+                    results.push(Ok(ApplyOutcome::Unchanged));
+                    continue;
+                }
+                Some(active) => active.generation,
+                None => Generation::NONE,
+            };
+            applied = applied.wrapping_add(1);
+            writes.push(Switch {
+                old_fence: current.as_ref().filter(|a| matches!(a.state, ActiveState::Serving(_))).map(|a| fence_key(a.generation, &name)),
+                new_fence: matches!(state, ActiveState::Serving(_)).then(|| fence_key(generation, &name)),
+                record: codec::encode(&ActiveRecord { generation, state }),
+                applied,
+                name,
+            });
+            results.push(Ok(ApplyOutcome::Switched { previous }));
+        }
+        if writes.is_empty() {
+            return Ok(results);
+        }
+        (&self.active, &self.fences, &self.meta, &self.changes)
+            .transaction(|(active, fences, meta, changes)| {
+                for w in &writes {
+                    active.insert(w.name.as_str().as_bytes(), w.record.as_slice())?;
+                    if let Some(key) = &w.old_fence {
+                        fences.remove(key.as_slice())?;
+                    }
+                    if let Some(key) = &w.new_fence {
+                        fences.insert(key.as_slice(), &[])?;
+                    }
+                    changes.insert(&w.applied.to_be_bytes(), w.name.as_str().as_bytes())?;
                 }
                 meta.insert(META_APPLIED, &applied.to_be_bytes())?;
                 Ok::<_, ConflictableTransactionError<StoreError>>(())
@@ -380,20 +446,68 @@ impl Inner {
             .map_err(tx_error)?;
         self.flush()?;
         self.publish_version()?;
-        Ok(ApplyOutcome::Switched { previous })
+        let before = applied - writes.len() as u64;
+        if before / CHANGE_LOG_TRIM_EVERY != applied / CHANGE_LOG_TRIM_EVERY {
+            self.trim_change_log(applied)?;
+        }
+        Ok(results)
+    }
+
+    /// Drops change-log entries older than the last `CHANGE_LOG_KEPT`. Followers further
+    /// behind get the whole state from `active_since`, so this never loses a change.
+    fn trim_change_log(&self, applied: u64) -> StoreResult<()> {
+        let keep_from = applied.saturating_sub(CHANGE_LOG_KEPT) + 1;
+        let mut batch = sled::Batch::default();
+        for key in self.changes.range(..keep_from.to_be_bytes().to_vec()).keys() {
+            batch.remove(key.map_err(io)?);
+        }
+        self.changes.apply_batch(batch).map_err(io)
     }
 
     fn active_all(&self) -> StoreResult<ActiveSnapshot> {
         let _guard = self.guard()?;
+        self.active_all_locked()
+    }
+
+    fn active_all_locked(&self) -> StoreResult<ActiveSnapshot> {
         let mut snapshot = ActiveSnapshot { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Default::default() };
         for entry in self.active.iter() {
             let (key, value) = entry.map_err(io)?;
-            let name = DnsName::parse(&String::from_utf8_lossy(&key))
-                .map_err(|e| corrupt("active endpoint name", codec::CodecError::Body { kind: "endpoint name", detail: e.to_string() }))?;
+            let name = parse_name(&key, "active endpoint name")?;
             let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
             snapshot.endpoints.insert(name, record);
         }
         Ok(snapshot)
+    }
+
+    fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
+        let _guard = self.guard()?;
+        let applied = self.meta_u64(META_APPLIED, 0)?;
+        if since == applied {
+            return Ok(ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() });
+        }
+        // The log must hold every change after `since`: its first entry is `since + 1` or
+        // older. A follower ahead of the store (a store that was replaced) gets everything.
+        let first = self.changes.first().map_err(io)?.map(|(key, _)| change_key(&key)).transpose()?;
+        if since > applied || first.is_none_or(|first| first > since + 1) {
+            return self.active_all_locked().map(ActiveDelta::from);
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for value in self.changes.range((since + 1).to_be_bytes()..).values() {
+            names.insert(value.map_err(io)?);
+            if names.len() > DELTA_ENDPOINTS_MAX {
+                return self.active_all_locked().map(ActiveDelta::from);
+            }
+        }
+        let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() };
+        for key in names {
+            let name = parse_name(&key, "change log")?;
+            let record = self.read_active(&name)?.ok_or_else(|| {
+                corrupt(format!("change log names {name}, which has no active record"), codec::CodecError::Truncated { len: 0 })
+            })?;
+            delta.endpoints.insert(name, record);
+        }
+        Ok(delta)
     }
 
     fn decide(&self, retain: u64) -> StoreResult<CleanupDecision> {
@@ -405,9 +519,7 @@ impl Inner {
                 let g = Generation::from_be_bytes(
                     g.try_into().map_err(|_| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?,
                 );
-                let name = DnsName::parse(&String::from_utf8_lossy(name))
-                    .map_err(|e| corrupt("fence index", codec::CodecError::Body { kind: "endpoint name", detail: e.to_string() }))?;
-                Some((g, name))
+                Some((g, parse_name(name, "fence index")?))
             }
         };
         Ok(decide_cleanup(self.horizon()?, self.latest()?, oldest, retain))
@@ -524,6 +636,12 @@ impl Store for SledStore {
         self.blocking(move |inner| inner.switch(&name, generation, state)).await
     }
 
+    async fn apply_many(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
+        check_batch(items)?;
+        let items: Vec<_> = items.iter().map(|i| (i.endpoint.clone(), ActiveState::Serving(i.records.clone()))).collect();
+        self.blocking(move |inner| inner.switch_many(generation, items)).await
+    }
+
     async fn retire(&self, endpoint: &EndpointName, generation: Generation) -> StoreResult<ApplyOutcome> {
         let name = endpoint.clone();
         self.blocking(move |inner| inner.switch(&name, generation, ActiveState::Retired)).await
@@ -540,6 +658,10 @@ impl Store for SledStore {
 
     async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
         self.blocking(|inner| inner.active_all()).await
+    }
+
+    async fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
+        self.blocking(move |inner| inner.active_since(since)).await
     }
 
     async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
@@ -597,5 +719,75 @@ impl Store for SledStore {
                 Ok(Ok(())) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::ZoneId;
+    use crate::plan::{Author, Plan, Target};
+    use std::collections::BTreeSet;
+
+    fn endpoint(last: u8) -> Endpoint {
+        let zone = ZoneId::parse("a").expect("zone");
+        Endpoint { ttl_secs: 30, targets: vec![Target { address: [192, 0, 2, last].into(), zone, weight: 1 }] }
+    }
+
+    fn items(labels: &[&str], last: u8) -> Vec<ApplyItem> {
+        labels
+            .iter()
+            .map(|l| ApplyItem { endpoint: DnsName::parse(&format!("{l}.example.test.")).expect("name"), records: endpoint(last) })
+            .collect()
+    }
+
+    async fn store_with_plans(dir: &Path, plans: u64) -> SledStore {
+        let store = SledStore::open(dir).expect("open");
+        for g in 1..=plans {
+            let plan = Plan {
+                generation: Generation(g),
+                parent_generation: Generation(g - 1),
+                created_at_unix_ms: 0,
+                author: Author::Operator { name: "test".into() },
+                reason: "test".into(),
+                dns_zone: DnsName::parse("example.test.").expect("zone"),
+                endpoints: items(&["a"], 1).into_iter().map(|i| (i.endpoint, i.records)).collect(),
+                retired: BTreeSet::new(),
+                rollback_of: None,
+                provenance: Vec::new(),
+            };
+            store.publish(&ValidatedPlan::new(plan).expect("valid")).await.expect("publish");
+        }
+        store
+    }
+
+    #[tokio::test]
+    async fn a_delta_names_only_what_switched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_with_plans(dir.path(), 2).await;
+        store.apply_many(Generation(1), &items(&["a", "b", "c", "d"], 1)).await.expect("batch");
+        let seen = store.version().await.expect("version").applied_changes;
+        store.apply_many(Generation(2), &items(&["b", "d"], 2)).await.expect("batch");
+        let delta = store.active_since(seen).await.expect("delta");
+        assert!(!delta.full, "the log reaches back: want a delta");
+        let names: Vec<_> = delta.endpoints.keys().map(|n| n.as_str().to_owned()).collect();
+        assert_eq!(names, ["b.example.test.", "d.example.test."]);
+        assert_eq!(delta.applied_changes, seen + 2);
+    }
+
+    #[tokio::test]
+    async fn a_follower_behind_the_log_gets_the_whole_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_with_plans(dir.path(), 2).await;
+        store.apply_many(Generation(1), &items(&["a", "b"], 1)).await.expect("batch");
+        store.apply_many(Generation(2), &items(&["b"], 2)).await.expect("batch");
+        // A store written before the log existed, or a log trimmed past the follower.
+        store.inner.changes.remove(1u64.to_be_bytes()).expect("remove");
+        let delta = store.active_since(0).await.expect("delta");
+        assert!(delta.full, "the log misses change 1: want the whole state");
+        assert_eq!(delta.endpoints.len(), 2);
+        let delta = store.active_since(1).await.expect("delta");
+        assert!(!delta.full, "changes 2 and 3 are in the log");
+        assert_eq!(delta.endpoints.keys().map(|n| n.as_str()).collect::<Vec<_>>(), ["b.example.test."]);
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Plans travel as codec envelopes (`application/octet-stream`); everything else is JSON.
 
-use super::{PauseState, StoreError};
+use super::{ApplyItem, ApplyOutcome, PauseState, StoreError};
 use crate::codec::CodecError;
 use crate::generation::Generation;
 use crate::names::DnsName;
@@ -15,6 +15,22 @@ use serde::{Deserialize, Serialize};
 pub struct ApplyRequest {
     pub generation: Generation,
     pub records: Endpoint,
+}
+
+/// Body of `POST /v1/apply`: a batch apply.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ApplyManyRequest {
+    pub generation: Generation,
+    pub items: Vec<ApplyItem>,
+}
+
+/// Answer of `POST /v1/apply`: one result per item, in order.
+pub type ApplyManyResponse = Vec<Result<ApplyOutcome, WireError>>;
+
+/// Query of `GET /v1/changes`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChangesQuery {
+    pub since: u64,
 }
 
 /// Body of `POST /v1/active/{endpoint}/retire`.
