@@ -9,7 +9,7 @@
 //! min(SOA TTL, SOA MINIMUM) (RFC 2308). The server advertises its own EDNS UDP payload size.
 //! UDP answers that do not fit the client's size are sent with TC=1 and no records.
 
-use crate::snapshot::{Managed, Snapshot};
+use crate::snapshot::{Family, Managed, Snapshot};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
@@ -179,23 +179,53 @@ fn collect(query: &Query, managed: Option<&Managed>, statics: &[Record], limits:
     out
 }
 
-/// Weighted random sampling without replacement (Efraimidis–Spirakis): each target gets the
-/// key `ln(u) / weight` and the `k` largest keys win, in key order, so the answer order is
-/// weighted too. Zero-weight targets are used only when no target has a non-zero weight
-/// (Route 53 semantics), and then uniformly.
-pub fn sample<T: Copy>(targets: &[(T, u32)], k: usize, rng: &mut impl Rng) -> Vec<T> {
-    let any_weighted = targets.iter().any(|(_, w)| *w > 0);
-    let mut keyed: Vec<(f64, T)> = targets
-        .iter()
-        .filter(|(_, w)| !any_weighted || *w > 0)
-        .map(|(t, w)| {
-            let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
-            let weight = if any_weighted { f64::from(*w) } else { 1.0 };
-            (u.ln() / weight, *t)
-        })
-        .collect();
-    keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
-    keyed.into_iter().take(k).map(|(_, t)| t).collect()
+/// Most targets one family can have (the plan limit).
+pub const FAMILY_TARGETS_MAX: usize = dnsplan_common::plan::TARGETS_PER_ENDPOINT_MAX;
+
+/// Chooses up to `k` of `family`'s targets, weighted, without replacement, and returns them in
+/// answer order. Writes indices into `out` and returns how many; allocates nothing.
+///
+/// Weighted: Efraimidis–Spirakis: each target gets the key `ln(u) / weight` and the `k`
+/// largest keys win, in key order, so the answer order is weighted too. Equal weights: a
+/// uniform partial shuffle, the same distribution without logarithms. Zero-weight targets
+/// never reach here unless every weight is zero (see `snapshot::Family`), and then all weigh
+/// the same.
+pub fn sample_indices<T>(family: &Family<T>, k: usize, rng: &mut impl Rng, out: &mut [u8; FAMILY_TARGETS_MAX]) -> usize {
+    let n = family.targets.len().min(FAMILY_TARGETS_MAX);
+    let k = k.min(n);
+    for (i, slot) in out.iter_mut().enumerate().take(n) {
+        *slot = i as u8;
+    }
+    if family.uniform {
+        for i in 0..k {
+            let j = rng.random_range(i..n);
+            out.swap(i, j);
+        }
+        return k;
+    }
+    let mut keys = [0f64; FAMILY_TARGETS_MAX];
+    for (key, (_, w)) in keys.iter_mut().zip(family.targets.iter()) {
+        let u: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+        *key = u.ln() / f64::from(*w);
+    }
+    // Partial selection sort: k is small (the answer size).
+    for i in 0..k {
+        let mut best = i;
+        for j in i + 1..n {
+            if keys[usize::from(out[j])] > keys[usize::from(out[best])] {
+                best = j;
+            }
+        }
+        out.swap(i, best);
+    }
+    k
+}
+
+/// `sample_indices` as addresses.
+pub fn sample<T: Copy>(family: &Family<T>, k: usize, rng: &mut impl Rng) -> Vec<T> {
+    let mut picked = [0u8; FAMILY_TARGETS_MAX];
+    let count = sample_indices(family, k, rng, &mut picked);
+    picked[..count].iter().map(|&i| family.targets[usize::from(i)].0).collect()
 }
 
 fn finish(resp: Message, qtype: Option<RecordType>, transport: Transport, udp_limit: u16) -> Option<(Vec<u8>, Outcome)> {

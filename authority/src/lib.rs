@@ -1,7 +1,8 @@
 //! dnsplan's authority: the authoritative DNS server for the managed DNS zone, and the
 //! control API through which planners and enactors reach the store it serves from.
 //!
-//! `answer` is the pure query path; `snapshot` the immutable state it reads; `server` the UDP
+//! `answer` is the pure query path and `fast` its allocation-free UDP shortcut; `snapshot` the
+//! immutable state they read; `server` the UDP
 //! and TCP shell and the follower that swaps snapshots; `control` the HTTP API; `run` the
 //! wiring of one authority process.
 
@@ -10,6 +11,7 @@ pub mod args;
 pub mod config;
 pub mod control;
 pub mod dns_zone;
+pub mod fast;
 pub mod metrics;
 pub mod run;
 pub mod server;

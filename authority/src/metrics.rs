@@ -7,12 +7,17 @@
 
 use crate::answer::{Outcome, Transport};
 use crate::snapshot::Snapshot;
-use prometheus_client::encoding::EncodeLabelSet;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Most per-endpoint series. Ten thousand series is what one scrape target can carry
 /// comfortably; a million-name DNS zone would swamp a Prometheus server.
@@ -20,9 +25,140 @@ pub const PER_ENDPOINT_SERIES_MAX: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueryLabels {
-    pub qtype: String,
-    pub rcode: String,
+    pub qtype: &'static str,
+    pub rcode: &'static str,
     pub transport: &'static str,
+}
+
+/// Query types counted by name; the rest count as `other`, so clients cannot invent series.
+const QTYPES: [RecordType; 13] = [
+    RecordType::A,
+    RecordType::AAAA,
+    RecordType::ANY,
+    RecordType::CNAME,
+    RecordType::MX,
+    RecordType::NS,
+    RecordType::SOA,
+    RecordType::TXT,
+    RecordType::SRV,
+    RecordType::PTR,
+    RecordType::HTTPS,
+    RecordType::SVCB,
+    RecordType::CAA,
+];
+const QTYPE_SLOTS: usize = QTYPES.len() + 2; // + other + none (no question)
+const RCODES: [ResponseCode; 7] = [
+    ResponseCode::NoError,
+    ResponseCode::FormErr,
+    ResponseCode::ServFail,
+    ResponseCode::NXDomain,
+    ResponseCode::NotImp,
+    ResponseCode::Refused,
+    ResponseCode::BADVERS,
+];
+const RCODE_SLOTS: usize = RCODES.len() + 1; // + other
+const TRANSPORTS: [Transport; 2] = [Transport::Udp, Transport::Tcp];
+/// Response size buckets: 32, 64, ... 65,536 bytes, then +Inf.
+const SIZE_BUCKETS: usize = 12;
+
+fn qtype_slot(qtype: Option<RecordType>) -> usize {
+    match qtype {
+        None => QTYPE_SLOTS - 1,
+        Some(t) => QTYPES.iter().position(|&q| q == t).unwrap_or(QTYPES.len()),
+    }
+}
+
+fn qtype_label(slot: usize) -> &'static str {
+    match QTYPES.get(slot) {
+        Some(t) => qtype_name(*t),
+        None if slot == QTYPES.len() => "other",
+        None => "none",
+    }
+}
+
+fn qtype_name(t: RecordType) -> &'static str {
+    match t {
+        RecordType::A => "A",
+        RecordType::AAAA => "AAAA",
+        RecordType::ANY => "ANY",
+        RecordType::CNAME => "CNAME",
+        RecordType::MX => "MX",
+        RecordType::NS => "NS",
+        RecordType::SOA => "SOA",
+        RecordType::TXT => "TXT",
+        RecordType::SRV => "SRV",
+        RecordType::PTR => "PTR",
+        RecordType::HTTPS => "HTTPS",
+        RecordType::SVCB => "SVCB",
+        RecordType::CAA => "CAA",
+        _ => "other",
+    }
+}
+
+fn rcode_slot(rcode: ResponseCode) -> usize {
+    RCODES.iter().position(|&r| r == rcode).unwrap_or(RCODES.len())
+}
+
+/// Query counters the hot path bumps with relaxed atomic adds (no lock, no allocation),
+/// encoded as the `dnsplan_dns_queries_total` family at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct QueryCounters {
+    cells: Arc<[[[AtomicU64; RCODE_SLOTS]; QTYPE_SLOTS]; 2]>,
+}
+
+impl EncodeMetric for QueryCounters {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (t, transport) in TRANSPORTS.iter().enumerate() {
+            for (q, row) in self.cells[t].iter().enumerate() {
+                for (r, cell) in row.iter().enumerate() {
+                    let value = cell.load(Ordering::Relaxed);
+                    if value == 0 {
+                        continue;
+                    }
+                    let rcode = RCODES.get(r).map_or("other", |c| c.to_str());
+                    let labels = QueryLabels { qtype: qtype_label(q), rcode, transport: transport.as_str() };
+                    encoder.encode_family(&labels)?.encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// A response-size histogram the hot path bumps with relaxed atomic adds.
+#[derive(Clone, Debug, Default)]
+pub struct SizeHistogram {
+    inner: Arc<([AtomicU64; SIZE_BUCKETS + 1], AtomicU64)>,
+}
+
+impl SizeHistogram {
+    fn observe(&self, bytes: usize) {
+        // Bucket i holds sizes up to 32 * 2^i.
+        let slot = (usize::BITS - bytes.saturating_sub(1).leading_zeros()).saturating_sub(5) as usize;
+        self.inner.0[slot.min(SIZE_BUCKETS)].fetch_add(1, Ordering::Relaxed);
+        self.inner.1.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+impl EncodeMetric for SizeHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let counts: Vec<u64> = self.inner.0.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+        let buckets: Vec<(f64, u64)> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (if i < SIZE_BUCKETS { 32.0 * f64::from(1u32 << i) } else { f64::INFINITY }, c))
+            .collect();
+        let sum = self.inner.1.load(Ordering::Relaxed) as f64;
+        encoder.encode_histogram::<NoLabelSet>(sum, counts.iter().sum(), &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,9 +173,9 @@ pub struct EndpointLabels {
 
 pub struct Metrics {
     registry: Registry,
-    queries: Family<QueryLabels, Counter>,
+    queries: QueryCounters,
     truncated: Counter,
-    response_bytes: Histogram,
+    response_bytes: SizeHistogram,
     pub applies: Family<ApplyLabels, Counter>,
     snapshot_swap_seconds: Histogram,
     active_generation: Family<EndpointLabels, Gauge>,
@@ -58,11 +194,11 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("dnsplan");
-        let queries = Family::<QueryLabels, Counter>::default();
+        let queries = QueryCounters::default();
         registry.register("dns_queries", "DNS queries answered, by query type, response code and transport", queries.clone());
         let truncated = Counter::default();
         registry.register("dns_truncated", "UDP answers sent with TC=1 because they did not fit", truncated.clone());
-        let response_bytes = Histogram::new(exponential_buckets(32.0, 2.0, 12));
+        let response_bytes = SizeHistogram::default();
         registry.register("dns_response_bytes", "Size of DNS responses in bytes", response_bytes.clone());
         let applies = Family::<ApplyLabels, Counter>::default();
         registry.register("store_applies", "Applies received through the control API, by outcome", applies.clone());
@@ -98,9 +234,9 @@ impl Metrics {
     }
 
     pub fn observe_query(&self, outcome: &Outcome, transport: Transport) {
-        let qtype = outcome.qtype.map_or_else(|| "none".to_owned(), |t| t.to_string());
-        self.queries.get_or_create(&QueryLabels { qtype, rcode: outcome.rcode.to_str().to_owned(), transport: transport.as_str() }).inc();
-        self.response_bytes.observe(outcome.bytes as f64);
+        let t = usize::from(transport == Transport::Tcp);
+        self.queries.cells[t][qtype_slot(outcome.qtype)][rcode_slot(outcome.rcode)].fetch_add(1, Ordering::Relaxed);
+        self.response_bytes.observe(outcome.bytes);
         if outcome.truncated {
             self.truncated.inc();
         }
@@ -110,13 +246,13 @@ impl Metrics {
         self.snapshot_swap_seconds.observe(build_seconds);
         self.managed_endpoints.set(snapshot.managed_count() as i64);
         self.applied_changes.set(snapshot.applied_changes as i64);
-        let (min, max) = snapshot.managed().map(|m| m.generation.0 as i64).fold((i64::MAX, 0), |(lo, hi), g| (lo.min(g), hi.max(g)));
-        self.active_generation_min.set(if max == 0 { 0 } else { min });
+        let (min, max) = snapshot.generation_range().map_or((0, 0), |(lo, hi)| (lo.0 as i64, hi.0 as i64));
+        self.active_generation_min.set(min);
         self.active_generation_max.set(max);
         self.active_generation.clear();
         if snapshot.managed_count() <= PER_ENDPOINT_SERIES_MAX {
-            for m in snapshot.managed() {
-                if let Some(endpoint) = &m.endpoint {
+            for entry in snapshot.managed() {
+                if let (Some(endpoint), Some(m)) = (entry.endpoint(), &entry.managed) {
                     self.active_generation.get_or_create(&EndpointLabels { endpoint: endpoint.to_string() }).set(m.generation.0 as i64);
                 }
             }

@@ -6,7 +6,7 @@ use crate::config::AuthorityConfig;
 use crate::control::{self, ApiError, Control};
 use crate::dns_zone::StaticZone;
 use crate::metrics::Metrics;
-use crate::server::{Serving, TcpLimits, serve_tcp, serve_udp};
+use crate::server::{Serving, TcpLimits, bind_udp, serve_tcp, serve_udp};
 use anyhow::Context;
 use axum::Json;
 use axum::extract::State;
@@ -90,12 +90,15 @@ pub async fn run_with_extras<S: Store>(
     let mut tasks = tokio::task::JoinSet::new();
     let mut dns = Vec::new();
     for addr in &config.dns.listen {
-        let udp = tokio::net::UdpSocket::bind(addr).await.with_context(|| format!("binding DNS UDP on {addr}"))?;
-        let bound = udp.local_addr()?;
+        let sockets = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let udp = bind_udp(*addr, sockets).with_context(|| format!("binding DNS UDP on {addr}"))?;
+        let bound = udp[0].local_addr()?;
         // TCP on the same port as UDP, also when the port was 0.
         let tcp = tokio::net::TcpListener::bind(bound).await.with_context(|| format!("binding DNS TCP on {bound}"))?;
         dns.push(bound);
-        tasks.spawn(serve_udp(udp, serving.clone()));
+        for socket in udp {
+            tasks.spawn(serve_udp(socket, serving.clone()));
+        }
         tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
     }
     tasks.spawn(serving.clone().follow(store.clone()));

@@ -3,6 +3,7 @@
 
 use crate::answer::{AnswerLimits, TCP_MESSAGE_BYTES_MAX, Transport, respond};
 use crate::dns_zone::StaticZone;
+use crate::fast::{Fast, respond_fast};
 use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use arc_swap::ArcSwap;
@@ -69,11 +70,13 @@ impl Serving {
         }
     }
 
+    /// Brings the snapshot up to the store: merges what switched since the current snapshot,
+    /// or rebuilds from the whole state when the store answers with it.
     async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
         let started = Instant::now();
-        let active = store.active_all().await?;
-        let zone = self.zone.clone();
-        let snapshot = tokio::task::spawn_blocking(move || Snapshot::build(zone, &active)).await?;
+        let current = self.snapshot.load_full();
+        let delta = store.active_since(current.applied_changes).await?;
+        let snapshot = tokio::task::spawn_blocking(move || current.apply(&delta)).await?;
         let applied = snapshot.applied_changes;
         self.metrics.observe_snapshot(&snapshot, started.elapsed().as_secs_f64());
         self.snapshot.store(Arc::new(snapshot));
@@ -83,25 +86,79 @@ impl Serving {
 }
 
 /// Answers UDP queries on `socket` until the task is dropped.
+///
+/// After each wake-up it drains the socket with non-blocking receives and sends, so under
+/// load a query costs two system calls and no trip through the reactor. Common queries are
+/// answered by `fast::respond_fast` into a reused buffer; the rest by `answer::respond`.
 pub async fn serve_udp(socket: UdpSocket, serving: Arc<Serving>) {
     let mut buf = vec![0u8; 65_535];
+    let mut out = Vec::with_capacity(usize::from(u16::MAX));
     let mut rng = SmallRng::from_rng(&mut rand::rng());
     loop {
-        let (len, peer) = match socket.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(err) => {
-                tracing::warn!(%err, "UDP receive failed");
-                continue;
-            }
-        };
-        let snapshot = serving.snapshot.load();
-        if let Some((bytes, outcome)) = respond(&buf[..len], &snapshot, Transport::Udp, &serving.limits, &mut rng) {
-            if let Err(err) = socket.send_to(&bytes, peer).await {
-                tracing::debug!(%err, %peer, "UDP send failed");
-            }
+        if let Err(err) = socket.readable().await {
+            tracing::warn!(%err, "UDP socket failed");
+            continue;
+        }
+        loop {
+            let (len, peer) = match socket.try_recv_from(&mut buf) {
+                Ok(x) => x,
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(err) => {
+                    // ICMP errors from earlier sends surface here on some systems.
+                    tracing::debug!(%err, "UDP receive failed");
+                    continue;
+                }
+            };
+            let snapshot = serving.snapshot.load();
+            let outcome = match respond_fast(&buf[..len], &snapshot, &serving.limits, &mut rng, &mut out) {
+                Fast::Answered(outcome) => outcome,
+                Fast::Drop => continue,
+                Fast::Slow => match respond(&buf[..len], &snapshot, Transport::Udp, &serving.limits, &mut rng) {
+                    Some((bytes, outcome)) => {
+                        out.clear();
+                        out.extend_from_slice(&bytes);
+                        outcome
+                    }
+                    None => continue,
+                },
+            };
+            drop(snapshot);
+            send_udp(&socket, &out, peer).await;
             serving.metrics.observe_query(&outcome, Transport::Udp);
         }
     }
+}
+
+async fn send_udp(socket: &UdpSocket, bytes: &[u8], peer: std::net::SocketAddr) {
+    let sent = match socket.try_send_to(bytes, peer) {
+        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => socket.send_to(bytes, peer).await,
+        other => other,
+    };
+    if let Err(err) = sent {
+        tracing::debug!(%err, %peer, "UDP send failed");
+    }
+}
+
+/// `count` UDP sockets bound to `addr` with `SO_REUSEPORT`, so the kernel spreads queries
+/// over one receive loop per core. Port 0 picks one port for all of them.
+pub fn bind_udp(addr: std::net::SocketAddr, count: usize) -> std::io::Result<Vec<UdpSocket>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut sockets = Vec::with_capacity(count.max(1));
+    // SO_REUSEPORT would let us share a port with another live server of the same user, which
+    // would split the traffic silently. A plain bind first fails with "address in use" then.
+    let addr = std::net::UdpSocket::bind(addr)?.local_addr()?;
+    for _ in 0..count.max(1) {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        let std: std::net::UdpSocket = socket.into();
+        sockets.push(UdpSocket::from_std(std)?);
+    }
+    Ok(sockets)
 }
 
 /// Accepts TCP connections on `listener` until the task is dropped.

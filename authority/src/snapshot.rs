@@ -2,113 +2,338 @@
 //! zone plus the store's active state, and swapped atomically after each change.
 //!
 //! The query path never touches the store or a lock a writer holds: it loads an `Arc` from an
-//! `ArcSwap` and reads. Lookups are hash lookups, so a miss costs the same in a 10-name zone as
-//! in a 1,000,000-name one.
+//! `ArcSwap` and reads. Names are keyed by their lower-case wire form in a hash table split
+//! into `SHARDS` shards, so a miss costs the same in a 10-name zone as in a 1,000,000-name
+//! one, and a change copies only the shards it touches: `apply(delta)` shares every other
+//! shard, and every untouched entry, with the previous snapshot.
 
 use crate::dns_zone::StaticZone;
-use dnsplan_common::store::{ActiveSnapshot, ActiveState};
+use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::{EndpointName, Generation};
+use hashbrown::HashTable;
 use hickory_proto::rr::{Name, Record};
-use std::collections::{HashMap, HashSet};
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-/// A managed endpoint as served: addresses by family with their weights.
-#[derive(Clone, Debug, Default)]
-pub struct Managed {
-    pub endpoint: Option<EndpointName>,
-    pub generation: Generation,
-    pub ttl_secs: u32,
-    pub v4: Vec<(Ipv4Addr, u32)>,
-    pub v6: Vec<(Ipv6Addr, u32)>,
+/// Shards of the name table. A change of `k` names copies at most `k` shards (of about
+/// `names / SHARDS` entry pointers each).
+pub const SHARDS: usize = 1024;
+/// Longest name in wire form (RFC 1035 §2.3.4).
+pub const NAME_WIRE_BYTES_MAX: usize = 255;
+
+/// One hasher for the life of the process, randomly seeded, so that keys stay in their shard
+/// from one snapshot to the next and names chosen by a client cannot aim at one bucket.
+static HASHER: LazyLock<foldhash::quality::RandomState> = LazyLock::new(foldhash::quality::RandomState::default);
+
+/// The hash of a lower-case wire-form name.
+pub fn hash_key(key: &[u8]) -> u64 {
+    HASHER.hash_one(key)
 }
 
-/// Everything served at one owner name.
+fn shard_of(hash: u64) -> usize {
+    // The table uses the low bits for its buckets and the top 7 for its tags; the shard comes
+    // from bits in between so the three stay independent.
+    ((hash >> 32) as usize) % SHARDS
+}
+
+/// The lower-case wire form of `name` (labels with length bytes, ending in the root).
+pub fn wire_key(name: &Name) -> Vec<u8> {
+    let mut key = Vec::with_capacity(name.len() + 2);
+    for label in name.iter() {
+        key.push(label.len() as u8);
+        key.extend(label.iter().map(u8::to_ascii_lowercase));
+    }
+    key.push(0);
+    key
+}
+
+/// The targets of one address family as served: only those eligible (non-zero weight, or all
+/// of them when every weight is zero), with whether they all weigh the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Family<T> {
+    pub targets: Box<[(T, u32)]>,
+    /// Every target has the same weight: sampling is a uniform shuffle.
+    pub uniform: bool,
+}
+
+impl<T> Default for Family<T> {
+    fn default() -> Self {
+        Family { targets: Box::default(), uniform: true }
+    }
+}
+
+impl<T: Copy> Family<T> {
+    fn new(all: &[(T, u32)]) -> Family<T> {
+        let any_weighted = all.iter().any(|(_, w)| *w > 0);
+        let targets: Box<[(T, u32)]> =
+            all.iter().filter(|(_, w)| !any_weighted || *w > 0).map(|&(t, w)| (t, if any_weighted { w } else { 1 })).collect();
+        let uniform = targets.windows(2).all(|w| w[0].1 == w[1].1);
+        Family { targets, uniform }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+}
+
+/// A managed endpoint as served: addresses by family with their weights.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Managed {
+    pub generation: Generation,
+    pub ttl_secs: u32,
+    pub v4: Family<Ipv4Addr>,
+    pub v6: Family<Ipv6Addr>,
+}
+
+impl Managed {
+    fn from_record(record: &ActiveRecord) -> Option<Managed> {
+        let ActiveState::Serving(served) = &record.state else { return None };
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for t in &served.targets {
+            match t.address {
+                IpAddr::V4(a) => v4.push((a, t.weight)),
+                IpAddr::V6(a) => v6.push((a, t.weight)),
+            }
+        }
+        Some(Managed { generation: record.generation, ttl_secs: served.ttl_secs, v4: Family::new(&v4), v6: Family::new(&v6) })
+    }
+}
+
+/// Everything served at one owner name, plus how many names with data lie below it (a name
+/// without data but with descendants is an empty non-terminal: NODATA, not NXDOMAIN).
 #[derive(Clone, Debug, Default)]
-pub struct NameData {
+pub struct Entry {
+    /// Lower-case wire form.
+    pub key: Box<[u8]>,
     pub managed: Option<Managed>,
     /// Static records at this name (the apex SOA and NS included).
     pub statics: Vec<Record>,
+    descendants: u32,
 }
 
+impl Entry {
+    pub fn has_data(&self) -> bool {
+        self.managed.is_some() || !self.statics.is_empty()
+    }
+
+    /// The endpoint name in text form.
+    pub fn endpoint(&self) -> Option<EndpointName> {
+        let mut text = String::with_capacity(self.key.len());
+        let mut rest = &self.key[..];
+        while let Some((&len, tail)) = rest.split_first() {
+            if len == 0 {
+                break;
+            }
+            let (label, tail) = tail.split_at_checked(usize::from(len))?;
+            text.push_str(std::str::from_utf8(label).ok()?);
+            text.push('.');
+            rest = tail;
+        }
+        EndpointName::parse(&text).ok()
+    }
+}
+
+type Shard = HashTable<Arc<Entry>>;
+
+#[derive(Clone)]
 pub struct Snapshot {
     pub zone: Arc<StaticZone>,
     /// SOA serial: the store's applied-change counter mod 2^32 (RFC 1982 arithmetic is the
     /// secondaries' business; safety never compares serials).
     pub serial: u32,
     pub applied_changes: u64,
-    /// Keyed by lower-case absolute name.
-    names: HashMap<Name, NameData>,
-    /// Names without records that have descendants (empty non-terminals): NODATA, not NXDOMAIN.
-    empty_non_terminals: HashSet<Name>,
+    /// The origin in lower-case wire form.
+    pub origin_key: Box<[u8]>,
+    pub origin_labels: usize,
+    /// The SOA's RDATA in wire form (names uncompressed), with this snapshot's serial.
+    pub soa_rdata: Box<[u8]>,
+    shards: Arc<[Arc<Shard>]>,
     managed_count: usize,
+    /// How many managed endpoints serve each generation.
+    generations: Arc<BTreeMap<Generation, usize>>,
 }
 
 impl Snapshot {
+    /// A snapshot of the static zone and every serving endpoint of `active`.
     pub fn build(zone: Arc<StaticZone>, active: &ActiveSnapshot) -> Snapshot {
-        let serial = active.applied_changes as u32; // mod 2^32 by truncation, as documented
-        let mut names: HashMap<Name, NameData> = HashMap::with_capacity(active.endpoints.len() + zone.records.len() + 1);
-        let apex = names.entry(zone.origin.clone()).or_default();
-        apex.statics.push(zone.soa_record(serial, zone.soa_ttl_secs));
-        apex.statics.extend(zone.ns.iter().cloned());
-        for record in &zone.records {
-            names.entry(record.name.clone()).or_default().statics.push(record.clone());
+        let shards: Arc<[Arc<Shard>]> = (0..SHARDS).map(|_| Arc::new(Shard::new())).collect();
+        let mut snapshot = Snapshot {
+            serial: 0,
+            applied_changes: 0,
+            origin_key: wire_key(&zone.origin).into(),
+            origin_labels: usize::from(zone.origin.num_labels()),
+            soa_rdata: Box::default(),
+            shards,
+            managed_count: 0,
+            generations: Arc::default(),
+            zone: zone.clone(),
+        };
+        let mut statics: Vec<Record> = vec![zone.soa_record(0, zone.soa_ttl_secs)];
+        statics.extend(zone.ns.iter().cloned());
+        statics.extend(zone.records.iter().cloned());
+        for record in statics {
+            let key = wire_key(&record.name);
+            snapshot.update(&key, |entry| entry.statics.push(record));
         }
-        let mut managed_count = 0;
-        for (endpoint, record) in &active.endpoints {
-            let ActiveState::Serving(served) = &record.state else { continue };
-            let Ok(name) = Name::from_ascii(endpoint.as_str()) else {
-                // Invariant: every EndpointName is a valid DNS name; log rather than serve wrong.
-                tracing::error!(%endpoint, "active endpoint is not a valid DNS name; not served");
-                continue;
-            };
-            let name = name.to_lowercase();
-            if !zone.origin.zone_of(&name) {
-                tracing::error!(%endpoint, origin = %zone.origin, "active endpoint is outside the DNS zone; not served");
-                continue;
-            }
-            let mut managed = Managed {
-                endpoint: Some(endpoint.clone()),
-                generation: record.generation,
-                ttl_secs: served.ttl_secs,
-                ..Managed::default()
-            };
-            for t in &served.targets {
-                match t.address {
-                    IpAddr::V4(a) => managed.v4.push((a, t.weight)),
-                    IpAddr::V6(a) => managed.v6.push((a, t.weight)),
-                }
-            }
-            names.entry(name).or_default().managed = Some(managed);
-            managed_count += 1;
-        }
-        let mut empty_non_terminals = HashSet::new();
-        for name in names.keys() {
-            let mut parent = name.base_name();
-            while parent.num_labels() > zone.origin.num_labels() {
-                if !names.contains_key(&parent) && !empty_non_terminals.insert(parent.clone()) {
-                    break; // this branch is already recorded
-                }
-                parent = parent.base_name();
-            }
-        }
-        Snapshot { zone, serial, applied_changes: active.applied_changes, names, empty_non_terminals, managed_count }
+        snapshot.merge(active.applied_changes, active.endpoints.iter());
+        snapshot
     }
 
-    /// The data at `name` (lower case).
-    pub fn get(&self, name: &Name) -> Option<&NameData> {
-        self.names.get(name)
+    /// The snapshot after `delta`: merged into this one, or rebuilt when `delta` is the whole
+    /// state. Untouched shards and entries are shared with `self`.
+    pub fn apply(&self, delta: &ActiveDelta) -> Snapshot {
+        if delta.full {
+            let active = ActiveSnapshot { applied_changes: delta.applied_changes, endpoints: delta.endpoints.clone() };
+            return Snapshot::build(self.zone.clone(), &active);
+        }
+        let mut next = self.clone();
+        next.merge(delta.applied_changes, delta.endpoints.iter());
+        next
+    }
+
+    fn merge<'a>(&mut self, applied_changes: u64, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
+        for (endpoint, record) in endpoints {
+            let Some(key) = self.managed_key(endpoint) else { continue };
+            let managed = Managed::from_record(record);
+            let mut delta_count: isize = 0;
+            let mut before = None;
+            self.update(&key, |entry| {
+                before = entry.managed.as_ref().map(|m| m.generation);
+                entry.managed = managed.clone();
+            });
+            let generations = Arc::make_mut(&mut self.generations);
+            if let Some(g) = before {
+                delta_count -= 1;
+                if let Some(n) = generations.get_mut(&g) {
+                    *n -= 1;
+                    if *n == 0 {
+                        generations.remove(&g);
+                    }
+                }
+            }
+            if let Some(m) = &managed {
+                delta_count += 1;
+                *generations.entry(m.generation).or_default() += 1;
+            }
+            self.managed_count = self.managed_count.saturating_add_signed(delta_count);
+        }
+        self.set_serial(applied_changes);
+    }
+
+    fn set_serial(&mut self, applied_changes: u64) {
+        self.applied_changes = applied_changes;
+        self.serial = applied_changes as u32; // mod 2^32 by truncation, as documented
+        let soa = &self.zone.soa;
+        let mut rdata = Vec::with_capacity(64);
+        for name in [&soa.mname, &soa.rname] {
+            rdata.extend_from_slice(&wire_key(name));
+        }
+        rdata.extend_from_slice(&self.serial.to_be_bytes());
+        for v in [soa.refresh, soa.retry, soa.expire] {
+            rdata.extend_from_slice(&v.to_be_bytes());
+        }
+        rdata.extend_from_slice(&soa.minimum.to_be_bytes());
+        self.soa_rdata = rdata.into();
+        // The apex SOA as a static record carries the same serial.
+        let record = self.zone.soa_record(self.serial, self.zone.soa_ttl_secs);
+        let apex = self.origin_key.clone();
+        let entry = self.entry_mut(&apex);
+        match entry.statics.iter_mut().find(|r| r.record_type() == hickory_proto::rr::RecordType::SOA) {
+            Some(soa) => *soa = record,
+            None => entry.statics.push(record),
+        }
+    }
+
+    /// The key of a managed endpoint, or `None` (logged) for a name this zone cannot serve.
+    fn managed_key(&self, endpoint: &EndpointName) -> Option<Vec<u8>> {
+        let Ok(name) = Name::from_ascii(endpoint.as_str()) else {
+            // Invariant: every EndpointName is a valid DNS name; log rather than serve wrong.
+            tracing::error!(%endpoint, "active endpoint is not a valid DNS name; not served");
+            return None;
+        };
+        if !self.zone.origin.zone_of(&name.to_lowercase()) {
+            tracing::error!(%endpoint, origin = %self.zone.origin, "active endpoint is outside the DNS zone; not served");
+            return None;
+        }
+        Some(wire_key(&name))
+    }
+
+    /// Changes the entry at `key` (created if missing) with `change`, then keeps the
+    /// empty-non-terminal counts of its ancestors and drops entries left with nothing.
+    fn update(&mut self, key: &[u8], change: impl FnOnce(&mut Entry)) {
+        let had = self.get_key(key).is_some_and(Entry::has_data);
+        let has = {
+            let entry = self.entry_mut(key);
+            change(entry);
+            entry.has_data()
+        };
+        if had != has {
+            // Every ancestor strictly below the origin counts this name.
+            let origin_len = self.origin_key.len();
+            let mut at = usize::from(key[0]) + 1;
+            while key.len() - at > origin_len {
+                let parent = &key[at..];
+                let entry = self.entry_mut(parent);
+                entry.descendants = if has { entry.descendants + 1 } else { entry.descendants.saturating_sub(1) };
+                self.remove_if_empty(parent);
+                at += usize::from(key[at]) + 1;
+            }
+        }
+        self.remove_if_empty(key);
+    }
+
+    fn remove_if_empty(&mut self, key: &[u8]) {
+        if self.get_key(key).is_some_and(|e| !e.has_data() && e.descendants == 0) {
+            let hash = hash_key(key);
+            let shard = Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash)]);
+            if let Ok(found) = shard.find_entry(hash, |e| &*e.key == key) {
+                found.remove();
+            }
+        }
+    }
+
+    fn entry_mut(&mut self, key: &[u8]) -> &mut Entry {
+        let hash = hash_key(key);
+        let shard = Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash)]);
+        let entry = shard
+            .entry(hash, |e| &*e.key == key, |e| hash_key(&e.key))
+            .or_insert_with(|| Arc::new(Entry { key: key.into(), ..Entry::default() }))
+            .into_mut();
+        Arc::make_mut(entry)
+    }
+
+    /// The entry at a lower-case wire-form name.
+    pub fn get_key(&self, key: &[u8]) -> Option<&Entry> {
+        self.get_hashed(key, hash_key(key))
+    }
+
+    /// As `get_key`, with the key's hash already computed.
+    pub fn get_hashed(&self, key: &[u8], hash: u64) -> Option<&Entry> {
+        self.shards[shard_of(hash)].find(hash, |e| &*e.key == key).map(|e| &**e)
+    }
+
+    /// The data at `name`, if it has any.
+    pub fn get(&self, name: &Name) -> Option<&Entry> {
+        self.get_key(&wire_key(name)).filter(|e| e.has_data())
     }
 
     pub fn is_empty_non_terminal(&self, name: &Name) -> bool {
-        self.empty_non_terminals.contains(name)
+        self.get_key(&wire_key(name)).is_some_and(|e| !e.has_data() && e.descendants > 0)
     }
 
     pub fn managed_count(&self) -> usize {
         self.managed_count
     }
 
-    pub fn managed(&self) -> impl Iterator<Item = &Managed> {
-        self.names.values().filter_map(|d| d.managed.as_ref())
+    /// The oldest and newest generation any managed endpoint serves.
+    pub fn generation_range(&self) -> Option<(Generation, Generation)> {
+        Some((*self.generations.first_key_value()?.0, *self.generations.last_key_value()?.0))
+    }
+
+    /// Every entry with a managed endpoint. Walks the whole table: for metrics of small zones.
+    pub fn managed(&self) -> impl Iterator<Item = &Entry> {
+        self.shards.iter().flat_map(|s| s.iter()).map(|e| &**e).filter(|e| e.managed.is_some())
     }
 }

@@ -1,0 +1,273 @@
+//! The UDP fast path: the common query answered straight from the packet's bytes and the
+//! snapshot, with no parse into a `Message`, no allocation and one hash lookup.
+//!
+//! It takes only what it can answer exactly as `answer::respond` would: a standard QUERY with
+//! one question of class IN for a name inside the zone, no answer or authority records, at
+//! most an EDNS version-0 OPT record, asking A or AAAA at a managed name, anything but ANY at a
+//! managed name without static records, or any type at a name that does not exist or is an
+//! empty non-terminal. Everything else — static records, ANY, other opcodes, other classes,
+//! zone transfers, names outside the zone, EDNS versions above 0, answers that do not fit and
+//! anything malformed — goes to `answer::respond`, which stays the reference. The tests in
+//! `tests/fast_path.rs` compare the two.
+
+use crate::answer::{AnswerLimits, FAMILY_TARGETS_MAX, Outcome, UDP_PAYLOAD_BYTES_MIN, sample_indices};
+use crate::snapshot::{Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use rand::Rng;
+
+/// What the fast path did with a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fast {
+    /// The answer is in the output buffer.
+    Answered(Outcome),
+    /// Not a query (too short, or a response): send nothing.
+    Drop,
+    /// Not for the fast path: ask `answer::respond`.
+    Slow,
+}
+
+const TYPE_A: u16 = 1;
+const TYPE_SOA: u16 = 6;
+const TYPE_AAAA: u16 = 28;
+const TYPE_OPT: u16 = 41;
+const TYPE_IXFR: u16 = 251;
+const TYPE_AXFR: u16 = 252;
+const TYPE_ANY: u16 = 255;
+const CLASS_IN: u16 = 1;
+/// RR header after a compressed owner: type, class, TTL, RDLENGTH.
+const RR_FIXED_BYTES: usize = 2 + 2 + 2 + 4 + 2;
+const OPT_BYTES: usize = 11;
+
+fn u16_at(p: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_be_bytes([*p.get(at)?, *p.get(at + 1)?]))
+}
+
+/// The question as read from the packet.
+struct Question {
+    /// Lower-case wire form of the name.
+    key: [u8; NAME_WIRE_BYTES_MAX],
+    key_len: usize,
+    /// Offset of each label in the packet.
+    label_at: [u16; 128],
+    labels: usize,
+    qtype: u16,
+    /// Where the question ends in the packet.
+    end: usize,
+}
+
+fn read_question(p: &[u8]) -> Option<Question> {
+    let mut q = Question { key: [0; NAME_WIRE_BYTES_MAX], key_len: 0, label_at: [0; 128], labels: 0, qtype: 0, end: 0 };
+    let mut at = 12;
+    loop {
+        let len = usize::from(*p.get(at)?);
+        if len == 0 {
+            break;
+        }
+        // Compression pointers (0xC0) and the reserved label types have high bits set; labels
+        // are at most 63 bytes. Queries carry their name in full.
+        if len > 63 || q.labels == q.label_at.len() || q.key_len + 1 + len + 1 > NAME_WIRE_BYTES_MAX {
+            return None;
+        }
+        let label = p.get(at + 1..at + 1 + len)?;
+        q.label_at[q.labels] = at as u16;
+        q.labels += 1;
+        q.key[q.key_len] = len as u8;
+        for (dst, src) in q.key[q.key_len + 1..].iter_mut().zip(label) {
+            *dst = src.to_ascii_lowercase();
+        }
+        q.key_len += 1 + len;
+        at += 1 + len;
+    }
+    q.key[q.key_len] = 0;
+    q.key_len += 1;
+    q.qtype = u16_at(p, at + 1)?;
+    if u16_at(p, at + 3)? != CLASS_IN {
+        return None;
+    }
+    q.end = at + 5;
+    Some(q)
+}
+
+/// The client's EDNS payload size if the rest of the packet is exactly one well-formed
+/// version-0 OPT record (options are framed but not read, as `respond` ignores them).
+/// `Some(None)`: no EDNS and nothing after the question.
+fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<u16>> {
+    match additional {
+        0 => (at == p.len()).then_some(None),
+        1 => {
+            if *p.get(at)? != 0 || u16_at(p, at + 1)? != TYPE_OPT || *p.get(at + 6)? != 0 {
+                return None; // not an OPT at the root, or a version above 0 (BADVERS)
+            }
+            let payload = u16_at(p, at + 3)?;
+            let rdlen = usize::from(u16_at(p, at + 9)?);
+            let mut option = at + OPT_BYTES;
+            let end = option + rdlen;
+            if end != p.len() {
+                return None;
+            }
+            while option < end {
+                option += 4 + usize::from(u16_at(p, option + 2)?);
+            }
+            (option == end).then_some(Some(payload))
+        }
+        _ => None,
+    }
+}
+
+/// Answers `packet` into `out` if it is for the fast path. `out` is cleared first.
+pub fn respond_fast(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits, rng: &mut impl Rng, out: &mut Vec<u8>) -> Fast {
+    out.clear();
+    let p = packet;
+    if p.len() < 12 || p[2] & 0x80 != 0 {
+        return Fast::Drop; // not a header, or a response: never answer (no reflection loops)
+    }
+    // OPCODE 0 (QUERY), one question, no answers, no authority.
+    if (p[2] >> 3) & 0x0f != 0 || p[4..6] != [0, 1] || p[6..10] != [0, 0, 0, 0] {
+        return Fast::Slow;
+    }
+    let Some(q) = read_question(p) else { return Fast::Slow };
+    let Some(edns) = read_edns(p, q.end, u16::from_be_bytes([p[10], p[11]])) else { return Fast::Slow };
+    if matches!(q.qtype, TYPE_AXFR | TYPE_IXFR) {
+        return Fast::Slow;
+    }
+    // Inside the zone: the name ends with the origin at a label boundary.
+    let origin = &snapshot.origin_key;
+    let origin_labels = snapshot.origin_labels;
+    if q.labels < origin_labels
+        || q.key_len < origin.len()
+        || usize::from(q.label_at[q.labels - origin_labels]) - 12 != q.key_len - origin.len()
+        || q.key[q.key_len - origin.len()..q.key_len] != origin[..]
+    {
+        return Fast::Slow;
+    }
+    let key = &q.key[..q.key_len];
+    let entry = snapshot.get_hashed(key, hash_key(key));
+    let udp_limit = match edns {
+        Some(payload) => usize::from(payload.clamp(UDP_PAYLOAD_BYTES_MIN, limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN))),
+        None => usize::from(UDP_PAYLOAD_BYTES_MIN),
+    };
+    let question = &p[12..q.end];
+    match entry {
+        Some(e) if e.has_data() => answer_at(p, question, &q, e, edns.is_some(), snapshot, limits, udp_limit, rng, out),
+        // An empty non-terminal: NODATA.
+        Some(_) => negative(p, question, &q, origin_labels, ResponseCode::NoError, edns.is_some(), snapshot, limits, udp_limit, out),
+        None => negative(p, question, &q, origin_labels, ResponseCode::NXDomain, edns.is_some(), snapshot, limits, udp_limit, out),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn answer_at(
+    p: &[u8],
+    question: &[u8],
+    q: &Question,
+    entry: &Entry,
+    edns: bool,
+    snapshot: &Snapshot,
+    limits: &AnswerLimits,
+    udp_limit: usize,
+    rng: &mut impl Rng,
+    out: &mut Vec<u8>,
+) -> Fast {
+    let Some(m) = &entry.managed else { return Fast::Slow };
+    let origin_labels = snapshot.origin_labels;
+    let mut picked = [0u8; FAMILY_TARGETS_MAX];
+    match q.qtype {
+        TYPE_A | TYPE_AAAA => {
+            let (count, rdlen) = if q.qtype == TYPE_A {
+                (sample_indices(&m.v4, limits.answer_addresses_max, rng, &mut picked), 4)
+            } else {
+                (sample_indices(&m.v6, limits.answer_addresses_max, rng, &mut picked), 16)
+            };
+            if count == 0 {
+                return negative(p, question, q, origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out);
+            }
+            let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + if edns { OPT_BYTES } else { 0 };
+            if size > udp_limit {
+                return Fast::Slow; // `respond` truncates
+            }
+            header(p, out, ResponseCode::NoError, count as u16, 0, edns);
+            out.extend_from_slice(question);
+            for &i in &picked[..count] {
+                // Owner: a pointer to the question's name at offset 12, in the client's case.
+                out.extend_from_slice(&[0xc0, 0x0c]);
+                out.extend_from_slice(&q.qtype.to_be_bytes());
+                out.extend_from_slice(&CLASS_IN.to_be_bytes());
+                out.extend_from_slice(&m.ttl_secs.to_be_bytes());
+                out.extend_from_slice(&(rdlen as u16).to_be_bytes());
+                if q.qtype == TYPE_A {
+                    out.extend_from_slice(&m.v4.targets[usize::from(i)].0.octets());
+                } else {
+                    out.extend_from_slice(&m.v6.targets[usize::from(i)].0.octets());
+                }
+            }
+            if edns {
+                opt(out, limits);
+            }
+            Fast::Answered(outcome(q.qtype, ResponseCode::NoError, out.len()))
+        }
+        // ANY gathers static records too; the reference path answers it.
+        TYPE_ANY => Fast::Slow,
+        // Other types at a managed name: nothing unless a static record of that type exists.
+        _ if entry.statics.is_empty() => {
+            negative(p, question, q, origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out)
+        }
+        _ => Fast::Slow,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn negative(
+    p: &[u8],
+    question: &[u8],
+    q: &Question,
+    origin_labels: usize,
+    rcode: ResponseCode,
+    edns: bool,
+    snapshot: &Snapshot,
+    limits: &AnswerLimits,
+    udp_limit: usize,
+    out: &mut Vec<u8>,
+) -> Fast {
+    let size = 12 + question.len() + 2 + RR_FIXED_BYTES + snapshot.soa_rdata.len() + if edns { OPT_BYTES } else { 0 };
+    if size > udp_limit {
+        return Fast::Slow;
+    }
+    header(p, out, rcode, 0, 1, edns);
+    out.extend_from_slice(question);
+    // Owner: a pointer to where the origin starts inside the question's name.
+    let origin_at = q.label_at[q.labels - origin_labels];
+    out.extend_from_slice(&(0xc000 | origin_at).to_be_bytes());
+    out.extend_from_slice(&TYPE_SOA.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out.extend_from_slice(&snapshot.zone.negative_ttl_secs().to_be_bytes());
+    out.extend_from_slice(&(snapshot.soa_rdata.len() as u16).to_be_bytes());
+    out.extend_from_slice(&snapshot.soa_rdata);
+    if edns {
+        opt(out, limits);
+    }
+    Fast::Answered(outcome(q.qtype, rcode, out.len()))
+}
+
+/// The response header: the query's id, QR and AA set, RD and CD copied, RA clear.
+fn header(p: &[u8], out: &mut Vec<u8>, rcode: ResponseCode, answers: u16, authority: u16, edns: bool) {
+    out.extend_from_slice(&p[0..2]);
+    out.push(0x80 | 0x04 | (p[2] & 0x01));
+    out.push((p[3] & 0x10) | (u16::from(rcode) as u8 & 0x0f));
+    out.extend_from_slice(&[0, 1]);
+    out.extend_from_slice(&answers.to_be_bytes());
+    out.extend_from_slice(&authority.to_be_bytes());
+    out.extend_from_slice(&[0, u8::from(edns)]);
+}
+
+/// Our OPT record: root owner, our UDP payload size, version 0, no flags, no options.
+fn opt(out: &mut Vec<u8>, limits: &AnswerLimits) {
+    out.push(0);
+    out.extend_from_slice(&TYPE_OPT.to_be_bytes());
+    out.extend_from_slice(&limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+}
+
+fn outcome(qtype: u16, rcode: ResponseCode, bytes: usize) -> Outcome {
+    Outcome { qtype: Some(RecordType::from(qtype)), rcode, truncated: false, bytes }
+}

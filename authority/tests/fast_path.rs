@@ -1,0 +1,289 @@
+//! The UDP fast path against the reference path: for every query the fast path answers, the
+//! answer must say what `answer::respond` says (same header, question, authority, EDNS, and
+//! the same answer records up to the order weighted sampling chooses). Also: it takes the
+//! common queries (it is not always falling back), it never panics on mutated packets, and an
+//! incremental snapshot answers like one built from scratch.
+
+use dnsplan_authority::answer::{AnswerLimits, Transport, respond};
+use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig, StaticZone};
+use dnsplan_authority::fast::{Fast, respond_fast};
+use dnsplan_authority::snapshot::Snapshot;
+use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState};
+use dnsplan_common::{DnsName, Endpoint, Generation, Target, ZoneId};
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::{DNSClass, Name, Record, RecordType};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use std::sync::{Arc, LazyLock};
+
+const ZONE_FILE: &str = "\
+www   300 IN CNAME api
+txt   300 IN TXT \"hello\"
+mixed 300 IN TXT \"static beside managed\"
+a.b.c 300 IN A 192.0.2.9
+";
+
+fn zone() -> Arc<StaticZone> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("zone.db"), ZONE_FILE).expect("write zone");
+    let config = DnsZoneConfig {
+        origin: "example.test.".into(),
+        soa: Some(SoaConfig {
+            mname: "ns1.example.test.".into(),
+            rname: "hostmaster.example.test.".into(),
+            ttl_secs: 300,
+            refresh_secs: 3600,
+            retry_secs: 600,
+            expire_secs: 604_800,
+            minimum_secs: 30,
+        }),
+        ns: vec!["ns1.example.test.".into()],
+        ns_ttl_secs: 3600,
+        master_file: Some("zone.db".into()),
+    };
+    Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
+}
+
+fn serving(targets: &[(&str, u32)]) -> ActiveRecord {
+    let zone = ZoneId::parse("a").expect("zone");
+    let targets = targets.iter().map(|(a, w)| Target { address: a.parse().expect("address"), zone: zone.clone(), weight: *w }).collect();
+    ActiveRecord { generation: Generation(1), state: ActiveState::Serving(Endpoint { ttl_secs: 30, targets }) }
+}
+
+fn active() -> ActiveSnapshot {
+    let mut active = ActiveSnapshot { applied_changes: 7, ..ActiveSnapshot::default() };
+    let many: Vec<String> = (1..=12).map(|i| format!("10.0.1.{i}")).collect();
+    let many: Vec<(&str, u32)> = many.iter().map(|a| (a.as_str(), 1)).collect();
+    for (name, record) in [
+        ("api.example.test.", serving(&[("10.0.0.1", 1), ("10.0.0.2", 1), ("2001:db8::1", 1)])),
+        ("one.example.test.", serving(&[("10.0.0.3", 5)])),
+        ("weighted.example.test.", serving(&[("10.0.0.4", 1), ("10.0.0.5", 9), ("10.0.0.6", 0)])),
+        ("zero.example.test.", serving(&[("10.0.0.7", 0), ("10.0.0.8", 0)])),
+        ("v6only.example.test.", serving(&[("2001:db8::2", 1)])),
+        ("many.example.test.", serving(&many)),
+        ("mixed.example.test.", serving(&[("10.0.0.9", 1)])),
+        ("deep.x.y.example.test.", serving(&[("10.0.0.10", 1)])),
+    ] {
+        active.endpoints.insert(DnsName::parse(name).expect("name"), record);
+    }
+    active
+}
+
+static SNAPSHOT: LazyLock<Snapshot> = LazyLock::new(|| Snapshot::build(zone(), &active()));
+
+const NAMES: &[&str] = &[
+    "api.example.test.",
+    "API.Example.TEST.",
+    "one.example.test.",
+    "weighted.example.test.",
+    "zero.example.test.",
+    "v6only.example.test.",
+    "many.example.test.",
+    "mixed.example.test.",
+    "deep.x.y.example.test.",
+    "x.y.example.test.",
+    "y.example.test.",
+    "b.c.example.test.",
+    "a.b.c.example.test.",
+    "www.example.test.",
+    "txt.example.test.",
+    "example.test.",
+    "EXAMPLE.test.",
+    "nope.example.test.",
+    "deep.nope.example.test.",
+    "example.org.",
+    "test.",
+    "xexample.test.",
+];
+const TYPES: &[RecordType] = &[
+    RecordType::A,
+    RecordType::AAAA,
+    RecordType::TXT,
+    RecordType::MX,
+    RecordType::ANY,
+    RecordType::SOA,
+    RecordType::NS,
+    RecordType::CNAME,
+    RecordType::AXFR,
+    RecordType::HTTPS,
+];
+
+fn query(id: u16, name: &str, qtype: RecordType, class: DNSClass, edns: Option<u16>, rd: bool, cd: bool) -> Vec<u8> {
+    let mut msg = Message::new(id, MessageType::Query, OpCode::Query);
+    let mut q = Query::query(Name::from_ascii(name).expect("name"), qtype);
+    q.set_query_class(class);
+    msg.add_query(q);
+    msg.metadata.recursion_desired = rd;
+    msg.metadata.checking_disabled = cd;
+    if let Some(size) = edns {
+        let mut e = Edns::new();
+        e.set_max_payload(size);
+        msg.set_edns(e);
+    }
+    msg.to_vec().expect("encode")
+}
+
+fn sorted(records: &[Record]) -> Vec<String> {
+    let mut out: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+    out.sort();
+    out
+}
+
+/// Runs both paths on `packet`; returns whether the fast path answered.
+fn compare(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits) -> Result<bool, TestCaseError> {
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut out = Vec::new();
+    let fast = respond_fast(packet, snapshot, limits, &mut rng, &mut out);
+    let slow = respond(packet, snapshot, Transport::Udp, limits, &mut rng);
+    match fast {
+        Fast::Slow => Ok(false),
+        Fast::Drop => {
+            prop_assert!(slow.is_none(), "fast path dropped what the reference answers");
+            Ok(false)
+        }
+        Fast::Answered(outcome) => {
+            let (slow_bytes, slow_outcome) = slow.ok_or_else(|| TestCaseError::fail("fast path answered what the reference drops"))?;
+            let f = Message::from_vec(&out).map_err(|e| TestCaseError::fail(format!("fast answer does not parse: {e}")))?;
+            let s = Message::from_vec(&slow_bytes).expect("reference answer parses");
+            prop_assert_eq!(outcome.rcode, slow_outcome.rcode);
+            prop_assert_eq!(outcome.qtype, slow_outcome.qtype);
+            prop_assert_eq!(outcome.bytes, out.len());
+            prop_assert_eq!(&f.metadata, &s.metadata, "header");
+            prop_assert_eq!(&f.queries, &s.queries, "question");
+            prop_assert_eq!(&f.authorities, &s.authorities, "authority");
+            prop_assert_eq!(&f.edns, &s.edns, "EDNS");
+            prop_assert_eq!(f.answers.len(), s.answers.len(), "answer count");
+            let name_all_fit = f.answers.len() < limits.answer_addresses_max;
+            if name_all_fit {
+                prop_assert_eq!(sorted(&f.answers), sorted(&s.answers), "answers");
+            }
+            prop_assert!(out.len() <= 1232);
+            Ok(true)
+        }
+    }
+}
+
+fn limits() -> AnswerLimits {
+    AnswerLimits { edns_udp_payload_bytes: 1232, answer_addresses_max: 8 }
+}
+
+#[test]
+fn fast_path_answers_like_the_reference() -> Result<(), TestCaseError> {
+    let mut fast = 0;
+    let mut total = 0;
+    for (i, name) in NAMES.iter().enumerate() {
+        for qtype in TYPES {
+            for edns in [None, Some(512), Some(4096)] {
+                for (rd, cd) in [(false, false), (true, true)] {
+                    let packet = query(i as u16, name, *qtype, DNSClass::IN, edns, rd, cd);
+                    fast += usize::from(compare(&packet, &SNAPSHOT, &limits())?);
+                    total += 1;
+                }
+            }
+        }
+        let chaos = query(1, name, RecordType::TXT, DNSClass::CH, None, false, false);
+        prop_assert!(!compare(&chaos, &SNAPSHOT, &limits())?, "class CH must take the reference path");
+    }
+    // The common queries take the fast path: A/AAAA at managed names, NXDOMAIN, NODATA.
+    for (name, qtype) in [
+        ("api.example.test.", RecordType::A),
+        ("API.Example.TEST.", RecordType::AAAA),
+        ("v6only.example.test.", RecordType::A),
+        ("nope.example.test.", RecordType::A),
+        ("x.y.example.test.", RecordType::A),
+        ("one.example.test.", RecordType::MX),
+    ] {
+        let packet = query(9, name, qtype, DNSClass::IN, Some(1232), true, false);
+        prop_assert!(compare(&packet, &SNAPSHOT, &limits())?, "{} {} should take the fast path", name, qtype);
+    }
+    for (name, qtype) in [("www.example.test.", RecordType::A), ("example.org.", RecordType::A), ("api.example.test.", RecordType::ANY)] {
+        let packet = query(9, name, qtype, DNSClass::IN, Some(1232), true, false);
+        prop_assert!(!compare(&packet, &SNAPSHOT, &limits())?, "{} {} must take the reference path", name, qtype);
+    }
+    prop_assert!(fast * 3 > total, "only {} of {} queries took the fast path", fast, total);
+    Ok(())
+}
+
+#[test]
+fn weighted_choices_follow_the_weights() {
+    // weighted: 10.0.0.4 weight 1, 10.0.0.5 weight 9, 10.0.0.6 weight 0 (never while others weigh).
+    let limits = AnswerLimits { edns_udp_payload_bytes: 1232, answer_addresses_max: 1 };
+    let packet = query(1, "weighted.example.test.", RecordType::A, DNSClass::IN, None, false, false);
+    let mut rng = SmallRng::seed_from_u64(11);
+    let mut out = Vec::new();
+    let mut heavy = 0;
+    const ROUNDS: usize = 4_000;
+    for _ in 0..ROUNDS {
+        assert!(matches!(respond_fast(&packet, &SNAPSHOT, &limits, &mut rng, &mut out), Fast::Answered(_)));
+        let answer = Message::from_vec(&out).expect("parses");
+        assert_eq!(answer.answers.len(), 1);
+        let address = answer.answers[0].data.to_string();
+        assert_ne!(address, "10.0.0.6", "a zero-weight target was served beside weighted ones");
+        heavy += usize::from(address == "10.0.0.5");
+    }
+    let share = heavy as f64 / ROUNDS as f64;
+    assert!((0.86..0.94).contains(&share), "weight 9 of 10 got {share:.3} of the answers");
+}
+
+#[test]
+fn incremental_snapshots_answer_like_full_builds() -> Result<(), TestCaseError> {
+    let zone = zone();
+    let mut state = active();
+    let mut snapshot = Snapshot::build(zone.clone(), &state);
+    let steps: Vec<Vec<(&str, Option<ActiveRecord>)>> = vec![
+        vec![("new.deeper.example.test.", Some(serving(&[("10.9.0.1", 1)]))), ("api.example.test.", Some(serving(&[("10.9.0.2", 1)])))],
+        vec![("deep.x.y.example.test.", None)],
+        vec![("new.deeper.example.test.", None), ("mixed.example.test.", None)],
+        vec![("deep.x.y.example.test.", Some(serving(&[("10.9.0.3", 1)])))],
+    ];
+    for (step, changes) in steps.into_iter().enumerate() {
+        let mut delta =
+            ActiveDelta { applied_changes: state.applied_changes + changes.len() as u64, full: false, ..ActiveDelta::default() };
+        for (name, record) in changes {
+            let record = record.unwrap_or(ActiveRecord { generation: Generation(2), state: ActiveState::Retired });
+            state.endpoints.insert(DnsName::parse(name).expect("name"), record.clone());
+            delta.endpoints.insert(DnsName::parse(name).expect("name"), record);
+        }
+        state.applied_changes = delta.applied_changes;
+        snapshot = snapshot.apply(&delta);
+        let fresh = Snapshot::build(zone.clone(), &state);
+        prop_assert_eq!(snapshot.managed_count(), fresh.managed_count(), "step {}", step);
+        for name in NAMES.iter().chain(&["new.deeper.example.test.", "deeper.example.test."]) {
+            for qtype in [RecordType::A, RecordType::TXT, RecordType::SOA] {
+                let packet = query(3, name, qtype, DNSClass::IN, Some(1232), false, false);
+                let mut rng = SmallRng::seed_from_u64(3);
+                let a = respond(&packet, &snapshot, Transport::Udp, &limits(), &mut rng).map(|(b, _)| b);
+                let mut rng = SmallRng::seed_from_u64(3);
+                let b = respond(&packet, &fresh, Transport::Udp, &limits(), &mut rng).map(|(b, _)| b);
+                prop_assert_eq!(a, b, "step {}: {} {} differs between incremental and full", step, name, qtype);
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_queries_agree(name in 0usize..NAMES.len(), qtype in 0usize..TYPES.len(), edns in proptest::option::of(0u16..5000), id: u16, rd: bool, cd: bool) {
+        let packet = query(id, NAMES[name], TYPES[qtype], DNSClass::IN, edns, rd, cd);
+        compare(&packet, &SNAPSHOT, &limits())?;
+    }
+
+    #[test]
+    fn mutated_queries_agree_or_fall_back(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4), name in 0usize..NAMES.len()) {
+        let mut packet = query(0x4242, NAMES[name], RecordType::A, DNSClass::IN, Some(1232), true, false);
+        for (at, xor) in flips {
+            let i = at % packet.len();
+            packet[i] ^= xor.max(1);
+        }
+        compare(&packet, &SNAPSHOT, &limits())?;
+    }
+
+    #[test]
+    fn random_bytes_never_panic(packet in proptest::collection::vec(any::<u8>(), 0..600)) {
+        compare(&packet, &SNAPSHOT, &limits())?;
+    }
+}
