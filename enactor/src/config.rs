@@ -48,6 +48,13 @@ pub struct ApplyConfig {
     /// weight in one step (operator rollbacks excepted).
     pub max_removal_fraction: f64,
     pub heartbeat_interval_secs: u64,
+    /// Endpoints per store write (one transaction and one flush each), at most 4,096.
+    pub batch_size: usize,
+    /// Write every endpoint of every `full_write_every`-th plan; in between, write only the
+    /// endpoints that changed since the plan this enactor applied last. 1 writes every plan
+    /// in full. Unchanged endpoints keep their older generation until the next full write, so
+    /// cleanup keeps up to this many plans beyond `retain_plans`.
+    pub full_write_every: u64,
 }
 
 impl Default for ApplyConfig {
@@ -61,6 +68,8 @@ impl Default for ApplyConfig {
             plan_deadline_secs: 120,
             max_removal_fraction: 0.5,
             heartbeat_interval_secs: 10,
+            batch_size: 1_024,
+            full_write_every: 16,
         }
     }
 }
@@ -152,6 +161,12 @@ impl EnactorConfig {
         if a.retry_max_ms < a.retry_base_ms {
             return Err(format!("apply.retry_max_ms ({}) is below apply.retry_base_ms ({})", a.retry_max_ms, a.retry_base_ms));
         }
+        if !(1..=dnsplan_common::store::APPLY_BATCH_MAX).contains(&a.batch_size) {
+            return Err(format!("apply.batch_size: {} must be in 1..={}", a.batch_size, dnsplan_common::store::APPLY_BATCH_MAX));
+        }
+        if a.full_write_every == 0 {
+            return Err("apply.full_write_every: must be at least 1 (1 writes every plan in full)".into());
+        }
         if !(a.max_removal_fraction > 0.0 && a.max_removal_fraction <= 1.0) {
             return Err(format!("apply.max_removal_fraction: {} must be in (0, 1]", a.max_removal_fraction));
         }
@@ -176,6 +191,8 @@ impl EnactorConfig {
             plan_deadline: Duration::from_secs(a.plan_deadline_secs),
             max_removal_fraction: a.max_removal_fraction,
             heartbeat_interval: Duration::from_secs(a.heartbeat_interval_secs),
+            batch_size: a.batch_size,
+            full_write_every: a.full_write_every,
             cleanup_retain: self.cleanup.enabled.then_some(self.cleanup.retain_plans),
             verify: self.verify.enabled.then(|| VerifySettings {
                 dns_server: self.verify.dns_server,
@@ -212,6 +229,8 @@ pub struct Settings {
     pub plan_deadline: Duration,
     pub max_removal_fraction: f64,
     pub heartbeat_interval: Duration,
+    pub batch_size: usize,
+    pub full_write_every: u64,
     /// `Some(retain)` to clean up after each fully applied plan.
     pub cleanup_retain: Option<u64>,
     pub verify: Option<VerifySettings>,

@@ -11,8 +11,8 @@ use crate::config::{RetryPolicy, Settings, VerifySettings};
 use crate::hooks::{Behaviour, Event, Hooks, NoHooks};
 use crate::metrics::Metrics;
 use crate::{guard, verify};
-use dnsplan_common::store::{StoreVersion, WAIT_TIMEOUT_MAX};
-use dnsplan_common::{ApplyOutcome, EndpointName, Generation, Heartbeat, Store, StoreError, StoreResult, ValidatedPlan};
+use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
+use dnsplan_common::{ApplyOutcome, EndpointName, Generation, Heartbeat, Plan, Store, StoreError, StoreResult, ValidatedPlan};
 use rand::RngExt;
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -25,14 +25,34 @@ use tracing::Instrument;
 const WATCH_WAIT: Duration = Duration::from_secs(30);
 /// Pause between retries of a failed long-poll, and before retrying after the store failed.
 const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
+/// The endpoints of `plan` with the same records in `base` and in every plan of `between`
+/// (which may leave them out), retired by none of them. See `Enactor::unchanged_since_base`.
+pub fn unchanged_endpoints(base: &Plan, between: &[&Plan], plan: &Plan) -> BTreeSet<EndpointName> {
+    plan.endpoints
+        .iter()
+        .filter(|(name, records)| {
+            base.endpoints.get(*name) == Some(*records)
+                && !base.retired.contains(*name)
+                && !plan.retired.contains(*name)
+                && between.iter().all(|p| !p.retired.contains(*name) && p.endpoints.get(*name).is_none_or(|r| r == *records))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Longest run of plans between the base and the next plan that is still diffed; beyond it
+/// the next plan is written in full.
+const BASE_GAP_MAX: u64 = 16;
 
 /// Why a plan application stopped before it finished.
 #[derive(Debug)]
 enum Step {
     /// Every endpoint is at this plan's generation or newer.
     Done {
-        plan: ValidatedPlan,
+        plan: Arc<ValidatedPlan>,
         changed: Vec<EndpointName>,
+        /// Every endpoint of the plan was written (not only those that changed).
+        wrote_all: bool,
     },
     /// Stop and apply `to` instead.
     MoveTo {
@@ -55,6 +75,13 @@ pub struct Enactor<S: Store> {
     latest_seen: Generation,
     /// Plans refused, so that each is reported once and not retried on every change.
     refused: BTreeSet<Generation>,
+    /// The plan this enactor applied in full last (every write switched, was unchanged or
+    /// met a newer generation), the base for writing only what changed.
+    base: Option<Arc<ValidatedPlan>>,
+    /// The generation of the last plan written in full (every endpoint).
+    last_full_write: Generation,
+    /// The store's active state as last read (see `active_now`).
+    active: std::sync::Mutex<Option<Arc<ActiveSnapshot>>>,
     state: String,
     #[cfg(feature = "testing")]
     hooks: Arc<dyn Hooks>,
@@ -71,6 +98,9 @@ impl<S: Store> Enactor<S> {
             last_applied: Generation::NONE,
             latest_seen: Generation::NONE,
             refused: BTreeSet::new(),
+            base: None,
+            last_full_write: Generation::NONE,
+            active: std::sync::Mutex::new(None),
             state: "starting".into(),
             #[cfg(feature = "testing")]
             hooks: Arc::new(NoHooks),
@@ -145,7 +175,7 @@ impl<S: Store> Enactor<S> {
                         *next_reconcile = Instant::now() + self.settings.reconcile_interval;
                         tracing::debug!(enactor = %self.settings.id, generation = %latest, "reconciling the latest plan in full");
                     }
-                    self.enact(latest, versions).await;
+                    self.enact(latest, due, versions).await;
                     *next_heartbeat = Instant::now();
                 } else if latest > Generation::NONE && !self.refused.contains(&latest) {
                     self.state = "idle".into();
@@ -175,7 +205,9 @@ impl<S: Store> Enactor<S> {
     }
 
     /// Applies `target`, following newer plans as they appear, then verifies and cleans up.
-    async fn enact(&mut self, target: Generation, versions: &watch::Receiver<StoreVersion>) {
+    /// `full` writes every endpoint (a reconcile); otherwise only what changed since the base
+    /// plan, unless a full write is due.
+    async fn enact(&mut self, target: Generation, full: bool, versions: &watch::Receiver<StoreVersion>) {
         let deadline = Instant::now() + self.settings.plan_deadline;
         let mut generation = target;
         let mut moves = 0u32;
@@ -183,12 +215,17 @@ impl<S: Store> Enactor<S> {
             let started = Instant::now();
             self.state = format!("applying {generation}");
             let span = tracing::info_span!("plan", enactor = %self.settings.id, generation = %generation);
-            let step = self.apply_plan(generation, deadline, versions).instrument(span.clone()).await;
+            let full = full || generation.0.saturating_sub(self.last_full_write.0) >= self.settings.full_write_every;
+            let step = self.apply_plan(generation, full, deadline, versions).instrument(span.clone()).await;
             match step {
-                Step::Done { plan, changed } => {
+                Step::Done { plan, changed, wrote_all } => {
+                    if wrote_all {
+                        self.last_full_write = self.last_full_write.max(generation);
+                    }
                     self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
                     self.metrics.plans_applied.inc();
                     self.last_applied = self.last_applied.max(generation);
+                    self.base = Some(plan.clone());
                     self.metrics.last_applied_generation.set(self.last_applied.0 as i64);
                     self.see_latest(generation);
                     tracing::info!(parent: &span, generation = generation.0, changed = changed.len(), elapsed_ms = started.elapsed().as_millis() as u64, "plan applied");
@@ -248,7 +285,7 @@ impl<S: Store> Enactor<S> {
         }
     }
 
-    async fn apply_plan(&self, generation: Generation, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
+    async fn apply_plan(&self, generation: Generation, full: bool, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
         let plan = match self.call("plan", || self.store.plan(generation)).await {
             Ok(plan) => plan,
             Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
@@ -266,7 +303,7 @@ impl<S: Store> Enactor<S> {
             Err(err) => return Step::Refused { reason: "invalid", detail: err.to_string() },
         };
         if plan.plan().rollback_of.is_none() {
-            let active = match self.call("active_all", || self.store.active_all()).await {
+            let active = match self.active_now().await {
                 Ok(active) => active,
                 Err(err) => return Step::Failed(err),
             };
@@ -279,17 +316,36 @@ impl<S: Store> Enactor<S> {
             }
         }
 
+        let plan = Arc::new(plan);
+        let skip = if full { BTreeSet::new() } else { self.unchanged_since_base(&plan).await };
+        let wrote_all = skip.is_empty();
         let mut changed = Vec::new();
-        for (name, records) in &plan.plan().endpoints {
+        let pending: Vec<ApplyItem> = plan
+            .plan()
+            .endpoints
+            .iter()
+            .filter(|(name, _)| !skip.contains(*name))
+            .map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() })
+            .collect();
+        self.metrics.skipped_unchanged.inc_by(skip.len() as u64);
+        for batch in pending.chunks(self.settings.batch_size.max(1)) {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
             #[cfg(feature = "testing")]
-            self.hooks.before_write(&self.settings.id, generation, name).await;
-            let span = tracing::debug_span!("apply", endpoint = %name);
-            let result = self.call("apply", || self.store.apply(name, generation, records)).instrument(span).await;
-            if let Some(step) = self.record_write(name, result, &mut changed).await {
-                return step;
+            for item in batch {
+                self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
+            }
+            let span = tracing::debug_span!("apply", endpoints = batch.len(), first = %batch[0].endpoint);
+            let results = match self.call("apply_many", || self.store.apply_many(generation, batch)).instrument(span).await {
+                Ok(results) => results,
+                Err(StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
+                Err(err) => return Step::Failed(err),
+            };
+            for (item, result) in batch.iter().zip(results) {
+                if let Some(step) = self.record_write(&item.endpoint, result, &mut changed).await {
+                    return step;
+                }
             }
         }
         for name in &plan.plan().retired {
@@ -304,7 +360,56 @@ impl<S: Store> Enactor<S> {
                 return step;
             }
         }
-        Step::Done { plan, changed }
+        Step::Done { plan, changed, wrote_all }
+    }
+
+    /// The endpoints of `plan` that need no write because nothing can have changed them since
+    /// the base plan this enactor applied in full: the same records in the base and in every
+    /// plan after it up to `plan`, and retired by none. Plans in between are read from the
+    /// store; if one is gone or the gap is long, everything is written.
+    ///
+    /// Why this is safe: once the base is applied, each of its endpoints serves the base's
+    /// records at some generation `g`, and every plan from `g` to the base has those same
+    /// records for it (that is why a skipped endpoint was skipped; a written one has `g` = the
+    /// base or a newer plan that met us as `Stale`, which the check below covers). The fence
+    /// admits only writes newer than `g`. If every plan after the base up to this one has the
+    /// same records too (or leaves the endpoint out, which writes nothing), any write the
+    /// endpoint can still receive carries exactly those records.
+    async fn unchanged_since_base(&self, plan: &ValidatedPlan) -> BTreeSet<EndpointName> {
+        let Some(base) = &self.base else { return BTreeSet::new() };
+        let (from, to) = (base.generation(), plan.generation());
+        if from >= to || to.0 - from.0 > BASE_GAP_MAX {
+            return BTreeSet::new();
+        }
+        let mut between = Vec::new();
+        for g in from.0 + 1..to.0 {
+            match self.call("plan", || self.store.plan(Generation(g))).await {
+                Ok(p) => between.push(p),
+                Err(_) => return BTreeSet::new(),
+            }
+        }
+        let between: Vec<&Plan> = between.iter().map(ValidatedPlan::plan).collect();
+        unchanged_endpoints(base.plan(), &between, plan.plan())
+    }
+
+    /// The store's active state, for the guard: a copy kept up to date with `active_since`, so
+    /// each plan reads only what switched since the last one, not the whole state.
+    async fn active_now(&self) -> StoreResult<Arc<ActiveSnapshot>> {
+        // Taken out, so that merging needs no copy; a failed read starts again from scratch.
+        let held = self.active.lock().ok().and_then(|mut slot| slot.take());
+        let since = held.as_ref().map_or(0, |a| a.applied_changes);
+        let delta = self.call("active_since", || self.store.active_since(since)).await?;
+        let mut next = match (held, delta.full) {
+            (Some(held), false) => Arc::unwrap_or_clone(held),
+            _ => ActiveSnapshot::default(),
+        };
+        next.applied_changes = delta.applied_changes;
+        next.endpoints.extend(delta.endpoints);
+        let next = Arc::new(next);
+        if let Ok(mut slot) = self.active.lock() {
+            *slot = Some(next.clone());
+        }
+        Ok(next)
     }
 
     /// Whether to stop before the next write: past the deadline, or a newer plan exists.
@@ -355,7 +460,7 @@ impl<S: Store> Enactor<S> {
         let generation = plan.generation();
         let newest_active = active.endpoints.values().map(|r| r.generation).max().unwrap_or_default();
         if newest_active >= generation {
-            return Step::Done { plan, changed: Vec::new() };
+            return Step::Done { plan: Arc::new(plan), changed: Vec::new(), wrote_all: true };
         }
         let mut changed = Vec::new();
         for (name, records) in &plan.plan().endpoints {
@@ -366,7 +471,7 @@ impl<S: Store> Enactor<S> {
                 Err(err) => return Step::Failed(err),
             }
         }
-        Step::Done { plan, changed }
+        Step::Done { plan: Arc::new(plan), changed, wrote_all: true }
     }
 
     /// Checks over DNS that each changed endpoint answers only with this plan's addresses.
@@ -522,5 +627,63 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unchanged_endpoints;
+    use dnsplan_common::{Author, DnsName, Endpoint, Generation, Plan, Target, ZoneId};
+
+    fn plan(g: u64, endpoints: &[(&str, u8)], retired: &[&str]) -> Plan {
+        let zone = ZoneId::parse("a").expect("zone");
+        let endpoint = |last: u8| Endpoint {
+            ttl_secs: 30,
+            targets: vec![Target { address: [192, 0, 2, last].into(), zone: zone.clone(), weight: 1 }],
+        };
+        Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: "test".into() },
+            reason: String::new(),
+            dns_zone: DnsName::parse("example.test.").expect("zone"),
+            endpoints: endpoints
+                .iter()
+                .map(|(n, a)| (DnsName::parse(&format!("{n}.example.test.")).expect("name"), endpoint(*a)))
+                .collect(),
+            retired: retired.iter().map(|n| DnsName::parse(&format!("{n}.example.test.")).expect("name")).collect(),
+            rollback_of: None,
+            provenance: Vec::new(),
+        }
+    }
+
+    fn names(set: std::collections::BTreeSet<DnsName>) -> Vec<String> {
+        set.into_iter().map(|n| n.as_str().trim_end_matches(".example.test.").to_owned()).collect()
+    }
+
+    #[test]
+    fn only_what_no_plan_since_the_base_changed_is_skipped() {
+        let base = plan(1, &[("a", 1), ("b", 1), ("c", 1), ("d", 1)], &[]);
+        let next = plan(2, &[("a", 2), ("b", 1), ("c", 1), ("d", 1), ("e", 1)], &[]);
+        assert_eq!(names(unchanged_endpoints(&base, &[], &next)), ["b", "c", "d"], "a changed and e is new");
+    }
+
+    #[test]
+    fn a_flap_in_between_is_written() {
+        // b goes 1 -> 2 -> 1: another enactor may have written plan 2's b, so plan 3 must
+        // write b although the base and plan 3 agree. c is absent from plan 2: nothing wrote it.
+        let base = plan(1, &[("a", 1), ("b", 1), ("c", 1)], &[]);
+        let between = plan(2, &[("a", 1), ("b", 2)], &[]);
+        let next = plan(3, &[("a", 1), ("b", 1), ("c", 1)], &[]);
+        assert_eq!(names(unchanged_endpoints(&base, &[&between], &next)), ["a", "c"]);
+    }
+
+    #[test]
+    fn retired_endpoints_are_written() {
+        let base = plan(1, &[("a", 1), ("b", 1)], &[]);
+        let between = plan(2, &[("a", 1)], &["b"]);
+        let next = plan(3, &[("a", 1), ("b", 1)], &[]);
+        assert_eq!(names(unchanged_endpoints(&base, &[&between], &next)), ["a"]);
     }
 }

@@ -26,6 +26,8 @@ pub struct Metrics {
     /// Endpoint writes by outcome: `switched`, `unchanged`, `stale` (a newer plan was there).
     pub writes: Family<OutcomeLabels, Counter>,
     pub plans_applied: Counter,
+    /// Endpoints not written because nothing changed them since the base plan.
+    pub skipped_unchanged: Counter,
     /// Plans left unfinished, by reason: `newer_plan`, `pruned`, `deadline`, `store_error`.
     pub plans_abandoned: Family<ReasonLabels, Counter>,
     /// Plans refused, by reason: `invalid`, `removal`.
@@ -47,6 +49,7 @@ impl Metrics {
             apply_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             writes: Family::default(),
             plans_applied: Counter::default(),
+            skipped_unchanged: Counter::default(),
             plans_abandoned: Family::default(),
             refusals: Family::default(),
             store_retries: Counter::default(),
@@ -61,6 +64,11 @@ impl Metrics {
         r.register("apply_duration_seconds", "Time to apply one plan fully", m.apply_seconds.clone());
         r.register("endpoint_writes", "Endpoint writes by outcome (stale: a newer plan was already there)", m.writes.clone());
         r.register("plans_applied", "Plans applied fully", m.plans_applied.clone());
+        r.register(
+            "endpoints_skipped_unchanged",
+            "Endpoints not written because nothing changed them since the plan applied before",
+            m.skipped_unchanged.clone(),
+        );
         r.register("plans_abandoned", "Plans left unfinished, by reason", m.plans_abandoned.clone());
         r.register("refusals", "Plans refused by the enactor's own checks, by reason", m.refusals.clone());
         r.register("store_retries", "Store calls retried after a transient error", m.store_retries.clone());

@@ -8,6 +8,7 @@
 
 use anyhow::Context;
 use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::store::ActiveState;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{EndpointName, Generation, SledStore, Store};
 use dnsplan_enactor::{Enactor, Metrics, Settings};
@@ -35,28 +36,31 @@ fn start_enactors<S: Store>(store: S) -> anyhow::Result<tokio::sync::watch::Send
 }
 
 /// Publishes plan `g` where the first `changed` of `names` get generation `g`'s records and
-/// the rest keep `keep`'s, then waits until every endpoint is at `g`.
+/// the rest keep `keep`'s, then waits until every endpoint serves its records in plan `g`.
 async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usize, keep: Generation) -> anyhow::Result<Duration> {
     let mut plan = dnsplan_tests::fixtures::plan(g, names, planner()).into_plan();
     for n in names.iter().skip(changed) {
         plan.endpoints.insert(n.clone(), endpoint_for(keep));
     }
     let plan = dnsplan_common::ValidatedPlan::new(plan)?;
-    // Every endpoint's fence moves once: the applied-change counter grows by exactly its
-    // count. Watching the counter (in memory) keeps the observer off the store's lock.
+    // Each changed endpoint's fence moves once (the first enactor switches it, the others
+    // find it unchanged); unchanged endpoints are not written at all. Watching the counter
+    // (in memory) keeps the observer off the store's lock.
     let before = store.version().await?.applied_changes;
     let started = Instant::now();
     store.publish(&plan).await?;
     let mut version = store.version().await?;
-    while version.applied_changes < before + names.len() as u64 {
+    while version.applied_changes < before + changed as u64 {
         version = store.wait_for_change(version, Duration::from_secs(30)).await?;
     }
     let elapsed = started.elapsed();
     let active = store.active_all().await?;
-    anyhow::ensure!(
-        names.iter().all(|n| active.endpoints.get(n).is_some_and(|r| r.generation == Generation(g))),
-        "not every endpoint is at plan {g}"
-    );
+    let serves = |n: &EndpointName| {
+        active.endpoints.get(n).is_some_and(|r| matches!(&r.state, ActiveState::Serving(e) if Some(e) == plan.plan().endpoints.get(n)))
+    };
+    anyhow::ensure!(names.iter().all(serves), "not every endpoint serves plan {g}");
+    let switched = version.applied_changes - before;
+    anyhow::ensure!(switched == changed as u64, "plan {g} switched {switched} endpoints, {changed} changed");
     Ok(elapsed)
 }
 
