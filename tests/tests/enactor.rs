@@ -270,3 +270,46 @@ async fn gives_up_after_the_retries_and_recovers_later() -> anyhow::Result<()> {
     en.stop().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn writes_only_what_changed_and_everything_every_nth_plan() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let names: Vec<EndpointName> = (0..10).map(|i| name(&format!("e{i}"))).collect();
+    let plan = |g: u64, changed: usize| -> anyhow::Result<ValidatedPlan> {
+        // The first `changed` names get generation g's records; the rest keep plan 1's.
+        let mut plan = fixtures::plan(g, &names, planner()).into_plan();
+        for n in names.iter().skip(changed) {
+            plan.endpoints.insert(n.clone(), fixtures::endpoint_for(Generation(1)));
+        }
+        Ok(ValidatedPlan::new(plan)?)
+    };
+    let generations =
+        |active: &ActiveSnapshot| names.iter().map(|n| active.endpoints.get(n).map_or(0, |r| r.generation.0)).collect::<Vec<_>>();
+    store.publish(&plan(1, 10)?).await?;
+    let mut en = Running::start(store.clone(), |s| {
+        s.full_write_every = 3;
+        s.max_removal_fraction = 1.0; // fixture plans replace every address of a changed name
+    })?;
+    en.until(done(1)).await?;
+    // Plan 2 changes e0 only: only e0 is written; the others keep generation 1 and plan 2's
+    // records, which are plan 1's.
+    let published = plan(2, 1)?;
+    store.publish(&published).await?;
+    en.until(done(2)).await?;
+    let active = store.active_all().await?;
+    assert_eq!(generations(&active), [2, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    for (n, records) in &published.plan().endpoints {
+        assert_eq!(active.endpoints.get(n).map(|r| &r.state), Some(&ActiveState::Serving(records.clone())), "{n} serves plan 2");
+    }
+    assert_eq!(en.metrics.skipped_unchanged.get(), 9);
+    // Plan 3 changes e0 and e1; plan 4 is three plans after the last full write: everything.
+    store.publish(&plan(3, 2)?).await?;
+    en.until(done(3)).await?;
+    assert_eq!(generations(&store.active_all().await?), [3, 3, 1, 1, 1, 1, 1, 1, 1, 1]);
+    store.publish(&plan(4, 2)?).await?;
+    en.until(done(4)).await?;
+    assert_eq!(generations(&store.active_all().await?), [4; 10], "a full write moves every fence");
+    en.stop().await?;
+    Ok(())
+}
