@@ -16,3 +16,4 @@ pub mod metrics;
 pub mod run;
 pub mod server;
 pub mod snapshot;
+pub mod udp;
