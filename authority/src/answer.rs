@@ -190,7 +190,7 @@ pub const FAMILY_TARGETS_MAX: usize = dnsplan_common::plan::TARGETS_PER_ENDPOINT
 /// uniform partial shuffle, the same distribution without logarithms. Zero-weight targets
 /// never reach here unless every weight is zero (see `snapshot::Family`), and then all weigh
 /// the same.
-pub fn sample_indices<T>(family: &Family<T>, k: usize, rng: &mut impl Rng, out: &mut [u8; FAMILY_TARGETS_MAX]) -> usize {
+pub fn sample_indices<T, const N: usize>(family: &Family<T, N>, k: usize, rng: &mut impl Rng, out: &mut [u8; FAMILY_TARGETS_MAX]) -> usize {
     let n = family.targets.len().min(FAMILY_TARGETS_MAX);
     let k = k.min(n);
     for (i, slot) in out.iter_mut().enumerate().take(n) {
@@ -222,7 +222,7 @@ pub fn sample_indices<T>(family: &Family<T>, k: usize, rng: &mut impl Rng, out: 
 }
 
 /// `sample_indices` as addresses.
-pub fn sample<T: Copy>(family: &Family<T>, k: usize, rng: &mut impl Rng) -> Vec<T> {
+pub fn sample<T: Copy, const N: usize>(family: &Family<T, N>, k: usize, rng: &mut impl Rng) -> Vec<T> {
     let mut picked = [0u8; FAMILY_TARGETS_MAX];
     let count = sample_indices(family, k, rng, &mut picked);
     picked[..count].iter().map(|&i| family.targets[usize::from(i)].0).collect()

@@ -12,6 +12,7 @@ use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveSta
 use dnsplan_common::{EndpointName, Generation};
 use hashbrown::HashTable;
 use hickory_proto::rr::{Name, Record};
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -52,22 +53,23 @@ pub fn wire_key(name: &Name) -> Vec<u8> {
 /// The targets of one address family as served: only those eligible (non-zero weight, or all
 /// of them when every weight is zero), with whether they all weigh the same.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Family<T> {
-    pub targets: Box<[(T, u32)]>,
+pub struct Family<T, const N: usize> {
+    /// Inline up to `N` targets, so the common answer reads no further memory.
+    pub targets: SmallVec<[(T, u32); N]>,
     /// Every target has the same weight: sampling is a uniform shuffle.
     pub uniform: bool,
 }
 
-impl<T> Default for Family<T> {
+impl<T, const N: usize> Default for Family<T, N> {
     fn default() -> Self {
-        Family { targets: Box::default(), uniform: true }
+        Family { targets: SmallVec::new(), uniform: true }
     }
 }
 
-impl<T: Copy> Family<T> {
-    fn new(all: &[(T, u32)]) -> Family<T> {
+impl<T: Copy, const N: usize> Family<T, N> {
+    fn new(all: &[(T, u32)]) -> Family<T, N> {
         let any_weighted = all.iter().any(|(_, w)| *w > 0);
-        let targets: Box<[(T, u32)]> =
+        let targets: SmallVec<[(T, u32); N]> =
             all.iter().filter(|(_, w)| !any_weighted || *w > 0).map(|&(t, w)| (t, if any_weighted { w } else { 1 })).collect();
         let uniform = targets.windows(2).all(|w| w[0].1 == w[1].1);
         Family { targets, uniform }
@@ -83,8 +85,8 @@ impl<T: Copy> Family<T> {
 pub struct Managed {
     pub generation: Generation,
     pub ttl_secs: u32,
-    pub v4: Family<Ipv4Addr>,
-    pub v6: Family<Ipv6Addr>,
+    pub v4: Family<Ipv4Addr, 4>,
+    pub v6: Family<Ipv6Addr, 1>,
 }
 
 impl Managed {
@@ -105,8 +107,8 @@ impl Managed {
 /// without data but with descendants is an empty non-terminal: NODATA, not NXDOMAIN).
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
-    /// Lower-case wire form.
-    pub key: Box<[u8]>,
+    /// Lower-case wire form, inline up to 40 bytes (most names), beside the rest of the entry.
+    pub key: SmallVec<[u8; 40]>,
     pub managed: Option<Managed>,
     /// Static records at this name (the apex SOA and NS included).
     pub statics: Vec<Record>,
@@ -299,7 +301,7 @@ impl Snapshot {
         let shard = Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash)]);
         let entry = shard
             .entry(hash, |e| &*e.key == key, |e| hash_key(&e.key))
-            .or_insert_with(|| Arc::new(Entry { key: key.into(), ..Entry::default() }))
+            .or_insert_with(|| Arc::new(Entry { key: SmallVec::from_slice(key), ..Entry::default() }))
             .into_mut();
         Arc::make_mut(entry)
     }

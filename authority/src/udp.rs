@@ -51,7 +51,7 @@ impl Batch {
     }
 
     /// Receives what is waiting on `fd` (at most `BATCH`), answers it and sends the answers.
-    /// Returns how many datagrams were received; `WouldBlock` when none was waiting.
+    /// Returns how many datagrams were received; `WouldBlock` when the socket is drained.
     pub fn run(fd: RawFd, serving: &Serving, rng: &mut SmallRng) -> std::io::Result<usize> {
         BATCH_STATE.with(|cell| {
             let mut slot = cell.borrow_mut();
@@ -130,6 +130,12 @@ impl Batch {
         }
         for outcome in &self.outcomes[..sent] {
             serving.metrics.observe_query(outcome, Transport::Udp);
+        }
+        if datagrams < BATCH {
+            // The socket had no more than this: report it empty, so the caller waits for the
+            // next readiness event instead of spending a system call to learn it. (Tokio
+            // keeps the readiness if a datagram arrived meanwhile.)
+            return Err(std::io::ErrorKind::WouldBlock.into());
         }
         Ok(datagrams)
     }

@@ -90,6 +90,54 @@ async fn latency(store: &RemoteStore, dns: std::net::SocketAddr, names: &[Endpoi
     Ok(samples)
 }
 
+/// Resident memory of this process, from /proc (Linux).
+fn rss_bytes() -> anyhow::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
+    let pages: u64 = statm.split_whitespace().nth(1).context("statm has no resident field")?.parse()?;
+    Ok(pages * 4096)
+}
+
+/// Bytes of resident memory the authority's serving snapshot takes per managed name (2-4
+/// addresses each), measured around building one.
+fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
+    use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig, StaticZone};
+    let config = DnsZoneConfig {
+        origin: "example.test.".into(),
+        soa: Some(SoaConfig {
+            mname: "ns1.example.test.".into(),
+            rname: "hostmaster.example.test.".into(),
+            ttl_secs: 300,
+            refresh_secs: 3600,
+            retry_secs: 600,
+            expire_secs: 604_800,
+            minimum_secs: 30,
+        }),
+        ns: vec!["ns1.example.test.".into()],
+        ns_ttl_secs: 3600,
+        master_file: None,
+    };
+    let zone = StaticZone::load(&config, std::path::Path::new("."))?;
+    let mut active = dnsplan_common::ActiveSnapshot::default();
+    let zone_a = dnsplan_common::ZoneId::parse("a")?;
+    for i in 0..n {
+        let name = name(&format!("m{i}"));
+        let targets = (0..2 + i % 3)
+            .map(|k| dnsplan_common::Target {
+                address: std::net::Ipv4Addr::from(0x0a00_0000 + (i as u32) * 4 + k as u32).into(),
+                zone: zone_a.clone(),
+                weight: 1,
+            })
+            .collect();
+        let records = dnsplan_common::Endpoint { ttl_secs: 300, targets };
+        active.endpoints.insert(name, dnsplan_common::ActiveRecord { generation: Generation(1), state: ActiveState::Serving(records) });
+    }
+    let before = rss_bytes()?;
+    let snapshot = dnsplan_authority::snapshot::Snapshot::build(std::sync::Arc::new(zone), &active);
+    let after = rss_bytes()?;
+    anyhow::ensure!(snapshot.managed_count() == n, "the snapshot holds {} names, want {n}", snapshot.managed_count());
+    Ok(after.saturating_sub(before) as f64 / n as f64)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let n: usize = std::env::args().nth(1).map(|a| a.parse()).transpose().context("ENDPOINTS must be a number")?.unwrap_or(10_000);
@@ -150,5 +198,7 @@ async fn main() -> anyhow::Result<()> {
     println!("{:<52}{:>11.1}ms", "remote: publish-to-served p99", pct(&samples, 0.99).as_secs_f64() * 1e3);
     drop(stop);
     authority.stop().await?;
+    let per_name = snapshot_bytes_per_name(100_000)?;
+    println!("{:<52}{:>12.0}", "authority: snapshot bytes per managed name (100k)", per_name);
     Ok(())
 }
