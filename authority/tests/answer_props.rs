@@ -2,7 +2,7 @@
 //! reply is a well-formed response to the same id with QR=1 that fits the transport.
 
 use dnsplan_authority::answer::{AnswerLimits, Transport, respond};
-use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig, StaticZone};
+use dnsplan_authority::dns_zone::StaticZone;
 use dnsplan_authority::snapshot::Snapshot;
 use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::{DnsName, Endpoint, Generation, Target, ZoneId};
@@ -13,21 +13,7 @@ use rand::SeedableRng;
 use std::sync::Arc;
 
 fn snapshot() -> Snapshot {
-    let config = DnsZoneConfig {
-        origin: "example.test.".into(),
-        soa: Some(SoaConfig {
-            mname: "ns1.example.test.".into(),
-            rname: "hostmaster.example.test.".into(),
-            ttl_secs: 300,
-            refresh_secs: 3600,
-            retry_secs: 600,
-            expire_secs: 604_800,
-            minimum_secs: 30,
-        }),
-        ns: vec!["ns1.example.test.".into()],
-        ns_ttl_secs: 3600,
-        master_file: None,
-    };
+    let config = dnsplan_tests::stack::dns_zone_config(None);
     let zone = Arc::new(StaticZone::load(&config, std::path::Path::new(".")).expect("zone"));
     let mut active = ActiveSnapshot { applied_changes: 3, ..ActiveSnapshot::default() };
     let targets = (1..=20)

@@ -5,7 +5,7 @@
 //! incremental snapshot answers like one built from scratch.
 
 use dnsplan_authority::answer::{AnswerLimits, Transport, respond};
-use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig, StaticZone};
+use dnsplan_authority::dns_zone::StaticZone;
 use dnsplan_authority::fast::{Fast, respond_fast};
 use dnsplan_authority::snapshot::Snapshot;
 use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState};
@@ -27,21 +27,7 @@ a.b.c 300 IN A 192.0.2.9
 fn zone() -> Arc<StaticZone> {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("zone.db"), ZONE_FILE).expect("write zone");
-    let config = DnsZoneConfig {
-        origin: "example.test.".into(),
-        soa: Some(SoaConfig {
-            mname: "ns1.example.test.".into(),
-            rname: "hostmaster.example.test.".into(),
-            ttl_secs: 300,
-            refresh_secs: 3600,
-            retry_secs: 600,
-            expire_secs: 604_800,
-            minimum_secs: 30,
-        }),
-        ns: vec!["ns1.example.test.".into()],
-        ns_ttl_secs: 3600,
-        master_file: Some("zone.db".into()),
-    };
+    let config = dnsplan_tests::stack::dns_zone_config(Some("zone.db"));
     Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
 }
 

@@ -29,6 +29,8 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         (format!("{base}[apply]\nreconcile_every = 5\n"), "reconcile_every"),
         (format!("{base}[apply]\nmax_removal_fraction = 1.5\n"), "apply.max_removal_fraction"),
         (format!("{base}[cleanup]\nretain_plans = 0\n"), "cleanup.retain_plans"),
+        (format!("{base}[apply]\nbatch_size = 5000\n"), "apply.batch_size"),
+        (format!("{base}[apply]\nfull_write_every = 0\n"), "apply.full_write_every"),
         (format!("{base}[apply]\nretry_attempts = \"five\"\n"), "line 6"),
         ("id = \"a b\"\nzone = \"a\"\n[store]\nurl = \"http://x\"\n".to_string(), "id:"),
         ("id = \"a\"\nzone = \"a\"\n[store]\nurl = \"ftp://x\"\n".to_string(), "store.url"),

@@ -2,12 +2,33 @@
 //! tests that need the whole serving path: DNS over UDP and TCP, and the control API.
 
 use dnsplan_authority::config::AuthorityConfig;
+use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig};
 use dnsplan_authority::run::{Bound, run_with_store};
 use dnsplan_common::Store;
 use std::net::SocketAddr;
 use std::path::Path;
 
 pub const TOKEN: &str = "stack-test-token-0123456789";
+
+/// The `[dns_zone]` of the fixtures' DNS zone (`example.test.`), with `master_file` for
+/// static records (relative to the directory given to `StaticZone::load`).
+pub fn dns_zone_config(master_file: Option<&str>) -> DnsZoneConfig {
+    DnsZoneConfig {
+        origin: "example.test.".into(),
+        soa: Some(SoaConfig {
+            mname: "ns1.example.test.".into(),
+            rname: "hostmaster.example.test.".into(),
+            ttl_secs: 300,
+            refresh_secs: 3600,
+            retry_secs: 600,
+            expire_secs: 604_800,
+            minimum_secs: 30,
+        }),
+        ns: vec!["ns1.example.test.".into()],
+        ns_ttl_secs: 3600,
+        master_file: master_file.map(Into::into),
+    }
+}
 
 /// The authority config the tests use: the fixtures' DNS zone, ports chosen by the system.
 pub fn authority_config_text(data_dir: &Path) -> String {

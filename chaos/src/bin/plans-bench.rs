@@ -100,22 +100,8 @@ fn rss_bytes() -> anyhow::Result<u64> {
 /// Bytes of resident memory the authority's serving snapshot takes per managed name (2-4
 /// addresses each), measured around building one.
 fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
-    use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig, StaticZone};
-    let config = DnsZoneConfig {
-        origin: "example.test.".into(),
-        soa: Some(SoaConfig {
-            mname: "ns1.example.test.".into(),
-            rname: "hostmaster.example.test.".into(),
-            ttl_secs: 300,
-            refresh_secs: 3600,
-            retry_secs: 600,
-            expire_secs: 604_800,
-            minimum_secs: 30,
-        }),
-        ns: vec!["ns1.example.test.".into()],
-        ns_ttl_secs: 3600,
-        master_file: None,
-    };
+    use dnsplan_authority::dns_zone::StaticZone;
+    let config = dnsplan_tests::stack::dns_zone_config(None);
     let zone = StaticZone::load(&config, std::path::Path::new("."))?;
     let mut active = dnsplan_common::ActiveSnapshot::default();
     let zone_a = dnsplan_common::ZoneId::parse("a")?;
