@@ -15,8 +15,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dnsplan_common::codec;
 use dnsplan_common::store::wire::{
-    AcquireLeaseRequest, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesQuery, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
-    LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
+    AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesQuery, CleanupRequest, ErrorBody,
+    LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
@@ -266,8 +266,16 @@ async fn wait<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<WaitQuery
     Ok(Json(ctl.store.wait_for_change(seen, Duration::from_millis(q.timeout_ms)).await?))
 }
 
-async fn active_all<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
-    Ok(Json(ctl.store.active_all().await?).into_response())
+/// The whole active state, or with `?limit=N[&after=NAME]` one page of it.
+async fn active_all<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ActiveQuery>) -> ApiResult<Response> {
+    match q.limit {
+        None if q.after.is_some() => Err(ApiError::bad_request("after= needs limit=")),
+        None => Ok(Json(ctl.store.active_all().await?).into_response()),
+        Some(limit) => {
+            let after = q.after.as_deref().map(parse_endpoint).transpose()?;
+            Ok(Json(ctl.store.active_page(after, limit).await?).into_response())
+        }
+    }
 }
 
 async fn active<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>) -> ApiResult<Response> {

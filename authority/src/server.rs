@@ -7,7 +7,8 @@ use crate::metrics::Metrics;
 use crate::snapshot::Snapshot;
 use crate::udp::Batch;
 use arc_swap::ArcSwap;
-use dnsplan_common::store::{Store, StoreVersion};
+use dnsplan_common::EndpointName;
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, Store, StoreResult, StoreVersion};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::sync::Arc;
@@ -39,11 +40,10 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// Loads the active state from `store` and builds the first snapshot.
+    /// Loads the active state from `store` and builds the first snapshot (see `Loader`).
     pub async fn load<S: Store>(store: &S, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> anyhow::Result<Serving> {
         let started = Instant::now();
-        let active = store.active_all().await?;
-        let snapshot = Snapshot::build(zone.clone(), &active);
+        let snapshot = Loader::new(zone.clone()).finish(store).await?;
         metrics.observe_snapshot(&snapshot, started.elapsed().as_secs_f64());
         Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, metrics })
     }
@@ -82,6 +82,46 @@ impl Serving {
         self.snapshot.store(Arc::new(snapshot));
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)
+    }
+}
+
+/// Builds the first snapshot from the store a page at a time (`Store::active_page`), so a
+/// large zone is never held twice, once decoded and once as the snapshot: the peak memory of
+/// a start is the snapshot plus one page.
+///
+/// The pages are read at different moments. `finish` merges every endpoint that switched
+/// after the first page was read (`active_since`), so the result is the store's state at one
+/// applied-change count, whatever changed during the load.
+pub struct Loader {
+    snapshot: Snapshot,
+    after: Option<EndpointName>,
+    since: Option<u64>,
+    done: bool,
+}
+
+impl Loader {
+    pub fn new(zone: Arc<StaticZone>) -> Loader {
+        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false }
+    }
+
+    /// Reads and merges the next page. `false` once the last page is in.
+    pub async fn next_page<S: Store>(&mut self, store: &S) -> StoreResult<bool> {
+        if self.done {
+            return Ok(false);
+        }
+        let page = store.active_page(self.after.take(), ACTIVE_PAGE_MAX).await?;
+        self.since.get_or_insert(page.applied_changes);
+        self.snapshot.load_page(&page.endpoints);
+        self.after = page.endpoints.last().map(|(name, _)| name.clone());
+        self.done = !page.more || self.after.is_none();
+        Ok(!self.done)
+    }
+
+    /// The snapshot, brought up to the store by the changes made during the load.
+    pub async fn finish<S: Store>(mut self, store: &S) -> StoreResult<Snapshot> {
+        while self.next_page(store).await? {}
+        let delta = store.active_since(self.since.unwrap_or_default()).await?;
+        Ok(self.snapshot.apply(&delta))
     }
 }
 

@@ -160,6 +160,14 @@ pub struct Snapshot {
 impl Snapshot {
     /// A snapshot of the static zone and every serving endpoint of `active`.
     pub fn build(zone: Arc<StaticZone>, active: &ActiveSnapshot) -> Snapshot {
+        let mut snapshot = Snapshot::statics_only(zone);
+        snapshot.merge(active.applied_changes, active.endpoints.iter());
+        snapshot
+    }
+
+    /// A snapshot of the static zone alone, at applied-change count 0. Pages of the active
+    /// state go in with `load_page`.
+    pub fn statics_only(zone: Arc<StaticZone>) -> Snapshot {
         let shards: Arc<[Arc<Shard>]> = (0..SHARDS).map(|_| Arc::new(Shard::new())).collect();
         let mut snapshot = Snapshot {
             serial: 0,
@@ -179,8 +187,16 @@ impl Snapshot {
             let key = wire_key(&record.name);
             snapshot.update(&key, |entry| entry.statics.push(record));
         }
-        snapshot.merge(active.applied_changes, active.endpoints.iter());
+        snapshot.set_serial(0);
         snapshot
+    }
+
+    /// Merges one page of the active state into this snapshot in place (a snapshot being
+    /// loaded, not yet served). The applied-change count and serial stay as they are: pages
+    /// are read at different moments, so the loader ends with `apply` of the changes since
+    /// the first page, which sets them.
+    pub fn load_page(&mut self, endpoints: &[(EndpointName, ActiveRecord)]) {
+        self.merge_endpoints(endpoints.iter().map(|(n, r)| (n, r)));
     }
 
     /// The snapshot after `delta`: merged into this one, or rebuilt when `delta` is the whole
@@ -196,6 +212,11 @@ impl Snapshot {
     }
 
     fn merge<'a>(&mut self, applied_changes: u64, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
+        self.merge_endpoints(endpoints);
+        self.set_serial(applied_changes);
+    }
+
+    fn merge_endpoints<'a>(&mut self, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
         for (endpoint, record) in endpoints {
             let Some(key) = self.managed_key(endpoint) else { continue };
             let managed = Managed::from_record(record);
@@ -221,7 +242,6 @@ impl Snapshot {
             }
             self.managed_count = self.managed_count.saturating_add_signed(delta_count);
         }
-        self.set_serial(applied_changes);
     }
 
     fn set_serial(&mut self, applied_changes: u64) {

@@ -17,7 +17,7 @@
 //! only the deterministic lease check.
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
-use dnsplan_common::store::{ActiveState, ApplyItem, ApplyOutcome, PauseState, Store, StoreError};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveState, ApplyItem, ApplyOutcome, PauseState, Store, StoreError};
 use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, ValidatedPlan, ZoneId};
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -118,6 +118,7 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         leased_publish_is_fenced,
         apply_many_is_fenced_per_item,
         active_since_follows,
+        active_page_walks_the_state,
     );
     Ok(report)
 }
@@ -289,6 +290,42 @@ pub async fn active_since_follows<S: Store>(store: S) -> anyhow::Result<Violatio
         let truth = store.active_all().await?;
         v.check(seen == truth.applied_changes, || format!("step {step}: delta at {seen}, store at {}", truth.applied_changes));
         v.check(held == truth.endpoints, || format!("step {step}: follower holds {held:?}, store has {:?}", truth.endpoints));
+    }
+    Ok(v)
+}
+
+/// Paging through `active_page` yields every active endpoint once, in name order, retired
+/// ones included, and a page limit outside 1..=ACTIVE_PAGE_MAX is refused.
+pub async fn active_page_walks_the_state<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let labels = ["e", "a", "d", "b", "c"];
+    publish_range(&store, 1..=2, &labels).await?;
+    for label in labels {
+        store.apply(&name(label), Generation(1), &endpoint_for(Generation(1))).await?;
+    }
+    store.retire(&name("d"), Generation(2)).await?;
+    let truth = store.active_all().await?;
+    let mut walked = Vec::new();
+    let mut after = None;
+    for _ in 0..labels.len() + 1 {
+        let page = store.active_page(after.take(), 2).await?;
+        v.check(page.endpoints.len() <= 2, || format!("a page of limit 2 holds {}", page.endpoints.len()));
+        v.check(page.applied_changes == truth.applied_changes, || {
+            format!("page at {}, store at {}", page.applied_changes, truth.applied_changes)
+        });
+        after = page.endpoints.last().map(|(n, _)| n.clone());
+        walked.extend(page.endpoints);
+        if !page.more {
+            break;
+        }
+    }
+    let want: Vec<_> = truth.endpoints.into_iter().collect();
+    v.check(walked == want, || format!("paging gave {walked:?}, the whole state is {want:?}"));
+    let past = store.active_page(Some(name("z")), 2).await?;
+    v.check(past.endpoints.is_empty() && !past.more, || format!("a page after the last name holds {past:?}"));
+    for limit in [0, ACTIVE_PAGE_MAX + 1] {
+        let refused = matches!(store.active_page(None, limit).await, Err(StoreError::BadRequest(_)));
+        v.check(refused, || format!("a page limit of {limit} was not refused as a bad request"));
     }
     Ok(v)
 }

@@ -54,6 +54,9 @@ pub const HEARTBEAT_TEXT_BYTES_MAX: usize = 128;
 pub const APPLY_BATCH_MAX: usize = 4_096;
 /// Most endpoints in one `active_since` answer before it is sent as the whole state instead.
 pub const DELTA_ENDPOINTS_MAX: usize = 65_536;
+/// Most endpoints in one `active_page` answer: a page is a few hundred kilobytes, so a reader
+/// of a large zone never holds the whole active state at once.
+pub const ACTIVE_PAGE_MAX: usize = 4_096;
 
 /// What an endpoint serves now, as copied at apply time.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +85,26 @@ pub struct ActiveSnapshot {
     /// How many applies have switched a fence so far; the SOA serial derives from it.
     pub applied_changes: u64,
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
+}
+
+/// One page of the active state, in endpoint-name order (`Store::active_page`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActivePage {
+    /// The store's applied-change count when this page was read. Pages are read at different
+    /// moments: a reader that needs one consistent state follows the pages with
+    /// `active_since(first page's count)`.
+    pub applied_changes: u64,
+    pub endpoints: Vec<(EndpointName, ActiveRecord)>,
+    /// Endpoints after the last one of this page remain.
+    pub more: bool,
+}
+
+/// The check of `active_page`'s `limit` that needs no store.
+pub fn check_page_limit(limit: usize) -> StoreResult<()> {
+    if !(1..=ACTIVE_PAGE_MAX).contains(&limit) {
+        return Err(StoreError::BadRequest(format!("an active page of {limit} endpoints; the limit must be in 1..={ACTIVE_PAGE_MAX}")));
+    }
+    Ok(())
 }
 
 /// One endpoint of an `apply_many` batch.
@@ -293,6 +316,22 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn active_since(&self, since: u64) -> impl Future<Output = StoreResult<ActiveDelta>> + Send {
         let _ = since;
         async move { Ok(ActiveDelta::from(self.active_all().await?)) }
+    }
+    /// Up to `limit` (1..=[`ACTIVE_PAGE_MAX`]) active endpoints whose names sort after
+    /// `after` (from the first when `None`). The default reads the whole state and slices it,
+    /// which is correct and not lean.
+    fn active_page(&self, after: Option<EndpointName>, limit: usize) -> impl Future<Output = StoreResult<ActivePage>> + Send {
+        async move {
+            check_page_limit(limit)?;
+            let all = self.active_all().await?;
+            let lower = match &after {
+                Some(a) => std::ops::Bound::Excluded(a),
+                None => std::ops::Bound::Unbounded,
+            };
+            let mut rest = all.endpoints.range((lower, std::ops::Bound::Unbounded));
+            let endpoints: Vec<_> = rest.by_ref().take(limit).map(|(n, r)| (n.clone(), r.clone())).collect();
+            Ok(ActivePage { applied_changes: all.applied_changes, endpoints, more: rest.next().is_some() })
+        }
     }
     /// What `cleanup(retain)` would do now, without doing it.
     fn cleanup_preview(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupDecision>> + Send;

@@ -6,13 +6,13 @@
 //! endpoint is refused on both sides of the wire.
 
 use super::wire::{
-    AcquireLeaseRequest, ApplyManyRequest, ApplyManyResponse, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
+    AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
     LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
 };
 use super::{
-    ActiveDelta, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, HEARTBEAT_TEXT_BYTES_MAX,
-    Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
-    check_batch, check_len,
+    ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
+    HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult,
+    StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_len, check_page_limit,
 };
 use crate::codec;
 use crate::generation::Generation;
@@ -201,6 +201,12 @@ impl Store for RemoteStore {
 
     async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
         self.json(self.inner.client.get(self.url("/v1/active"))).await
+    }
+
+    async fn active_page(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
+        check_page_limit(limit)?;
+        let query = ActiveQuery { after: after.map(|a| a.as_str().to_owned()), limit: Some(limit) };
+        self.json(self.inner.client.get(self.url("/v1/active")).query(&query)).await
     }
 
     async fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {

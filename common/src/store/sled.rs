@@ -25,9 +25,9 @@
 
 use super::lease;
 use super::{
-    ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX,
-    HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError,
-    StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_len, decide_cleanup,
+    ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
+    DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState,
+    Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_len, check_page_limit, decide_cleanup,
 };
 use crate::codec;
 use crate::generation::Generation;
@@ -480,6 +480,27 @@ impl Inner {
         Ok(snapshot)
     }
 
+    fn active_page(&self, after: Option<&EndpointName>, limit: usize) -> StoreResult<ActivePage> {
+        check_page_limit(limit)?;
+        let _guard = self.guard()?;
+        let mut page = ActivePage { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Vec::with_capacity(limit), more: false };
+        let lower = match after {
+            Some(a) => std::ops::Bound::Excluded(a.as_str().as_bytes()),
+            None => std::ops::Bound::Unbounded,
+        };
+        for entry in self.active.range::<&[u8], _>((lower, std::ops::Bound::Unbounded)) {
+            let (key, value) = entry.map_err(io)?;
+            if page.endpoints.len() == limit {
+                page.more = true;
+                break;
+            }
+            let name = parse_name(&key, "active endpoint name")?;
+            let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
+            page.endpoints.push((name, record));
+        }
+        Ok(page)
+    }
+
     fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
         let _guard = self.guard()?;
         let applied = self.meta_u64(META_APPLIED, 0)?;
@@ -658,6 +679,10 @@ impl Store for SledStore {
 
     async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
         self.blocking(|inner| inner.active_all()).await
+    }
+
+    async fn active_page(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
+        self.blocking(move |inner| inner.active_page(after.as_ref(), limit)).await
     }
 
     async fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {

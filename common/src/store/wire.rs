@@ -27,6 +27,16 @@ pub struct ApplyManyRequest {
 /// Answer of `POST /v1/apply`: one result per item, in order.
 pub type ApplyManyResponse = Vec<Result<ApplyOutcome, WireError>>;
 
+/// Query of `GET /v1/active`. With a `limit`, the answer is one `ActivePage` of the endpoints
+/// after `after`; without, the whole `ActiveSnapshot`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ActiveQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
 /// Query of `GET /v1/changes`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ChangesQuery {
