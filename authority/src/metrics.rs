@@ -7,6 +7,7 @@
 
 use crate::answer::{Outcome, Transport};
 use crate::snapshot::Snapshot;
+use dnsplan_common::store::ActiveDelta;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -17,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Most per-endpoint series. Ten thousand series is what one scrape target can carry
 /// comfortably; a million-name DNS zone would swamp a Prometheus server.
@@ -179,6 +180,8 @@ pub struct Metrics {
     pub applies: Family<ApplyLabels, Counter>,
     snapshot_swap_seconds: Histogram,
     active_generation: Family<EndpointLabels, Gauge>,
+    /// `active_generation` holds one series per managed endpoint (the zone is small enough).
+    per_endpoint: Arc<AtomicBool>,
     active_generation_min: Gauge,
     active_generation_max: Gauge,
     managed_endpoints: Gauge,
@@ -226,6 +229,7 @@ impl Metrics {
             applies,
             snapshot_swap_seconds,
             active_generation,
+            per_endpoint: Arc::default(),
             active_generation_min,
             active_generation_max,
             managed_endpoints,
@@ -242,18 +246,43 @@ impl Metrics {
         }
     }
 
-    pub fn observe_snapshot(&self, snapshot: &Snapshot, build_seconds: f64) {
+    /// After a swap to `snapshot`. `changed` is the delta it was merged from, if any: then
+    /// only the per-endpoint series of the endpoints in it are touched, so the cost follows
+    /// the change, not the zone. Without one (the first build, a `full` delta, or the zone
+    /// crossing `PER_ENDPOINT_SERIES_MAX`), the series are rebuilt from the whole snapshot.
+    pub fn observe_snapshot(&self, snapshot: &Snapshot, changed: Option<&ActiveDelta>, build_seconds: f64) {
         self.snapshot_swap_seconds.observe(build_seconds);
         self.managed_endpoints.set(snapshot.managed_count() as i64);
         self.applied_changes.set(snapshot.applied_changes as i64);
         let (min, max) = snapshot.generation_range().map_or((0, 0), |(lo, hi)| (lo.0 as i64, hi.0 as i64));
         self.active_generation_min.set(min);
         self.active_generation_max.set(max);
-        self.active_generation.clear();
-        if snapshot.managed_count() <= PER_ENDPOINT_SERIES_MAX {
-            for entry in snapshot.managed() {
-                if let (Some(endpoint), Some(m)) = (entry.endpoint(), &entry.managed) {
-                    self.active_generation.get_or_create(&EndpointLabels { endpoint: endpoint.to_string() }).set(m.generation.0 as i64);
+        let fits = snapshot.managed_count() <= PER_ENDPOINT_SERIES_MAX;
+        let exported = self.per_endpoint.swap(fits, Ordering::Relaxed);
+        match changed {
+            Some(delta) if fits && exported && !delta.full => {
+                for endpoint in delta.endpoints.keys() {
+                    let labels = EndpointLabels { endpoint: endpoint.to_string() };
+                    match snapshot.managed_generation(endpoint) {
+                        Some(g) => {
+                            self.active_generation.get_or_create(&labels).set(g.0 as i64);
+                        }
+                        None => {
+                            self.active_generation.remove(&labels);
+                        }
+                    }
+                }
+            }
+            _ => {
+                self.active_generation.clear();
+                if fits {
+                    for entry in snapshot.managed() {
+                        if let (Some(endpoint), Some(m)) = (entry.endpoint(), &entry.managed) {
+                            self.active_generation
+                                .get_or_create(&EndpointLabels { endpoint: endpoint.to_string() })
+                                .set(m.generation.0 as i64);
+                        }
+                    }
                 }
             }
         }

@@ -44,7 +44,7 @@ impl Serving {
     pub async fn load<S: Store>(store: &S, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> anyhow::Result<Serving> {
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
-        metrics.observe_snapshot(&snapshot, started.elapsed().as_secs_f64());
+        metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
         Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, metrics })
     }
 
@@ -76,9 +76,9 @@ impl Serving {
         let started = Instant::now();
         let current = self.snapshot.load_full();
         let delta = store.active_since(current.applied_changes).await?;
-        let snapshot = tokio::task::spawn_blocking(move || current.apply(&delta)).await?;
+        let (snapshot, delta) = tokio::task::spawn_blocking(move || (current.apply(&delta), delta)).await?;
         let applied = snapshot.applied_changes;
-        self.metrics.observe_snapshot(&snapshot, started.elapsed().as_secs_f64());
+        self.metrics.observe_snapshot(&snapshot, Some(&delta), started.elapsed().as_secs_f64());
         self.snapshot.store(Arc::new(snapshot));
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)

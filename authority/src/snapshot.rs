@@ -341,6 +341,12 @@ impl Snapshot {
         self.get_key(&wire_key(name)).filter(|e| e.has_data())
     }
 
+    /// The generation `endpoint` serves, if this snapshot serves it.
+    pub fn managed_generation(&self, endpoint: &EndpointName) -> Option<Generation> {
+        let name = Name::from_ascii(endpoint.as_str()).ok()?;
+        self.get_key(&wire_key(&name))?.managed.as_ref().map(|m| m.generation)
+    }
+
     pub fn is_empty_non_terminal(&self, name: &Name) -> bool {
         self.get_key(&wire_key(name)).is_some_and(|e| !e.has_data() && e.descendants > 0)
     }

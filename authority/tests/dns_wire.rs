@@ -308,5 +308,23 @@ async fn metrics_and_health() -> anyhow::Result<()> {
         let resp = client.get(format!("{}{path}", auth.control)).send().await?;
         assert!(resp.status().is_success(), "{path}: {}", resp.status());
     }
+
+    // The per-endpoint series follow each change (they are updated from the delta, not
+    // rebuilt): a new endpoint appears, a moved one changes, a retired one goes away.
+    let two = endpoint(20, vec![target("10.9.0.2", "a", 1)]);
+    publish_and_apply(&auth.store, &plan(2, &[("api.example.test.", two.clone()), ("web.example.test.", two.clone())])).await?;
+    until(auth.dns, "web.example.test.", RecordType::A, DEADLINE, |m| !m.answers.is_empty()).await?;
+    let text = client.get(format!("{}/metrics", auth.control)).send().await?.text().await?;
+    for want in
+        ["dnsplan_active_generation{endpoint=\"api.example.test.\"} 2", "dnsplan_active_generation{endpoint=\"web.example.test.\"} 2"]
+    {
+        assert!(text.contains(want), "want {want:?} in /metrics:\n{text}");
+    }
+    publish_and_apply(&auth.store, &plan(3, &[("api.example.test.", two)])).await?;
+    auth.store.retire(&dnsplan_common::DnsName::parse("web.example.test.")?, dnsplan_common::Generation(3)).await?;
+    until(auth.dns, "web.example.test.", RecordType::A, DEADLINE, |m| m.metadata.response_code == ResponseCode::NXDomain).await?;
+    let text = client.get(format!("{}/metrics", auth.control)).send().await?.text().await?;
+    assert!(text.contains("dnsplan_active_generation{endpoint=\"api.example.test.\"} 3"), "api at 3 in /metrics:\n{text}");
+    assert!(!text.contains("web.example.test."), "the retired endpoint's series is gone from /metrics:\n{text}");
     auth.stop().await
 }
