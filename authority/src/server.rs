@@ -91,7 +91,9 @@ impl Serving {
 ///
 /// The pages are read at different moments. `finish` merges every endpoint that switched
 /// after the first page was read (`active_since`), so the result is the store's state at one
-/// applied-change count, whatever changed during the load.
+/// applied-change count, whatever changed during the load. (If more than
+/// `DELTA_ENDPOINTS_MAX` endpoints changed meanwhile, the store answers with the whole state
+/// and the snapshot is rebuilt from it, at the old peak; only under that much churn.)
 pub struct Loader {
     snapshot: Snapshot,
     after: Option<EndpointName>,

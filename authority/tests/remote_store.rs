@@ -91,6 +91,10 @@ async fn bad_bodies_are_clear_errors() -> anyhow::Result<()> {
         (client.get(format!("{base}/v1/plans/abc")), 400, "not a number"),
         (client.get(format!("{base}/v1/plans/7")), 404, "not found"),
         (client.put(format!("{base}/v1/pause")).bearer_auth(TOKEN).body(vec![b'x'; 100_000]), 413, "too large"),
+        (client.get(format!("{base}/v1/active?limit=0")), 400, "limit must be in 1..=4096"),
+        (client.get(format!("{base}/v1/active?limit=5000")), 400, "limit must be in 1..=4096"),
+        (client.get(format!("{base}/v1/active?after=x.example.test.")), 400, "after= needs limit="),
+        (client.get(format!("{base}/v1/active?limit=2&after=bad..name")), 400, "empty label"),
     ];
     for (req, status, text) in cases {
         let resp = req.send().await?;
