@@ -15,8 +15,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use dnsplan_common::codec;
 use dnsplan_common::store::wire::{
-    AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesQuery, CleanupRequest, ErrorBody,
-    LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
+    AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesFrom, ChangesQuery, CleanupRequest,
+    ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
@@ -170,6 +170,7 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
     let batches = Router::new().route("/v1/apply", post(apply_many::<S>)).layer(DefaultBodyLimit::max(BATCH_BODY_BYTES_MAX));
     let rest = Router::new()
         .route("/v1/plans/{generation}", get(plan::<S>))
+        .route("/v1/plans/{generation}/changes", get(plan_changes::<S>))
         .route("/v1/version", get(version::<S>))
         .route("/v1/wait", get(wait::<S>))
         .route("/v1/active", get(active_all::<S>))
@@ -255,6 +256,25 @@ async fn plan<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Path(
         return Ok(Json(plan.plan()).into_response());
     }
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode_plan(&plan)).into_response())
+}
+
+/// What plan `generation` changes since `?from=F`, as a codec envelope (JSON with
+/// `Accept: application/json`), or 204 No Content when the store cannot say it in less than
+/// the plan.
+async fn plan_changes<S: Store>(
+    State(ctl): State<Control<S>>,
+    headers: HeaderMap,
+    Path(generation): Path<String>,
+    Query(q): Query<ChangesFrom>,
+) -> ApiResult<Response> {
+    let to: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
+    let Some(changes) = ctl.store.plan_changes(Generation(q.from), Generation(to)).await? else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    if is_json(&headers, header::ACCEPT) {
+        return Ok(Json(changes).into_response());
+    }
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode(&changes)).into_response())
 }
 
 async fn version<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<StoreVersion>> {

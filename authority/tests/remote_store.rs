@@ -52,7 +52,7 @@ async fn remote_store_passes_the_suite() -> anyhow::Result<()> {
 async fn naive_store_behind_the_api_fails_the_suite() -> anyhow::Result<()> {
     let report = run_all(&OverNaive).await?;
     let failed = report.failed();
-    for must_fail in ["cleanup_is_guarded", "retire_releases_cleanup", "race_2025_sequence"] {
+    for must_fail in ["cleanup_is_guarded", "retire_releases_cleanup", "race_2025_sequence", "plan_changes_cover_every_plan_between"] {
         assert!(failed.contains(must_fail), "the suite did not catch the naive store over HTTP in {must_fail}:\n{report}");
     }
     Ok(())

@@ -4,6 +4,7 @@
 //! This crate is the only one that defines wire and on-disk types. It holds no daemons and
 //! no network code; the planner, enactors and authority build on it.
 
+pub mod changes;
 pub mod codec;
 #[cfg(feature = "daemon")]
 pub mod daemon;
@@ -19,6 +20,8 @@ pub use plan::{
     Author, Endpoint, Plan, PlanSummary, Provenance, Target, ValidatedPlan, ValidationError, removed_weight_fraction, validate_endpoint,
 };
 pub mod store;
+
+pub use changes::{PlanChanges, PlanEntry};
 
 pub use store::sled::SledStore;
 pub use store::{

@@ -18,7 +18,7 @@
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveState, ApplyItem, ApplyOutcome, PauseState, Store, StoreError};
-use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, ValidatedPlan, ZoneId};
+use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, PlanEntry, ValidatedPlan, ZoneId};
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -119,6 +119,7 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         apply_many_is_fenced_per_item,
         active_since_follows,
         active_page_walks_the_state,
+        plan_changes_cover_every_plan_between,
     );
     Ok(report)
 }
@@ -291,6 +292,65 @@ pub async fn active_since_follows<S: Store>(store: S) -> anyhow::Result<Violatio
         v.check(seen == truth.applied_changes, || format!("step {step}: delta at {seen}, store at {}", truth.applied_changes));
         v.check(held == truth.endpoints, || format!("step {step}: follower holds {held:?}, store has {:?}", truth.endpoints));
     }
+    Ok(v)
+}
+
+/// Every `plan_changes` answer that is not `None` names exactly the endpoints some plan in
+/// between changed (a flap back, a retirement, a return, a left-out endpoint), with their
+/// entries in the newer plan; a backwards range is refused and an unpublished plan is not
+/// found.
+pub async fn plan_changes_cover_every_plan_between<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    // Each step: served endpoints with the generation whose records they get, retired ones.
+    type Step = (&'static [(&'static str, u64)], &'static [&'static str], Option<u64>);
+    let steps: [Step; 6] = [
+        (&[("a", 1), ("b", 1), ("c", 1), ("d", 1)], &[], None),
+        (&[("a", 2), ("b", 2), ("c", 1), ("d", 1)], &[], None),
+        (&[("a", 2), ("b", 1), ("d", 1)], &[], None),
+        (&[("a", 2), ("b", 1), ("c", 1)], &["d"], None),
+        (&[("a", 2), ("b", 1), ("d", 1)], &[], Some(3)),
+        (&[("a", 6), ("b", 1), ("d", 1), ("e", 6)], &[], None),
+    ];
+    let mut plans = Vec::new();
+    for (i, (served, retired, rollback_of)) in steps.iter().enumerate() {
+        let g = i as u64 + 1;
+        let author = if retired.is_empty() && rollback_of.is_none() { planner() } else { operator() };
+        let mut p = plan(g, &[name("a")], author).into_plan();
+        p.endpoints = served.iter().map(|(l, r)| (name(l), endpoint_for(Generation(*r)))).collect();
+        p.retired = retired.iter().map(|l| name(l)).collect();
+        p.rollback_of = rollback_of.map(Generation);
+        let p = ValidatedPlan::new(p)?;
+        store.publish(&p).await?;
+        plans.push(p.into_plan());
+    }
+    let everyone: BTreeSet<DnsName> = plans.iter().flat_map(|p| p.endpoints.keys().chain(&p.retired).cloned()).collect();
+    for from in 1..plans.len() {
+        for to in from + 1..=plans.len() {
+            let (f, t) = (Generation(from as u64), Generation(to as u64));
+            let Some(got) = store.plan_changes(f, t).await? else { continue };
+            let last = &plans[to - 1];
+            let want: BTreeMap<DnsName, PlanEntry> = everyone
+                .iter()
+                .filter(|n| (from..to).any(|k| PlanEntry::of(&plans[k - 1], n) != PlanEntry::of(&plans[k], n)))
+                .map(|n| (n.clone(), PlanEntry::of(last, n)))
+                .collect();
+            v.check(got.changes == want, || format!("changes {from}..{to}: got {:?}, want {want:?}", got.changes));
+            v.check((got.from, got.to) == (f, t), || format!("changes {from}..{to} answered as {}..{}", got.from, got.to));
+            v.check(got.rollback_of == last.rollback_of && got.endpoint_count == last.endpoints.len() as u64, || {
+                format!(
+                    "changes {from}..{to}: rollback_of {:?} and {} endpoints, plan {to} has {:?} and {}",
+                    got.rollback_of,
+                    got.endpoint_count,
+                    last.rollback_of,
+                    last.endpoints.len()
+                )
+            });
+        }
+    }
+    let r = store.plan_changes(Generation(3), Generation(3)).await;
+    v.check(matches!(r, Err(StoreError::BadRequest(_))), || format!("changes 3..3: want BadRequest, got {r:?}"));
+    let r = store.plan_changes(Generation(5), Generation(7)).await;
+    v.check(matches!(r, Err(StoreError::PlanNotFound(_))), || format!("changes to unpublished plan 7: want PlanNotFound, got {r:?}"));
     Ok(v)
 }
 

@@ -3,9 +3,10 @@
 //! It makes the mistakes of the automation behind the October 2025 outage: `apply` checks the
 //! fence and writes later (check-then-act, with the lock dropped in between), `publish` does
 //! the same with the latest generation, `cleanup` deletes by age alone, and nothing refuses a
-//! generation whose plan is gone. Leases are checked, then acted on later (acquire and leased
-//! publish alike), and automation may publish around the lease. The suite must report
-//! violations against it.
+//! generation whose plan is gone. `plan_changes` compares the two plans alone, missing an
+//! endpoint that changed and changed back in between. Leases are checked, then acted on
+//! later (acquire and leased publish alike), and automation may publish around the lease.
+//! The suite must report violations against it.
 //!
 //! [`NaiveStore::as_in_2025`] goes further, for the enactor race tests: writes are not fenced
 //! at all (the enactor's one-time check is the only guard, as in 2025), and the served records
@@ -17,7 +18,7 @@ use dnsplan_common::store::{
     ActiveRecord, ActiveSnapshot, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, PauseState, Store, StoreError,
     StoreResult, StoreVersion,
 };
-use dnsplan_common::{Endpoint, EndpointName, Generation, PlanSummary, ValidatedPlan};
+use dnsplan_common::{Endpoint, EndpointName, Generation, PlanChanges, PlanSummary, ValidatedPlan};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -146,6 +147,16 @@ impl Store for NaiveStore {
 
     async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
         self.with(|s| s.plans.get(&generation).cloned()).ok_or(StoreError::PlanNotFound(generation))
+    }
+
+    /// Compares the two plans alone and misses what changed in between.
+    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+        let plans = self.with(|s| (s.plans.get(&from).cloned(), s.plans.get(&to).cloned()));
+        match plans {
+            (Some(from), Some(to)) => Ok(PlanChanges::between(from.plan(), to.plan())),
+            (_, None) => Err(StoreError::PlanNotFound(to)),
+            (None, _) => Ok(None),
+        }
     }
 
     async fn latest(&self) -> StoreResult<Generation> {

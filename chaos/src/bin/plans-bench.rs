@@ -49,6 +49,10 @@ async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usi
     let before = store.version().await?.applied_changes;
     let started = Instant::now();
     store.publish(&plan).await?;
+    eprintln!("TMP publish {:?}", started.elapsed());
+    let t = Instant::now();
+    let _ = store.plan(Generation(g)).await?;
+    eprintln!("TMP plan read {:?}", t.elapsed());
     let mut version = store.version().await?;
     while version.applied_changes < before + changed as u64 {
         version = store.wait_for_change(version, Duration::from_secs(30)).await?;

@@ -14,6 +14,8 @@
 //!   and the last `retain` plans. Served records are copies, so cleanup never changes what is
 //!   served.
 //! - Reads see only durable state, and `wait_for_change` wakes on change without polling.
+//! - `plan_changes` answers what a plan changes against an older one, folded over every plan
+//!   in between, or `None` (read the plan whole).
 //! - `active_since` returns what switched after a given applied-change count (or the whole
 //!   state, marked `full`), so a follower's cost follows the change, not the state.
 
@@ -24,6 +26,8 @@ pub mod remote;
 pub mod sled;
 pub mod wire;
 
+use crate::changes::PlanChanges;
+pub use crate::changes::{PLAN_CHANGES_ENDPOINTS_MAX, PLAN_CHANGES_GAP_MAX};
 use crate::codec::{self, CodecError, Record};
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName, ZoneId};
@@ -267,6 +271,22 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The current (possibly expired) lease, `None` if none was ever granted.
     fn lease(&self) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
     fn plan(&self, generation: Generation) -> impl Future<Output = StoreResult<ValidatedPlan>> + Send;
+    /// What plan `to` changes against plan `from` (`from < to`): every endpoint that any plan
+    /// in `from + 1 ..= to` changed, with its entry in `to` (see [`crate::changes`]), for a
+    /// follower that applied `from` and wants to read and write only what changed.
+    ///
+    /// `Ok(None)` when the store cannot say it in less than the plan: a gap over
+    /// [`PLAN_CHANGES_GAP_MAX`] plans, a plan in between whose changes were not recorded (the
+    /// first plan, a change over [`PLAN_CHANGES_ENDPOINTS_MAX`] endpoints, a plan older than
+    /// the record, one cleaned up), or a result over that limit. The caller then reads plan
+    /// `to` whole. `to` unpublished or cleaned up is [`StoreError::PlanNotFound`]. The
+    /// default always answers `None`, which is correct and slow.
+    fn plan_changes(&self, from: Generation, to: Generation) -> impl Future<Output = StoreResult<Option<PlanChanges>>> + Send {
+        async move {
+            check_changes_range(from, to)?;
+            Ok(None)
+        }
+    }
     /// The latest published generation, `Generation::NONE` if none.
     fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
     /// Summaries of stored plans with generation `>= from`, oldest first, at most `limit`
@@ -345,6 +365,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Returns as soon as the store's version differs from `seen`, or after `timeout`
     /// (capped at `WAIT_TIMEOUT_MAX`) with the current version. Never busy-polls.
     fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+}
+
+/// The check of `plan_changes`'s range that needs no store.
+pub fn check_changes_range(from: Generation, to: Generation) -> StoreResult<()> {
+    if from >= to {
+        return Err(StoreError::BadRequest(format!("changes from plan {from} to plan {to}: the first must be older than the second")));
+    }
+    Ok(())
 }
 
 /// The batch-wide checks of `apply_many` that need no store: size and duplicate names.

@@ -12,8 +12,9 @@ use super::wire::{
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
     HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult,
-    StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_len, check_page_limit,
+    StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_changes_range, check_len, check_page_limit,
 };
+use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
 use crate::generation::Generation;
 use crate::names::EndpointName;
@@ -145,6 +146,24 @@ impl Store for RemoteStore {
         let resp = self.send(self.inner.client.get(self.url(&format!("/v1/plans/{generation}")))).await?;
         let bytes = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
         codec::decode_plan(&bytes).map_err(|e| StoreError::Corrupt { what: format!("plan {generation} from the control API"), source: e })
+    }
+
+    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+        check_changes_range(from, to)?;
+        let resp = self.send(self.inner.client.get(self.url(&format!("/v1/plans/{to}/changes?from={from}")))).await?;
+        if resp.status() == reqwest::StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        let bytes = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
+        let changes = decode_changes(&bytes)
+            .map_err(|e| StoreError::Corrupt { what: format!("changes from plan {from} to {to} from the control API"), source: e })?;
+        if (changes.from, changes.to) != (from, to) {
+            return Err(StoreError::Unavailable(format!(
+                "control API answered changes from plan {} to {} when asked for {from} to {to}",
+                changes.from, changes.to
+            )));
+        }
+        Ok(Some(changes))
     }
 
     async fn latest(&self) -> StoreResult<Generation> {

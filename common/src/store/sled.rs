@@ -1,7 +1,10 @@
 //! `SledStore`: the embedded `Store` on a sled database on local disk.
 //!
 //! Layout (one sled tree each):
-//! - `plans`: generation (big-endian) → plan envelope; `summaries`: the same keys → summary.
+//! - `plans`: generation (big-endian) → plan envelope; `summaries`: the same keys → summary;
+//!   `plan_changes`: the same keys → the plan's [`PlanChanges`] against its parent, written
+//!   with the plan when it has a parent and the change is at most
+//!   `PLAN_CHANGES_ENDPOINTS_MAX` endpoints.
 //! - `active`: endpoint name → [`ActiveRecord`] envelope (the fence and the copied records).
 //! - `fences`: generation (big-endian) ++ endpoint name → empty; an index of serving
 //!   endpoints by generation, so the oldest active generation is one lookup.
@@ -26,9 +29,11 @@
 use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
-    DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState,
-    Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_len, check_page_limit, decide_cleanup,
+    DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
+    PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_changes_range,
+    check_len, check_page_limit, decide_cleanup,
 };
+use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
@@ -67,6 +72,8 @@ struct Inner {
     db: sled::Db,
     plans: sled::Tree,
     summaries: sled::Tree,
+    /// Generation (big-endian) → that plan's changes against its parent.
+    plan_changes: sled::Tree,
     active: sled::Tree,
     fences: sled::Tree,
     /// Applied-change count (big-endian) → endpoint name: the log `active_since` reads.
@@ -147,6 +154,7 @@ impl SledStore {
         let inner = Inner {
             plans: tree("plans")?,
             summaries: tree("summaries")?,
+            plan_changes: tree("plan_changes")?,
             active: tree("active")?,
             fences: tree("fences")?,
             changes: tree("changes")?,
@@ -239,7 +247,7 @@ impl Inner {
     }
 
     fn remove_plans_below(&self, horizon: Generation) -> StoreResult<()> {
-        for tree in [&self.plans, &self.summaries] {
+        for tree in [&self.plans, &self.summaries, &self.plan_changes] {
             let mut batch = sled::Batch::default();
             for key in tree.range(..horizon.to_be_bytes().to_vec()).keys() {
                 batch.remove(key.map_err(io)?);
@@ -295,6 +303,7 @@ impl Inner {
         lease: Option<&Lease>,
         plan: Vec<u8>,
         summary: Vec<u8>,
+        changes: Option<Vec<u8>>,
     ) -> StoreResult<()> {
         let _guard = self.guard()?;
         // The fencing token, checked in the same critical section as the CAS below.
@@ -320,10 +329,13 @@ impl Inner {
             }
         }
         let key = generation.to_be_bytes();
-        (&self.plans, &self.summaries, &self.meta)
-            .transaction(|(plans, summaries, meta)| {
+        (&self.plans, &self.summaries, &self.plan_changes, &self.meta)
+            .transaction(|(plans, summaries, plan_changes, meta)| {
                 plans.insert(&key, plan.as_slice())?;
                 summaries.insert(&key, summary.as_slice())?;
+                if let Some(changes) = &changes {
+                    plan_changes.insert(&key, changes.as_slice())?;
+                }
                 meta.insert(META_LATEST, &key)?;
                 meta.insert(META_DNS_ZONE, dns_zone.as_str().as_bytes())?;
                 Ok::<_, ConflictableTransactionError<StoreError>>(())
@@ -334,12 +346,47 @@ impl Inner {
     }
 
     fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
-        let _guard = self.guard()?;
-        if generation < self.horizon()? {
-            return Err(StoreError::PlanNotFound(generation));
-        }
-        let bytes = self.plans.get(generation.to_be_bytes()).map_err(io)?.ok_or(StoreError::PlanNotFound(generation))?;
+        let bytes = {
+            let _guard = self.guard()?;
+            if generation < self.horizon()? {
+                return Err(StoreError::PlanNotFound(generation));
+            }
+            self.plans.get(generation.to_be_bytes()).map_err(io)?.ok_or(StoreError::PlanNotFound(generation))?
+        };
+        // Plans are immutable: decoding outside the lock cannot see a torn plan, and keeps a
+        // large decode from stalling every other operation.
         codec::decode_plan(&bytes).map_err(|e| corrupt(format!("plan {generation}"), e))
+    }
+
+    fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+        check_changes_range(from, to)?;
+        if to.0 - from.0 > PLAN_CHANGES_GAP_MAX {
+            return Ok(None);
+        }
+        let records = {
+            let _guard = self.guard()?;
+            if to < self.horizon()? || to > self.latest()? {
+                return Err(StoreError::PlanNotFound(to));
+            }
+            let (first, last) = (Generation(from.0 + 1).to_be_bytes(), to.to_be_bytes());
+            let records = self.plan_changes.range(first..=last).values().collect::<Result<Vec<_>, _>>().map_err(io)?;
+            if records.len() as u64 != to.0 - from.0 {
+                return Ok(None);
+            }
+            records
+        };
+        let mut folded: Option<PlanChanges> = None;
+        for bytes in records {
+            let step = decode_changes(&bytes).map_err(|e| corrupt("plan changes", e))?;
+            folded = match folded {
+                None => Some(step),
+                Some(acc) => match acc.then(step) {
+                    Some(next) => Some(next),
+                    None => return Ok(None),
+                },
+            };
+        }
+        Ok(folded.filter(|c| c.from == from && c.to == to))
     }
 
     fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
@@ -604,22 +651,47 @@ impl Inner {
     }
 }
 
+impl SledStore {
+    /// The parent's decode runs on a blocking thread; the comparison with `plan` on the
+    /// caller's, like the plan's encoding.
+    async fn changes_for(&self, plan: &ValidatedPlan) -> StoreResult<Option<Vec<u8>>> {
+        let parent = plan.plan().parent_generation;
+        if parent == Generation::NONE {
+            return Ok(None);
+        }
+        let parent = match self.blocking(move |inner| inner.plan(parent)).await {
+            Ok(parent) => parent,
+            // Without the parent there is nothing to compare with; followers read this plan
+            // whole. A publish that will conflict also ends up here.
+            Err(StoreError::PlanNotFound(_)) => return Ok(None),
+            Err(err @ StoreError::Corrupt { .. }) => {
+                tracing::error!(error = %err, "cannot read the parent plan; this plan's changes are not recorded and followers read it whole");
+                return Ok(None);
+            }
+            Err(err) => return Err(err),
+        };
+        Ok(PlanChanges::between(parent.plan(), plan.plan()).map(|c| codec::encode(&c)))
+    }
+}
+
 impl Store for SledStore {
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
+        let changes = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());
         let p = plan.plan();
         let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
-        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, None, bytes, summary)).await
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, None, bytes, summary, changes)).await
     }
 
     async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {
+        let changes = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());
         let p = plan.plan();
         let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
         let lease = lease.clone();
-        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, Some(&lease), bytes, summary)).await
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, Some(&lease), bytes, summary, changes)).await
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
@@ -642,6 +714,10 @@ impl Store for SledStore {
 
     async fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
         self.blocking(move |inner| inner.plan(generation)).await
+    }
+
+    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+        self.blocking(move |inner| inner.plan_changes(from, to)).await
     }
 
     async fn latest(&self) -> StoreResult<Generation> {
@@ -814,5 +890,41 @@ mod tests {
         let delta = store.active_since(1).await.expect("delta");
         assert!(!delta.full, "changes 2 and 3 are in the log");
         assert_eq!(delta.endpoints.keys().map(|n| n.as_str()).collect::<Vec<_>>(), ["b.example.test."]);
+    }
+
+    /// Plan changes are recorded at publish and answered from the records while they reach
+    /// back; a gap in them, a cleaned-up range or a too-long gap makes the follower read the
+    /// plan whole, and the reopened store still has them.
+    #[tokio::test]
+    async fn plan_changes_come_from_records_kept_with_the_plans() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_with_plans(dir.path(), 4).await;
+        let changes = store.plan_changes(Generation(1), Generation(4)).await.expect("changes");
+        let changes = changes.expect("plans 2..=4 have recorded changes");
+        assert!(changes.changes.is_empty(), "the fixture plans are all alike: {changes:?}");
+        assert_eq!(changes.endpoint_count, 1);
+        drop(store);
+        let store = SledStore::open(dir.path()).expect("reopen");
+        assert!(store.plan_changes(Generation(2), Generation(4)).await.expect("changes").is_some());
+        // A plan without a record (the first plan has no parent; an older store kept none).
+        store.inner.plan_changes.remove(3u64.to_be_bytes()).expect("remove");
+        assert_eq!(store.plan_changes(Generation(1), Generation(4)).await.expect("changes"), None);
+        assert!(store.plan_changes(Generation(3), Generation(4)).await.expect("changes").is_some());
+        assert!(store.plan_changes(Generation(0), Generation(2)).await.expect("changes").is_none(), "plan 1 has no parent");
+        assert!(matches!(store.plan_changes(Generation(1), Generation(9)).await, Err(StoreError::PlanNotFound(_))));
+        let far = store_with_plans(tempfile::tempdir().expect("tempdir").path(), PLAN_CHANGES_GAP_MAX + 2).await;
+        assert!(far.plan_changes(Generation(1), Generation(PLAN_CHANGES_GAP_MAX + 1)).await.expect("changes").is_some());
+        assert!(far.plan_changes(Generation(1), Generation(PLAN_CHANGES_GAP_MAX + 2)).await.expect("changes").is_none(), "gap too long");
+        // Cleanup removes the records with the plans.
+        far.apply(&items(&["a"], 1)[0].endpoint, Generation(PLAN_CHANGES_GAP_MAX + 2), &endpoint(1)).await.expect("apply");
+        far.cleanup(2).await.expect("cleanup");
+        assert!(matches!(far.plan_changes(Generation(1), Generation(3)).await, Err(StoreError::PlanNotFound(_))));
+        // Plan 65's record, its changes against the deleted plan 64, stays with plan 65.
+        assert!(far.plan_changes(Generation(PLAN_CHANGES_GAP_MAX), Generation(PLAN_CHANGES_GAP_MAX + 2)).await.expect("changes").is_some());
+        assert_eq!(
+            far.plan_changes(Generation(PLAN_CHANGES_GAP_MAX - 1), Generation(PLAN_CHANGES_GAP_MAX + 2)).await.expect("changes"),
+            None
+        );
+        assert_eq!(far.inner.plan_changes.len(), 2, "records below the horizon are gone");
     }
 }

@@ -43,6 +43,12 @@ pub struct ChangesQuery {
     pub since: u64,
 }
 
+/// Query of `GET /v1/plans/{generation}/changes`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ChangesFrom {
+    pub from: u64,
+}
+
 /// Body of `POST /v1/active/{endpoint}/retire`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RetireRequest {
