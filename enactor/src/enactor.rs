@@ -12,9 +12,11 @@ use crate::hooks::{Behaviour, Event, Hooks, NoHooks};
 use crate::metrics::Metrics;
 use crate::{guard, verify};
 use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
-use dnsplan_common::{ApplyOutcome, EndpointName, Generation, Heartbeat, Plan, Store, StoreError, StoreResult, ValidatedPlan};
+use dnsplan_common::{
+    ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
+};
 use rand::RngExt;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -25,31 +27,32 @@ use tracing::Instrument;
 const WATCH_WAIT: Duration = Duration::from_secs(30);
 /// Pause between retries of a failed long-poll, and before retrying after the store failed.
 const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
-/// The endpoints of `plan` with the same records in `base` and in every plan of `between`
-/// (which may leave them out), retired by none of them. See `Enactor::unchanged_since_base`.
-pub fn unchanged_endpoints(base: &Plan, between: &[&Plan], plan: &Plan) -> BTreeSet<EndpointName> {
-    plan.endpoints
-        .iter()
-        .filter(|(name, records)| {
-            base.endpoints.get(*name) == Some(*records)
-                && !base.retired.contains(*name)
-                && !plan.retired.contains(*name)
-                && between.iter().all(|p| !p.retired.contains(*name) && p.endpoints.get(*name).is_none_or(|r| r == *records))
-        })
-        .map(|(name, _)| name.clone())
-        .collect()
+/// What one application writes: the whole plan, or its changes since the base.
+struct Work {
+    rollback: bool,
+    serve: BTreeMap<EndpointName, Endpoint>,
+    retire: BTreeSet<EndpointName>,
+    /// Endpoints of the plan left unwritten because no plan since the base changed them.
+    skipped: u64,
 }
 
-/// Longest run of plans between the base and the next plan that is still diffed; beyond it
-/// the next plan is written in full.
-const BASE_GAP_MAX: u64 = 16;
+/// What to apply: normally `Work`; under the race tests' counterfactual, the plan whole for
+/// the naive enactor.
+#[cfg(feature = "testing")]
+enum WorkOrNaive {
+    Work(Work),
+    Naive(ValidatedPlan),
+}
+#[cfg(not(feature = "testing"))]
+type WorkOrNaive = Work;
 
 /// Why a plan application stopped before it finished.
 #[derive(Debug)]
 enum Step {
     /// Every endpoint is at this plan's generation or newer.
     Done {
-        plan: Arc<ValidatedPlan>,
+        /// What the plan serves of the endpoints it wrote, for verification.
+        written: BTreeMap<EndpointName, Endpoint>,
         changed: Vec<EndpointName>,
         /// Every endpoint of the plan was written (not only those that changed).
         wrote_all: bool,
@@ -76,8 +79,9 @@ pub struct Enactor<S: Store> {
     /// Plans refused, so that each is reported once and not retried on every change.
     refused: BTreeSet<Generation>,
     /// The plan this enactor applied in full last (every write switched, was unchanged or
-    /// met a newer generation), the base for writing only what changed.
-    base: Option<Arc<ValidatedPlan>>,
+    /// met a newer generation, and what it did not write no plan since its base changed), the
+    /// base for writing only what changed.
+    base: Option<Generation>,
     /// The generation of the last plan written in full (every endpoint).
     last_full_write: Generation,
     /// The store's active state as last read (see `active_now`).
@@ -218,19 +222,19 @@ impl<S: Store> Enactor<S> {
             let full = full || generation.0.saturating_sub(self.last_full_write.0) >= self.settings.full_write_every;
             let step = self.apply_plan(generation, full, deadline, versions).instrument(span.clone()).await;
             match step {
-                Step::Done { plan, changed, wrote_all } => {
+                Step::Done { written, changed, wrote_all } => {
                     if wrote_all {
                         self.last_full_write = self.last_full_write.max(generation);
                     }
                     self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
                     self.metrics.plans_applied.inc();
                     self.last_applied = self.last_applied.max(generation);
-                    self.base = Some(plan.clone());
+                    self.base = Some(generation);
                     self.metrics.last_applied_generation.set(self.last_applied.0 as i64);
                     self.see_latest(generation);
                     tracing::info!(parent: &span, generation = generation.0, changed = changed.len(), elapsed_ms = started.elapsed().as_millis() as u64, "plan applied");
                     let verified = match &self.settings.verify {
-                        Some(v) => self.verify(&plan, &changed, v, versions).instrument(span.clone()).await,
+                        Some(v) => self.verify(generation, &written, &changed, v, versions).instrument(span.clone()).await,
                         None => true,
                     };
                     if verified {
@@ -286,48 +290,44 @@ impl<S: Store> Enactor<S> {
     }
 
     async fn apply_plan(&self, generation: Generation, full: bool, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
-        let plan = match self.call("plan", || self.store.plan(generation)).await {
-            Ok(plan) => plan,
-            Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
-            Err(err) => return Step::Failed(err),
+        let work = match self.base.filter(|base| !full && *base < generation) {
+            Some(base) => self.changes_since(base, generation).await,
+            None => Ok(None),
         };
-        // Second line of defence: the same validation as publish, on what we are about to write.
-        let plan = match ValidatedPlan::new(plan.into_plan()) {
-            Ok(plan) if plan.generation() == generation => plan,
-            Ok(plan) => {
-                return Step::Refused {
-                    reason: "invalid",
-                    detail: format!("the store returned plan {} when asked for {generation}", plan.generation()),
+        let work = match work {
+            Ok(Some(work)) => work,
+            Ok(None) => match self.whole_plan(generation).await {
+                Ok(work) => work,
+                Err(step) => return step,
+            },
+            Err(step) => return step,
+        };
+        #[cfg(feature = "testing")]
+        let work = match work {
+            WorkOrNaive::Naive(plan) => {
+                let active = match self.active_now().await {
+                    Ok(active) => active,
+                    Err(err) => return Step::Failed(err),
                 };
+                return self.apply_naive(plan, &active).await;
             }
-            Err(err) => return Step::Refused { reason: "invalid", detail: err.to_string() },
+            WorkOrNaive::Work(work) => work,
         };
-        if plan.plan().rollback_of.is_none() {
+        if !work.rollback {
             let active = match self.active_now().await {
                 Ok(active) => active,
                 Err(err) => return Step::Failed(err),
             };
-            if let Some(removal) = guard::excessive_removal(&plan, &active, self.settings.max_removal_fraction) {
+            if let Some(removal) = guard::excessive_removal(generation, &work.serve, &active, self.settings.max_removal_fraction) {
                 return Step::Refused { reason: "removal", detail: removal.to_string() };
-            }
-            #[cfg(feature = "testing")]
-            if self.behaviour == Behaviour::Naive {
-                return self.apply_naive(plan, &active).await;
             }
         }
 
-        let plan = Arc::new(plan);
-        let skip = if full { BTreeSet::new() } else { self.unchanged_since_base(&plan).await };
-        let wrote_all = skip.is_empty();
+        let wrote_all = work.skipped == 0;
         let mut changed = Vec::new();
-        let pending: Vec<ApplyItem> = plan
-            .plan()
-            .endpoints
-            .iter()
-            .filter(|(name, _)| !skip.contains(*name))
-            .map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() })
-            .collect();
-        self.metrics.skipped_unchanged.inc_by(skip.len() as u64);
+        let pending: Vec<ApplyItem> =
+            work.serve.iter().map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() }).collect();
+        self.metrics.skipped_unchanged.inc_by(work.skipped);
         for batch in pending.chunks(self.settings.batch_size.max(1)) {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
@@ -348,7 +348,7 @@ impl<S: Store> Enactor<S> {
                 }
             }
         }
-        for name in &plan.plan().retired {
+        for name in &work.retire {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
@@ -360,36 +360,91 @@ impl<S: Store> Enactor<S> {
                 return step;
             }
         }
-        Step::Done { plan, changed, wrote_all }
+        Step::Done { written: work.serve, changed, wrote_all }
     }
 
-    /// The endpoints of `plan` that need no write because nothing can have changed them since
-    /// the base plan this enactor applied in full: the same records in the base and in every
-    /// plan after it up to `plan`, and retired by none. Plans in between are read from the
-    /// store; if one is gone or the gap is long, everything is written.
-    ///
-    /// Why this is safe: once the base is applied, each of its endpoints serves the base's
-    /// records at some generation `g`, and every plan from `g` to the base has those same
-    /// records for it (that is why a skipped endpoint was skipped; a written one has `g` = the
-    /// base or a newer plan that met us as `Stale`, which the check below covers). The fence
-    /// admits only writes newer than `g`. If every plan after the base up to this one has the
-    /// same records too (or leaves the endpoint out, which writes nothing), any write the
-    /// endpoint can still receive carries exactly those records.
-    async fn unchanged_since_base(&self, plan: &ValidatedPlan) -> BTreeSet<EndpointName> {
-        let Some(base) = &self.base else { return BTreeSet::new() };
-        let (from, to) = (base.generation(), plan.generation());
-        if from >= to || to.0 - from.0 > BASE_GAP_MAX {
-            return BTreeSet::new();
+    /// Plan `generation` whole, validated again: the same validation as publish, on what we
+    /// are about to write (the second line of defence).
+    async fn whole_plan(&self, generation: Generation) -> Result<WorkOrNaive, Step> {
+        let plan = match self.call("plan", || self.store.plan(generation)).await {
+            Ok(plan) => {
+                self.metrics.plan_read("whole");
+                plan
+            }
+            Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return Err(self.move_to_latest("pruned").await),
+            Err(err) => return Err(Step::Failed(err)),
+        };
+        let plan = match ValidatedPlan::new(plan.into_plan()) {
+            Ok(plan) if plan.generation() == generation => plan,
+            Ok(plan) => {
+                return Err(Step::Refused {
+                    reason: "invalid",
+                    detail: format!("the store returned plan {} when asked for {generation}", plan.generation()),
+                });
+            }
+            Err(err) => return Err(Step::Refused { reason: "invalid", detail: err.to_string() }),
+        };
+        #[cfg(feature = "testing")]
+        if self.behaviour == Behaviour::Naive && plan.plan().rollback_of.is_none() {
+            return Ok(WorkOrNaive::Naive(plan));
         }
-        let mut between = Vec::new();
-        for g in from.0 + 1..to.0 {
-            match self.call("plan", || self.store.plan(Generation(g))).await {
-                Ok(p) => between.push(p),
-                Err(_) => return BTreeSet::new(),
+        let plan = plan.into_plan();
+        let work = Work { rollback: plan.rollback_of.is_some(), serve: plan.endpoints, retire: plan.retired, skipped: 0 };
+        #[cfg(feature = "testing")]
+        let work = WorkOrNaive::Work(work);
+        Ok(work)
+    }
+
+    /// What plan `generation` changed since the base, when the store can say it in less than
+    /// the plan; `None` to read the plan whole.
+    ///
+    /// Why writing only these is safe: once the base is applied, each of its endpoints serves
+    /// the base's entry at some generation `g` (the base, or a newer plan met as `Stale`),
+    /// and every plan from `g` to the base has that same entry (by induction: what an earlier
+    /// application skipped, no plan had changed). The fence admits only writes newer than
+    /// `g`. An endpoint that no plan after the base changed has that entry in every plan up
+    /// to this one, so any write it can still receive carries exactly what it serves. The
+    /// store folds the changes of *every* plan in between, so an endpoint that changed and
+    /// changed back (which another enactor may have written) is written again.
+    async fn changes_since(&self, base: Generation, generation: Generation) -> Result<Option<WorkOrNaive>, Step> {
+        #[cfg(feature = "testing")]
+        if self.behaviour == Behaviour::Naive {
+            return Ok(None);
+        }
+        let changes = match self.call("plan_changes", || self.store.plan_changes(base, generation)).await {
+            Ok(Some(changes)) => changes,
+            Ok(None) => return Ok(None),
+            Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return Err(self.move_to_latest("pruned").await),
+            Err(err) => return Err(Step::Failed(err)),
+        };
+        if let Err(err) = changes.check().map_err(|e| e.to_string()).and_then(|()| {
+            if (changes.from, changes.to) == (base, generation) {
+                Ok(())
+            } else {
+                Err(format!("changes from plan {} to {} when asked for {base} to {generation}", changes.from, changes.to))
+            }
+        }) {
+            // The plan itself is checked on its own; a bad change record must not stop it.
+            tracing::error!(error = %err, "the store's plan changes are invalid; reading the plan whole");
+            return Ok(None);
+        }
+        self.metrics.plan_read("changes");
+        let mut work = Work { rollback: changes.rollback_of.is_some(), serve: BTreeMap::new(), retire: BTreeSet::new(), skipped: 0 };
+        for (name, entry) in changes.changes {
+            match entry {
+                PlanEntry::Serve(records) => {
+                    work.serve.insert(name, records);
+                }
+                PlanEntry::Retire => {
+                    work.retire.insert(name);
+                }
+                PlanEntry::Absent => {}
             }
         }
-        let between: Vec<&Plan> = between.iter().map(ValidatedPlan::plan).collect();
-        unchanged_endpoints(base.plan(), &between, plan.plan())
+        work.skipped = changes.endpoint_count.saturating_sub(work.serve.len() as u64);
+        #[cfg(feature = "testing")]
+        let work = WorkOrNaive::Work(work);
+        Ok(Some(work))
     }
 
     /// The store's active state, for the guard: a copy kept up to date with `active_since`, so
@@ -460,7 +515,7 @@ impl<S: Store> Enactor<S> {
         let generation = plan.generation();
         let newest_active = active.endpoints.values().map(|r| r.generation).max().unwrap_or_default();
         if newest_active >= generation {
-            return Step::Done { plan: Arc::new(plan), changed: Vec::new(), wrote_all: true };
+            return Step::Done { written: plan.into_plan().endpoints, changed: Vec::new(), wrote_all: true };
         }
         let mut changed = Vec::new();
         for (name, records) in &plan.plan().endpoints {
@@ -471,19 +526,19 @@ impl<S: Store> Enactor<S> {
                 Err(err) => return Step::Failed(err),
             }
         }
-        Step::Done { plan: Arc::new(plan), changed, wrote_all: true }
+        Step::Done { written: plan.into_plan().endpoints, changed, wrote_all: true }
     }
 
     /// Checks over DNS that each changed endpoint answers only with this plan's addresses.
     async fn verify(
         &self,
-        plan: &ValidatedPlan,
+        generation: Generation,
+        written: &BTreeMap<EndpointName, Endpoint>,
         changed: &[EndpointName],
         settings: &VerifySettings,
         versions: &watch::Receiver<StoreVersion>,
     ) -> bool {
-        let generation = plan.generation();
-        let mut checks = verify::checks_for(plan, changed, settings.endpoints_max);
+        let mut checks = verify::checks_for(written, changed, settings.endpoints_max);
         let total = checks.len();
         let outcome = verify::run(&mut checks, settings, || versions.borrow().latest > generation).await;
         match outcome {
@@ -627,63 +682,5 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unchanged_endpoints;
-    use dnsplan_common::{Author, DnsName, Endpoint, Generation, Plan, Target, ZoneId};
-
-    fn plan(g: u64, endpoints: &[(&str, u8)], retired: &[&str]) -> Plan {
-        let zone = ZoneId::parse("a").expect("zone");
-        let endpoint = |last: u8| Endpoint {
-            ttl_secs: 30,
-            targets: vec![Target { address: [192, 0, 2, last].into(), zone: zone.clone(), weight: 1 }],
-        };
-        Plan {
-            generation: Generation(g),
-            parent_generation: Generation(g - 1),
-            created_at_unix_ms: 0,
-            author: Author::Operator { name: "test".into() },
-            reason: String::new(),
-            dns_zone: DnsName::parse("example.test.").expect("zone"),
-            endpoints: endpoints
-                .iter()
-                .map(|(n, a)| (DnsName::parse(&format!("{n}.example.test.")).expect("name"), endpoint(*a)))
-                .collect(),
-            retired: retired.iter().map(|n| DnsName::parse(&format!("{n}.example.test.")).expect("name")).collect(),
-            rollback_of: None,
-            provenance: Vec::new(),
-        }
-    }
-
-    fn names(set: std::collections::BTreeSet<DnsName>) -> Vec<String> {
-        set.into_iter().map(|n| n.as_str().trim_end_matches(".example.test.").to_owned()).collect()
-    }
-
-    #[test]
-    fn only_what_no_plan_since_the_base_changed_is_skipped() {
-        let base = plan(1, &[("a", 1), ("b", 1), ("c", 1), ("d", 1)], &[]);
-        let next = plan(2, &[("a", 2), ("b", 1), ("c", 1), ("d", 1), ("e", 1)], &[]);
-        assert_eq!(names(unchanged_endpoints(&base, &[], &next)), ["b", "c", "d"], "a changed and e is new");
-    }
-
-    #[test]
-    fn a_flap_in_between_is_written() {
-        // b goes 1 -> 2 -> 1: another enactor may have written plan 2's b, so plan 3 must
-        // write b although the base and plan 3 agree. c is absent from plan 2: nothing wrote it.
-        let base = plan(1, &[("a", 1), ("b", 1), ("c", 1)], &[]);
-        let between = plan(2, &[("a", 1), ("b", 2)], &[]);
-        let next = plan(3, &[("a", 1), ("b", 1), ("c", 1)], &[]);
-        assert_eq!(names(unchanged_endpoints(&base, &[&between], &next)), ["a", "c"]);
-    }
-
-    #[test]
-    fn retired_endpoints_are_written() {
-        let base = plan(1, &[("a", 1), ("b", 1)], &[]);
-        let between = plan(2, &[("a", 1)], &["b"]);
-        let next = plan(3, &[("a", 1), ("b", 1)], &[]);
-        assert_eq!(names(unchanged_endpoints(&base, &[&between], &next)), ["a"]);
     }
 }

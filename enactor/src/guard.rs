@@ -1,7 +1,8 @@
 //! The enactor's second line of defence against incorrect plans, as a pure function: a plan
 //! that would stop serving too much of an endpoint's active weight in one step is refused.
 
-use dnsplan_common::{ActiveSnapshot, ActiveState, EndpointName, ValidatedPlan, removed_weight_fraction};
+use dnsplan_common::{ActiveSnapshot, ActiveState, Endpoint, EndpointName, Generation, removed_weight_fraction};
+use std::collections::BTreeMap;
 
 /// The endpoint a plan would strip the most, when that is more than `max_fraction`.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,15 +28,22 @@ impl std::fmt::Display for ExcessiveRemoval {
     }
 }
 
-/// Compares `plan` with what is active now. Endpoints already at the plan's generation or
-/// newer, new endpoints, and endpoints the plan leaves out are not removals.
-pub fn excessive_removal(plan: &ValidatedPlan, active: &ActiveSnapshot, max_fraction: f64) -> Option<ExcessiveRemoval> {
+/// Compares what plan `generation` serves (all of it, or only what it changed: an endpoint
+/// it does not change removes nothing) with what is active now. Endpoints already at the
+/// plan's generation or newer, new endpoints, and endpoints the plan leaves out are not
+/// removals.
+pub fn excessive_removal(
+    generation: Generation,
+    serve: &BTreeMap<EndpointName, Endpoint>,
+    active: &ActiveSnapshot,
+    max_fraction: f64,
+) -> Option<ExcessiveRemoval> {
     let mut worst: Option<ExcessiveRemoval> = None;
     let mut over = 0;
-    for (name, next) in &plan.plan().endpoints {
+    for (name, next) in serve {
         let Some(record) = active.endpoints.get(name) else { continue };
         let ActiveState::Serving(current) = &record.state else { continue };
-        if record.generation >= plan.generation() {
+        if record.generation >= generation {
             continue;
         }
         let fraction = removed_weight_fraction(current, next);
@@ -52,8 +60,7 @@ pub fn excessive_removal(plan: &ValidatedPlan, active: &ActiveSnapshot, max_frac
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dnsplan_common::{ActiveRecord, Author, DnsName, Endpoint, Generation, Plan, Target, ZoneId};
-    use std::collections::{BTreeMap, BTreeSet};
+    use dnsplan_common::{ActiveRecord, DnsName, Target, ZoneId};
 
     fn endpoint(addresses: &[(&str, u32)]) -> Endpoint {
         let targets =
@@ -61,20 +68,8 @@ mod tests {
         Endpoint { ttl_secs: 30, targets }
     }
 
-    fn plan(g: u64, endpoints: &[(&str, Endpoint)]) -> ValidatedPlan {
-        ValidatedPlan::new(Plan {
-            generation: Generation(g),
-            parent_generation: Generation(g - 1),
-            created_at_unix_ms: 0,
-            author: Author::Planner { id: "p".into() },
-            reason: "test".into(),
-            dns_zone: DnsName::parse("example.test.").unwrap(),
-            endpoints: endpoints.iter().map(|(n, e)| (DnsName::parse(n).unwrap(), e.clone())).collect(),
-            retired: BTreeSet::new(),
-            rollback_of: None,
-            provenance: vec![],
-        })
-        .unwrap()
+    fn serve(endpoints: &[(&str, Endpoint)]) -> BTreeMap<EndpointName, Endpoint> {
+        endpoints.iter().map(|(n, e)| (DnsName::parse(n).unwrap(), e.clone())).collect()
     }
 
     fn active(g: u64, endpoints: &[(&str, Endpoint)]) -> ActiveSnapshot {
@@ -92,8 +87,9 @@ mod tests {
         let half = endpoint(&[("192.0.2.1", 1), ("192.0.2.2", 1)]);
         let one = endpoint(&[("192.0.2.1", 1)]);
         // Half of the weight is at the limit, not above it.
-        assert_eq!(excessive_removal(&plan(2, &[("api.example.test.", half.clone())]), &now, 0.5), None);
-        let refusal = excessive_removal(&plan(2, &[("api.example.test.", half), ("db.example.test.", one)]), &now, 0.5).unwrap();
+        assert_eq!(excessive_removal(Generation(2), &serve(&[("api.example.test.", half.clone())]), &now, 0.5), None);
+        let refusal =
+            excessive_removal(Generation(2), &serve(&[("api.example.test.", half), ("db.example.test.", one)]), &now, 0.5).unwrap();
         assert_eq!(refusal.endpoint.as_str(), "db.example.test.");
         assert_eq!(refusal.fraction, 0.75);
         assert_eq!(refusal.endpoints_over, 1);
@@ -110,7 +106,7 @@ mod tests {
             DnsName::parse("db.example.test.").unwrap(),
             ActiveRecord { generation: Generation(5), state: ActiveState::Serving(two.clone()) },
         );
-        let p = plan(3, &[("new.example.test.", other.clone()), ("db.example.test.", other)]);
-        assert_eq!(excessive_removal(&p, &now, 0.1), None);
+        let p = serve(&[("new.example.test.", other.clone()), ("db.example.test.", other)]);
+        assert_eq!(excessive_removal(Generation(3), &p, &now, 0.1), None);
     }
 }

@@ -19,6 +19,11 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HowLabels {
+    pub how: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     /// Time to apply one plan fully (verification excluded).
@@ -28,6 +33,9 @@ pub struct Metrics {
     pub plans_applied: Counter,
     /// Endpoints not written because nothing changed them since the base plan.
     pub skipped_unchanged: Counter,
+    /// Plans read from the store, by how: `changes` (only what changed since the base plan)
+    /// or `whole`.
+    pub plan_reads: Family<HowLabels, Counter>,
     /// Plans left unfinished, by reason: `newer_plan`, `pruned`, `deadline`, `store_error`.
     pub plans_abandoned: Family<ReasonLabels, Counter>,
     /// Plans refused, by reason: `invalid`, `removal`.
@@ -50,6 +58,7 @@ impl Metrics {
             writes: Family::default(),
             plans_applied: Counter::default(),
             skipped_unchanged: Counter::default(),
+            plan_reads: Family::default(),
             plans_abandoned: Family::default(),
             refusals: Family::default(),
             store_retries: Counter::default(),
@@ -69,6 +78,11 @@ impl Metrics {
             "Endpoints not written because nothing changed them since the plan applied before",
             m.skipped_unchanged.clone(),
         );
+        r.register(
+            "plan_reads",
+            "Plans read from the store, by how (changes: only what changed since the plan applied before; whole)",
+            m.plan_reads.clone(),
+        );
         r.register("plans_abandoned", "Plans left unfinished, by reason", m.plans_abandoned.clone());
         r.register("refusals", "Plans refused by the enactor's own checks, by reason", m.refusals.clone());
         r.register("store_retries", "Store calls retried after a transient error", m.store_retries.clone());
@@ -83,6 +97,10 @@ impl Metrics {
 
     pub fn write(&self, outcome: &'static str) {
         self.writes.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    pub fn plan_read(&self, how: &'static str) {
+        self.plan_reads.get_or_create(&HowLabels { how }).inc();
     }
 
     pub fn abandoned(&self, reason: &'static str) {

@@ -6,9 +6,9 @@
 
 use crate::config::VerifySettings;
 use dnsplan_common::dns_probe::{self, RecordType};
-use dnsplan_common::{EndpointName, ValidatedPlan};
+use dnsplan_common::{Endpoint, EndpointName};
 use rand::seq::IndexedRandom;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -32,12 +32,12 @@ pub enum Outcome {
 }
 
 /// The checks for `changed` endpoints of `plan`, at most `max` endpoints (a random sample).
-pub fn checks_for(plan: &ValidatedPlan, changed: &[EndpointName], max: usize) -> Vec<Check> {
+pub fn checks_for(records: &BTreeMap<EndpointName, Endpoint>, changed: &[EndpointName], max: usize) -> Vec<Check> {
     let chosen: Vec<&EndpointName> =
         if changed.len() > max { changed.sample(&mut rand::rng(), max).collect() } else { changed.iter().collect() };
     let mut checks = Vec::new();
     for name in chosen {
-        let Some(endpoint) = plan.plan().endpoints.get(name) else { continue }; // retired: nothing to serve
+        let Some(endpoint) = records.get(name) else { continue }; // retired: nothing to serve
         let v4: BTreeSet<IpAddr> = endpoint.targets.iter().map(|t| t.address).filter(IpAddr::is_ipv4).collect();
         let v6: BTreeSet<IpAddr> = endpoint.targets.iter().map(|t| t.address).filter(IpAddr::is_ipv6).collect();
         for (qtype, allowed) in [(RecordType::A, v4), (RecordType::AAAA, v6)] {

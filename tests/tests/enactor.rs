@@ -8,7 +8,7 @@ use dnsplan_common::{
     PlanSummary, SledStore, Store, StoreError, StoreResult, StoreVersion, Target, ValidatedPlan, ZoneId,
 };
 use dnsplan_enactor::hooks::{Event, HookFuture, Hooks};
-use dnsplan_enactor::metrics::ReasonLabels;
+use dnsplan_enactor::metrics::{HowLabels, ReasonLabels};
 use dnsplan_enactor::{Enactor, Metrics, Settings};
 use dnsplan_tests::fixtures::{self, name, planner};
 use prometheus_client::registry::Registry;
@@ -19,17 +19,28 @@ use tokio::sync::mpsc;
 
 const WITHIN: Duration = Duration::from_secs(20);
 
-struct Events(mpsc::UnboundedSender<Event>);
+struct Events {
+    events: mpsc::UnboundedSender<Event>,
+    /// When set, each cleanup reports its plan here and waits for a permit.
+    cleanup_gate: Option<(mpsc::UnboundedSender<Generation>, Arc<tokio::sync::Semaphore>)>,
+}
 
 impl Hooks for Events {
     fn before_write<'a>(&'a self, _: &'a str, _: Generation, _: &'a EndpointName) -> HookFuture<'a> {
         Box::pin(async {})
     }
-    fn before_cleanup<'a>(&'a self, _: &'a str, _: Generation) -> HookFuture<'a> {
-        Box::pin(async {})
+    fn before_cleanup<'a>(&'a self, _: &'a str, generation: Generation) -> HookFuture<'a> {
+        Box::pin(async move {
+            if let Some((reached, open)) = &self.cleanup_gate {
+                let _ = reached.send(generation);
+                if let Ok(permit) = open.acquire().await {
+                    permit.forget();
+                }
+            }
+        })
     }
     fn event(&self, event: Event) {
-        let _ = self.0.send(event);
+        let _ = self.events.send(event);
     }
 }
 
@@ -43,13 +54,21 @@ struct Running {
 
 impl Running {
     fn start<S: Store>(store: S, tune: impl FnOnce(&mut Settings)) -> anyhow::Result<Running> {
+        Running::start_with(store, tune, None)
+    }
+
+    fn start_with<S: Store>(
+        store: S,
+        tune: impl FnOnce(&mut Settings),
+        cleanup_gate: Option<(mpsc::UnboundedSender<Generation>, Arc<tokio::sync::Semaphore>)>,
+    ) -> anyhow::Result<Running> {
         let mut settings = Settings::new("en-test", ZoneId::parse("a")?);
         settings.retry.base = Duration::from_millis(1);
         settings.retry.max = Duration::from_millis(5);
         tune(&mut settings);
         let metrics = Arc::new(Metrics::register(&mut Registry::default(), "en-test"));
         let (tx, events) = mpsc::unbounded_channel();
-        let enactor = Enactor::new(store, settings, metrics.clone()).with_hooks(Arc::new(Events(tx)));
+        let enactor = Enactor::new(store, settings, metrics.clone()).with_hooks(Arc::new(Events { events: tx, cleanup_gate }));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(enactor.run(async move {
             let _ = stopped.await;
@@ -303,6 +322,8 @@ async fn writes_only_what_changed_and_everything_every_nth_plan() -> anyhow::Res
         assert_eq!(active.endpoints.get(n).map(|r| &r.state), Some(&ActiveState::Serving(records.clone())), "{n} serves plan 2");
     }
     assert_eq!(en.metrics.skipped_unchanged.get(), 9);
+    assert_eq!(reads(&en, "whole"), 1, "plan 1 is read whole");
+    assert_eq!(reads(&en, "changes"), 1, "plan 2 is read as its changes");
     // Plan 3 changes e0 and e1; plan 4 is three plans after the last full write: everything.
     store.publish(&plan(3, 2)?).await?;
     en.until(done(3)).await?;
@@ -310,6 +331,59 @@ async fn writes_only_what_changed_and_everything_every_nth_plan() -> anyhow::Res
     store.publish(&plan(4, 2)?).await?;
     en.until(done(4)).await?;
     assert_eq!(generations(&store.active_all().await?), [4; 10], "a full write moves every fence");
+    assert_eq!((reads(&en, "whole"), reads(&en, "changes")), (2, 2), "plan 4 is read whole");
+    en.stop().await?;
+    Ok(())
+}
+
+fn reads(en: &Running, how: &'static str) -> u64 {
+    en.metrics.plan_reads.get_or_create(&HowLabels { how }).get()
+}
+
+/// An endpoint that changed and changed back between two plans this enactor applied is
+/// written again: another enactor may have applied the change in between, and the change
+/// back is what must be served. Comparing the two plans alone would skip it.
+#[tokio::test]
+async fn an_endpoint_that_changed_and_changed_back_is_written_again() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let names: Vec<EndpointName> = (0..4).map(|i| name(&format!("e{i}"))).collect();
+    let plan = |g: u64, e0: Generation| -> anyhow::Result<ValidatedPlan> {
+        let mut plan = fixtures::plan(g, &names, planner()).into_plan();
+        for n in &names {
+            plan.endpoints.insert(n.clone(), fixtures::endpoint_for(Generation(1)));
+        }
+        plan.endpoints.insert(names[0].clone(), fixtures::endpoint_for(e0));
+        Ok(ValidatedPlan::new(plan)?)
+    };
+    store.publish(&plan(1, Generation(1))?).await?;
+    let (reached_tx, mut reached) = mpsc::unbounded_channel();
+    let open = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut en = Running::start_with(
+        store.clone(),
+        |s| {
+            s.max_removal_fraction = 1.0;
+            s.full_write_every = 100;
+        },
+        Some((reached_tx, open.clone())),
+    )?;
+    // The enactor has applied plan 1 and waits before its cleanup.
+    assert_eq!(tokio::time::timeout(WITHIN, reached.recv()).await?, Some(Generation(1)));
+    // Meanwhile plan 2 moves e0, another enactor applies it, and plan 3 moves it back.
+    let two = plan(2, Generation(2))?;
+    store.publish(&two).await?;
+    store.apply(&names[0], Generation(2), &two.plan().endpoints[&names[0]]).await?;
+    store.publish(&plan(3, Generation(1))?).await?;
+    open.add_permits(100);
+    en.until(done(3)).await?;
+    let e0 = store.active(&names[0]).await?;
+    assert_eq!(
+        e0,
+        Some(ActiveRecord { generation: Generation(3), state: ActiveState::Serving(fixtures::endpoint_for(Generation(1))) }),
+        "e0 serves plan 3, not plan 2"
+    );
+    assert_eq!(reads(&en, "changes"), 1, "plan 3 is read as its changes since plan 1");
+    assert_eq!(en.metrics.skipped_unchanged.get(), 3);
     en.stop().await?;
     Ok(())
 }
