@@ -70,18 +70,34 @@ impl PlanChanges {
     /// What `plan` changes against its parent `parent`; `None` when that is more than
     /// [`PLAN_CHANGES_ENDPOINTS_MAX`] endpoints.
     pub fn between(parent: &Plan, plan: &Plan) -> Option<PlanChanges> {
+        // Borrowed comparisons and one clone per change: plans are large and changes few.
         let mut changes = BTreeMap::new();
-        let names = parent.endpoints.keys().chain(&parent.retired).chain(plan.endpoints.keys()).chain(&plan.retired);
-        for name in names {
-            if changes.contains_key(name) {
-                continue;
+        let mut note = |name: &EndpointName, entry: PlanEntry| {
+            changes.insert(name.clone(), entry);
+            changes.len() <= PLAN_CHANGES_ENDPOINTS_MAX
+        };
+        for (name, records) in &plan.endpoints {
+            if parent.endpoints.get(name) != Some(records) && !note(name, PlanEntry::Serve(records.clone())) {
+                return None;
             }
-            let now = PlanEntry::of(plan, name);
-            if PlanEntry::of(parent, name) != now {
-                if changes.len() == PLAN_CHANGES_ENDPOINTS_MAX {
-                    return None;
-                }
-                changes.insert(name.clone(), now);
+        }
+        // What the parent served and this plan does not: retired or left out now.
+        for name in parent.endpoints.keys().filter(|n| !plan.endpoints.contains_key(*n)) {
+            let now = if plan.retired.contains(name) { PlanEntry::Retire } else { PlanEntry::Absent };
+            if !note(name, now) {
+                return None;
+            }
+        }
+        // Retired now and neither served nor retired before.
+        for name in plan.retired.iter().filter(|n| !parent.endpoints.contains_key(*n) && !parent.retired.contains(*n)) {
+            if !note(name, PlanEntry::Retire) {
+                return None;
+            }
+        }
+        // Retired before and left out now (one this plan serves is noted above).
+        for name in parent.retired.iter().filter(|n| !plan.retired.contains(*n) && !plan.endpoints.contains_key(*n)) {
+            if !note(name, PlanEntry::Absent) {
+                return None;
             }
         }
         Some(PlanChanges {
@@ -180,6 +196,32 @@ mod tests {
 
     fn changed(changes: &PlanChanges) -> Vec<(String, PlanEntry)> {
         changes.changes.iter().map(|(n, e)| (n.as_str().trim_end_matches(".example.test.").to_owned(), e.clone())).collect()
+    }
+
+    proptest::proptest! {
+        /// `between` is the definition: every name either plan mentions, whose entry differs.
+        #[test]
+        fn between_names_exactly_the_entries_that_differ(
+            before in proptest::collection::vec(0u8..4, 12),
+            after in proptest::collection::vec(0u8..4, 12),
+        ) {
+            // Per name: 0 absent, 1 retired, 2 and 3 served with two different records.
+            let make = |g: u64, states: &[u8]| {
+                let labels: Vec<String> = (0..states.len()).map(|i| format!("n{i}")).collect();
+                let served: Vec<(&str, u8)> =
+                    states.iter().zip(&labels).filter(|(s, _)| **s >= 2).map(|(s, l)| (l.as_str(), *s)).collect();
+                let retired: Vec<&str> = states.iter().zip(&labels).filter(|(s, _)| **s == 1).map(|(_, l)| l.as_str()).collect();
+                plan(g, &served, &retired)
+            };
+            let (a, b) = (make(1, &before), make(2, &after));
+            let changes = PlanChanges::between(&a, &b).unwrap();
+            let want: BTreeMap<EndpointName, PlanEntry> = (0..before.len())
+                .map(|i| name(&format!("n{i}")))
+                .filter(|n| PlanEntry::of(&a, n) != PlanEntry::of(&b, n))
+                .map(|n| { let e = PlanEntry::of(&b, &n); (n, e) })
+                .collect();
+            proptest::prop_assert_eq!(changes.changes, want);
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Control-plane benchmark: a plan of N endpoints (default 10,000) enacted by three enactors
 //! on the embedded store (as `dnsplan up` runs them) and through the control API (as separate
-//! daemons do); a plan changing 1% of them; and publish-to-served latency seen by a DNS
+//! daemons do); plans changing 1 endpoint, 1% and 10% of them, each timed as publish and as
+//! apply (published to enacted everywhere); and publish-to-served latency seen by a DNS
 //! client. Run it through `bench/plans.sh`; figures are printed with a raw store baseline
 //! from the same run (fenced applies/s with one writer), because only ratios travel.
 //!
@@ -35,9 +36,15 @@ fn start_enactors<S: Store>(store: S) -> anyhow::Result<tokio::sync::watch::Send
     Ok(stop)
 }
 
+/// How long one plan took: to publish, and from published to enacted everywhere.
+struct Enacted {
+    publish: Duration,
+    apply: Duration,
+}
+
 /// Publishes plan `g` where the first `changed` of `names` get generation `g`'s records and
 /// the rest keep `keep`'s, then waits until every endpoint serves its records in plan `g`.
-async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usize, keep: Generation) -> anyhow::Result<Duration> {
+async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usize, keep: Generation) -> anyhow::Result<Enacted> {
     let mut plan = dnsplan_tests::fixtures::plan(g, names, planner()).into_plan();
     for n in names.iter().skip(changed) {
         plan.endpoints.insert(n.clone(), endpoint_for(keep));
@@ -49,15 +56,12 @@ async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usi
     let before = store.version().await?.applied_changes;
     let started = Instant::now();
     store.publish(&plan).await?;
-    eprintln!("TMP publish {:?}", started.elapsed());
-    let t = Instant::now();
-    let _ = store.plan(Generation(g)).await?;
-    eprintln!("TMP plan read {:?}", t.elapsed());
+    let published = Instant::now();
     let mut version = store.version().await?;
     while version.applied_changes < before + changed as u64 {
         version = store.wait_for_change(version, Duration::from_secs(30)).await?;
     }
-    let elapsed = started.elapsed();
+    let enacted = Enacted { publish: published - started, apply: published.elapsed() };
     let active = store.active_all().await?;
     let serves = |n: &EndpointName| {
         active.endpoints.get(n).is_some_and(|r| matches!(&r.state, ActiveState::Serving(e) if Some(e) == plan.plan().endpoints.get(n)))
@@ -65,7 +69,35 @@ async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usi
     anyhow::ensure!(names.iter().all(serves), "not every endpoint serves plan {g}");
     let switched = version.applied_changes - before;
     anyhow::ensure!(switched == changed as u64, "plan {g} switched {switched} endpoints, {changed} changed");
-    Ok(elapsed)
+    Ok(enacted)
+}
+
+/// The plans of one store, with three enactors on it: a full plan, the plan after it, then
+/// plans changing 1 endpoint, 1% and 10%. Prints one row each.
+async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> anyhow::Result<()> {
+    let n = names.len();
+    let row = |what: String, changed: usize, e: &Enacted| {
+        let total = e.publish + e.apply;
+        println!(
+            "{:<52}{:>9.0}ms{:>10.1}ms{:>10.1}ms{:>12.0}",
+            format!("{label}: {what}"),
+            total.as_secs_f64() * 1e3,
+            e.publish.as_secs_f64() * 1e3,
+            e.apply.as_secs_f64() * 1e3,
+            changed as f64 / total.as_secs_f64()
+        );
+    };
+    row("full plan enacted".into(), n, &enact(store, 1, names, n, Generation(1)).await?);
+    // The plan after a full one also pays for the full one: each enactor's removal guard
+    // catches up on its n switches (`active_since`) and reads the plan whole once more (its
+    // base was a whole read). Then what a plan costs as a function of what it changes.
+    row("next plan (guards catch up on the full one)".into(), 1, &enact(store, 2, names, 1, Generation(1)).await?);
+    row("plan changing 1 endpoint".into(), 1, &enact(store, 3, names, 1, Generation(1)).await?);
+    let one_pct = (n / 100).max(1);
+    row(format!("plan changing 1% ({one_pct})"), one_pct, &enact(store, 4, names, one_pct, Generation(1)).await?);
+    let ten_pct = (n / 10).max(1);
+    row(format!("plan changing 10% ({ten_pct})"), ten_pct, &enact(store, 5, names, ten_pct, Generation(1)).await?);
+    Ok(())
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -140,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
     // would reuse without growing the resident set.
     let per_name = snapshot_bytes_per_name(100_000)?;
     println!("control-plane benchmark: {n} endpoints, three enactors");
-    println!("{:<52}{:>12}{:>14}", "figure", "value", "endpoints/s");
+    println!("{:<52}{:>11}{:>12}{:>12}{:>12}", "figure", "total", "publish", "apply", "changed/s");
 
     // Baseline: single-writer fenced applies on the same disk, same run.
     let dir = tempfile::tempdir()?;
@@ -152,29 +184,13 @@ async fn main() -> anyhow::Result<()> {
         raw.apply(nm, Generation(1), &endpoint_for(Generation(1))).await?;
     }
     let baseline = count as f64 / started.elapsed().as_secs_f64();
-    println!("{:<52}{:>12}{:>14.0}", "baseline: fenced apply, 1 writer, embedded", "", baseline);
+    println!("{:<52}{:>11}{:>12}{:>12}{:>12.0}", "baseline: fenced apply, 1 writer, embedded", "", "", "", baseline);
     drop(raw);
 
     // Embedded: the store in-process, as `dnsplan up` runs the enactors.
     let embedded = SledStore::open(dir.path().join("embedded"))?;
     let stop = start_enactors(embedded.clone())?;
-    let full = enact(&embedded, 1, &names, n, Generation(1)).await?;
-    println!("{:<52}{:>11.0}ms{:>14.0}", "embedded: full plan enacted", full.as_secs_f64() * 1e3, n as f64 / full.as_secs_f64());
-    // The plan after a full one also pays for the full one: each enactor's removal guard
-    // catches up on its n switches (`active_since`). Then one changed endpoint: what a plan
-    // costs whatever it changes (publish, three reads of the plan, the flushes).
-    let after_full = enact(&embedded, 2, &names, 1, Generation(1)).await?;
-    println!("{:<52}{:>11.0}ms", "embedded: next plan (guards catch up on the full one)", after_full.as_secs_f64() * 1e3);
-    let one = enact(&embedded, 3, &names, 1, Generation(1)).await?;
-    println!("{:<52}{:>11.0}ms", "embedded: plan changing 1 endpoint enacted", one.as_secs_f64() * 1e3);
-    let one_pct = (n / 100).max(1);
-    let small = enact(&embedded, 4, &names, one_pct, Generation(1)).await?;
-    println!(
-        "{:<52}{:>11.0}ms{:>14.0}",
-        format!("embedded: plan changing 1% ({one_pct}) enacted"),
-        small.as_secs_f64() * 1e3,
-        one_pct as f64 / small.as_secs_f64()
-    );
+    phases("embedded", &embedded, &names).await?;
     drop(stop);
 
     // Remote: the enactors through the control API, as separate daemons run.
@@ -184,28 +200,16 @@ async fn main() -> anyhow::Result<()> {
     let authority = Authority::start(store, &remote_dir).await?;
     let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
     let stop = start_enactors(remote.clone())?;
-    let full = enact(&remote, 1, &names, n, Generation(1)).await?;
-    println!("{:<52}{:>11.0}ms{:>14.0}", "remote: full plan enacted", full.as_secs_f64() * 1e3, n as f64 / full.as_secs_f64());
-    let after_full = enact(&remote, 2, &names, 1, Generation(1)).await?;
-    println!("{:<52}{:>11.0}ms", "remote: next plan (guards catch up on the full one)", after_full.as_secs_f64() * 1e3);
-    let one = enact(&remote, 3, &names, 1, Generation(1)).await?;
-    println!("{:<52}{:>11.0}ms", "remote: plan changing 1 endpoint enacted", one.as_secs_f64() * 1e3);
-    let small = enact(&remote, 4, &names, one_pct, Generation(1)).await?;
+    phases("remote", &remote, &names).await?;
+    let samples = latency(&remote, authority.dns, &names, 6).await?;
     println!(
-        "{:<52}{:>11.0}ms{:>14.0}",
-        format!("remote: plan changing 1% ({one_pct}) enacted"),
-        small.as_secs_f64() * 1e3,
-        one_pct as f64 / small.as_secs_f64()
-    );
-    let samples = latency(&remote, authority.dns, &names, 5).await?;
-    println!(
-        "{:<52}{:>11.1}ms",
+        "{:<52}{:>9.1}ms",
         format!("remote: publish-to-served p50 ({LATENCY_SAMPLES} plans, {n}-name zone)"),
         pct(&samples, 0.5).as_secs_f64() * 1e3
     );
-    println!("{:<52}{:>11.1}ms", "remote: publish-to-served p99", pct(&samples, 0.99).as_secs_f64() * 1e3);
+    println!("{:<52}{:>9.1}ms", "remote: publish-to-served p99", pct(&samples, 0.99).as_secs_f64() * 1e3);
     drop(stop);
     authority.stop().await?;
-    println!("{:<52}{:>12.0}", "authority: snapshot bytes per managed name (100k)", per_name);
+    println!("{:<52}{:>11.0}", "authority: snapshot bytes per managed name (100k)", per_name);
     Ok(())
 }
