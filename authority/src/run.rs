@@ -91,11 +91,8 @@ pub async fn run_with_extras<S: Store>(
     let mut dns = Vec::new();
     for addr in &config.dns.listen {
         let sockets = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let udp = bind_udp(*addr, sockets).with_context(|| format!("binding DNS UDP on {addr}"))?;
-        let bound = udp[0].local_addr()?;
-        // TCP on the same port as UDP, also when the port was 0.
-        let tcp = tokio::net::TcpListener::bind(bound).await.with_context(|| format!("binding DNS TCP on {bound}"))?;
-        dns.push(bound);
+        let (udp, tcp) = bind_dns(*addr, sockets).await?;
+        dns.push(udp[0].local_addr()?);
         for socket in udp {
             tasks.spawn(serve_udp(socket, serving.clone()));
         }
@@ -151,4 +148,21 @@ async fn status<S: Store>(State(ctl): State<Control<S>>) -> Result<Json<serde_js
     let mut value = serde_json::to_value(status).map_err(|e| ApiError::bad_request(e.to_string()))?;
     value["endpoints"] = serde_json::to_value(&active.endpoints).map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(Json(value))
+}
+
+/// UDP (`sockets` of them) and TCP on one address and port. For port 0 the system picks a
+/// port free for UDP; it may be taken for TCP (any outgoing connection can hold it), so a
+/// few ports are tried.
+async fn bind_dns(addr: std::net::SocketAddr, sockets: usize) -> anyhow::Result<(Vec<tokio::net::UdpSocket>, tokio::net::TcpListener)> {
+    let attempts = if addr.port() == 0 { 16 } else { 1 };
+    let mut attempt = 1;
+    loop {
+        let udp = bind_udp(addr, sockets).with_context(|| format!("binding DNS UDP on {addr}"))?;
+        let bound = udp[0].local_addr()?;
+        match tokio::net::TcpListener::bind(bound).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(err) if err.kind() == std::io::ErrorKind::AddrInUse && attempt < attempts => attempt += 1,
+            Err(err) => return Err(err).with_context(|| format!("binding DNS TCP on {bound}")),
+        }
+    }
 }

@@ -111,8 +111,17 @@ impl Report {
     }
 }
 
+/// A loopback port free for both UDP and TCP right now (the DNS port needs both; the control
+/// port needs TCP, which a UDP-only check would not see taken).
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+    for _ in 0..64 {
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let port = udp.local_addr()?.port();
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no loopback port free for both UDP and TCP in 64 tries")
 }
 
 /// A real stack on loopback: one authority, three enactors, fixed ports so that restarts
@@ -191,7 +200,12 @@ impl Stack {
         std::thread::spawn(move || for _ in lines {});
         if !ready {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            // The last lines that are not backtrace frames: the error itself.
+            let frame = |l: &&str| {
+                let l = l.trim_start();
+                l.starts_with("at ") || l.split_once(':').is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            };
+            let tail: Vec<&str> = log.lines().rev().filter(|l| !frame(l)).take(5).collect();
             anyhow::bail!("the authority exited before serving: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "));
         }
         self.authority = Some(Daemon::adopt("authority", child));

@@ -14,6 +14,7 @@ use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
 use crate::plan::{ENDPOINTS_PER_PLAN_MAX, Endpoint, Plan, ValidationError, validate_endpoint};
 use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 /// Most plans one `plan_changes` answer folds. A follower further behind reads the plan whole.
@@ -76,15 +77,27 @@ impl PlanChanges {
             changes.insert(name.clone(), entry);
             changes.len() <= PLAN_CHANGES_ENDPOINTS_MAX
         };
-        for (name, records) in &plan.endpoints {
-            if parent.endpoints.get(name) != Some(records) && !note(name, PlanEntry::Serve(records.clone())) {
-                return None;
-            }
-        }
-        // What the parent served and this plan does not: retired or left out now.
-        for name in parent.endpoints.keys().filter(|n| !plan.endpoints.contains_key(*n)) {
-            let now = if plan.retired.contains(name) { PlanEntry::Retire } else { PlanEntry::Absent };
-            if !note(name, now) {
+        // Both maps are in name order: one merge pass, no lookups.
+        let (mut before, mut now) = (parent.endpoints.iter().peekable(), plan.endpoints.iter().peekable());
+        loop {
+            let order = match (before.peek(), now.peek()) {
+                (None, None) => break,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((old, _)), Some((new, _))) => old.cmp(new),
+            };
+            let noted = match order {
+                // Served before and not now: retired or left out now.
+                Ordering::Less => before
+                    .next()
+                    .is_none_or(|(name, _)| note(name, if plan.retired.contains(name) { PlanEntry::Retire } else { PlanEntry::Absent })),
+                Ordering::Greater => now.next().is_none_or(|(name, records)| note(name, PlanEntry::Serve(records.clone()))),
+                Ordering::Equal => match (before.next(), now.next()) {
+                    (Some((_, old)), Some((name, records))) if old != records => note(name, PlanEntry::Serve(records.clone())),
+                    _ => true,
+                },
+            };
+            if !noted {
                 return None;
             }
         }

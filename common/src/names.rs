@@ -40,12 +40,23 @@ pub enum NameError {
 ///
 /// Accepts the name with or without the trailing dot; stores it with one.
 // Invariant: the inner string is a valid, lower-case, absolute DNS name (see `parse`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct DnsName(String);
 
 impl DnsName {
     pub fn parse(input: &str) -> Result<DnsName, NameError> {
+        let trimmed = DnsName::check(input)?;
+        let mut name = String::with_capacity(trimmed.len() + 1);
+        name.push_str(trimmed);
+        name.make_ascii_lowercase();
+        name.push('.');
+        Ok(DnsName(name))
+    }
+
+    /// Validates `input` (with or without its trailing dot; the checks ignore case) and
+    /// returns it without the dot.
+    fn check(input: &str) -> Result<&str, NameError> {
         let trimmed = input.strip_suffix('.').unwrap_or(input);
         if trimmed.is_empty() {
             return Err(NameError::Empty);
@@ -53,8 +64,7 @@ impl DnsName {
         if trimmed.len() + 1 > DNS_NAME_CHARS_MAX {
             return Err(NameError::TooLong { name: input.to_owned() });
         }
-        let lower = trimmed.to_ascii_lowercase();
-        for label in lower.split('.') {
+        for label in trimmed.split('.') {
             if label.is_empty() {
                 return Err(NameError::EmptyLabel { name: input.to_owned() });
             }
@@ -68,7 +78,7 @@ impl DnsName {
                 return Err(NameError::BadHyphen { name: input.to_owned() });
             }
         }
-        Ok(DnsName(format!("{lower}.")))
+        Ok(trimmed)
     }
 
     /// The name in presentation form, with its trailing dot.
@@ -87,8 +97,20 @@ impl DnsName {
 
 impl TryFrom<String> for DnsName {
     type Error = NameError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        DnsName::parse(&value)
+    /// `parse` that keeps the string: decoding a plan builds every name this way.
+    fn try_from(mut value: String) -> Result<Self, Self::Error> {
+        DnsName::check(&value)?;
+        value.make_ascii_lowercase();
+        if !value.ends_with('.') {
+            value.push('.');
+        }
+        Ok(DnsName(value))
+    }
+}
+
+impl Serialize for DnsName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
     }
 }
 
@@ -117,16 +139,13 @@ pub type EndpointName = DnsName;
 
 /// An availability zone id such as `a` or `eu-central-1a` (health vocabulary, not DNS).
 // Invariant: 1..=ZONE_ID_CHARS_MAX characters of [a-z0-9-].
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct ZoneId(String);
 
 impl ZoneId {
     pub fn parse(input: &str) -> Result<ZoneId, NameError> {
-        let ok = !input.is_empty()
-            && input.len() <= ZONE_ID_CHARS_MAX
-            && input.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if ok { Ok(ZoneId(input.to_owned())) } else { Err(NameError::BadZoneId { id: input.to_owned() }) }
+        ZoneId::try_from(input.to_owned())
     }
 
     pub fn as_str(&self) -> &str {
@@ -137,7 +156,16 @@ impl ZoneId {
 impl TryFrom<String> for ZoneId {
     type Error = NameError;
     fn try_from(value: String) -> Result<Self, Self::Error> {
-        ZoneId::parse(&value)
+        let ok = !value.is_empty()
+            && value.len() <= ZONE_ID_CHARS_MAX
+            && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok { Ok(ZoneId(value)) } else { Err(NameError::BadZoneId { id: value }) }
+    }
+}
+
+impl Serialize for ZoneId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
     }
 }
 

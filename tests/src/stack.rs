@@ -77,7 +77,18 @@ impl Authority {
             })
             .await
         });
-        let bound = bound_rx.await.map_err(|_| anyhow::anyhow!("authority stopped before binding"))?;
+        let bound = match bound_rx.await {
+            Ok(bound) => bound,
+            // Say why: the task has ended, with the authority's own error.
+            Err(_) => {
+                let why = match task.await {
+                    Ok(Err(err)) => format!("{err:#}"),
+                    Ok(Ok(())) => "it returned".into(),
+                    Err(err) => err.to_string(),
+                };
+                anyhow::bail!("authority stopped before binding: {why}");
+            }
+        };
         Ok(Authority { dns: bound.dns[0], control: format!("http://{}", bound.control), stop: Some(stop_tx), task })
     }
 
