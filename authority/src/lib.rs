@@ -2,9 +2,9 @@
 //! control API through which planners and enactors reach the store it serves from.
 //!
 //! `answer` is the pure query path and `fast` its allocation-free UDP shortcut; `snapshot` the
-//! immutable state they read; `server` the UDP
-//! and TCP shell and the follower that swaps snapshots; `control` the HTTP API; `run` the
-//! wiring of one authority process.
+//! immutable state they read; `follower` builds it from the store and swaps in each change;
+//! `server` (with `udp`) the UDP and TCP shell; `control` the HTTP API; `run` the wiring of
+//! one authority process.
 
 pub mod answer;
 pub mod args;
@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod dns_zone;
 pub mod fast;
+pub mod follower;
 pub mod metrics;
 pub mod run;
 pub mod server;

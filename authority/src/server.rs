@@ -1,18 +1,13 @@
-//! The DNS I/O shell: UDP and TCP listeners that feed `answer::respond` from the current
-//! snapshot, and the follower that rebuilds and swaps the snapshot when the store changes.
+//! The DNS I/O shell: UDP and TCP listeners that answer from the current snapshot
+//! (`follower::Serving`). Building the snapshot and following the store is `follower`'s job.
 
-use crate::answer::{AnswerLimits, TCP_MESSAGE_BYTES_MAX, Transport, respond};
-use crate::dns_zone::StaticZone;
-use crate::metrics::Metrics;
-use crate::snapshot::Snapshot;
+use crate::answer::{TCP_MESSAGE_BYTES_MAX, Transport, respond};
+use crate::follower::Serving;
 use crate::udp::Batch;
-use arc_swap::ArcSwap;
-use dnsplan_common::EndpointName;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, Store, StoreResult, StoreVersion};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
@@ -20,111 +15,11 @@ use tokio::sync::Semaphore;
 /// Most queries answered on one TCP connection before it is closed; bounds what one client
 /// can hold on to.
 pub const TCP_QUERIES_PER_CONNECTION_MAX: usize = 10_000;
-/// How long the follower waits on the store per long-poll before asking again.
-const FOLLOW_WAIT: Duration = Duration::from_secs(30);
-/// Pause after a failed store read before the follower retries.
-const FOLLOW_RETRY: Duration = Duration::from_millis(500);
 
 #[derive(Clone, Copy, Debug)]
 pub struct TcpLimits {
     pub idle_timeout: Duration,
     pub connections_max: usize,
-}
-
-/// What the listeners share: the snapshot, limits and metrics.
-pub struct Serving {
-    pub snapshot: ArcSwap<Snapshot>,
-    pub zone: Arc<StaticZone>,
-    pub limits: AnswerLimits,
-    pub metrics: Arc<Metrics>,
-}
-
-impl Serving {
-    /// Loads the active state from `store` and builds the first snapshot (see `Loader`).
-    pub async fn load<S: Store>(store: &S, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> anyhow::Result<Serving> {
-        let started = Instant::now();
-        let snapshot = Loader::new(zone.clone()).finish(store).await?;
-        metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
-        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, metrics })
-    }
-
-    /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the
-    /// task is dropped. Changes that arrive during a rebuild are picked up by the next one.
-    pub async fn follow<S: Store>(self: Arc<Self>, store: S) {
-        let mut seen = StoreVersion { applied_changes: self.snapshot.load().applied_changes, ..StoreVersion::default() };
-        loop {
-            match store.wait_for_change(seen, FOLLOW_WAIT).await {
-                Ok(now) if now.applied_changes != seen.applied_changes => match self.rebuild(&store).await {
-                    Ok(applied) => seen = StoreVersion { applied_changes: applied, ..now },
-                    Err(err) => {
-                        tracing::warn!(error = %format!("{err:#}"), "could not rebuild the snapshot; still serving the previous one");
-                        tokio::time::sleep(FOLLOW_RETRY).await;
-                    }
-                },
-                Ok(now) => seen = now,
-                Err(err) => {
-                    tracing::warn!(error = %format!("{err:#}"), "waiting on the store failed; still serving the current snapshot");
-                    tokio::time::sleep(FOLLOW_RETRY).await;
-                }
-            }
-        }
-    }
-
-    /// Brings the snapshot up to the store: merges what switched since the current snapshot,
-    /// or rebuilds from the whole state when the store answers with it.
-    async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
-        let started = Instant::now();
-        let current = self.snapshot.load_full();
-        let delta = store.active_since(current.applied_changes).await?;
-        let (snapshot, delta) = tokio::task::spawn_blocking(move || (current.apply(&delta), delta)).await?;
-        let applied = snapshot.applied_changes;
-        self.metrics.observe_snapshot(&snapshot, Some(&delta), started.elapsed().as_secs_f64());
-        self.snapshot.store(Arc::new(snapshot));
-        tracing::debug!(applied_changes = applied, "snapshot swapped");
-        Ok(applied)
-    }
-}
-
-/// Builds the first snapshot from the store a page at a time (`Store::active_page`), so a
-/// large zone is never held twice, once decoded and once as the snapshot: the peak memory of
-/// a start is the snapshot plus one page.
-///
-/// The pages are read at different moments. `finish` merges every endpoint that switched
-/// after the first page was read (`active_since`), so the result is the store's state at one
-/// applied-change count, whatever changed during the load. (If more than
-/// `DELTA_ENDPOINTS_MAX` endpoints changed meanwhile, the store answers with the whole state
-/// and the snapshot is rebuilt from it, at the old peak; only under that much churn.)
-pub struct Loader {
-    snapshot: Snapshot,
-    after: Option<EndpointName>,
-    since: Option<u64>,
-    done: bool,
-}
-
-impl Loader {
-    pub fn new(zone: Arc<StaticZone>) -> Loader {
-        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false }
-    }
-
-    /// Reads and merges the next page. `false` once the last page is in.
-    pub async fn next_page<S: Store>(&mut self, store: &S) -> StoreResult<bool> {
-        if self.done {
-            return Ok(false);
-        }
-        let page = store.active_page(self.after.take(), ACTIVE_PAGE_MAX).await?;
-        self.since.get_or_insert(page.applied_changes);
-        self.snapshot.load_page(&page.endpoints);
-        self.after = page.endpoints.last().map(|(name, _)| name.clone());
-        self.done = !page.more || self.after.is_none();
-        Ok(!self.done)
-    }
-
-    /// The snapshot, brought up to the store by the changes made during the load.
-    pub async fn finish<S: Store>(mut self, store: &S) -> StoreResult<Snapshot> {
-        while self.next_page(store).await? {}
-        let delta = store.active_since(self.since.unwrap_or_default()).await?;
-        Ok(self.snapshot.apply(&delta))
-    }
 }
 
 /// Answers UDP queries on `socket` until the task is dropped.

@@ -8,7 +8,7 @@
 
 use crate::answer::{Outcome, Transport, respond};
 use crate::fast::{Fast, respond_fast};
-use crate::server::Serving;
+use crate::follower::Serving;
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use rand::rngs::SmallRng;
 use std::cell::RefCell;

@@ -254,7 +254,7 @@ fn incremental_snapshots_answer_like_full_builds() -> Result<(), TestCaseError> 
 /// mix of moments: it must equal a fresh build from the store's state when the load ends.
 #[tokio::test]
 async fn a_paged_load_ends_at_one_moment_of_the_store() -> anyhow::Result<()> {
-    use dnsplan_authority::server::Loader;
+    use dnsplan_authority::follower::Loader;
     use dnsplan_common::store::{ACTIVE_PAGE_MAX, APPLY_BATCH_MAX, ApplyItem};
     use dnsplan_common::{SledStore, Store};
     use dnsplan_tests::fixtures::{endpoint_for, name, plan, planner};
