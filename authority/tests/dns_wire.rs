@@ -320,8 +320,10 @@ async fn metrics_and_health() -> anyhow::Result<()> {
     {
         assert!(text.contains(want), "want {want:?} in /metrics:\n{text}");
     }
-    publish_and_apply(&auth.store, &plan(3, &[("api.example.test.", two)])).await?;
-    auth.store.retire(&dnsplan_common::DnsName::parse("web.example.test.")?, dnsplan_common::Generation(3)).await?;
+    let mut retire = plan(3, &[("api.example.test.", two)]).into_plan();
+    retire.author = dnsplan_common::Author::Operator { name: "wire-test".into() };
+    retire.retired.insert(dnsplan_common::DnsName::parse("web.example.test.")?);
+    publish_and_apply(&auth.store, &dnsplan_common::ValidatedPlan::new(retire)?).await?;
     until(auth.dns, "web.example.test.", RecordType::A, DEADLINE, |m| m.metadata.response_code == ResponseCode::NXDomain).await?;
     let text = client.get(format!("{}/metrics", auth.control)).send().await?.text().await?;
     assert!(text.contains("dnsplan_active_generation{endpoint=\"api.example.test.\"} 3"), "api at 3 in /metrics:\n{text}");

@@ -274,7 +274,12 @@ async fn a_paged_load_ends_at_one_moment_of_the_store() -> anyhow::Result<()> {
     let (read, unread, fresh) = (&names[10], &names[ACTIVE_PAGE_MAX + 50], name("new"));
     let mut next = names.clone();
     next.push(fresh.clone());
-    store.publish(&plan(2, &next, planner())).await?;
+    let mut retiring = plan(2, &next, dnsplan_tests::fixtures::operator()).into_plan();
+    for gone in [&names[20], &names[ACTIVE_PAGE_MAX + 60]] {
+        retiring.endpoints.remove(gone);
+        retiring.retired.insert(gone.clone());
+    }
+    store.publish(&dnsplan_common::ValidatedPlan::new(retiring)?).await?;
     for n in [read, unread, &fresh] {
         store.apply(n, Generation(2), &endpoint_for(Generation(2))).await?;
     }

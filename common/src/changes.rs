@@ -34,6 +34,12 @@ pub enum PlanEntry {
     Absent,
 }
 
+impl Record for PlanEntry {
+    const KIND: u8 = 8;
+    const KIND_NAME: &'static str = "plan entry";
+    const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
 impl PlanEntry {
     /// What `plan` says of `name`.
     pub fn of(plan: &Plan, name: &EndpointName) -> PlanEntry {

@@ -18,8 +18,9 @@
 //! [`ValidatedPlan`].
 
 use crate::plan::{Plan, PlanSummary, ValidatedPlan, ValidationError};
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"DNSP";
@@ -32,7 +33,8 @@ pub const BODY_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Largest body of the small record kinds (active record, heartbeat, pause, summary).
 pub const SMALL_BODY_BYTES_MAX: usize = 64 * 1024;
 
-#[derive(Debug, Error, PartialEq, Eq, Clone)]
+/// Serialisable so that a remote store's `Corrupt` error travels whole (see `store::wire`).
+#[derive(Debug, Error, PartialEq, Eq, Clone, Serialize, Deserialize)]
 pub enum CodecError {
     #[error("input is {len} bytes, shorter than the {HEADER_BYTES}-byte envelope header")]
     Truncated { len: usize },
@@ -43,15 +45,15 @@ pub enum CodecError {
     #[error("format version 0 is not a valid version")]
     ZeroVersion,
     #[error("expected a {expected} record, found kind {found}")]
-    WrongKind { expected: &'static str, found: u8 },
+    WrongKind { expected: Cow<'static, str>, found: u8 },
     #[error("body of {len} bytes exceeds the {max}-byte limit for a {kind} record")]
-    TooLarge { kind: &'static str, len: usize, max: usize },
+    TooLarge { kind: Cow<'static, str>, len: usize, max: usize },
     #[error("header declares a {declared}-byte body but {actual} bytes follow (truncated or padded)")]
     LengthMismatch { declared: usize, actual: usize },
     #[error("checksum mismatch: the record is corrupt")]
     ChecksumMismatch,
     #[error("body does not decode as a {kind} record: {detail}")]
-    Body { kind: &'static str, detail: String },
+    Body { kind: Cow<'static, str>, detail: String },
     #[error("plan failed validation")]
     Invalid(#[from] ValidationError),
 }
@@ -101,11 +103,11 @@ pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
         return Err(CodecError::FutureVersion { found: version });
     }
     if header[6] != T::KIND {
-        return Err(CodecError::WrongKind { expected: T::KIND_NAME, found: header[6] });
+        return Err(CodecError::WrongKind { expected: T::KIND_NAME.into(), found: header[6] });
     }
     let declared = u32::from_le_bytes([header[8], header[9], header[10], header[11]]) as usize;
     if declared > T::BODY_BYTES_MAX {
-        return Err(CodecError::TooLarge { kind: T::KIND_NAME, len: declared, max: T::BODY_BYTES_MAX });
+        return Err(CodecError::TooLarge { kind: T::KIND_NAME.into(), len: declared, max: T::BODY_BYTES_MAX });
     }
     if declared != body.len() {
         return Err(CodecError::LengthMismatch { declared, actual: body.len() });
@@ -115,9 +117,9 @@ pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
         return Err(CodecError::ChecksumMismatch);
     }
     let (value, used) = bincode::serde::decode_from_slice::<T, _>(body, config())
-        .map_err(|err| CodecError::Body { kind: T::KIND_NAME, detail: err.to_string() })?;
+        .map_err(|err| CodecError::Body { kind: T::KIND_NAME.into(), detail: err.to_string() })?;
     if used != body.len() {
-        return Err(CodecError::Body { kind: T::KIND_NAME, detail: format!("{} trailing bytes", body.len() - used) });
+        return Err(CodecError::Body { kind: T::KIND_NAME.into(), detail: format!("{} trailing bytes", body.len() - used) });
     }
     Ok(value)
 }

@@ -115,7 +115,7 @@ pub struct Plan {
 }
 
 /// Why a plan or endpoint was refused. Each variant names what is wrong and where.
-#[derive(Debug, Error, PartialEq, Eq, Clone)]
+#[derive(Debug, Error, PartialEq, Eq, Clone, Serialize, Deserialize)]
 pub enum ValidationError {
     #[error("generation must be at least 1 and follow its parent (generation {generation}, parent {parent})")]
     BadGeneration { generation: Generation, parent: Generation },

@@ -497,6 +497,9 @@ impl<S: Store> Enactor<S> {
             }
             Err(StoreError::Pruned { .. }) => Some(self.move_to_latest("pruned").await),
             Err(StoreError::Invalid(err)) => Some(Step::Refused { reason: "invalid", detail: err.to_string() }),
+            // The store holds this plan's content and refused what was sent: a fault on the
+            // writer's side. The reconcile pass reads the plan whole and tries again.
+            Err(err @ StoreError::ContentMismatch { .. }) => Some(Step::Refused { reason: "content_mismatch", detail: err.to_string() }),
             Err(err) => Some(Step::Failed(err)),
         }
     }

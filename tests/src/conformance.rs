@@ -17,7 +17,7 @@
 //! only the deterministic lease check.
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveState, ApplyItem, ApplyOutcome, PauseState, Store, StoreError};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveState, ApplyItem, ApplyOutcome, PauseState, PlanSays, Store, StoreError};
 use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, PlanEntry, ValidatedPlan, ZoneId};
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -120,6 +120,7 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         active_since_follows,
         active_page_walks_the_state,
         plan_changes_cover_every_plan_between,
+        apply_carries_the_plans_content,
     );
     Ok(report)
 }
@@ -129,6 +130,15 @@ async fn publish_range<S: Store>(store: &S, generations: std::ops::RangeInclusiv
     for g in generations {
         store.publish(&plan(g, &names, planner())).await?;
     }
+    Ok(())
+}
+
+/// Publishes operator plan `g` serving `labels` and retiring `retired`.
+async fn publish_retiring<S: Store>(store: &S, g: u64, labels: &[&str], retired: &[&str]) -> anyhow::Result<()> {
+    let names: Vec<_> = labels.iter().map(|l| name(l)).collect();
+    let mut raw = plan(g, &names, operator()).into_plan();
+    raw.retired = retired.iter().map(|l| name(l)).collect();
+    store.publish(&ValidatedPlan::new(raw)?).await?;
     Ok(())
 }
 
@@ -227,6 +237,53 @@ pub async fn apply_is_fenced<S: Store>(store: S) -> anyhow::Result<Violations> {
     Ok(v)
 }
 
+/// An apply carries exactly what its plan says: the store refuses, at write time, records (or
+/// a retirement) that plan `g` does not hold for the endpoint, at an equal generation too, and
+/// resolves an endpoint a plan left unchanged to the records it kept, across cleanup.
+pub async fn apply_carries_the_plans_content<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let (a, b, c) = (name("a"), name("b"), name("c"));
+    publish_range(&store, 1..=3, &["a", "b"]).await?;
+    let mismatch = |r: &dnsplan_common::store::StoreResult<ApplyOutcome>, says: PlanSays| matches!(r, Err(StoreError::ContentMismatch { plan, .. }) if *plan == says);
+    let r = store.apply(&a, Generation(2), &endpoint_for(Generation(3))).await;
+    v.check(mismatch(&r, PlanSays::OtherRecords), || format!("plan 3's records under generation 2: want ContentMismatch, got {r:?}"));
+    v.check(store.active(&a).await?.is_none(), || "refused records became active".into());
+    let r = store.apply(&a, Generation(2), &endpoint_for(Generation(2))).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { .. })), || format!("plan 2's own records: {r:?}"));
+    let r = store.apply(&a, Generation(2), &endpoint_for(Generation(1))).await;
+    v.check(mismatch(&r, PlanSays::OtherRecords), || format!("other records at the active generation: want ContentMismatch, got {r:?}"));
+    let r = store.retire(&a, Generation(3)).await;
+    v.check(mismatch(&r, PlanSays::Serves), || format!("retiring an endpoint plan 3 serves: want ContentMismatch, got {r:?}"));
+    let r = store.apply_many(Generation(3), &[item("a", 3), item("b", 2)]).await?;
+    v.check(matches!(r.first(), Some(Ok(ApplyOutcome::Switched { .. }))), || format!("a batch's good item: {r:?}"));
+    v.check(matches!(r.get(1), Some(r) if mismatch(r, PlanSays::OtherRecords)), || format!("a batch's bad item: {r:?}"));
+    v.check(store.active(&b).await?.is_none(), || "a batch's refused item became active".into());
+    // Plan 4 leaves b out; plan 5, an operator's, retires it.
+    store.publish(&plan(4, std::slice::from_ref(&a), planner())).await?;
+    let r = store.apply(&b, Generation(4), &endpoint_for(Generation(4))).await;
+    v.check(mismatch(&r, PlanSays::NothingOf), || format!("an endpoint plan 4 does not name: want ContentMismatch, got {r:?}"));
+    let mut retire = plan(5, std::slice::from_ref(&a), operator()).into_plan();
+    retire.retired.insert(b.clone());
+    store.publish(&ValidatedPlan::new(retire)?).await?;
+    let r = store.apply(&b, Generation(5), &endpoint_for(Generation(5))).await;
+    v.check(mismatch(&r, PlanSays::Retires), || format!("records for an endpoint plan 5 retires: want ContentMismatch, got {r:?}"));
+    let r = store.retire(&b, Generation(5)).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { .. })), || format!("the retirement plan 5 holds: {r:?}"));
+    // Plan 6 keeps a's records from plan 5 and adds c.
+    let mut keep = plan(6, std::slice::from_ref(&c), planner()).into_plan();
+    keep.endpoints.insert(a.clone(), endpoint_for(Generation(5)));
+    store.publish(&ValidatedPlan::new(keep)?).await?;
+    store.apply(&a, Generation(5), &endpoint_for(Generation(5))).await?;
+    store.cleanup(1).await?;
+    let r = store.apply(&a, Generation(6), &endpoint_for(Generation(5))).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { .. })), || format!("records plan 6 kept from plan 5, after cleanup: {r:?}"));
+    let r = store.apply(&c, Generation(6), &endpoint_for(Generation(5))).await;
+    v.check(mismatch(&r, PlanSays::OtherRecords), || format!("c with plan 5's records under 6: want ContentMismatch, got {r:?}"));
+    let r = store.apply(&c, Generation(6), &endpoint_for(Generation(6))).await;
+    v.check(matches!(r, Ok(ApplyOutcome::Switched { .. })), || format!("c with plan 6's records: {r:?}"));
+    Ok(v)
+}
+
 fn item(label: &str, g: u64) -> ApplyItem {
     ApplyItem { endpoint: name(label), records: endpoint_for(Generation(g)) }
 }
@@ -249,9 +306,7 @@ pub async fn apply_many_is_fenced_per_item<S: Store>(store: S) -> anyhow::Result
     });
     v.check(matches!(r.get(1), Some(Ok(ApplyOutcome::Unchanged))), || format!("b is at 2: want Unchanged, got {r:?}"));
     v.check(matches!(r.get(2), Some(Ok(ApplyOutcome::Switched { .. }))), || format!("c is new: want Switched, got {r:?}"));
-    v.check(matches!(r.get(3), Some(Err(StoreError::Invalid(_) | StoreError::Rejected(_)))), || {
-        format!("empty d: want Invalid, got {r:?}")
-    });
+    v.check(matches!(r.get(3), Some(Err(StoreError::Invalid(_)))), || format!("empty d: want Invalid, got {r:?}"));
     let active = store.active_all().await?;
     let at = |label: &str| active.endpoints.get(&name(label)).map(|a| a.generation.0);
     v.check(at("a") == Some(3) && at("b") == Some(2) && at("c") == Some(2) && at("d").is_none(), || {
@@ -270,7 +325,9 @@ pub async fn apply_many_is_fenced_per_item<S: Store>(store: S) -> anyhow::Result
 pub async fn active_since_follows<S: Store>(store: S) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let labels = ["p", "q", "r", "s"];
-    publish_range(&store, 1..=6, &labels).await?;
+    publish_range(&store, 1..=3, &labels).await?;
+    publish_retiring(&store, 4, &labels[..3], &["s"]).await?;
+    publish_range(&store, 5..=6, &labels[..3]).await?;
     let mut held = std::collections::BTreeMap::new();
     let mut seen = 0;
     let steps: [&[(&str, u64)]; 5] =
@@ -359,7 +416,8 @@ pub async fn plan_changes_cover_every_plan_between<S: Store>(store: S) -> anyhow
 pub async fn active_page_walks_the_state<S: Store>(store: S) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let labels = ["e", "a", "d", "b", "c"];
-    publish_range(&store, 1..=2, &labels).await?;
+    publish_range(&store, 1..=1, &labels).await?;
+    publish_retiring(&store, 2, &["e", "a", "b", "c"], &["d"]).await?;
     for label in labels {
         store.apply(&name(label), Generation(1), &endpoint_for(Generation(1))).await?;
     }
@@ -530,7 +588,8 @@ pub async fn racing_applies_are_monotonic<S: Store>(store: S) -> anyhow::Result<
     const PLANS: u64 = 40;
     let mut v = Violations::default();
     let labels = ["a", "b", "c"];
-    publish_range(&store, 1..=PLANS, &labels).await?;
+    let every: Vec<String> = (0..ROUNDS).flat_map(|round| labels.iter().map(move |l| format!("{l}{round}"))).collect();
+    publish_range(&store, 1..=PLANS, &every.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     for round in 0..ROUNDS {
         let names: Vec<_> = labels.iter().map(|l| name(&format!("{l}{round}"))).collect();
         let done = Arc::new(AtomicBool::new(false));

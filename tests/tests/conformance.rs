@@ -48,6 +48,7 @@ async fn naive_store_fails_the_suite() -> anyhow::Result<()> {
         "racing_publishes_have_no_gaps",
         "lease_is_exclusive_and_fences_publish",
         "plan_changes_cover_every_plan_between",
+        "apply_carries_the_plans_content",
     ] {
         assert!(failed.contains(must_fail), "the suite did not catch the naive store in {must_fail}:\n{report}");
     }

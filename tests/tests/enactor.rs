@@ -159,13 +159,21 @@ async fn refuses_a_plan_that_strips_too_much_weight_and_keeps_going() -> anyhow:
     Ok(())
 }
 
-/// A store that fails the first `fail_applies` applies as unreachable, and acknowledges the
-/// first apply of `lose` without writing it (a lost write).
+/// A store that fails the first `fail_applies` applies as unreachable, acknowledges the
+/// first apply of `lose` without writing it (a lost write), and sends other records than it
+/// was given for `tamper` (a buggy writer).
 #[derive(Clone)]
 struct Faulty<S> {
     inner: S,
     fail_applies: Arc<AtomicU32>,
     lose: Arc<Mutex<Option<EndpointName>>>,
+    tamper: Arc<Mutex<Option<EndpointName>>>,
+}
+
+impl<S> Faulty<S> {
+    fn new(inner: S) -> Faulty<S> {
+        Faulty { inner, fail_applies: Arc::default(), lose: Arc::default(), tamper: Arc::default() }
+    }
 }
 
 impl<S: Store> Store for Faulty<S> {
@@ -203,6 +211,12 @@ impl<S: Store> Store for Faulty<S> {
         };
         if lost {
             return Ok(ApplyOutcome::Switched { previous: Generation::NONE });
+        }
+        let tampered = self.tamper.lock().unwrap_or_else(|p| p.into_inner()).as_ref() == Some(endpoint);
+        if tampered {
+            let mut other = records.clone();
+            other.ttl_secs += 1;
+            return self.inner.apply(endpoint, generation, &other).await;
         }
         self.inner.apply(endpoint, generation, records).await
     }
@@ -244,13 +258,55 @@ impl<S: Store> Store for Faulty<S> {
     }
 }
 
+/// A writer that sends other records than its plan holds is refused by the store at write
+/// time, and the enactor takes that as a refusal of the plan (counted, not retried, nothing
+/// served from it), the same on the embedded store and through the control API. Before the
+/// control API carried errors exactly, the remote store's refusal came back as another
+/// variant and the enactor retried it as a store failure.
+async fn a_store_refusal_is_a_refusal<S: Store>(store: S) -> anyhow::Result<()> {
+    let api = name("api");
+    let faulty = Faulty::new(store.clone());
+    *faulty.tamper.lock().unwrap_or_else(|p| p.into_inner()) = Some(api.clone());
+    store.publish(&plan_with(1, endpoint(&["192.0.2.1", "192.0.2.2"]), planner(), None)?).await?;
+    let mut en = Running::start(faulty.clone(), |_| {})?;
+    let refused = en.next().await?;
+    assert!(matches!(refused, Event::PlanRefused { generation: Generation(1), .. }), "{refused:?}");
+    assert_eq!(en.metrics.refusals.get_or_create(&ReasonLabels { reason: "content_mismatch" }).get(), 1);
+    assert_eq!(en.metrics.store_retries.get(), 0, "a refusal is an answer, not a store failure to retry");
+    assert_eq!(store.active(&api).await?, None, "nothing the plan does not hold was served");
+    // The writer is fixed; the next plan goes through.
+    *faulty.tamper.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    store.publish(&plan_with(2, endpoint(&["192.0.2.1", "192.0.2.3"]), planner(), None)?).await?;
+    en.until(done(2)).await?;
+    assert_eq!(serving(&store).await?, (Generation(2), 2));
+    en.stop().await
+}
+
+#[tokio::test]
+async fn a_store_refusal_is_a_refusal_on_the_embedded_store() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    a_store_refusal_is_a_refusal(SledStore::open(dir.path())?).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_refusal_is_a_refusal_through_the_control_api() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let authority = dnsplan_tests::stack::Authority::start(SledStore::open(dir.path().join("store"))?, dir.path()).await?;
+    let remote = dnsplan_common::store::remote::RemoteStore::new(&authority.control, Some(dnsplan_tests::stack::TOKEN.into()))?;
+    a_store_refusal_is_a_refusal(remote).await?;
+    authority.stop().await
+}
+
 #[tokio::test]
 async fn retries_transient_errors_and_reconcile_heals_a_lost_write() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let sled = SledStore::open(dir.path())?;
     let names = [name("api"), name("db"), name("www")];
-    let store =
-        Faulty { inner: sled.clone(), fail_applies: Arc::new(AtomicU32::new(3)), lose: Arc::new(Mutex::new(Some(names[1].clone()))) };
+    let store = Faulty {
+        fail_applies: Arc::new(AtomicU32::new(3)),
+        lose: Arc::new(Mutex::new(Some(names[1].clone()))),
+        ..Faulty::new(sled.clone())
+    };
     store.publish(&fixtures::plan(1, &names, planner())).await?;
     let mut en = Running::start(store.clone(), |s| {
         s.reconcile_interval = Duration::from_millis(100);
@@ -275,7 +331,7 @@ async fn gives_up_after_the_retries_and_recovers_later() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let sled = SledStore::open(dir.path())?;
     let names = [name("api")];
-    let store = Faulty { inner: sled.clone(), fail_applies: Arc::new(AtomicU32::new(4)), lose: Arc::default() };
+    let store = Faulty { fail_applies: Arc::new(AtomicU32::new(4)), ..Faulty::new(sled.clone()) };
     store.publish(&fixtures::plan(1, &names, planner())).await?;
     let mut en = Running::start(store, |s| s.retry.attempts = 2)?;
     // Two attempts fail, the plan is abandoned, the loop comes back and the next two fail,

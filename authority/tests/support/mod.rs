@@ -208,11 +208,14 @@ pub fn plan(g: u64, endpoints: &[(&str, Endpoint)]) -> ValidatedPlan {
     .expect("test plans are valid")
 }
 
-/// Publishes `plan` and applies every endpoint in it.
+/// Publishes `plan` and applies every endpoint in it, and its retirements.
 pub async fn publish_and_apply<S: Store>(store: &S, plan: &ValidatedPlan) -> anyhow::Result<()> {
     store.publish(plan).await?;
     for (name, e) in &plan.plan().endpoints {
         store.apply(name, plan.generation(), e).await?;
+    }
+    for name in &plan.plan().retired {
+        store.retire(name, plan.generation()).await?;
     }
     Ok(())
 }

@@ -177,9 +177,9 @@ async fn main() -> anyhow::Result<()> {
     // Baseline: single-writer fenced applies on the same disk, same run.
     let dir = tempfile::tempdir()?;
     let raw = SledStore::open(dir.path().join("raw"))?;
-    raw.publish(&dnsplan_tests::fixtures::plan(1, &names[..1], planner())).await?;
-    let started = Instant::now();
     let count = 1_000.min(n);
+    raw.publish(&dnsplan_tests::fixtures::plan(1, &names[..count], planner())).await?;
+    let started = Instant::now();
     for nm in &names[..count] {
         raw.apply(nm, Generation(1), &endpoint_for(Generation(1))).await?;
     }

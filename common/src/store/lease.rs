@@ -43,7 +43,7 @@ impl Lease {
 /// Grants, renews or refuses `holder`'s request for the lease at `now` for `ttl`.
 pub fn decide_acquire(current: Option<&Lease>, holder: &str, ttl: Duration, now_unix_ms: u64) -> Result<Lease, StoreError> {
     if holder.is_empty() || holder.len() > LEASE_HOLDER_BYTES_MAX {
-        return Err(StoreError::TooLong { what: "lease holder (1 byte at least)", len: holder.len(), max: LEASE_HOLDER_BYTES_MAX });
+        return Err(StoreError::TooLong { what: "lease holder (1 byte at least)".into(), len: holder.len(), max: LEASE_HOLDER_BYTES_MAX });
     }
     if !(LEASE_TTL_MIN..=LEASE_TTL_MAX).contains(&ttl) {
         return Err(StoreError::BadRequest(format!("lease TTL {ttl:?} is outside {LEASE_TTL_MIN:?}..={LEASE_TTL_MAX:?}")));

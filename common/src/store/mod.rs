@@ -33,6 +33,7 @@ use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName, ZoneId};
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, ValidationError};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -202,6 +203,10 @@ pub enum StoreError {
     Conflict { attempted: Generation, parent: Generation, latest: Generation },
     #[error("automation is paused by {by}: {reason}; an operator must resume it")]
     Paused { reason: String, by: String },
+    /// The records (or the retirement) sent for `endpoint` are not what plan `generation`
+    /// says of it. Only a buggy or hostile writer sends this; nothing is written.
+    #[error("content mismatch: plan {generation} {plan} for {endpoint}, not what was sent; apply exactly what the plan says")]
+    ContentMismatch { endpoint: EndpointName, generation: Generation, plan: PlanSays },
     #[error("stale: {endpoint} is already at generation {active}, refusing older generation {attempted}")]
     Stale { endpoint: EndpointName, active: Generation, attempted: Generation },
     #[error("generation {attempted} has not been published (latest is {latest})")]
@@ -221,7 +226,7 @@ pub enum StoreError {
     #[error("refused invalid input")]
     Invalid(#[from] ValidationError),
     #[error("{what} is too long ({len} bytes, limit {max})")]
-    TooLong { what: &'static str, len: usize, max: usize },
+    TooLong { what: Cow<'static, str>, len: usize, max: usize },
     #[error("too many heartbeats stored ({max}); remove retired enactors", max = HEARTBEATS_MAX)]
     TooManyHeartbeats,
     #[error("stored data is corrupt ({what})")]
@@ -238,8 +243,31 @@ pub enum StoreError {
     Unauthorized,
     #[error("the control API could not understand the request: {0}")]
     BadRequest(String),
-    #[error("the remote store refused the input: {0}")]
-    Rejected(String),
+}
+
+/// What a plan says of an endpoint when an apply sent something else
+/// ([`StoreError::ContentMismatch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PlanSays {
+    /// Serves it with other records than those sent.
+    OtherRecords,
+    /// Serves it (the apply tried to retire it).
+    Serves,
+    /// Retires it (the apply sent records).
+    Retires,
+    /// Does not name it.
+    NothingOf,
+}
+
+impl std::fmt::Display for PlanSays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PlanSays::OtherRecords => "has other records",
+            PlanSays::Serves => "serves (does not retire)",
+            PlanSays::Retires => "retires it",
+            PlanSays::NothingOf => "says nothing",
+        })
+    }
 }
 
 fn not_lease_holder(holder: &Option<String>, epoch: u64, attempted_epoch: u64) -> String {
@@ -390,5 +418,5 @@ pub fn check_batch(items: &[ApplyItem]) -> StoreResult<()> {
 }
 
 pub(crate) fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {
-    if text.len() > max { Err(StoreError::TooLong { what, len: text.len(), max }) } else { Ok(()) }
+    if text.len() > max { Err(StoreError::TooLong { what: what.into(), len: text.len(), max }) } else { Ok(()) }
 }

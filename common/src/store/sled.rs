@@ -14,6 +14,15 @@
 //! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `control_changes`,
 //!   `dns_zone`, `pause`, `lease`.
 //! - `heartbeats`: enactor id → heartbeat envelope.
+//! - `contents`: endpoint name ++ 0 ++ generation (big-endian) → [`PlanEntry`] envelope: what
+//!   each plan says of each endpoint, written at publish only for the endpoints the plan
+//!   changes (its [`PlanChanges`]), so plan `g`'s content for a name is its newest entry at or
+//!   below `g`. `contents_full`: generations whose whole content was written (the first plan,
+//!   a change too large to record, a parent that could not be read): an entry older than such
+//!   a generation is superseded by it, and a name the full plan does not serve is `Absent`.
+//!   Applies are checked against these inside the writer lock, so no writer can switch an
+//!   endpoint to records its plan does not hold. Cleanup removes the entries no stored plan
+//!   can resolve to any more.
 //!
 //! Concurrency: sled cannot scan inside a transaction, and cleanup must see every fence at
 //! the moment it deletes, so one writer mutex serialises every operation; the writes of each
@@ -30,10 +39,10 @@ use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
     DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
-    PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_changes_range,
-    check_len, check_page_limit, decide_cleanup,
+    PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
+    check_changes_range, check_len, check_page_limit, decide_cleanup,
 };
-use crate::changes::{PlanChanges, decode_changes};
+use crate::changes::{PlanChanges, PlanEntry, decode_changes};
 use crate::codec;
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
@@ -57,6 +66,9 @@ const META_CONTROL: &[u8] = b"control_changes";
 const META_DNS_ZONE: &[u8] = b"dns_zone";
 const META_PAUSE: &[u8] = b"pause";
 const META_LEASE: &[u8] = b"lease";
+/// Present once `contents` holds every stored plan's content (a store written before the
+/// tree existed gets it on open).
+const META_CONTENTS: &[u8] = b"contents";
 /// Change-log entries kept for `active_since` followers.
 pub const CHANGE_LOG_KEPT: u64 = 1 << 20;
 /// How often (in applied changes) the change log is trimmed.
@@ -80,6 +92,11 @@ struct Inner {
     changes: sled::Tree,
     meta: sled::Tree,
     heartbeats: sled::Tree,
+    /// Endpoint name ++ 0 ++ generation → what that plan says of the endpoint (see the module
+    /// docs).
+    contents: sled::Tree,
+    /// Generation → empty: plans whose whole content is in `contents`.
+    contents_full: sled::Tree,
     /// Serialises every operation; see the module docs.
     lock: Mutex<()>,
     version: watch::Sender<StoreVersion>,
@@ -102,7 +119,7 @@ fn tx_error(err: TransactionError<StoreError>) -> StoreError {
 
 fn parse_name(bytes: &[u8], what: &str) -> StoreResult<EndpointName> {
     DnsName::parse(&String::from_utf8_lossy(bytes))
-        .map_err(|e| corrupt(what, codec::CodecError::Body { kind: "endpoint name", detail: e.to_string() }))
+        .map_err(|e| corrupt(what, codec::CodecError::Body { kind: "endpoint name".into(), detail: e.to_string() }))
 }
 
 fn change_key(key: &[u8]) -> StoreResult<u64> {
@@ -117,6 +134,45 @@ struct Switch {
     old_fence: Option<Vec<u8>>,
     new_fence: Option<Vec<u8>>,
     applied: u64,
+}
+
+/// The key of what plan `generation` says of `name`. Names never hold a 0 byte, so the
+/// separator keeps one name's keys apart from a longer name's that starts with it.
+fn content_key(name: &EndpointName, generation: Generation) -> Vec<u8> {
+    let mut key = Vec::with_capacity(name.as_str().len() + 9);
+    key.extend_from_slice(name.as_str().as_bytes());
+    key.push(0);
+    key.extend_from_slice(&generation.to_be_bytes());
+    key
+}
+
+/// The generation of a `contents` key.
+fn content_generation(key: &[u8]) -> StoreResult<Generation> {
+    let tail = key.len().checked_sub(8).and_then(|at| key.get(at..)).and_then(|t| <[u8; 8]>::try_from(t).ok());
+    tail.map(Generation::from_be_bytes).ok_or_else(|| corrupt("plan content key", codec::CodecError::Truncated { len: key.len() }))
+}
+
+/// What a publish writes into `contents`: the entries of the names the plan changes, or of
+/// every name it serves or retires (`full`).
+struct ContentWrite {
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    full: bool,
+}
+
+impl ContentWrite {
+    fn whole(plan: &crate::plan::Plan) -> ContentWrite {
+        let served = plan
+            .endpoints
+            .iter()
+            .map(|(name, records)| (content_key(name, plan.generation), codec::encode(&PlanEntry::Serve(records.clone()))));
+        let retired = plan.retired.iter().map(|name| (content_key(name, plan.generation), codec::encode(&PlanEntry::Retire)));
+        ContentWrite { entries: served.chain(retired).collect(), full: true }
+    }
+
+    fn changes(changes: &PlanChanges) -> ContentWrite {
+        let entries = changes.changes.iter().map(|(name, entry)| (content_key(name, changes.to), codec::encode(entry))).collect();
+        ContentWrite { entries, full: false }
+    }
 }
 
 fn fence_key(generation: Generation, name: &EndpointName) -> Vec<u8> {
@@ -160,6 +216,8 @@ impl SledStore {
             changes: tree("changes")?,
             meta: tree("meta")?,
             heartbeats: tree("heartbeats")?,
+            contents: tree("contents")?,
+            contents_full: tree("contents_full")?,
             db,
             lock: Mutex::new(()),
             version: watch::Sender::new(StoreVersion::default()),
@@ -243,7 +301,45 @@ impl Inner {
                 }
             }
         }
+        if !self.meta.contains_key(META_CONTENTS).map_err(io)? {
+            self.write_contents(horizon, latest)?;
+        }
         self.flush()
+    }
+
+    /// Writes `contents` for the stored plans `horizon..=latest` of a store that has none:
+    /// the oldest plan whole, each later one as its recorded changes (or whole without them).
+    /// Starts from empty trees and marks the end, so an interrupted run is redone.
+    fn write_contents(&self, horizon: Generation, latest: Generation) -> StoreResult<()> {
+        self.contents.clear().map_err(io)?;
+        self.contents_full.clear().map_err(io)?;
+        let mut g = horizon;
+        while g <= latest && !g.is_none() {
+            let changes = match self.plan_changes.get(g.to_be_bytes()).map_err(io)? {
+                Some(bytes) if g != horizon => Some(decode_changes(&bytes).map_err(|e| corrupt("plan changes", e))?),
+                _ => None,
+            };
+            let write = match changes {
+                Some(changes) => ContentWrite::changes(&changes),
+                None => {
+                    let bytes = self.plans.get(g.to_be_bytes()).map_err(io)?.ok_or(StoreError::PlanNotFound(g))?;
+                    ContentWrite::whole(codec::decode_plan(&bytes).map_err(|e| corrupt(format!("plan {g}"), e))?.plan())
+                }
+            };
+            let mut batch = sled::Batch::default();
+            for (key, value) in write.entries {
+                batch.insert(key, value);
+            }
+            self.contents.apply_batch(batch).map_err(io)?;
+            if write.full {
+                self.contents_full.insert(g.to_be_bytes(), &[]).map_err(io)?;
+            }
+            let Some(next) = g.next() else { break };
+            g = next;
+        }
+        self.flush()?;
+        self.meta.insert(META_CONTENTS, &[1]).map_err(io)?;
+        Ok(())
     }
 
     fn remove_plans_below(&self, horizon: Generation) -> StoreResult<()> {
@@ -304,6 +400,7 @@ impl Inner {
         plan: Vec<u8>,
         summary: Vec<u8>,
         changes: Option<Vec<u8>>,
+        contents: ContentWrite,
     ) -> StoreResult<()> {
         let _guard = self.guard()?;
         // The fencing token, checked in the same critical section as the CAS below.
@@ -323,18 +420,27 @@ impl Inner {
         }
         if let Some(stored) = self.meta.get(META_DNS_ZONE).map_err(io)? {
             let stored = DnsName::parse(&String::from_utf8_lossy(&stored))
-                .map_err(|e| corrupt("stored DNS zone", codec::CodecError::Body { kind: "DNS zone", detail: e.to_string() }))?;
+                .map_err(|e| corrupt("stored DNS zone", codec::CodecError::Body { kind: "DNS zone".into(), detail: e.to_string() }))?;
             if &stored != dns_zone {
                 return Err(StoreError::DnsZoneMismatch { attempted: dns_zone.clone(), stored });
             }
         }
         let key = generation.to_be_bytes();
-        (&self.plans, &self.summaries, &self.plan_changes, &self.meta)
-            .transaction(|(plans, summaries, plan_changes, meta)| {
+        // Invariant: a plan's changes are recorded exactly when its contents are written as
+        // changes; cleanup relies on it to find what to prune.
+        assert_eq!(changes.is_some(), !contents.full, "plan {generation}: changes recorded and contents written whole");
+        (&self.plans, &self.summaries, &self.plan_changes, &self.meta, &self.contents, &self.contents_full)
+            .transaction(|(plans, summaries, plan_changes, meta, content, content_full)| {
                 plans.insert(&key, plan.as_slice())?;
                 summaries.insert(&key, summary.as_slice())?;
                 if let Some(changes) = &changes {
                     plan_changes.insert(&key, changes.as_slice())?;
+                }
+                for (k, v) in &contents.entries {
+                    content.insert(k.as_slice(), v.as_slice())?;
+                }
+                if contents.full {
+                    content_full.insert(&key, &[])?;
                 }
                 meta.insert(META_LATEST, &key)?;
                 meta.insert(META_DNS_ZONE, dns_zone.as_str().as_bytes())?;
@@ -447,8 +553,12 @@ impl Inner {
                 results.push(Err(err));
                 continue;
             }
-            // Invariant: the fence is compared here, under the writer lock, in the same
-            // critical section that writes: no earlier reading of it is trusted.
+            // The content check and the fence are decided here, under the writer lock, in the
+            // same critical section that writes: no earlier reading of either is trusted.
+            if let Some(plan) = self.content_mismatch(&name, generation, &state)? {
+                results.push(Err(StoreError::ContentMismatch { endpoint: name, generation, plan }));
+                continue;
+            }
             let current = self.read_active(&name)?;
             let previous = match &current {
                 Some(active) if active.generation > generation => {
@@ -498,6 +608,105 @@ impl Inner {
             self.trim_change_log(applied)?;
         }
         Ok(results)
+    }
+
+    /// What plan `generation` says of `name`, from `contents` (see the module docs).
+    fn content_at(&self, name: &EndpointName, generation: Generation) -> StoreResult<PlanEntry> {
+        let newest = self.contents.range(content_key(name, Generation::NONE)..=content_key(name, generation)).next_back();
+        let Some(entry) = newest else { return Ok(PlanEntry::Absent) };
+        let (key, value) = entry.map_err(io)?;
+        let written = content_generation(&key)?;
+        // A plan written whole after this entry supersedes it; had it served the name, its
+        // own entry would be the newest.
+        if let Some(after) = written.next()
+            && self.contents_full.range(after.to_be_bytes()..=generation.to_be_bytes()).next().is_some()
+        {
+            return Ok(PlanEntry::Absent);
+        }
+        codec::decode::<PlanEntry>(&value).map_err(|e| corrupt(format!("plan {written}'s content for {name}"), e))
+    }
+
+    /// `None` when `state` is what plan `generation` says of `name`, else what the plan says.
+    fn content_mismatch(&self, name: &EndpointName, generation: Generation, state: &ActiveState) -> StoreResult<Option<PlanSays>> {
+        Ok(match (self.content_at(name, generation)?, state) {
+            (PlanEntry::Serve(planned), ActiveState::Serving(sent)) if &planned == sent => None,
+            (PlanEntry::Serve(_), ActiveState::Serving(_)) => Some(PlanSays::OtherRecords),
+            (PlanEntry::Serve(_), ActiveState::Retired) => Some(PlanSays::Serves),
+            (PlanEntry::Retire, ActiveState::Retired) => None,
+            (PlanEntry::Retire, ActiveState::Serving(_)) => Some(PlanSays::Retires),
+            (PlanEntry::Absent, _) => Some(PlanSays::NothingOf),
+        })
+    }
+
+    /// Removes the `contents` entries no plan from `horizon` on can resolve to: for each name,
+    /// every entry older than its newest one at or below `horizon`, and that one too when it
+    /// says `Absent`. Only names written by the plans `after..=horizon` can have such
+    /// entries, found through those plans' change records; a plan among them written whole
+    /// makes it a scan of every entry. Runs before those plans' records are removed.
+    fn prune_contents(&self, after: Generation, horizon: Generation) -> StoreResult<()> {
+        let mut names = std::collections::BTreeSet::new();
+        let mut whole = false;
+        let mut g = after;
+        while let Some(next) = g.next().filter(|n| *n <= horizon) {
+            g = next;
+            if self.contents_full.contains_key(g.to_be_bytes()).map_err(io)? {
+                whole = true;
+                break;
+            }
+            match self.plan_changes.get(g.to_be_bytes()).map_err(io)? {
+                Some(bytes) => names.extend(decode_changes(&bytes).map_err(|e| corrupt("plan changes", e))?.changes.into_keys()),
+                None => {
+                    whole = true;
+                    break;
+                }
+            }
+        }
+        let mut batch = sled::Batch::default();
+        let mut prune_name = |entries: &mut dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>| -> StoreResult<()> {
+            // Entries of one name, oldest first, all at or below `horizon`.
+            let mut previous: Option<(sled::IVec, sled::IVec)> = None;
+            for entry in entries {
+                if let Some((key, _)) = previous.replace(entry.map_err(io)?) {
+                    batch.remove(key);
+                }
+            }
+            if let Some((key, value)) = previous
+                && codec::decode::<PlanEntry>(&value).is_ok_and(|e| e == PlanEntry::Absent)
+            {
+                batch.remove(key);
+            }
+            Ok(())
+        };
+        if whole {
+            let mut current: Vec<u8> = Vec::new();
+            let mut group: Vec<sled::Result<(sled::IVec, sled::IVec)>> = Vec::new();
+            for entry in self.contents.iter() {
+                let (key, value) = entry.map_err(io)?;
+                let split = key.len().saturating_sub(9);
+                let (name, generation) = (&key[..split], content_generation(&key)?);
+                if name != current.as_slice() {
+                    prune_name(&mut group.drain(..))?;
+                    current = name.to_vec();
+                }
+                if generation <= horizon {
+                    group.push(Ok((key, value)));
+                }
+            }
+            prune_name(&mut group.drain(..))?;
+            let newest_full = self.contents_full.range(..=horizon.to_be_bytes()).next_back().transpose().map_err(io)?;
+            if let Some((newest, _)) = newest_full {
+                let mut markers = sled::Batch::default();
+                for key in self.contents_full.range(..newest).keys() {
+                    markers.remove(key.map_err(io)?);
+                }
+                self.contents_full.apply_batch(markers).map_err(io)?;
+            }
+        } else {
+            for name in &names {
+                prune_name(&mut self.contents.range(content_key(name, Generation::NONE)..=content_key(name, horizon)))?;
+            }
+        }
+        self.contents.apply_batch(batch).map_err(io)
     }
 
     /// Drops change-log entries older than the last `CHANGE_LOG_KEPT`. Followers further
@@ -610,6 +819,9 @@ impl Inner {
         batch.insert(META_CONTROL, &control.to_be_bytes());
         self.meta.apply_batch(batch).map_err(io)?;
         self.flush()?;
+        // Space only: what no stored plan resolves to. A crash before it leaves entries that
+        // are never read; they go with a later scan.
+        self.prune_contents(decision.horizon_before, decision.horizon_after)?;
         self.remove_plans_below(decision.horizon_after)?;
         self.flush()?;
         self.publish_version()?;
@@ -654,7 +866,15 @@ impl Inner {
 impl SledStore {
     /// The parent's decode runs on a blocking thread; the comparison with `plan` on the
     /// caller's, like the plan's encoding.
-    async fn changes_for(&self, plan: &ValidatedPlan) -> StoreResult<Option<Vec<u8>>> {
+    async fn changes_for(&self, plan: &ValidatedPlan) -> StoreResult<(Option<Vec<u8>>, ContentWrite)> {
+        let changes = self.parent_changes(plan).await?;
+        Ok(match changes {
+            Some(changes) => (Some(codec::encode(&changes)), ContentWrite::changes(&changes)),
+            None => (None, ContentWrite::whole(plan.plan())),
+        })
+    }
+
+    async fn parent_changes(&self, plan: &ValidatedPlan) -> StoreResult<Option<PlanChanges>> {
         let parent = plan.plan().parent_generation;
         if parent == Generation::NONE {
             return Ok(None);
@@ -670,28 +890,29 @@ impl SledStore {
             }
             Err(err) => return Err(err),
         };
-        Ok(PlanChanges::between(parent.plan(), plan.plan()).map(|c| codec::encode(&c)))
+        Ok(PlanChanges::between(parent.plan(), plan.plan()))
     }
 }
 
 impl Store for SledStore {
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
-        let changes = self.changes_for(plan).await?;
+        let (changes, contents) = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());
         let p = plan.plan();
         let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
-        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, None, bytes, summary, changes)).await
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, None, bytes, summary, changes, contents)).await
     }
 
     async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {
-        let changes = self.changes_for(plan).await?;
+        let (changes, contents) = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());
         let p = plan.plan();
         let (generation, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
         let lease = lease.clone();
-        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, Some(&lease), bytes, summary, changes)).await
+        self.blocking(move |inner| inner.publish(generation, parent, &zone, is_operator, Some(&lease), bytes, summary, changes, contents))
+            .await
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> StoreResult<Lease> {
@@ -862,10 +1083,95 @@ mod tests {
         store
     }
 
+    /// Plan `g` serving `a` with records that change every plan, `b` with the same records
+    /// throughout, and `c` on even plans only.
+    fn churning_plan(g: u64) -> ValidatedPlan {
+        let mut endpoints: std::collections::BTreeMap<_, _> =
+            [(items(&["a"], 1)[0].endpoint.clone(), endpoint((g % 250) as u8 + 1)), (items(&["b"], 1)[0].endpoint.clone(), endpoint(1))]
+                .into();
+        if g.is_multiple_of(2) {
+            endpoints.insert(items(&["c"], 1)[0].endpoint.clone(), endpoint(2));
+        }
+        ValidatedPlan::new(Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: "test".into() },
+            reason: "test".into(),
+            dns_zone: DnsName::parse("example.test.").expect("zone"),
+            endpoints,
+            retired: BTreeSet::new(),
+            rollback_of: None,
+            provenance: Vec::new(),
+        })
+        .expect("valid")
+    }
+
+    async fn apply_plan(store: &SledStore, g: u64) {
+        let plan = churning_plan(g);
+        let batch: Vec<_> = plan.plan().endpoints.iter().map(|(n, r)| ApplyItem { endpoint: n.clone(), records: r.clone() }).collect();
+        for result in store.apply_many(Generation(g), &batch).await.expect("batch") {
+            result.expect("each endpoint carries its plan's records");
+        }
+    }
+
+    /// Cleanup prunes what no stored plan resolves to: with 300 plans, an endpoint that
+    /// changes on every plan, one that never does and one that comes and goes, the content
+    /// entries stay a few per endpoint, and every endpoint still resolves.
+    #[tokio::test]
+    async fn plan_contents_stay_bounded_through_cleanup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        for g in 1..=300 {
+            store.publish(&churning_plan(g)).await.expect("publish");
+            apply_plan(&store, g).await;
+            store.cleanup(3).await.expect("cleanup");
+            let entries = store.inner.contents.len();
+            assert!(entries <= 3 * 4 + 3, "plan {g}: {entries} content entries for 3 endpoints and 3 plans kept");
+        }
+        let c = items(&["c"], 1)[0].endpoint.clone();
+        let r = store.apply(&c, Generation(299), &endpoint(2)).await;
+        assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::NothingOf, .. })), "c is not in odd plans: {r:?}");
+        assert!(store.inner.contents_full.len() <= 1, "markers older than the horizon go");
+    }
+
+    /// A store written before plan contents were recorded gets them on open, and an open
+    /// interrupted while writing them writes them again.
+    #[tokio::test]
+    async fn plan_contents_are_written_for_an_older_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        for g in 1..=6 {
+            store.publish(&churning_plan(g)).await.expect("publish");
+        }
+        store.inner.contents.clear().expect("clear");
+        store.inner.contents.insert(b"half-written", &[]).expect("insert");
+        store.inner.meta.remove(META_CONTENTS).expect("remove");
+        store.inner.flush().expect("flush");
+        drop(store);
+        let store = SledStore::open(dir.path()).expect("reopen");
+        apply_plan(&store, 5).await;
+        let b = items(&["b"], 1)[0].endpoint.clone();
+        let r = store.apply(&b, Generation(6), &endpoint(2)).await;
+        assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "{r:?}");
+        assert!(!store.inner.contents.contains_key(b"half-written").expect("read"));
+    }
+
+    /// A store with plans 1..=`plans`, plan `g` serving a, b, c and d with `endpoint(g)`.
+    async fn store_serving_abcd(dir: &Path, plans: u8) -> SledStore {
+        let store = SledStore::open(dir).expect("open");
+        for g in 1..=plans {
+            let mut plan = churning_plan(u64::from(g)).into_plan();
+            plan.endpoints = items(&["a", "b", "c", "d"], g).into_iter().map(|i| (i.endpoint, i.records)).collect();
+            store.publish(&ValidatedPlan::new(plan).expect("valid")).await.expect("publish");
+        }
+        store
+    }
+
     #[tokio::test]
     async fn a_delta_names_only_what_switched() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = store_with_plans(dir.path(), 2).await;
+        let store = store_serving_abcd(dir.path(), 2).await;
         store.apply_many(Generation(1), &items(&["a", "b", "c", "d"], 1)).await.expect("batch");
         let seen = store.version().await.expect("version").applied_changes;
         store.apply_many(Generation(2), &items(&["b", "d"], 2)).await.expect("batch");
@@ -879,7 +1185,7 @@ mod tests {
     #[tokio::test]
     async fn a_follower_behind_the_log_gets_the_whole_state() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = store_with_plans(dir.path(), 2).await;
+        let store = store_serving_abcd(dir.path(), 2).await;
         store.apply_many(Generation(1), &items(&["a", "b"], 1)).await.expect("batch");
         store.apply_many(Generation(2), &items(&["b"], 2)).await.expect("batch");
         // A store written before the log existed, or a log trimmed past the follower.

@@ -1,13 +1,17 @@
 //! Wire types of the control API: request bodies and the structured error that lets a remote
-//! client rebuild the exact [`StoreError`] the server's store returned.
+//! client rebuild the [`StoreError`] the server's store returned.
+//!
+//! Every variant travels with its fields, so the client's error has the server's variant and
+//! says the same thing (`tests` hold this for every variant). The one loss: an `Io` error's
+//! source arrives as its text, not as the original error type.
 //!
 //! Plans travel as codec envelopes (`application/octet-stream`); everything else is JSON.
 
-use super::{ApplyItem, ApplyOutcome, PauseState, StoreError};
+use super::{ApplyItem, ApplyOutcome, PauseState, PlanSays, StoreError};
 use crate::codec::CodecError;
 use crate::generation::Generation;
 use crate::names::DnsName;
-use crate::plan::Endpoint;
+use crate::plan::{Endpoint, ValidationError};
 use serde::{Deserialize, Serialize};
 
 /// Body of `PUT /v1/active/{endpoint}`.
@@ -100,7 +104,7 @@ pub struct ErrorBody {
 }
 
 /// [`StoreError`] in a form that survives JSON, plus the control API's own refusals.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WireError {
     Conflict {
@@ -116,6 +120,11 @@ pub enum WireError {
         endpoint: DnsName,
         active: Generation,
         attempted: Generation,
+    },
+    ContentMismatch {
+        endpoint: DnsName,
+        generation: Generation,
+        plan: PlanSays,
     },
     Unpublished {
         attempted: Generation,
@@ -146,7 +155,7 @@ pub enum WireError {
         latest: Generation,
     },
     Invalid {
-        detail: String,
+        error: ValidationError,
     },
     TooLong {
         what: String,
@@ -155,7 +164,8 @@ pub enum WireError {
     },
     TooManyHeartbeats,
     Corrupt {
-        detail: String,
+        what: String,
+        source: CodecError,
     },
     Io {
         detail: String,
@@ -180,7 +190,7 @@ impl WireError {
             WireError::NotLeaseHolder { .. } => 409,
             WireError::Pruned { .. } => 410,
             WireError::PlanNotFound { .. } => 404,
-            WireError::DnsZoneMismatch { .. } | WireError::Invalid { .. } => 422,
+            WireError::DnsZoneMismatch { .. } | WireError::Invalid { .. } | WireError::ContentMismatch { .. } => 422,
             WireError::TooLong { .. } => 413,
             WireError::TooManyHeartbeats => 429,
             WireError::Unauthorized => 401,
@@ -214,15 +224,17 @@ impl From<&StoreError> for WireError {
                 WireError::DnsZoneMismatch { attempted: attempted.clone(), stored: stored.clone() }
             }
             StoreError::Exhausted(g) => WireError::Exhausted { latest: *g },
-            StoreError::Invalid(e) => WireError::Invalid { detail: e.to_string() },
-            StoreError::TooLong { what, len, max } => WireError::TooLong { what: (*what).to_owned(), len: *len, max: *max },
+            StoreError::ContentMismatch { endpoint, generation, plan } => {
+                WireError::ContentMismatch { endpoint: endpoint.clone(), generation: *generation, plan: *plan }
+            }
+            StoreError::Invalid(e) => WireError::Invalid { error: e.clone() },
+            StoreError::TooLong { what, len, max } => WireError::TooLong { what: what.to_string(), len: *len, max: *max },
             StoreError::TooManyHeartbeats => WireError::TooManyHeartbeats,
-            StoreError::Corrupt { what, source } => WireError::Corrupt { detail: format!("{what}: {source}") },
-            StoreError::Io(e) => WireError::Io { detail: e.to_string() },
+            StoreError::Corrupt { what, source } => WireError::Corrupt { what: what.clone(), source: source.clone() },
+            StoreError::Io(e) => WireError::Io { detail: error_chain(e.as_ref()) },
             StoreError::Unavailable(d) => WireError::Unavailable { detail: d.clone() },
             StoreError::Unauthorized => WireError::Unauthorized,
             StoreError::BadRequest(d) => WireError::BadRequest { detail: d.clone() },
-            StoreError::Rejected(d) => WireError::Invalid { detail: d.clone() },
         }
     }
 }
@@ -240,15 +252,130 @@ impl From<WireError> for StoreError {
             WireError::NotLeaseHolder { holder, epoch, attempted_epoch } => StoreError::NotLeaseHolder { holder, epoch, attempted_epoch },
             WireError::DnsZoneMismatch { attempted, stored } => StoreError::DnsZoneMismatch { attempted, stored },
             WireError::Exhausted { latest } => StoreError::Exhausted(latest),
-            // The validation error's structure stays on the server; its text travels.
-            WireError::Invalid { detail } => StoreError::Rejected(format!("invalid: {detail}")),
-            WireError::TooLong { what, len, max } => StoreError::Rejected(format!("{what} is too long ({len} bytes, limit {max})")),
+            WireError::ContentMismatch { endpoint, generation, plan } => StoreError::ContentMismatch { endpoint, generation, plan },
+            WireError::Invalid { error } => StoreError::Invalid(error),
+            WireError::TooLong { what, len, max } => StoreError::TooLong { what: what.into(), len, max },
             WireError::TooManyHeartbeats => StoreError::TooManyHeartbeats,
-            WireError::Corrupt { detail } => StoreError::Corrupt { what: detail, source: CodecError::ChecksumMismatch },
-            WireError::Io { detail } => StoreError::Unavailable(format!("server store I/O failed: {detail}")),
+            WireError::Corrupt { what, source } => StoreError::Corrupt { what, source },
+            WireError::Io { detail } => StoreError::Io(Box::new(RemoteIo(detail))),
             WireError::Unavailable { detail } => StoreError::Unavailable(detail),
             WireError::Unauthorized => StoreError::Unauthorized,
             WireError::BadRequest { detail } => StoreError::BadRequest(detail),
+        }
+    }
+}
+
+/// The text of an error and its sources, `outer: inner: ...`.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
+/// The server's I/O error as it arrives: its text.
+#[derive(Debug)]
+struct RemoteIo(String);
+
+impl std::fmt::Display for RemoteIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for RemoteIo {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::EndpointName;
+    use proptest::prelude::*;
+
+    /// Which variant `err` is. No wildcard arm: a new variant does not compile until the
+    /// round-trip test below builds it too.
+    fn variant(err: &StoreError) -> usize {
+        match err {
+            StoreError::Conflict { .. } => 0,
+            StoreError::Paused { .. } => 1,
+            StoreError::ContentMismatch { .. } => 2,
+            StoreError::Stale { .. } => 3,
+            StoreError::Unpublished { .. } => 4,
+            StoreError::Pruned { .. } => 5,
+            StoreError::LeaseHeld { .. } => 6,
+            StoreError::NotLeaseHolder { .. } => 7,
+            StoreError::PlanNotFound(_) => 8,
+            StoreError::DnsZoneMismatch { .. } => 9,
+            StoreError::Exhausted(_) => 10,
+            StoreError::Invalid(_) => 11,
+            StoreError::TooLong { .. } => 12,
+            StoreError::TooManyHeartbeats => 13,
+            StoreError::Corrupt { .. } => 14,
+            StoreError::Io(_) => 15,
+            StoreError::Unavailable(_) => 16,
+            StoreError::Unauthorized => 17,
+            StoreError::BadRequest(_) => 18,
+        }
+    }
+    const VARIANTS: usize = 19;
+
+    fn build(index: usize, g: u64, n: u64, text: &str, label: &str) -> StoreError {
+        let name = |l: &str| EndpointName::parse(&format!("{l}.example.test.")).expect("name");
+        let says = [PlanSays::OtherRecords, PlanSays::Serves, PlanSays::Retires, PlanSays::NothingOf][(n % 4) as usize];
+        match index {
+            0 => StoreError::Conflict { attempted: Generation(g), parent: Generation(n), latest: Generation(g ^ n) },
+            1 => StoreError::Paused { reason: text.into(), by: label.into() },
+            2 => StoreError::ContentMismatch { endpoint: name(label), generation: Generation(g), plan: says },
+            3 => StoreError::Stale { endpoint: name(label), active: Generation(g), attempted: Generation(n) },
+            4 => StoreError::Unpublished { attempted: Generation(g), latest: Generation(n) },
+            5 => StoreError::Pruned { attempted: Generation(g), horizon: Generation(n) },
+            6 => StoreError::LeaseHeld { holder: text.into(), epoch: g, expires_in_ms: n },
+            7 => StoreError::NotLeaseHolder { holder: n.is_multiple_of(2).then(|| text.to_owned()), epoch: g, attempted_epoch: n },
+            8 => StoreError::PlanNotFound(Generation(g)),
+            9 => StoreError::DnsZoneMismatch { attempted: name(label), stored: name("other") },
+            10 => StoreError::Exhausted(Generation(g)),
+            11 => StoreError::Invalid(match n % 3 {
+                0 => ValidationError::EmptyEndpoint { endpoint: name(label) },
+                1 => ValidationError::DuplicateAddress { endpoint: name(label), address: [192, 0, 2, (g % 256) as u8].into() },
+                _ => ValidationError::RetireByAutomation { author: text.into(), endpoint: name(label) },
+            }),
+            12 => StoreError::TooLong { what: text.to_owned().into(), len: g as usize, max: n as usize },
+            13 => StoreError::TooManyHeartbeats,
+            14 => StoreError::Corrupt {
+                what: text.into(),
+                source: match n % 3 {
+                    0 => CodecError::ChecksumMismatch,
+                    1 => CodecError::Body { kind: "plan".into(), detail: label.into() },
+                    _ => CodecError::Invalid(ValidationError::NoEndpoints),
+                },
+            },
+            15 => StoreError::Io(Box::new(std::io::Error::other(text.to_owned()))),
+            16 => StoreError::Unavailable(text.into()),
+            17 => StoreError::Unauthorized,
+            _ => StoreError::BadRequest(text.into()),
+        }
+    }
+
+    fn chain(err: &StoreError) -> String {
+        error_chain(err)
+    }
+
+    proptest! {
+        /// Every `StoreError` crosses the control API (to `WireError`, JSON and back) as the
+        /// same variant with the same fields and the same text, sources included.
+        #[test]
+        fn every_store_error_round_trips(index in 0..VARIANTS, g in any::<u64>(), n in any::<u64>(), text in ".{0,40}", label in "[a-z]{1,12}") {
+            let sent = build(index, g, n, &text, &label);
+            prop_assert_eq!(variant(&sent), index);
+            let wire = WireError::from(&sent);
+            let json = serde_json::to_string(&wire).expect("encode");
+            let received = StoreError::from(serde_json::from_str::<WireError>(&json).expect("decode"));
+            prop_assert_eq!(variant(&received), index);
+            prop_assert_eq!(WireError::from(&received), wire);
+            prop_assert_eq!(chain(&received), chain(&sent));
         }
     }
 }

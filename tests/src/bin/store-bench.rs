@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     let store = SledStore::open(tmp.path().join("store"))?;
     let endpoints: Vec<_> = (0..8).map(|i| name(&format!("e{i}"))).collect();
     for g in 1..=APPLIES {
-        store.publish(&plan(g, &endpoints[..1], planner())).await?;
+        store.publish(&plan(g, &endpoints, planner())).await?;
     }
     let started = Instant::now();
     for g in 1..=APPLIES {
