@@ -1,12 +1,12 @@
 //! The operator commands, against a running stack's control API.
 
 use crate::output::{self, Format, table};
+use crate::workflow::{self, RollbackRequest};
 use clap::Subcommand;
-use dnsplan_common::dns_probe::{self, RecordType};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{
-    ActiveRecord, ActiveState, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
+    ActiveRecord, ActiveState, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
     ValidatedPlan,
 };
 use serde::{Deserialize, Serialize};
@@ -52,10 +52,14 @@ pub enum Command {
     },
     /// Let automation publish again (this also clears a tripped breaker).
     Resume,
-    /// Ask DNS for every managed endpoint and compare with the active state.
+    /// Ask DNS for every managed endpoint and compare with the active state; check that the
+    /// latest plan's content is served everywhere and say which endpoints and enactors lag.
     Verify {
         #[arg(long, default_value = "127.0.0.1:5353")]
         dns: SocketAddr,
+        /// How long the latest plan may take to be enacted before verify fails.
+        #[arg(long, default_value_t = 10)]
+        wait_secs: u64,
     },
     /// Delete old plans (never an active or newer one); --dry-run shows what would go.
     Cleanup {
@@ -222,7 +226,7 @@ pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
             crate::out!("automation resumed");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify { dns } => verify(client, dns).await,
+        Command::Verify { dns, wait_secs } => verify(client, dns, Duration::from_secs(wait_secs)).await,
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
         Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
         Command::Backend { command } => backend(client, command).await,
@@ -423,116 +427,69 @@ async fn rollback(
     dns: SocketAddr,
     wait: Duration,
 ) -> CliResult<ExitCode> {
-    let by = by.unwrap_or_else(operator_name);
-    let old = plan_or_explain(client, to).await?;
+    // A missing plan is a clear error before anything is paused.
+    plan_or_explain(client, to).await?;
+    let request = RollbackRequest { to, reason: reason.to_owned(), by: by.unwrap_or_else(operator_name), keep_automation };
+    let plan = workflow::publish_rollback(&client.store, &request).await?;
     if !keep_automation {
-        let pause = PauseState { reason: format!("rollback to plan {to}: {reason}"), by: by.clone(), since_unix_ms: now_unix_ms() };
-        client.store.pause(pause).await?;
         crate::out!("automation paused (resume with `dnsplan resume`)");
     }
-    let mut attempt = 0;
-    let plan = loop {
-        let latest = client.store.latest().await?;
-        let next = latest.next().ok_or(CliError::Refused(format!("generation space exhausted at {latest}")))?;
-        let provenance = old
-            .plan()
-            .endpoints
-            .keys()
-            .map(|n| Provenance { endpoint: n.clone(), rule: "rollback".into(), detail: format!("content of plan {to}, by {by}") })
-            .collect();
-        let plan = Plan {
-            generation: next,
-            parent_generation: latest,
-            created_at_unix_ms: now_unix_ms(),
-            author: Author::Operator { name: by.clone() },
-            reason: format!("rollback to plan {to}: {reason}"),
-            dns_zone: old.plan().dns_zone.clone(),
-            endpoints: old.plan().endpoints.clone(),
-            retired: BTreeSet::new(),
-            rollback_of: Some(to),
-            provenance,
-        };
-        let plan = ValidatedPlan::new(plan).map_err(|e| CliError::Refused(format!("the rollback plan is invalid: {e}")))?;
-        match client.store.publish(&plan).await {
-            Ok(()) => break plan,
-            Err(StoreError::Conflict { .. }) if attempt < 5 => attempt += 1,
-            Err(err) => return Err(err.into()),
-        }
-    };
     let g = plan.generation();
     crate::out!("published plan {g} with the content of plan {to}");
     let deadline = Instant::now() + wait;
-    // Enacted: every endpoint of the plan at generation >= g.
-    loop {
-        let version = client.store.version().await?;
-        let active = client.store.active_all().await?;
-        let behind: Vec<&EndpointName> =
-            plan.plan().endpoints.keys().filter(|n| active.endpoints.get(*n).is_none_or(|r| r.generation < g)).collect();
-        if behind.is_empty() {
-            crate::out!("enacted on all {} endpoints", plan.plan().endpoints.len());
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(CliError::Failed(format!("not enacted within {wait:?}: {} endpoint(s) behind, e.g. {}", behind.len(), behind[0])));
-        }
-        crate::out!("waiting: {} endpoint(s) not yet at plan {g}", behind.len());
-        let left = deadline.saturating_duration_since(Instant::now());
-        client.store.wait_for_change(version, left.min(Duration::from_secs(5))).await?;
+    let enacted = workflow::wait_enacted(&client.store, plan.plan(), deadline, |behind| {
+        crate::out!("waiting: {} endpoint(s) do not serve plan {g}'s content yet, e.g. {}", behind.len(), behind[0].endpoint);
+    })
+    .await?;
+    if let Err(behind) = enacted {
+        return Err(CliError::Failed(format!(
+            "not enacted within {wait:?}: {} endpoint(s) behind, e.g. {}",
+            behind.len(),
+            behind[0].endpoint
+        )));
     }
-    // Served: DNS answers with this plan's addresses.
-    for (name, endpoint) in &plan.plan().endpoints {
-        loop {
-            match check_served(dns, name, endpoint).await {
-                Ok(()) => break,
-                Err(problem) if Instant::now() >= deadline => {
-                    return Err(CliError::Failed(format!("enacted but not served within {wait:?}: {problem}")));
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
+    crate::out!("enacted: all {} endpoints serve plan {g}'s content", plan.plan().endpoints.len());
+    if let Err(problem) = workflow::wait_served(dns, plan.plan(), deadline).await {
+        return Err(CliError::Failed(format!("enacted but not served within {wait:?}: {problem}")));
     }
     crate::out!("served: every endpoint answers with plan {g}'s addresses on {dns}");
     Ok(ExitCode::SUCCESS)
 }
 
-/// Whether `name` answers on `dns` with a non-empty subset of `endpoint`'s addresses, per
-/// family it has.
-async fn check_served(dns: SocketAddr, name: &EndpointName, endpoint: &Endpoint) -> Result<(), String> {
-    for (qtype, family) in [(RecordType::A, true), (RecordType::AAAA, false)] {
-        let allowed: BTreeSet<IpAddr> = endpoint.targets.iter().map(|t| t.address).filter(|a| a.is_ipv4() == family).collect();
-        if allowed.is_empty() {
-            continue;
-        }
-        let answer =
-            dns_probe::query(dns, name.as_str(), qtype, Duration::from_secs(2)).await.map_err(|e| format!("{name} {qtype}: {e}"))?;
-        if !answer.has_addresses() || !answer.addresses.is_subset(&allowed) {
-            return Err(format!(
-                "{name} {qtype} answered {:?} {:?}; expected addresses among {:?}",
-                answer.rcode, answer.addresses, allowed
-            ));
-        }
-    }
-    Ok(())
-}
-
-async fn verify(client: &Client, dns: SocketAddr) -> CliResult<ExitCode> {
+async fn verify(client: &Client, dns: SocketAddr, wait: Duration) -> CliResult<ExitCode> {
+    let latest = client.store.latest().await?;
+    let (behind, enactors) = if latest.is_none() {
+        (Vec::new(), Vec::new())
+    } else {
+        let plan = client.store.plan(latest).await?;
+        let deadline = Instant::now() + wait;
+        let behind = workflow::wait_enacted(&client.store, plan.plan(), deadline, |_| {}).await?.err().unwrap_or_default();
+        (behind, workflow::enactors_behind(latest, &client.store.heartbeats().await?))
+    };
     let active = client.store.active_all().await?;
     let mut rows = Vec::new();
     let mut failed = 0;
     for (name, record) in &active.endpoints {
         let ActiveState::Serving(endpoint) = &record.state else { continue };
-        let result = check_served(dns, name, endpoint).await;
+        let result = workflow::check_served(dns, name, endpoint).await;
         if result.is_err() {
             failed += 1;
         }
         rows.push((name.to_string(), record.generation, result));
     }
+    let ok = failed == 0 && behind.is_empty();
     if client.format == Format::Json {
-        let out: Vec<_> = rows
+        let endpoints: Vec<_> = rows
             .iter()
             .map(|(n, g, r)| serde_json::json!({"endpoint": n, "generation": g, "ok": r.is_ok(), "problem": r.as_ref().err()}))
             .collect();
-        client.print_json(&out)?;
+        client.print_json(&serde_json::json!({
+            "latest": latest,
+            "ok": ok,
+            "endpoints": endpoints,
+            "endpoints_behind": behind,
+            "enactors_behind": enactors,
+        }))?;
     } else {
         let table_rows: Vec<Vec<String>> = rows
             .iter()
@@ -549,8 +506,20 @@ async fn verify(client: &Client, dns: SocketAddr) -> CliResult<ExitCode> {
             .collect();
         crate::out_raw!("{}", table(&["ENDPOINT", "PLAN", "DNS"], &table_rows));
         crate::out!("{} of {} endpoints served as active", rows.len() - failed, rows.len());
+        if behind.is_empty() {
+            crate::out!("latest plan {latest}: its content is served on every endpoint");
+        } else {
+            crate::out!("latest plan {latest}: NOT served within {wait:?} on {} endpoint(s):", behind.len());
+            for b in &behind {
+                let at = b.active.map_or("never applied".to_owned(), |g| format!("at plan {g}"));
+                crate::out!("  {} {at}, {} plan(s) behind", b.endpoint, b.plans_behind);
+            }
+        }
+        for e in &enactors {
+            crate::out!("enactor {} last applied plan {} ({} plan(s) behind, {})", e.enactor_id, e.last_applied, e.plans_behind, e.state);
+        }
     }
-    Ok(if failed == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 async fn cleanup(client: &Client, dry_run: bool, retain: u64) -> CliResult<ExitCode> {

@@ -136,7 +136,7 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
 
     // Roll back to plan 1: enacted, served, automation paused.
     let rollback = ok(&dnsplan(&up, &["rollback", "--to", "1", "--reason", "tour", "--dns", &up.dns.to_string()])?);
-    assert!(rollback.contains("served"), "{rollback}");
+    assert!(rollback.contains("enacted: all") && rollback.contains("served"), "{rollback}");
     until_dns(up.dns, "api.example.test.", |a| a.contains(&failed)).await?;
     let status = ok(&dnsplan(&up, &["status"])?);
     assert!(status.contains("PAUSED"), "{status}");
@@ -149,6 +149,7 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
     until_dns(up.dns, "api.example.test.", |a| !a.contains(&failed)).await?;
     let verify = ok(&dnsplan(&up, &["verify", "--dns", &up.dns.to_string()])?);
     assert!(verify.contains("2 of 2 endpoints served as active"), "{verify}");
+    assert!(verify.contains("its content is served on every endpoint"), "{verify}");
 
     // Heal it: back in the answers.
     ok(&dnsplan(&up, &["backend", "heal", "127.0.0.11"])?);
