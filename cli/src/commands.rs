@@ -43,6 +43,12 @@ pub enum Command {
         #[arg(long, default_value_t = 60)]
         wait_secs: u64,
     },
+    /// Endpoints of the latest plan: list them (managed by the planner or kept as served), or
+    /// retire one the planner no longer manages.
+    Endpoints {
+        #[command(subcommand)]
+        command: EndpointsCommand,
+    },
     /// Stop automation from publishing (operators still can).
     Pause {
         #[arg(long)]
@@ -99,6 +105,22 @@ pub enum PlansCommand {
 pub enum ZoneCommand {
     /// The managed records as they are served, as an RFC 1035 master file.
     Export,
+}
+
+#[derive(Subcommand)]
+pub enum EndpointsCommand {
+    /// Every endpoint of the latest plan, who manages it, and its active plan.
+    List,
+    /// Publish a plan that retires NAME (it then answers NXDOMAIN). Refused while the planner
+    /// manages NAME: remove it from the planner's config first.
+    Retire {
+        name: String,
+        #[arg(long)]
+        reason: String,
+        /// Who retires it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -206,6 +228,9 @@ struct StatusView {
     /// The one-process stack's planner (`/v1/planner`), when there is one.
     #[serde(default)]
     planner: Option<serde_json::Value>,
+    /// Endpoints of the latest plan the planner no longer manages (filled in by the CLI).
+    #[serde(default)]
+    unmanaged: Vec<EndpointName>,
 }
 
 pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
@@ -215,6 +240,7 @@ pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
         Command::Rollback { to, reason, keep_automation, by, dns, wait_secs } => {
             rollback(client, Generation(to), &reason, keep_automation, by, dns, Duration::from_secs(wait_secs)).await
         }
+        Command::Endpoints { command } => endpoints(client, command).await,
         Command::Pause { reason, by } => {
             let by = by.unwrap_or_else(operator_name);
             client.store.pause(PauseState { reason: reason.clone(), by: by.clone(), since_unix_ms: now_unix_ms() }).await?;
@@ -245,6 +271,9 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
     let mut view: StatusView =
         client.get_json("/v1/status").await?.ok_or_else(|| CliError::Refused("no /v1/status at this address".into()))?;
     view.planner = client.get_json("/v1/planner").await.ok().flatten();
+    if !view.latest.is_none() {
+        view.unmanaged = workflow::unmanaged(&client.store, client.store.plan(view.latest).await?.plan()).await?.into_iter().collect();
+    }
     if client.format == Format::Json {
         client.print_json(&view)?;
         return Ok(ExitCode::SUCCESS);
@@ -260,6 +289,14 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
     if let Some(p) = &view.planner {
         let active = if p["active"].as_bool() == Some(true) { "active" } else { "standby" };
         crate::out!("planner       {} ({active}): {}", p["id"].as_str().unwrap_or("?"), p["last_decision"].as_str().unwrap_or(""));
+    }
+    if !view.unmanaged.is_empty() {
+        let names: Vec<String> = view.unmanaged.iter().map(ToString::to_string).collect();
+        crate::out!(
+            "UNMANAGED     {} endpoint(s) not in the planner's config, kept as served: {} (retire with `dnsplan endpoints retire NAME --reason TEXT`)",
+            names.len(),
+            names.join(", ")
+        );
     }
     crate::out!();
     let rows: Vec<Vec<String>> = view
@@ -291,6 +328,52 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         .collect();
     crate::out_raw!("{}", table(&["ENACTOR", "ZONE", "APPLIED", "LAG", "STATE", "SEEN"], &rows));
     Ok(ExitCode::SUCCESS)
+}
+
+async fn endpoints(client: &Client, command: EndpointsCommand) -> CliResult<ExitCode> {
+    match command {
+        EndpointsCommand::List => {
+            let latest = client.store.latest().await?;
+            if latest.is_none() {
+                crate::out!("no plan published yet");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let plan = client.store.plan(latest).await?.into_plan();
+            let unmanaged = workflow::unmanaged(&client.store, &plan).await?;
+            let active = client.store.active_all().await?;
+            let rows: Vec<(String, &'static str, String, String)> = plan
+                .endpoints
+                .iter()
+                .map(|(name, records)| {
+                    let who = if unmanaged.contains(name) { "UNMANAGED (kept as served)" } else { "planner" };
+                    let at = active.endpoints.get(name).map_or("-".to_owned(), |r| r.generation.to_string());
+                    (name.to_string(), who, at, addresses(records))
+                })
+                .collect();
+            if client.format == Format::Json {
+                let out: Vec<_> = rows
+                    .iter()
+                    .map(|(n, who, at, _)| serde_json::json!({"endpoint": n, "managed": *who == "planner", "active": at}))
+                    .collect();
+                client.print_json(&serde_json::json!({"latest": latest, "endpoints": out}))?;
+            } else {
+                let table_rows: Vec<Vec<String>> =
+                    rows.iter().map(|(n, who, at, a)| vec![n.clone(), (*who).to_owned(), at.clone(), a.clone()]).collect();
+                crate::out_raw!("{}", table(&["ENDPOINT", "MANAGED BY", "ACTIVE", "ADDRESSES (zone, weight)"], &table_rows));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EndpointsCommand::Retire { name, reason, by } => {
+            let name = EndpointName::parse(&name).map_err(|e| CliError::Refused(format!("not an endpoint name: {e}")))?;
+            let by = by.unwrap_or_else(operator_name);
+            let plan = workflow::publish_retirement(&client.store, &name, &reason, &by).await.map_err(|e| match e {
+                workflow::RetireError::Store(err) => CliError::from(err),
+                other => CliError::Refused(other.to_string()),
+            })?;
+            crate::out!("published plan {}: retires {name} ({reason}); it answers NXDOMAIN once enacted", plan.generation());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 async fn plan_or_explain(client: &Client, generation: Generation) -> CliResult<ValidatedPlan> {

@@ -1,6 +1,7 @@
 //! Operator workflows as library functions over any `Store`, apart from how the CLI prints
 //! them: a rollback (publish an older plan's content as a new plan, wait until it is enacted,
-//! check that DNS serves it) and the question "is plan N served?" behind `dnsplan verify`.
+//! check that DNS serves it), the question "is plan N served?" behind `dnsplan verify`, and
+//! the retirement of an endpoint the planner no longer manages.
 //!
 //! *Enacted* means every endpoint serves plan N's content: its active record is at N or newer,
 //! or holds exactly what plan N says of it (an endpoint plan N did not change keeps the
@@ -15,6 +16,7 @@ use dnsplan_common::{
     ActiveRecord, ActiveState, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
     ValidatedPlan,
 };
+use dnsplan_planner::decide::UNMANAGED_RULE;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -167,7 +169,7 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
     loop {
         let latest = store.latest().await?;
         let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
-        let provenance = old
+        let mut provenance: Vec<Provenance> = old
             .plan()
             .endpoints
             .keys()
@@ -177,6 +179,19 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
                 detail: format!("content of plan {}, by {}", request.to, request.by),
             })
             .collect();
+        // Endpoints added since plan `to` stay as the latest plan serves them: a rollback
+        // never empties a name because an older plan did not know it.
+        let mut endpoints = old.plan().endpoints.clone();
+        for (name, records) in store.plan(latest).await?.into_plan().endpoints {
+            if let std::collections::btree_map::Entry::Vacant(slot) = endpoints.entry(name) {
+                provenance.push(Provenance {
+                    endpoint: slot.key().clone(),
+                    rule: "rollback".into(),
+                    detail: format!("not in plan {}: kept as plan {latest} serves it", request.to),
+                });
+                slot.insert(records);
+            }
+        }
         let plan = ValidatedPlan::new(Plan {
             generation: next,
             parent_generation: latest,
@@ -184,7 +199,7 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
             author: Author::Operator { name: request.by.clone() },
             reason: reason.clone(),
             dns_zone: old.plan().dns_zone.clone(),
-            endpoints: old.plan().endpoints.clone(),
+            endpoints,
             retired: BTreeSet::new(),
             rollback_of: Some(request.to),
             provenance,
@@ -193,6 +208,85 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
             Ok(()) => return Ok(plan),
             Err(StoreError::Conflict { .. }) if attempt < ROLLBACK_PUBLISH_ATTEMPTS_MAX => attempt += 1,
             Err(err) => return Err(err),
+        }
+    }
+}
+
+/// How many stored plans back the newest planner-authored plan is looked for.
+const PLANNER_PLAN_LOOKBACK_MAX: u64 = 256;
+
+/// The endpoints `latest` serves that the planner does not manage: those the newest
+/// planner-authored plan (within [`PLANNER_PLAN_LOOKBACK_MAX`] plans) carried forward as
+/// [`UNMANAGED_RULE`], or did not name at all (added by an operator since). With no planner
+/// plan stored, every endpoint is unmanaged.
+pub async fn unmanaged<S: Store>(store: &S, latest: &Plan) -> Result<BTreeSet<EndpointName>, StoreError> {
+    let from = Generation(latest.generation.0.saturating_sub(PLANNER_PLAN_LOOKBACK_MAX - 1).max(1));
+    let summaries = store.list(from, PLANNER_PLAN_LOOKBACK_MAX as usize).await?;
+    let newest_planner = summaries.iter().rev().find(|s| !s.author.is_operator() && s.generation <= latest.generation);
+    let planner_plan = match newest_planner {
+        Some(summary) if summary.generation == latest.generation => Some(latest.clone()),
+        Some(summary) => Some(store.plan(summary.generation).await?.into_plan()),
+        None => None,
+    };
+    let Some(planner_plan) = planner_plan else { return Ok(latest.endpoints.keys().cloned().collect()) };
+    let carried: BTreeSet<&EndpointName> =
+        planner_plan.provenance.iter().filter(|p| p.rule == UNMANAGED_RULE).map(|p| &p.endpoint).collect();
+    Ok(latest.endpoints.keys().filter(|n| carried.contains(n) || !planner_plan.endpoints.contains_key(*n)).cloned().collect())
+}
+
+/// Why a retirement was not published.
+#[derive(Debug, thiserror::Error)]
+pub enum RetireError {
+    #[error("{0} is not served by the latest plan {1}; see `dnsplan endpoints list`")]
+    NotServed(EndpointName, Generation),
+    #[error("{0} was already retired by plan {1}")]
+    AlreadyRetired(EndpointName, Generation),
+    #[error(
+        "the planner manages {0}: retiring it would only last until its next plan; remove it from the planner's config first (it is then kept as served, marked unmanaged) and retire it then"
+    )]
+    Managed(EndpointName),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Publishes `latest + 1`: the latest plan without `name`, which it retires, authored by
+/// `by` with `reason` (an operator's plan: the store refuses retirements from automation).
+/// Refused when the planner manages `name` or the latest plan does not serve it; published
+/// again when a planner publishes in between.
+pub async fn publish_retirement<S: Store>(store: &S, name: &EndpointName, reason: &str, by: &str) -> Result<ValidatedPlan, RetireError> {
+    let mut attempt = 1;
+    loop {
+        let latest = store.latest().await?;
+        let current = store.plan(latest).await?.into_plan();
+        if current.retired.contains(name) {
+            return Err(RetireError::AlreadyRetired(name.clone(), latest));
+        }
+        if !current.endpoints.contains_key(name) {
+            return Err(RetireError::NotServed(name.clone(), latest));
+        }
+        if !unmanaged(store, &current).await?.contains(name) {
+            return Err(RetireError::Managed(name.clone()));
+        }
+        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+        let mut endpoints = current.endpoints;
+        endpoints.remove(name);
+        let plan = ValidatedPlan::new(Plan {
+            generation: next,
+            parent_generation: latest,
+            created_at_unix_ms: now_unix_ms(),
+            author: Author::Operator { name: by.to_owned() },
+            reason: format!("retire {name}: {reason}"),
+            dns_zone: current.dns_zone,
+            endpoints,
+            retired: [name.clone()].into(),
+            rollback_of: None,
+            provenance: vec![Provenance { endpoint: name.clone(), rule: "operator".into(), detail: format!("retired by {by}: {reason}") }],
+        })
+        .map_err(StoreError::from)?;
+        match store.publish(&plan).await {
+            Ok(()) => return Ok(plan),
+            Err(StoreError::Conflict { .. }) if attempt < ROLLBACK_PUBLISH_ATTEMPTS_MAX => attempt += 1,
+            Err(err) => return Err(err.into()),
         }
     }
 }

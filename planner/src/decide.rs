@@ -20,12 +20,22 @@
 //! 5. **Breaker.** If the plan changes, for reasons other than a zone shift, more than
 //!    `breaker_endpoint_fraction` of all endpoints (and at least `breaker_min_changed`), the
 //!    decision is `Breaker`: publish nothing and wait for an operator.
+//!
+//! Plans are complete: an endpoint the previous plan serves and the config no longer names
+//! (removed from the config, or a typo) is carried into every new plan with the previous
+//! plan's records and a provenance entry with rule [`UNMANAGED_RULE`], until an operator
+//! retires it. A name never goes empty because it vanished from an input, and every active
+//! endpoint stays in the newest plans, so the enactors' full writes move its fence and
+//! cleanup is never held back by it.
 
 use crate::config::{EndpointConfig, PlannerConfig};
 use dnsplan_common::{Endpoint, EndpointName, Plan, Provenance, Target, ZoneId, removed_weight_fraction, validate_endpoint};
 use rand::seq::SliceRandom;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+
+/// The provenance rule of an endpoint carried forward because the config no longer names it.
+pub const UNMANAGED_RULE: &str = "unmanaged";
 
 /// A target's health as the checks see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +186,18 @@ pub fn decide(
         // Invariant: every rule above leaves at least one non-zero weight (fail open).
         assert!(validate_endpoint(&ep.name, &decided.endpoint).is_ok(), "decided an invalid endpoint {}", ep.name);
         endpoints.insert(ep.name.clone(), decided.endpoint);
+    }
+
+    // Carried forward as served: not a change, so it neither publishes nor trips the breaker.
+    for (name, records) in previous.map(|p| &p.endpoints).into_iter().flatten() {
+        if !endpoints.contains_key(name) {
+            endpoints.insert(name.clone(), records.clone());
+            provenance.push(Provenance {
+                endpoint: name.clone(),
+                rule: UNMANAGED_RULE.into(),
+                detail: "not in the planner's config: kept as served until an operator retires it (dnsplan endpoints retire)".into(),
+            });
+        }
     }
 
     if changed_any == 0 {
