@@ -1,6 +1,7 @@
 //! The static part of the managed DNS zone: origin, SOA, NS and any static records, from the
 //! config file and optionally an RFC 1035 master file. Managed endpoints come from the store
-//! and are merged in by `snapshot`.
+//! and are merged in by `snapshot`. NS records below the apex are refused: delegations (a
+//! referral instead of an answer) are not built.
 
 use hickory_proto::rr::rdata::{NS, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record};
@@ -82,6 +83,11 @@ pub enum DnsZoneError {
     Parse { path: PathBuf, detail: String },
     #[error("dns_zone.master_file {path}: record {name} is outside the DNS zone {origin}")]
     Outside { path: PathBuf, name: String, origin: String },
+    #[error(
+        "dns_zone.master_file {path}: record `{name} NS {target}` is below the apex {origin}; it would delegate {name}, and \
+         delegations are not supported yet: remove the record (NS records belong at the apex only)"
+    )]
+    Delegation { path: PathBuf, name: String, target: String, origin: String },
 }
 
 /// The static records of the DNS zone, checked and ready to serve.
@@ -133,6 +139,16 @@ impl StaticZone {
                             soa_ttl = record.ttl;
                         }
                         RData::NS(_) if name == origin => ns.push(record),
+                        // Served as a static record it would answer for the child zone with
+                        // AA=1 instead of a referral: wrong answers, so refuse it.
+                        RData::NS(target) => {
+                            return Err(DnsZoneError::Delegation {
+                                path,
+                                name: name.to_string(),
+                                target: target.0.to_string(),
+                                origin: origin.to_string(),
+                            });
+                        }
                         _ => records.push(record),
                     }
                 }
@@ -173,5 +189,53 @@ impl StaticZone {
         let s = &self.soa;
         let soa = SOA::new(s.mname.clone(), s.rname.clone(), serial, s.refresh, s.retry, s.expire, s.minimum);
         Record::from_rdata(self.origin.clone(), ttl, RData::SOA(soa))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(master_file: &str) -> DnsZoneConfig {
+        DnsZoneConfig {
+            origin: "example.test.".into(),
+            soa: Some(SoaConfig {
+                mname: "ns1.example.test.".into(),
+                rname: "hostmaster.example.test.".into(),
+                ttl_secs: default_soa_ttl(),
+                refresh_secs: default_refresh(),
+                retry_secs: default_retry(),
+                expire_secs: default_expire(),
+                minimum_secs: default_minimum(),
+            }),
+            ns: vec!["ns1.example.test.".into()],
+            ns_ttl_secs: default_ns_ttl(),
+            master_file: Some(master_file.into()),
+        }
+    }
+
+    fn load(zone_file: &str) -> Result<StaticZone, DnsZoneError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("zone.db"), zone_file).expect("write zone file");
+        StaticZone::load(&config("zone.db"), dir.path())
+    }
+
+    /// Fails without the `Delegation` refusal: the NS record would be loaded as a static record
+    /// and served with AA=1 as if the child zone were ours.
+    #[test]
+    fn ns_below_the_apex_is_refused() {
+        let err = load("$TTL 3600\nsub.example.test. NS ns.other.\n").expect_err("a delegation was loaded");
+        let text = err.to_string();
+        assert!(matches!(err, DnsZoneError::Delegation { .. }), "{text}");
+        for want in ["`sub.example.test. NS ns.other.`", "delegations are not supported yet", "zone.db"] {
+            assert!(text.contains(want), "{want:?} not in: {text}");
+        }
+    }
+
+    #[test]
+    fn ns_at_the_apex_is_served() {
+        let zone = load("$TTL 3600\n@ NS ns2.other.\n").expect("apex NS loads");
+        assert_eq!(zone.ns.len(), 2, "the master file's apex NS beside the config's");
+        assert!(zone.records.is_empty());
     }
 }

@@ -3,8 +3,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
 
 #[test]
 fn sigterm_stops_cleanly() -> anyhow::Result<()> {
@@ -46,15 +47,48 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
             "data_dir = \"d\"\n[control]\ntoken = \"0123456789abcdef0\"\n[dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\n",
             "no SOA",
         ),
+        (
+            "data_dir = \"d\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0\"\n\
+             [dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\nmaster_file = \"delegation.db\"\n\
+             [dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n",
+            "record `sub.example.test. NS ns.other.` is below the apex example.test.; it would delegate sub.example.test., and \
+             delegations are not supported yet",
+        ),
     ];
+    std::fs::write(dir.path().join("delegation.db"), "$TTL 3600\nsub.example.test. NS ns.other.\n")?;
     for (text, want) in cases {
         std::fs::write(&config, text)?;
-        let out =
-            Command::new(env!("CARGO_BIN_EXE_dnsplan-authority")).arg("--config").arg(&config).env_remove("DNSPLAN_TOKEN").output()?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{want}: the authority started");
+        let (status, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_dnsplan-authority")).arg("--config").arg(&config))?;
+        let Some(status) = status else { panic!("{want}: the authority started and was still running after {EXIT_WAIT:?}: {stderr}") };
+        assert!(!status.success(), "{want}: the authority started");
         assert!(stderr.contains(want), "{want:?} not in: {stderr}");
         assert!(!stderr.contains("panicked"), "panic: {stderr}");
     }
     Ok(())
+}
+
+/// How long a refused config may take to end the process; far more than it needs.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs `command` without the token variable and returns its exit status and stderr, or
+/// `None` for the status when it still runs after `EXIT_WAIT` (then it is killed): a config
+/// that should be refused and is not must fail the test, not hang it.
+fn exit_of(command: &mut Command) -> anyhow::Result<(Option<ExitStatus>, String)> {
+    let mut child = command.env_remove("DNSPLAN_TOKEN").stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let mut stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // stderr ends when the process does (or closes it); the reader reports then.
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    match rx.recv_timeout(EXIT_WAIT) {
+        Ok(text) => Ok((Some(child.wait()?), text)),
+        Err(_) => {
+            child.kill()?;
+            child.wait()?;
+            Ok((None, rx.recv().unwrap_or_default()))
+        }
+    }
 }
