@@ -330,3 +330,41 @@ async fn metrics_and_health() -> anyhow::Result<()> {
     assert!(!text.contains("web.example.test."), "the retired endpoint's series is gone from /metrics:\n{text}");
     auth.stop().await
 }
+
+/// A store whose plans are for example.test. and an authority configured for other.test.: it
+/// must refuse to start, naming both zones and what to change, instead of serving none of
+/// the store's names. (Without `follower::check_dns_zone` it binds and serves: the test sees
+/// it bound and fails.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_a_store_of_another_dns_zone() -> anyhow::Result<()> {
+    use dnsplan_authority::config::AuthorityConfig;
+    use dnsplan_authority::run::run;
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    {
+        let store = dnsplan_common::SledStore::open(&data)?;
+        publish_and_apply(&store, &plan(1, &[("api.example.test.", endpoint(20, vec![target("10.9.0.1", "a", 1)]))])).await?;
+    }
+    let config_path = dir.path().join("authority.toml");
+    let text = config_text(&data, 8).replace("example.test.", "other.test.").replace("master_file = \"zone.db\"\n", "");
+    std::fs::write(&config_path, text)?;
+    let config = AuthorityConfig::load(&config_path)?;
+    let (bound_tx, mut bound_rx) = tokio::sync::oneshot::channel();
+    let started = run(config, dir.path(), std::future::pending(), move |b| {
+        let _ = bound_tx.send(b);
+    });
+    let err = tokio::select! {
+        result = started => result.expect_err("the authority started on a store of another DNS zone"),
+        bound = &mut bound_rx => panic!("the authority serves a store of example.test. as other.test.: {bound:?}"),
+    };
+    let text = format!("{err:#}");
+    for want in ["example.test.", "other.test.", "latest plan 1", "set dns_zone.origin = \"example.test.\"", "data_dir"] {
+        assert!(text.contains(want), "{want:?} not in: {text}");
+    }
+
+    // The same store with the right origin serves it.
+    let auth = TestAuthority::start(dir.path(), 8).await?;
+    let (m, _) = ask(auth.dns, "api.example.test.", RecordType::A, Ask::default()).await?;
+    assert_eq!(addresses(&m), ["10.9.0.1".parse::<IpAddr>()?].into());
+    auth.stop().await
+}
