@@ -5,16 +5,28 @@
 //! the lease on every tick, so it takes over within one lease TTL of the active one dying.
 //! While automation is paused nothing is published. The breaker pauses automation itself,
 //! with its reason, so that `status` shows it and an operator's resume clears it.
+//!
+//! Plans are complete (see [`crate::decide`]). An endpoint that is served but missing from the
+//! latest plan (a plan written by an older version, or an operator's plan that left it out
+//! without retiring it) is *adopted*: at start and after every operator plan, the planner
+//! compares the active state with the latest plan and carries such endpoints, with the
+//! records they serve, into its next plan, so they neither go empty nor hold back cleanup.
+//! Endpoints retired by a plan since their active generation are never adopted.
 
 use crate::config::PlannerConfig;
-use crate::decide::{Decision, Health, PlannerState, decide};
+use crate::decide::{Decision, Health, PlannerState, UNMANAGED_RULE, decide};
 use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::{Author, Generation, Lease, PauseState, Plan, Store, StoreError, StoreResult, ValidatedPlan};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX};
+use dnsplan_common::{
+    ActiveState, Author, Endpoint, EndpointName, Generation, Lease, PauseState, Plan, Provenance, Store, StoreError, StoreResult,
+    ValidatedPlan,
+};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,6 +64,8 @@ pub struct Planner<S: Store> {
     state: PlannerState,
     lease: Option<Lease>,
     rng: SmallRng,
+    /// The latest plan whose endpoints were last compared with the active state.
+    adoption_checked: Option<Generation>,
 }
 
 impl<S: Store> Planner<S> {
@@ -66,6 +80,7 @@ impl<S: Store> Planner<S> {
             state: PlannerState::default(),
             lease: None,
             rng: SmallRng::from_rng(&mut rand::rng()),
+            adoption_checked: None,
         }
     }
 
@@ -186,9 +201,40 @@ impl<S: Store> Planner<S> {
 
     async fn decide_and_publish(&mut self) -> StoreResult<()> {
         let latest = self.call(self.store.latest()).await?;
-        let previous = if latest > Generation::NONE { Some(self.call(self.store.plan(latest)).await?) } else { None };
+        let previous = if latest > Generation::NONE { Some(self.call(self.store.plan(latest)).await?.into_plan()) } else { None };
+        let mut previous = previous;
+        let adopted = match &previous {
+            Some(p) if self.adoption_checked.is_none() || (p.author.is_operator() && self.adoption_checked != Some(p.generation)) => {
+                let adopted = self.served_but_missing(p).await?;
+                self.adoption_checked = Some(p.generation);
+                adopted
+            }
+            _ => BTreeMap::new(),
+        };
+        if let Some(p) = previous.as_mut()
+            && !adopted.is_empty()
+        {
+            tracing::warn!(planner = %self.config.id, count = adopted.len(), latest = %latest, "endpoints are served but missing from the latest plan; adopting them as served");
+            p.endpoints.extend(adopted.iter().map(|(n, e)| (n.clone(), e.clone())));
+        }
         let now = now_unix_ms();
-        let outcome = decide(&self.config, &self.book.view(), previous.as_ref().map(|p| p.plan()), &self.state, now, &mut self.rng);
+        let mut outcome = decide(&self.config, &self.book.view(), previous.as_ref(), &self.state, now, &mut self.rng);
+        if !adopted.is_empty()
+            && matches!(outcome.decision, Decision::NoChange)
+            && let Some(p) = &previous
+        {
+            // Adopting is a change of the plan even when nothing else changed.
+            let provenance = adopted
+                .keys()
+                .map(|n| Provenance {
+                    endpoint: n.clone(),
+                    rule: UNMANAGED_RULE.into(),
+                    detail: format!("served but missing from plan {latest}: adopted as served until an operator retires it"),
+                })
+                .collect();
+            let reason = format!("{} endpoint(s) served but missing from plan {latest}: adopted as served", adopted.len());
+            outcome.decision = Decision::Publish { endpoints: p.endpoints.clone(), provenance, reason };
+        }
         match outcome.decision {
             Decision::NoChange => {
                 self.metrics.decision("no_change");
@@ -237,6 +283,51 @@ impl<S: Store> Planner<S> {
                 Ok(())
             }
         }
+    }
+
+    /// The endpoints the active state serves that `latest` neither serves nor retires, and
+    /// that no plan since their active generation retired, with the records they serve. Reads
+    /// the active state a page at a time.
+    async fn served_but_missing(&self, latest: &Plan) -> StoreResult<BTreeMap<EndpointName, Endpoint>> {
+        let mut missing = BTreeMap::new();
+        let mut oldest = latest.generation;
+        let mut after = None;
+        loop {
+            let page = self.call(self.store.active_page(after.take(), ACTIVE_PAGE_MAX)).await?;
+            for (name, record) in page.endpoints {
+                if let ActiveState::Serving(records) = record.state
+                    && !latest.endpoints.contains_key(&name)
+                    && !latest.retired.contains(&name)
+                {
+                    oldest = oldest.min(record.generation);
+                    missing.insert(name.clone(), records);
+                }
+                after = Some(name);
+            }
+            if !page.more {
+                break;
+            }
+        }
+        if missing.is_empty() {
+            return Ok(missing);
+        }
+        // Retirements since: a retirement the enactors have not applied yet must not be undone.
+        // Cleanup never deletes a plan newer than the oldest active one, so these are stored.
+        let mut from = oldest.next().unwrap_or(oldest);
+        while from < latest.generation {
+            let summaries = self.call(self.store.list(from, LIST_LIMIT_MAX)).await?;
+            let Some(last) = summaries.last().map(|s| s.generation) else { break };
+            for summary in summaries.iter().filter(|s| s.retired_count > 0 && s.generation <= latest.generation) {
+                for name in self.call(self.store.plan(summary.generation)).await?.plan().retired.iter() {
+                    missing.remove(name);
+                }
+            }
+            from = last.next().unwrap_or(last);
+            if last >= latest.generation {
+                break;
+            }
+        }
+        Ok(missing)
     }
 
     fn keep(&mut self, state: PlannerState) {

@@ -135,3 +135,52 @@ async fn a_mass_change_pauses_automation() -> anyhow::Result<()> {
     planner.task.await?;
     Ok(())
 }
+
+/// An endpoint served but missing from the latest plan (an operator's plan left it out) is
+/// adopted into the planner's next plan as served and marked unmanaged; one a plan retired
+/// since, which the enactors have not applied yet, is not brought back. Without the adoption
+/// the left-out endpoint is missing from every later plan (seen once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_endpoints_missing_from_the_latest_plan_are_adopted() -> anyhow::Result<()> {
+    use dnsplan_common::{Author, DnsName, Endpoint, Plan, Target, ZoneId};
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let (legacy, gone, never) =
+        (DnsName::parse("legacy.example.test.")?, DnsName::parse("gone.example.test.")?, DnsName::parse("never.example.test.")?);
+    let records = Endpoint { ttl_secs: 30, targets: vec![Target { address: "192.0.2.7".parse()?, zone: ZoneId::parse("a")?, weight: 1 }] };
+    let operator_plan = |g: u64, endpoints: &[&DnsName], retired: &[&DnsName]| {
+        ValidatedPlan::new(Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: "alice".into() },
+            reason: "by hand".into(),
+            dns_zone: DnsName::parse("example.test.").expect("zone"),
+            endpoints: endpoints.iter().map(|n| ((*n).clone(), records.clone())).collect(),
+            retired: retired.iter().map(|n| (*n).clone()).collect(),
+            rollback_of: None,
+            provenance: vec![],
+        })
+    };
+    store.publish(&operator_plan(1, &[&legacy, &gone], &[])?).await?;
+    store.apply(&legacy, Generation(1), &records).await?;
+    store.apply(&gone, Generation(1), &records).await?;
+    // Plan 2 retires gone (not enacted yet); plan 3 leaves legacy out without retiring it.
+    store.publish(&operator_plan(2, &[&legacy], &[&gone])?).await?;
+    store.publish(&operator_plan(3, &[], &[&never])?).await?;
+
+    let backends = Backends::start().await?;
+    let config = PlannerConfig::parse(&config_text(backends.port, "")).map_err(anyhow::Error::msg)?;
+    let planner = start(store.clone(), config);
+    let next = wait_plan(&store, |p| p.generation() > Generation(3)).await?;
+    assert_eq!(next.plan().endpoints.get(&legacy), Some(&records), "legacy is not carried as served: {next:?}");
+    assert!(
+        next.plan().provenance.iter().any(|p| p.endpoint == legacy && p.rule == dnsplan_planner::decide::UNMANAGED_RULE),
+        "legacy is not marked unmanaged: {:?}",
+        next.plan().provenance
+    );
+    assert!(!next.plan().endpoints.contains_key(&gone), "a retirement in flight was undone: {next:?}");
+    let _ = planner.stop.send(());
+    planner.task.await?;
+    Ok(())
+}
