@@ -6,7 +6,8 @@
 //! than QUERY; BADVERS for EDNS versions above 0; REFUSED for other classes, zone transfers
 //! and names outside the DNS zone; then NOERROR with answers, NODATA (NOERROR, SOA in
 //! authority) or NXDOMAIN (SOA in authority). Negative answers carry the SOA with TTL
-//! min(SOA TTL, SOA MINIMUM) (RFC 2308). The server advertises its own EDNS UDP payload size.
+//! min(SOA TTL, SOA MINIMUM) (RFC 2308). The server advertises its own EDNS UDP payload size
+//! and copies the query's DO bit (RFC 3225).
 //! UDP answers that do not fit the client's size are sent with TC=1 and no records.
 
 use crate::snapshot::{Family, Managed, Snapshot};
@@ -91,9 +92,13 @@ pub fn respond(
         Some(edns) => edns.max_payload().clamp(UDP_PAYLOAD_BYTES_MIN, limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN)),
         None => UDP_PAYLOAD_BYTES_MIN,
     };
-    if request.edns.is_some() {
+    if let Some(asked) = &request.edns {
         let mut edns = Edns::new();
-        edns.set_max_payload(limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN)).set_version(0);
+        // RFC 3225 §3: the DO bit of the query is copied into the response. (We add no
+        // DNSSEC records either way; the zone is not signed.)
+        edns.set_max_payload(limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN))
+            .set_version(0)
+            .set_dnssec_ok(asked.flags().dnssec_ok);
         resp.set_edns(edns);
     }
     resp.add_queries(request.queries.iter().cloned());

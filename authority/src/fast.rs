@@ -89,10 +89,22 @@ fn read_question(p: &[u8]) -> Option<Question> {
     Some(q)
 }
 
-/// The client's EDNS payload size if the rest of the packet is exactly one well-formed
-/// version-0 OPT record (options are framed but not read, as `respond` ignores them).
-/// `Some(None)`: no EDNS and nothing after the question.
-fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<u16>> {
+/// What the fast path reads from a query's OPT record.
+#[derive(Clone, Copy)]
+struct ClientEdns {
+    /// The client's UDP payload size.
+    payload: u16,
+    /// The DO bit (RFC 3225), which the response's OPT record copies.
+    dnssec_ok: bool,
+}
+
+/// The DO bit in the high byte of the OPT record's flags.
+const FLAG_DO: u8 = 0x80;
+
+/// The client's EDNS if the rest of the packet is exactly one well-formed version-0 OPT
+/// record (options are framed but not read, as `respond` ignores them). `Some(None)`: no
+/// EDNS and nothing after the question.
+fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<ClientEdns>> {
     match additional {
         0 => (at == p.len()).then_some(None),
         1 => {
@@ -100,6 +112,7 @@ fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<u16>> {
                 return None; // not an OPT at the root, or a version above 0 (BADVERS)
             }
             let payload = u16_at(p, at + 3)?;
+            let dnssec_ok = *p.get(at + 7)? & FLAG_DO != 0;
             let rdlen = usize::from(u16_at(p, at + 9)?);
             let mut option = at + OPT_BYTES;
             let end = option + rdlen;
@@ -109,7 +122,7 @@ fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<u16>> {
             while option < end {
                 option += 4 + usize::from(u16_at(p, option + 2)?);
             }
-            (option == end).then_some(Some(payload))
+            (option == end).then_some(Some(ClientEdns { payload, dnssec_ok }))
         }
         _ => None,
     }
@@ -144,15 +157,17 @@ pub fn respond_fast(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits, r
     let key = &q.key[..q.key_len];
     let entry = snapshot.get_hashed(key, hash_key(key));
     let udp_limit = match edns {
-        Some(payload) => usize::from(payload.clamp(UDP_PAYLOAD_BYTES_MIN, limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN))),
+        Some(ClientEdns { payload, .. }) => {
+            usize::from(payload.clamp(UDP_PAYLOAD_BYTES_MIN, limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN)))
+        }
         None => usize::from(UDP_PAYLOAD_BYTES_MIN),
     };
     let question = &p[12..q.end];
     match entry {
-        Some(e) if e.has_data() => answer_at(p, question, &q, e, edns.is_some(), snapshot, limits, udp_limit, rng, out),
+        Some(e) if e.has_data() => answer_at(p, question, &q, e, edns, snapshot, limits, udp_limit, rng, out),
         // An empty non-terminal: NODATA.
-        Some(_) => negative(p, question, &q, origin_labels, ResponseCode::NoError, edns.is_some(), snapshot, limits, udp_limit, out),
-        None => negative(p, question, &q, origin_labels, ResponseCode::NXDomain, edns.is_some(), snapshot, limits, udp_limit, out),
+        Some(_) => negative(p, question, &q, origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out),
+        None => negative(p, question, &q, origin_labels, ResponseCode::NXDomain, edns, snapshot, limits, udp_limit, out),
     }
 }
 
@@ -162,7 +177,7 @@ fn answer_at(
     question: &[u8],
     q: &Question,
     entry: &Entry,
-    edns: bool,
+    edns: Option<ClientEdns>,
     snapshot: &Snapshot,
     limits: &AnswerLimits,
     udp_limit: usize,
@@ -182,7 +197,7 @@ fn answer_at(
             if count == 0 {
                 return negative(p, question, q, origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out);
             }
-            let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + if edns { OPT_BYTES } else { 0 };
+            let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + if edns.is_some() { OPT_BYTES } else { 0 };
             if size > udp_limit {
                 return Fast::Slow; // `respond` truncates
             }
@@ -201,8 +216,8 @@ fn answer_at(
                     out.extend_from_slice(&m.v6.targets[usize::from(i)].0.octets());
                 }
             }
-            if edns {
-                opt(out, limits);
+            if let Some(edns) = edns {
+                opt(out, limits, edns.dnssec_ok);
             }
             Fast::Answered(outcome(q.qtype, ResponseCode::NoError, out.len()))
         }
@@ -223,13 +238,13 @@ fn negative(
     q: &Question,
     origin_labels: usize,
     rcode: ResponseCode,
-    edns: bool,
+    edns: Option<ClientEdns>,
     snapshot: &Snapshot,
     limits: &AnswerLimits,
     udp_limit: usize,
     out: &mut Vec<u8>,
 ) -> Fast {
-    let size = 12 + question.len() + 2 + RR_FIXED_BYTES + snapshot.soa_rdata.len() + if edns { OPT_BYTES } else { 0 };
+    let size = 12 + question.len() + 2 + RR_FIXED_BYTES + snapshot.soa_rdata.len() + if edns.is_some() { OPT_BYTES } else { 0 };
     if size > udp_limit {
         return Fast::Slow;
     }
@@ -243,29 +258,31 @@ fn negative(
     out.extend_from_slice(&snapshot.zone.negative_ttl_secs().to_be_bytes());
     out.extend_from_slice(&(snapshot.soa_rdata.len() as u16).to_be_bytes());
     out.extend_from_slice(&snapshot.soa_rdata);
-    if edns {
-        opt(out, limits);
+    if let Some(edns) = edns {
+        opt(out, limits, edns.dnssec_ok);
     }
     Fast::Answered(outcome(q.qtype, rcode, out.len()))
 }
 
 /// The response header: the query's id, QR and AA set, RD and CD copied, RA clear.
-fn header(p: &[u8], out: &mut Vec<u8>, rcode: ResponseCode, answers: u16, authority: u16, edns: bool) {
+fn header(p: &[u8], out: &mut Vec<u8>, rcode: ResponseCode, answers: u16, authority: u16, edns: Option<ClientEdns>) {
     out.extend_from_slice(&p[0..2]);
     out.push(0x80 | 0x04 | (p[2] & 0x01));
     out.push((p[3] & 0x10) | (u16::from(rcode) as u8 & 0x0f));
     out.extend_from_slice(&[0, 1]);
     out.extend_from_slice(&answers.to_be_bytes());
     out.extend_from_slice(&authority.to_be_bytes());
-    out.extend_from_slice(&[0, u8::from(edns)]);
+    out.extend_from_slice(&[0, u8::from(edns.is_some())]);
 }
 
-/// Our OPT record: root owner, our UDP payload size, version 0, no flags, no options.
-fn opt(out: &mut Vec<u8>, limits: &AnswerLimits) {
+/// Our OPT record: root owner, our UDP payload size, extended rcode 0, version 0, the
+/// query's DO bit (RFC 3225 §3) and no other flags, no options.
+fn opt(out: &mut Vec<u8>, limits: &AnswerLimits, dnssec_ok: bool) {
     out.push(0);
     out.extend_from_slice(&TYPE_OPT.to_be_bytes());
     out.extend_from_slice(&limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN).to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let flags = if dnssec_ok { FLAG_DO } else { 0 };
+    out.extend_from_slice(&[0, 0, flags, 0, 0, 0]);
 }
 
 fn outcome(qtype: u16, rcode: ResponseCode, bytes: usize) -> Outcome {

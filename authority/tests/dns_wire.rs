@@ -158,6 +158,32 @@ async fn weighted_sampling_follows_weights() -> anyhow::Result<()> {
     auth.stop().await
 }
 
+/// RFC 3225 over the wire: the answer's OPT record has DO=1 when the query's had, DO=0
+/// otherwise, over UDP (fast and reference path) and TCP, for answers, negative answers,
+/// REFUSED and BADVERS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_do_bit_is_copied() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let auth = TestAuthority::start(dir.path(), 8).await?;
+    publish_and_apply(&auth.store, &plan(1, &[("api.example.test.", endpoint(20, vec![target("10.9.0.1", "a", 1)]))])).await?;
+    until(auth.dns, "api.example.test.", RecordType::A, DEADLINE, |m| !m.answers.is_empty()).await?;
+    for (name, qtype, tcp, edns_version) in [
+        ("api.example.test.", RecordType::A, false, 0),  // fast path: an answer
+        ("nope.example.test.", RecordType::A, false, 0), // fast path: NXDOMAIN
+        ("example.test.", RecordType::TXT, false, 0),    // reference path: a static record
+        ("example.org.", RecordType::A, false, 0),       // REFUSED
+        ("api.example.test.", RecordType::A, false, 1),  // BADVERS
+        ("api.example.test.", RecordType::A, true, 0),   // TCP
+    ] {
+        for dnssec_ok in [false, true] {
+            let (m, _) = ask(auth.dns, name, qtype, Ask { tcp, edns_version, dnssec_ok, ..Ask::default() }).await?;
+            let got = m.edns.as_ref().map(|e| e.flags().dnssec_ok);
+            assert_eq!(got, Some(dnssec_ok), "{name} {qtype} tcp={tcp} version={edns_version}: DO in the answer's OPT");
+        }
+    }
+    auth.stop().await
+}
+
 /// A managed name that has data is never answered empty while plans keep changing it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_empty_while_plans_change() -> anyhow::Result<()> {
@@ -276,6 +302,11 @@ async fn dig_agrees() -> anyhow::Result<()> {
         (vec!["+tcp", "api.example.test", "A"], vec!["status: NOERROR", "10.9.0.1", "(TCP)"]),
         (vec!["nope.example.test", "A"], vec!["status: NXDOMAIN", "IN\tSOA"]),
         (vec!["example.org", "A"], vec!["status: REFUSED"]),
+        // RFC 3225: DO is copied from the query's OPT record.
+        (vec!["+dnssec", "api.example.test", "A"], vec!["status: NOERROR", "flags: do;", "10.9.0.1"]),
+        (vec!["+dnssec", "nope.example.test", "A"], vec!["status: NXDOMAIN", "flags: do;"]),
+        (vec!["+dnssec", "+tcp", "api.example.test", "A"], vec!["flags: do;", "(TCP)"]),
+        (vec!["api.example.test", "A"], vec!["EDNS: version: 0, flags:; udp: 1232"]),
     ] {
         let out = dig(&args)?;
         for want in wants {

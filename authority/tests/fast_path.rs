@@ -96,6 +96,12 @@ const TYPES: &[RecordType] = &[
 ];
 
 fn query(id: u16, name: &str, qtype: RecordType, class: DNSClass, edns: Option<u16>, rd: bool, cd: bool) -> Vec<u8> {
+    query_do(id, name, qtype, class, edns, rd, cd, false)
+}
+
+/// `query` with the DO bit (RFC 3225) set as `dnssec_ok` when there is EDNS.
+#[allow(clippy::too_many_arguments)]
+fn query_do(id: u16, name: &str, qtype: RecordType, class: DNSClass, edns: Option<u16>, rd: bool, cd: bool, dnssec_ok: bool) -> Vec<u8> {
     let mut msg = Message::new(id, MessageType::Query, OpCode::Query);
     let mut q = Query::query(Name::from_ascii(name).expect("name"), qtype);
     q.set_query_class(class);
@@ -104,7 +110,7 @@ fn query(id: u16, name: &str, qtype: RecordType, class: DNSClass, edns: Option<u
     msg.metadata.checking_disabled = cd;
     if let Some(size) = edns {
         let mut e = Edns::new();
-        e.set_max_payload(size);
+        e.set_max_payload(size).set_dnssec_ok(dnssec_ok);
         msg.set_edns(e);
     }
     msg.to_vec().expect("encode")
@@ -116,12 +122,20 @@ fn sorted(records: &[Record]) -> Vec<String> {
     out
 }
 
-/// Runs both paths on `packet`; returns whether the fast path answered.
+/// Runs both paths on `packet`; returns whether the fast path answered. Whichever answers,
+/// an OPT record in the answer carries the query's DO bit (RFC 3225).
 fn compare(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits) -> Result<bool, TestCaseError> {
     let mut rng = SmallRng::seed_from_u64(7);
     let mut out = Vec::new();
     let fast = respond_fast(packet, snapshot, limits, &mut rng, &mut out);
     let slow = respond(packet, snapshot, Transport::Udp, limits, &mut rng);
+    let asked_do = Message::from_vec(packet).ok().and_then(|m| m.edns).map(|e| e.flags().dnssec_ok);
+    if let (Some(asked_do), Some((bytes, _))) = (asked_do, &slow) {
+        let s = Message::from_vec(bytes).expect("reference answer parses");
+        if let Some(edns) = &s.edns {
+            prop_assert_eq!(edns.flags().dnssec_ok, asked_do, "the reference answer's DO bit");
+        }
+    }
     match fast {
         Fast::Slow => Ok(false),
         Fast::Drop => {
@@ -160,9 +174,9 @@ fn fast_path_answers_like_the_reference() -> Result<(), TestCaseError> {
     let mut total = 0;
     for (i, name) in NAMES.iter().enumerate() {
         for qtype in TYPES {
-            for edns in [None, Some(512), Some(4096)] {
+            for (edns, dnssec_ok) in [(None, false), (Some(512), false), (Some(4096), false), (Some(1232), true), (Some(512), true)] {
                 for (rd, cd) in [(false, false), (true, true)] {
-                    let packet = query(i as u16, name, *qtype, DNSClass::IN, edns, rd, cd);
+                    let packet = query_do(i as u16, name, *qtype, DNSClass::IN, edns, rd, cd, dnssec_ok);
                     fast += usize::from(compare(&packet, &SNAPSHOT, &limits())?);
                     total += 1;
                 }
@@ -189,6 +203,36 @@ fn fast_path_answers_like_the_reference() -> Result<(), TestCaseError> {
     }
     prop_assert!(fast * 3 > total, "only {} of {} queries took the fast path", fast, total);
     Ok(())
+}
+
+/// RFC 3225: the answer's OPT record carries the query's DO bit, set or clear, on the fast
+/// path (an answer, NXDOMAIN, NODATA) and the reference path (a static record, REFUSED).
+#[test]
+fn the_do_bit_is_copied() {
+    for (name, qtype, fast_path) in [
+        ("api.example.test.", RecordType::A, true),
+        ("nope.example.test.", RecordType::A, true),
+        ("one.example.test.", RecordType::MX, true),
+        ("txt.example.test.", RecordType::TXT, false),
+        ("example.org.", RecordType::A, false),
+    ] {
+        for dnssec_ok in [false, true] {
+            let packet = query_do(5, name, qtype, DNSClass::IN, Some(1232), true, false, dnssec_ok);
+            let mut rng = SmallRng::seed_from_u64(5);
+            let mut out = Vec::new();
+            let fast = respond_fast(&packet, &SNAPSHOT, &limits(), &mut rng, &mut out);
+            assert_eq!(matches!(fast, Fast::Answered(_)), fast_path, "{name} {qtype}: which path");
+            if fast_path {
+                let answer = Message::from_vec(&out).expect("fast answer parses");
+                let got = answer.edns.as_ref().map(|e| e.flags().dnssec_ok);
+                assert_eq!(got, Some(dnssec_ok), "{name} {qtype}: the fast path's DO bit");
+            }
+            let (bytes, _) = respond(&packet, &SNAPSHOT, Transport::Udp, &limits(), &mut rng).expect("the reference answers");
+            let answer = Message::from_vec(&bytes).expect("reference answer parses");
+            let got = answer.edns.as_ref().map(|e| e.flags().dnssec_ok);
+            assert_eq!(got, Some(dnssec_ok), "{name} {qtype}: the reference path's DO bit");
+        }
+    }
 }
 
 #[test]
@@ -305,8 +349,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 3_000, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_queries_agree(name in 0usize..NAMES.len(), qtype in 0usize..TYPES.len(), edns in proptest::option::of(0u16..5000), id: u16, rd: bool, cd: bool) {
-        let packet = query(id, NAMES[name], TYPES[qtype], DNSClass::IN, edns, rd, cd);
+    fn random_queries_agree(name in 0usize..NAMES.len(), qtype in 0usize..TYPES.len(), edns in proptest::option::of(0u16..5000), id: u16, rd: bool, cd: bool, dnssec_ok: bool) {
+        let packet = query_do(id, NAMES[name], TYPES[qtype], DNSClass::IN, edns, rd, cd, dnssec_ok);
         compare(&packet, &SNAPSHOT, &limits())?;
     }
 

@@ -86,12 +86,14 @@ pub struct Ask {
     pub tcp: bool,
     pub edns: Option<u16>,
     pub edns_version: u8,
+    /// The DO bit (RFC 3225) in the OPT record, when there is one.
+    pub dnssec_ok: bool,
     pub class: DNSClass,
 }
 
 impl Default for Ask {
     fn default() -> Self {
-        Ask { tcp: false, edns: Some(1232), edns_version: 0, class: DNSClass::IN }
+        Ask { tcp: false, edns: Some(1232), edns_version: 0, dnssec_ok: false, class: DNSClass::IN }
     }
 }
 
@@ -103,7 +105,7 @@ pub fn build_query(name: &str, qtype: RecordType, ask: Ask) -> Vec<u8> {
     msg.metadata.recursion_desired = true;
     if let Some(size) = ask.edns {
         let mut edns = Edns::new();
-        edns.set_max_payload(size).set_version(ask.edns_version);
+        edns.set_max_payload(size).set_version(ask.edns_version).set_dnssec_ok(ask.dnssec_ok);
         msg.set_edns(edns);
     }
     msg.to_vec().expect("test queries encode")
