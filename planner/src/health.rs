@@ -1,6 +1,11 @@
 //! Health checking, the I/O shell around the pure core: concurrent TCP and HTTP probes with a
 //! timeout each and a bound on how many run at once, folded into per-target state with
 //! rise/fall hysteresis.
+//!
+//! A probe that fails on the checker's own side (no file descriptor, no buffer space, no
+//! memory, no local address) says nothing about the target: it is [`Verdict::Inconclusive`],
+//! which makes the target's health `Unknown` (the planner then keeps its weight), never
+//! `Down`. Otherwise a planner that ran out of descriptors would remove healthy targets.
 
 use crate::config::{Check, PlannerConfig, Probe};
 use crate::decide::{Health, HealthView};
@@ -68,9 +73,22 @@ impl HealthBook {
     }
 
     pub fn observe(&self, endpoint: &EndpointName, address: IpAddr, ok: bool, check: &Check) -> bool {
+        self.update(endpoint, address, |h| h.observe(ok, check.rise.get(), check.fall.get()))
+    }
+
+    /// The checker could not probe: the target's health is not known.
+    pub fn unknown(&self, endpoint: &EndpointName, address: IpAddr) -> bool {
+        self.update(endpoint, address, |h| {
+            let changed = h.state != Health::Unknown;
+            *h = Hysteresis::default();
+            changed
+        })
+    }
+
+    fn update(&self, endpoint: &EndpointName, address: IpAddr, f: impl FnOnce(&mut Hysteresis) -> bool) -> bool {
         let changed = {
             let mut targets = self.targets.lock().unwrap_or_else(|p| p.into_inner());
-            targets.entry((endpoint.clone(), address)).or_default().observe(ok, check.rise.get(), check.fall.get())
+            f(targets.entry((endpoint.clone(), address)).or_default())
         };
         if changed {
             self.changed.notify_one();
@@ -79,35 +97,107 @@ impl HealthBook {
     }
 }
 
-/// One probe. `Err` says why it failed, for the logs.
+/// What one probe says of its target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Up,
+    /// The target failed the check; why, for the logs.
+    Down(String),
+    /// The checker could not probe (see the module docs); why, for the logs.
+    Inconclusive(String),
+}
+
+/// OS errors that are the checker's own trouble, not the target's.
+const CHECKER_SIDE_ERRNOS: [nix::errno::Errno; 5] = [
+    nix::errno::Errno::EMFILE,
+    nix::errno::Errno::ENFILE,
+    nix::errno::Errno::ENOBUFS,
+    nix::errno::Errno::ENOMEM,
+    nix::errno::Errno::EADDRNOTAVAIL,
+];
+
+/// Whether `err` or any of its sources is an OS error on the checker's side.
+fn checker_side(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(code) = io.raw_os_error()
+            && CHECKER_SIDE_ERRNOS.iter().any(|c| *c as i32 == code)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// One probe, classified (see [`Verdict`]).
+pub async fn verdict(client: &reqwest::Client, address: IpAddr, check: &Check) -> Verdict {
+    match attempt(client, address, check).await {
+        Ok(()) => Verdict::Up,
+        Err(Failure::Target(why)) => Verdict::Down(why),
+        Err(Failure::Checker(why)) => Verdict::Inconclusive(why),
+    }
+}
+
+/// One probe. `Err` says why it failed, for the logs; a failure on the checker's side is an
+/// `Err` too (use [`verdict`] to tell them apart).
 pub async fn probe(client: &reqwest::Client, address: IpAddr, check: &Check) -> Result<(), String> {
+    match verdict(client, address, check).await {
+        Verdict::Up => Ok(()),
+        Verdict::Down(why) => Err(why),
+        Verdict::Inconclusive(why) => Err(format!("inconclusive: {why}")),
+    }
+}
+
+enum Failure {
+    Target(String),
+    Checker(String),
+}
+
+impl Failure {
+    fn of(context: String, err: &(dyn std::error::Error + 'static)) -> Failure {
+        let text = format!("{context}: {err}");
+        if checker_side(err) { Failure::Checker(text) } else { Failure::Target(text) }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(why: String) -> Failure {
+        Failure::Target(why)
+    }
+}
+
+async fn attempt(client: &reqwest::Client, address: IpAddr, check: &Check) -> Result<(), Failure> {
     let timeout = Duration::from_millis(check.timeout_ms.0);
     let attempt = async {
         match &check.probe {
-            Probe::Tcp { port } => {
-                tokio::net::TcpStream::connect(SocketAddr::new(address, *port)).await.map(drop).map_err(|e| format!("connect: {e}"))
-            }
+            Probe::Tcp { port } => tokio::net::TcpStream::connect(SocketAddr::new(address, *port))
+                .await
+                .map(drop)
+                .map_err(|e| Failure::of("connect".into(), &e)),
             Probe::Http { port, path, expect, body_contains } => {
                 let host = match address {
                     IpAddr::V4(a) => a.to_string(),
                     IpAddr::V6(a) => format!("[{a}]"),
                 };
-                let resp = client.get(format!("http://{host}:{port}{path}")).send().await.map_err(|e| format!("GET {path}: {e}"))?;
+                let resp =
+                    client.get(format!("http://{host}:{port}{path}")).send().await.map_err(|e| Failure::of(format!("GET {path}"), &e))?;
                 let status = resp.status().as_u16();
                 if !expect.accepts(status) {
-                    return Err(format!("GET {path}: status {status}"));
+                    return Err(format!("GET {path}: status {status}").into());
                 }
                 if let Some(needle) = body_contains {
                     let body = read_prefix(resp).await?;
                     if !String::from_utf8_lossy(&body).contains(needle.as_str()) {
-                        return Err(format!("GET {path}: body does not contain {needle:?}"));
+                        return Err(format!("GET {path}: body does not contain {needle:?}").into());
                     }
                 }
                 Ok(())
             }
         }
     };
-    tokio::time::timeout(timeout, attempt).await.map_err(|_| format!("timed out after {timeout:?}"))?
+    tokio::time::timeout(timeout, attempt).await.map_err(|_| Failure::Target(format!("timed out after {timeout:?}")))?
 }
 
 async fn read_prefix(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
@@ -141,13 +231,31 @@ pub fn spawn_checks(config: &PlannerConfig, book: Arc<HealthBook>, metrics: Arc<
                 loop {
                     ticks.tick().await;
                     let Ok(_permit) = permits.acquire().await else { return };
-                    let result = probe(&client, address, &check).await;
-                    metrics.probe(result.is_ok());
-                    if book.observe(&endpoint, address, result.is_ok(), &check) {
-                        let verdict = book.view().get(&(endpoint.clone(), address)).copied().unwrap_or(Health::Unknown);
+                    let result = verdict(&client, address, &check).await;
+                    let changed = match &result {
+                        Verdict::Up => {
+                            metrics.probe("ok");
+                            book.observe(&endpoint, address, true, &check)
+                        }
+                        Verdict::Down(_) => {
+                            metrics.probe("fail");
+                            book.observe(&endpoint, address, false, &check)
+                        }
+                        Verdict::Inconclusive(_) => {
+                            metrics.probe("inconclusive");
+                            book.unknown(&endpoint, address)
+                        }
+                    };
+                    if changed {
+                        let health = book.view().get(&(endpoint.clone(), address)).copied().unwrap_or(Health::Unknown);
                         match &result {
-                            Ok(()) => tracing::info!(%endpoint, %address, %zone, ?verdict, "target health changed"),
-                            Err(why) => tracing::warn!(%endpoint, %address, %zone, ?verdict, reason = %why, "target health changed"),
+                            Verdict::Up => tracing::info!(%endpoint, %address, %zone, ?health, "target health changed"),
+                            Verdict::Down(why) => tracing::warn!(%endpoint, %address, %zone, ?health, reason = %why, "target health changed"),
+                            // Logged once per change, not per probe: a checker out of
+                            // descriptors must not flood the log.
+                            Verdict::Inconclusive(why) => {
+                                tracing::warn!(%endpoint, %address, %zone, reason = %why, "cannot check the target from here: its health is unknown and its weight stays")
+                            }
                         }
                     }
                 }
@@ -160,6 +268,30 @@ pub fn spawn_checks(config: &PlannerConfig, book: Arc<HealthBook>, metrics: Arc<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An OS error on the checker's side is found however deep in the source chain (reqwest
+    /// wraps hyper's, which wraps the connect error); the target's own refusal is not one.
+    #[test]
+    fn checker_side_errors_are_found_in_the_source_chain() {
+        #[derive(Debug)]
+        struct Wrapped(std::io::Error);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("client error")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        for errno in CHECKER_SIDE_ERRNOS {
+            assert!(checker_side(&Wrapped(std::io::Error::from_raw_os_error(errno as i32))), "{errno}");
+        }
+        for errno in [nix::errno::Errno::ECONNREFUSED, nix::errno::Errno::EHOSTUNREACH, nix::errno::Errno::ETIMEDOUT] {
+            assert!(!checker_side(&Wrapped(std::io::Error::from_raw_os_error(errno as i32))), "{errno}");
+        }
+    }
 
     #[test]
     fn hysteresis_needs_streaks() {

@@ -65,8 +65,10 @@ impl Metrics {
         m
     }
 
-    pub fn probe(&self, ok: bool) {
-        self.probes.get_or_create(&ResultLabels { result: if ok { "ok" } else { "fail" } }).inc();
+    /// Counts one probe: `ok`, `fail` (the target failed it) or `inconclusive` (the checker
+    /// could not probe: out of descriptors, buffers or local addresses).
+    pub fn probe(&self, result: &'static str) {
+        self.probes.get_or_create(&ResultLabels { result }).inc();
     }
 
     pub fn decision(&self, kind: &'static str) {

@@ -1,0 +1,114 @@
+//! A planner whose own process runs out of file descriptors: every probe fails with EMFILE
+//! on the checker's side, which says nothing about the targets. Their health becomes unknown
+//! and no plan is published.
+//!
+//! Without the distinction (EMFILE counted as a failed check), every target goes down, the
+//! endpoint with one really dead target fails open and the planner publishes a plan that puts
+//! the dead target back (seen once). This test is alone in its binary: it lowers the
+//! process's descriptor limit.
+
+use dnsplan_common::{Generation, SledStore, Store, ValidatedPlan};
+use dnsplan_planner::health::{HealthBook, spawn_checks};
+use dnsplan_planner::metrics::{KindLabels, Metrics, ResultLabels};
+use dnsplan_planner::{Planner, PlannerConfig};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use prometheus_client::registry::Registry;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod support;
+
+use support::{Backends, config_text};
+
+const WITHIN: Duration = Duration::from_secs(20);
+/// The soft descriptor limit while exhausted: above what the test process already holds.
+const EXHAUSTED_LIMIT: u64 = 512;
+
+fn weight(plan: &ValidatedPlan, endpoint: &str, address: &str) -> Option<u32> {
+    let name = dnsplan_common::DnsName::parse(endpoint).ok()?;
+    let address: IpAddr = address.parse().ok()?;
+    plan.plan().endpoints.get(&name)?.targets.iter().find(|t| t.address == address).map(|t| t.weight)
+}
+
+async fn wait_plan(store: &SledStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
+    let wait = async {
+        loop {
+            let version = store.version().await?;
+            if version.latest > Generation::NONE {
+                let plan = store.plan(version.latest).await?;
+                if want(&plan) {
+                    return anyhow::Ok(plan);
+                }
+            }
+            store.wait_for_change(version, WITHIN).await?;
+        }
+    };
+    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("no plan matched within {WITHIN:?}"))?
+}
+
+/// Polls a counter until `done`, within the deadline.
+async fn until(what: &str, done: impl Fn() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WITHIN;
+    while !done() {
+        anyhow::ensure!(Instant::now() < deadline, "{what} did not happen within {WITHIN:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_out_of_descriptors_publishes_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let mut backends = Backends::start().await?;
+    let config = Arc::new(PlannerConfig::parse(&config_text(backends.port, "")).map_err(anyhow::Error::msg)?);
+    let targets = config.endpoints().map(|e| e.targets.len()).sum::<usize>() as u64;
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), &config.id));
+    let book = Arc::new(HealthBook::default());
+    let _checks = spawn_checks(&config, book.clone(), metrics.clone());
+    let planner = Planner::new(store.clone(), config, book, metrics.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(planner.run(async move {
+        let _ = stopped.await;
+    }));
+
+    // One target really dead: removed by a plan.
+    wait_plan(&store, |p| weight(p, "api.example.test.", "127.0.1.1") == Some(1)).await?;
+    backends.stop("127.0.1.1")?;
+    let removed = wait_plan(&store, |p| weight(p, "api.example.test.", "127.0.1.1") == Some(0)).await?;
+
+    // Exhaust the process's descriptors.
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    setrlimit(Resource::RLIMIT_NOFILE, EXHAUSTED_LIMIT.min(hard), hard)?;
+    let mut held = Vec::new();
+    let exhausted = loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) => held.push(file),
+            Err(err) => break err,
+        }
+        anyhow::ensure!(held.len() as u64 <= EXHAUSTED_LIMIT, "opened {} files under a limit of {EXHAUSTED_LIMIT}", held.len());
+    };
+    let probes = |result| metrics.probes.get_or_create(&ResultLabels { result }).get();
+    let not_ok = || probes("fail") + probes("inconclusive");
+    let decisions = || ["no_change", "publish"].map(|kind| metrics.decisions.get_or_create(&KindLabels { kind }).get()).iter().sum::<u64>();
+    let result = async {
+        anyhow::ensure!(exhausted.raw_os_error() == Some(nix::errno::Errno::EMFILE as i32), "not EMFILE: {exhausted}");
+        // Every target probed three times while exhausted, and the planner decided since.
+        let before = not_ok();
+        until("probes while exhausted", || not_ok() >= before + 3 * targets).await?;
+        let decided = decisions();
+        until("three more decisions", || decisions() >= decided + 3).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    drop(held);
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
+    result?;
+    assert_eq!(store.latest().await?, removed.generation(), "a plan was published while the planner could not check anything");
+    assert!(probes("inconclusive") >= 3 * targets, "the failed probes were not counted as inconclusive");
+
+    let _ = stop.send(());
+    task.await?;
+    Ok(())
+}
