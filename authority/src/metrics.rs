@@ -176,6 +176,7 @@ pub struct Metrics {
     registry: Registry,
     queries: QueryCounters,
     truncated: Counter,
+    udp_unsent: Counter,
     response_bytes: SizeHistogram,
     pub applies: Family<ApplyLabels, Counter>,
     snapshot_swap_seconds: Histogram,
@@ -201,6 +202,12 @@ impl Metrics {
         registry.register("dns_queries", "DNS queries answered, by query type, response code and transport", queries.clone());
         let truncated = Counter::default();
         registry.register("dns_truncated", "UDP answers sent with TC=1 because they did not fit", truncated.clone());
+        let udp_unsent = Counter::default();
+        registry.register(
+            "dns_udp_unsent",
+            "UDP answers not sent: the kernel refused their peer, or the send buffer was full",
+            udp_unsent.clone(),
+        );
         let response_bytes = SizeHistogram::default();
         registry.register("dns_response_bytes", "Size of DNS responses in bytes", response_bytes.clone());
         let applies = Family::<ApplyLabels, Counter>::default();
@@ -225,6 +232,7 @@ impl Metrics {
             registry,
             queries,
             truncated,
+            udp_unsent,
             response_bytes,
             applies,
             snapshot_swap_seconds,
@@ -243,6 +251,13 @@ impl Metrics {
         self.response_bytes.observe(outcome.bytes);
         if outcome.truncated {
             self.truncated.inc();
+        }
+    }
+
+    /// `count` UDP answers were not sent (see `udp::send_answers`).
+    pub fn observe_udp_unsent(&self, count: usize) {
+        if count > 0 {
+            self.udp_unsent.inc_by(count as u64);
         }
     }
 

@@ -4,11 +4,13 @@
 //! The buffers and message headers live in a thread-local `Batch` (the headers hold raw
 //! pointers, so they cannot live in a future that moves between threads); the async loop in
 //! `server::serve_udp` calls `Batch::run` from `UdpSocket::try_io` whenever the socket is
-//! readable.
+//! readable. A datagram the kernel refuses to send (for its peer) is skipped; the rest of the
+//! batch is still sent (`send_answers`).
 
 use crate::answer::{Outcome, Transport, respond};
 use crate::fast::{Fast, respond_fast};
 use crate::follower::Serving;
+use nix::errno::Errno;
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use rand::rngs::SmallRng;
 use std::cell::RefCell;
@@ -34,6 +36,64 @@ pub struct Batch {
 
 thread_local! {
     static BATCH_STATE: RefCell<Option<Batch>> = const { RefCell::new(None) };
+}
+
+/// What became of one batch's answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendTally {
+    /// Taken by the kernel.
+    pub sent: usize,
+    /// Refused for their own peer (an address the kernel will not send to) and skipped.
+    pub failed: usize,
+    /// Not tried: the socket's send buffer was full.
+    pub unsent: usize,
+}
+
+/// Sends `answers[i]` to `peers[i]` with as few `sendmmsg` calls as it takes and calls
+/// `on_sent(i)` for each answer the kernel took.
+///
+/// `sendmmsg` stops at the first datagram it cannot send: it reports the ones before it, and
+/// a call that starts at that datagram fails. That error belongs to the one datagram (its
+/// peer is a broadcast address, port 0, unreachable...), so it is skipped, logged at debug
+/// and counted, and the rest of the batch is sent. Only a full send buffer (`EAGAIN`) ends
+/// the batch: it is the socket's state, every later datagram would meet it too. Lost UDP
+/// answers are asked again by their clients.
+pub fn send_answers(
+    fd: RawFd,
+    headers: &mut MultiHeaders<SockaddrStorage>,
+    answers: &[Vec<u8>],
+    peers: &[Option<SockaddrStorage>],
+    mut on_sent: impl FnMut(usize),
+) -> SendTally {
+    let total = answers.len().min(peers.len());
+    let mut tally = SendTally::default();
+    let mut next = 0;
+    // Each call sends at least one datagram or skips one, so this takes at most `total` calls.
+    while next < total {
+        let slices: Vec<[IoSlice<'_>; 1]> = answers[next..total].iter().map(|a| [IoSlice::new(a)]).collect();
+        let result = sendmmsg(fd, headers, slices.iter(), &peers[next..total], [] as [ControlMessage<'_>; 0], MsgFlags::MSG_DONTWAIT)
+            .map(|results| results.count());
+        match result {
+            Ok(n) if n > 0 => {
+                let n = n.min(total - next);
+                (next..next + n).for_each(&mut on_sent);
+                tally.sent += n;
+                next += n;
+            }
+            // Nothing taken and no error: not expected of the kernel; do not spin on it.
+            Ok(_) | Err(Errno::EAGAIN) => {
+                tally.unsent = total - next;
+                tracing::debug!(unsent = tally.unsent, "UDP send buffer full; answers dropped");
+                break;
+            }
+            Err(err) => {
+                tracing::debug!(%err, peer = ?peers[next], "UDP answer not sent; skipping it");
+                tally.failed += 1;
+                next += 1;
+            }
+        }
+    }
+    tally
 }
 
 impl Batch {
@@ -102,35 +162,11 @@ impl Batch {
             answered += 1;
         }
         drop(snapshot);
-        let mut sent = 0;
-        while sent < answered {
-            let slices: Vec<[IoSlice<'_>; 1]> = self.answers[sent..answered].iter().map(|a| [IoSlice::new(a)]).collect();
-            match sendmmsg(
-                fd,
-                &mut self.send,
-                slices.iter(),
-                &self.peers[sent..answered],
-                [] as [ControlMessage<'_>; 0],
-                MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(results) => {
-                    let n = results.count();
-                    if n == 0 {
-                        break;
-                    }
-                    sent += n;
-                }
-                Err(err) => {
-                    // A full send buffer or an unreachable peer: UDP answers may be lost, and
-                    // the client asks again.
-                    tracing::debug!(%err, unsent = answered - sent, "UDP send failed");
-                    break;
-                }
-            }
-        }
-        for outcome in &self.outcomes[..sent] {
-            serving.metrics.observe_query(outcome, Transport::Udp);
-        }
+        let outcomes = &self.outcomes;
+        let tally = send_answers(fd, &mut self.send, &self.answers[..answered], &self.peers, |i| {
+            serving.metrics.observe_query(&outcomes[i], Transport::Udp);
+        });
+        serving.metrics.observe_udp_unsent(tally.failed + tally.unsent);
         if datagrams < BATCH {
             // The socket had no more than this: report it empty, so the caller waits for the
             // next readiness event instead of spending a system call to learn it. (Tokio
@@ -138,5 +174,62 @@ impl Batch {
             return Err(std::io::ErrorKind::WouldBlock.into());
         }
         Ok(datagrams)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{SocketAddr, UdpSocket};
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    /// How long a receiver waits for a datagram sent on loopback before the test fails.
+    const RECV_DEADLINE: Duration = Duration::from_secs(5);
+
+    fn receiver() -> (UdpSocket, SocketAddr) {
+        let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        socket.set_read_timeout(Some(RECV_DEADLINE)).expect("timeout");
+        let addr = socket.local_addr().expect("address");
+        (socket, addr)
+    }
+
+    fn recv(socket: &UdpSocket) -> Vec<u8> {
+        let mut buf = [0u8; 64];
+        let (len, _) = socket.recv_from(&mut buf).expect("a datagram before the deadline");
+        buf[..len].to_vec()
+    }
+
+    /// One batch over a real socket with answers for peers the kernel refuses (port 0, the
+    /// broadcast address without `SO_BROADCAST`, no address at all) between answers for two
+    /// real clients: every real client gets its answers. Before `send_answers` skipped the
+    /// failing datagram, the first refusal dropped every answer after it.
+    #[test]
+    fn a_refused_peer_does_not_stop_the_batch() {
+        let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let (a, a_addr) = receiver();
+        let (b, b_addr) = receiver();
+        let port_zero: SocketAddr = "127.0.0.1:0".parse().expect("address");
+        let broadcast: SocketAddr = "255.255.255.255:53".parse().expect("address");
+        let peers: Vec<Option<SockaddrStorage>> = vec![
+            Some(a_addr.into()),
+            Some(port_zero.into()),
+            Some(b_addr.into()),
+            Some(broadcast.into()),
+            None,
+            Some(a_addr.into()),
+            Some(b_addr.into()),
+        ];
+        let answers: Vec<Vec<u8>> = (0..peers.len()).map(|i| format!("answer {i}").into_bytes()).collect();
+        let mut headers = MultiHeaders::preallocate(BATCH, None);
+        let mut taken = Vec::new();
+        let tally = send_answers(server.as_raw_fd(), &mut headers, &answers, &peers, |i| taken.push(i));
+
+        assert_eq!(taken, [0, 2, 5, 6], "the answers the kernel took");
+        assert_eq!(tally, SendTally { sent: 4, failed: 3, unsent: 0 });
+        assert_eq!(recv(&a), b"answer 0");
+        assert_eq!(recv(&a), b"answer 5");
+        assert_eq!(recv(&b), b"answer 2");
+        assert_eq!(recv(&b), b"answer 6");
     }
 }

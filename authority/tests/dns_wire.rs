@@ -332,6 +332,7 @@ async fn metrics_and_health() -> anyhow::Result<()> {
         "dnsplan_active_generation{endpoint=\"api.example.test.\"} 1",
         "dnsplan_snapshot_swap_seconds_count",
         "dnsplan_dns_response_bytes_bucket",
+        "dnsplan_dns_udp_unsent_total 0",
     ] {
         assert!(text.contains(want), "want {want:?} in /metrics:\n{text}");
     }
