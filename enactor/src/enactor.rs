@@ -5,9 +5,12 @@
 //! There is no "is my plan newer" check that later writes rely on. Each write is its own
 //! compare-and-swap inside the store; `Stale` means a newer plan already holds that endpoint
 //! and is skipped. A newer published plan preempts the one being applied.
+//!
+//! The hook points (`hooks`) are called in every build; they do nothing unless a test installs
+//! its own. The naive 2025 enactor of the race tests lives in `naive`, built with feature
+//! `testing` only; the one place that can choose it is the start of `apply_plan`.
 
 use crate::config::{RetryPolicy, Settings, VerifySettings};
-#[cfg(feature = "testing")]
 use crate::hooks::{Behaviour, Event, Hooks, NoHooks};
 use crate::metrics::Metrics;
 use crate::{guard, verify};
@@ -27,6 +30,10 @@ use tracing::Instrument;
 const WATCH_WAIT: Duration = Duration::from_secs(30);
 /// Pause between retries of a failed long-poll, and before retrying after the store failed.
 const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
+
+#[cfg(feature = "testing")]
+mod naive;
+
 /// What one application writes: the whole plan, or its changes since the base.
 struct Work {
     rollback: bool,
@@ -35,16 +42,6 @@ struct Work {
     /// Endpoints of the plan left unwritten because no plan since the base changed them.
     skipped: u64,
 }
-
-/// What to apply: normally `Work`; under the race tests' counterfactual, the plan whole for
-/// the naive enactor.
-#[cfg(feature = "testing")]
-enum WorkOrNaive {
-    Work(Work),
-    Naive(ValidatedPlan),
-}
-#[cfg(not(feature = "testing"))]
-type WorkOrNaive = Work;
 
 /// Why a plan application stopped before it finished.
 #[derive(Debug)]
@@ -87,9 +84,9 @@ pub struct Enactor<S: Store> {
     /// The store's active state as last read (see `active_now`).
     active: std::sync::Mutex<Option<Arc<ActiveSnapshot>>>,
     state: String,
-    #[cfg(feature = "testing")]
+    /// Called at fixed points of the loop; `NoHooks` unless a test installs its own.
     hooks: Arc<dyn Hooks>,
-    #[cfg(feature = "testing")]
+    /// Always `Fenced` outside the race tests: without feature `testing` it has no other value.
     behaviour: Behaviour,
 }
 
@@ -106,20 +103,16 @@ impl<S: Store> Enactor<S> {
             last_full_write: Generation::NONE,
             active: std::sync::Mutex::new(None),
             state: "starting".into(),
-            #[cfg(feature = "testing")]
             hooks: Arc::new(NoHooks),
-            #[cfg(feature = "testing")]
             behaviour: Behaviour::Fenced,
         }
     }
 
-    #[cfg(feature = "testing")]
     pub fn with_hooks(mut self, hooks: Arc<dyn Hooks>) -> Self {
         self.hooks = hooks;
         self
     }
 
-    #[cfg(feature = "testing")]
     pub fn with_behaviour(mut self, behaviour: Behaviour) -> Self {
         self.behaviour = behaviour;
         self
@@ -238,7 +231,6 @@ impl<S: Store> Enactor<S> {
                         None => true,
                     };
                     if verified {
-                        #[cfg(feature = "testing")]
                         self.hooks.before_cleanup(&self.settings.id, generation).await;
                         self.cleanup().instrument(span.clone()).await;
                         self.state = "idle".into();
@@ -290,6 +282,13 @@ impl<S: Store> Enactor<S> {
     }
 
     async fn apply_plan(&self, generation: Generation, full: bool, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
+        // The race tests' 2025 enactor takes over here; without feature `testing` there is
+        // no other arm.
+        match self.behaviour {
+            Behaviour::Fenced => {}
+            #[cfg(feature = "testing")]
+            Behaviour::Naive => return self.apply_naive(generation, deadline, versions).await,
+        }
         let work = match self.base.filter(|base| !full && *base < generation) {
             Some(base) => self.changes_since(base, generation).await,
             None => Ok(None),
@@ -302,17 +301,13 @@ impl<S: Store> Enactor<S> {
             },
             Err(step) => return step,
         };
-        #[cfg(feature = "testing")]
-        let work = match work {
-            WorkOrNaive::Naive(plan) => {
-                let active = match self.active_now().await {
-                    Ok(active) => active,
-                    Err(err) => return Step::Failed(err),
-                };
-                return self.apply_naive(plan, &active).await;
-            }
-            WorkOrNaive::Work(work) => work,
-        };
+        self.write(generation, work, deadline, versions).await
+    }
+
+    /// Writes `work` through the store's fence: the removal guard (rollbacks skip it), then the
+    /// endpoints in batches and the retirements, checking before each for a newer plan and
+    /// the deadline.
+    async fn write(&self, generation: Generation, work: Work, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
         if !work.rollback {
             let active = match self.active_now().await {
                 Ok(active) => active,
@@ -332,7 +327,6 @@ impl<S: Store> Enactor<S> {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
-            #[cfg(feature = "testing")]
             for item in batch {
                 self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
             }
@@ -352,7 +346,6 @@ impl<S: Store> Enactor<S> {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
-            #[cfg(feature = "testing")]
             self.hooks.before_write(&self.settings.id, generation, name).await;
             let span = tracing::debug_span!("retire", endpoint = %name);
             let result = self.call("retire", || self.store.retire(name, generation)).instrument(span).await;
@@ -365,7 +358,7 @@ impl<S: Store> Enactor<S> {
 
     /// Plan `generation` whole, validated again: the same validation as publish, on what we
     /// are about to write (the second line of defence).
-    async fn whole_plan(&self, generation: Generation) -> Result<WorkOrNaive, Step> {
+    async fn whole_plan(&self, generation: Generation) -> Result<Work, Step> {
         let plan = match self.call("plan", || self.store.plan(generation)).await {
             Ok(plan) => {
                 self.metrics.plan_read("whole");
@@ -384,15 +377,8 @@ impl<S: Store> Enactor<S> {
             }
             Err(err) => return Err(Step::Refused { reason: "invalid", detail: err.to_string() }),
         };
-        #[cfg(feature = "testing")]
-        if self.behaviour == Behaviour::Naive && plan.plan().rollback_of.is_none() {
-            return Ok(WorkOrNaive::Naive(plan));
-        }
         let plan = plan.into_plan();
-        let work = Work { rollback: plan.rollback_of.is_some(), serve: plan.endpoints, retire: plan.retired, skipped: 0 };
-        #[cfg(feature = "testing")]
-        let work = WorkOrNaive::Work(work);
-        Ok(work)
+        Ok(Work { rollback: plan.rollback_of.is_some(), serve: plan.endpoints, retire: plan.retired, skipped: 0 })
     }
 
     /// What plan `generation` changed since the base, when the store can say it in less than
@@ -406,11 +392,7 @@ impl<S: Store> Enactor<S> {
     /// to this one, so any write it can still receive carries exactly what it serves. The
     /// store folds the changes of *every* plan in between, so an endpoint that changed and
     /// changed back (which another enactor may have written) is written again.
-    async fn changes_since(&self, base: Generation, generation: Generation) -> Result<Option<WorkOrNaive>, Step> {
-        #[cfg(feature = "testing")]
-        if self.behaviour == Behaviour::Naive {
-            return Ok(None);
-        }
+    async fn changes_since(&self, base: Generation, generation: Generation) -> Result<Option<Work>, Step> {
         let changes = match self.call("plan_changes", || self.store.plan_changes(base, generation)).await {
             Ok(Some(changes)) => changes,
             Ok(None) => return Ok(None),
@@ -442,8 +424,6 @@ impl<S: Store> Enactor<S> {
             }
         }
         work.skipped = changes.endpoint_count.saturating_sub(work.serve.len() as u64);
-        #[cfg(feature = "testing")]
-        let work = WorkOrNaive::Work(work);
         Ok(Some(work))
     }
 
@@ -509,27 +489,6 @@ impl<S: Store> Enactor<S> {
             Ok(to) => Step::MoveTo { to, reason },
             Err(err) => Step::Failed(err),
         }
-    }
-
-    /// The October 2025 enactor, for the race tests' counterfactual only: one check that the
-    /// plan is newer than anything active, then every write trusting it.
-    #[cfg(feature = "testing")]
-    async fn apply_naive(&self, plan: ValidatedPlan, active: &dnsplan_common::ActiveSnapshot) -> Step {
-        let generation = plan.generation();
-        let newest_active = active.endpoints.values().map(|r| r.generation).max().unwrap_or_default();
-        if newest_active >= generation {
-            return Step::Done { written: plan.into_plan().endpoints, changed: Vec::new(), wrote_all: true };
-        }
-        let mut changed = Vec::new();
-        for (name, records) in &plan.plan().endpoints {
-            self.hooks.before_write(&self.settings.id, generation, name).await;
-            match self.call("apply", || self.store.apply(name, generation, records)).await {
-                Ok(_) => changed.push(name.clone()),
-                Err(StoreError::Stale { .. }) => {}
-                Err(err) => return Step::Failed(err),
-            }
-        }
-        Step::Done { written: plan.into_plan().endpoints, changed, wrote_all: true }
     }
 
     /// Checks over DNS that each changed endpoint answers only with this plan's addresses.
@@ -620,24 +579,15 @@ impl<S: Store> Enactor<S> {
         }
     }
 
-    #[cfg(feature = "testing")]
     fn event_done(&self, generation: Generation) {
         self.hooks.event(Event::PlanDone { enactor: self.settings.id.clone(), generation });
     }
-    #[cfg(feature = "testing")]
     fn event_abandoned(&self, generation: Generation) {
         self.hooks.event(Event::PlanAbandoned { enactor: self.settings.id.clone(), generation });
     }
-    #[cfg(feature = "testing")]
     fn event_refused(&self, generation: Generation) {
         self.hooks.event(Event::PlanRefused { enactor: self.settings.id.clone(), generation });
     }
-    #[cfg(not(feature = "testing"))]
-    fn event_done(&self, _: Generation) {}
-    #[cfg(not(feature = "testing"))]
-    fn event_abandoned(&self, _: Generation) {}
-    #[cfg(not(feature = "testing"))]
-    fn event_refused(&self, _: Generation) {}
 }
 
 /// Timeouts and an unreachable store are worth retrying; refusals are answers.

@@ -1,13 +1,19 @@
-//! Test-only fault hooks and the naive 2025 behaviour (feature `testing`).
+//! Hook points in the enactor's loop, and the choice of how it writes.
 //!
-//! The race tests use `Hooks::before_write` to hold one enactor just before it writes a given
-//! endpoint while others move on, and `Hooks::event` to learn, without polling, when an
-//! enactor finished a plan. `Behaviour::Naive` reproduces the enactor of the October 2025
-//! outage, so that the tests can show their checker catching it.
+//! Every build has the hook points; an enactor calls `NoHooks` unless a caller installs other
+//! hooks (`Enactor::with_hooks`), and the daemons install none. Tests install their own: the
+//! race tests hold one enactor just before it writes a given endpoint while others move on
+//! (`Hooks::before_write`), and learn without polling when an enactor finished a plan
+//! (`Hooks::event`).
+//!
+//! `Behaviour::Naive` reproduces the enactor of the October 2025 outage, so that the tests can
+//! show their checker catching it. It exists only with feature `testing`; without it
+//! `Behaviour` has the one value `Fenced`, so nothing can switch an enactor to anything else.
 
 use dnsplan_common::{EndpointName, Generation};
 use std::future::Future;
 use std::pin::Pin;
+use std::task::Poll;
 
 /// What an enactor reports to the hooks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,17 +36,24 @@ pub trait Hooks: Send + Sync + 'static {
     fn event(&self, event: Event);
 }
 
-/// No faults.
+/// No faults: what every enactor runs unless a test installs other hooks.
 pub struct NoHooks;
 
 impl Hooks for NoHooks {
     fn before_write<'a>(&'a self, _: &'a str, _: Generation, _: &'a EndpointName) -> HookFuture<'a> {
-        Box::pin(async {})
+        ready()
     }
     fn before_cleanup<'a>(&'a self, _: &'a str, _: Generation) -> HookFuture<'a> {
-        Box::pin(async {})
+        ready()
     }
     fn event(&self, _: Event) {}
+}
+
+/// A finished future that costs no allocation: `poll_fn` over a closure without captures is
+/// zero-sized, and boxing a zero-sized value allocates nothing (`async {}` is one byte, so it
+/// would cost an allocation per endpoint written).
+fn ready<'a>() -> HookFuture<'a> {
+    Box::pin(std::future::poll_fn(|_| Poll::Ready(())))
 }
 
 /// How the enactor decides what to write.
@@ -50,6 +63,18 @@ pub enum Behaviour {
     #[default]
     Fenced,
     /// The 2025 enactor: one check that its plan is newer than what is active, then every
-    /// write trusting that check, never looking at newer plans. Test-only.
+    /// write trusting that check, never looking at newer plans. Feature `testing` only.
+    #[cfg(feature = "testing")]
     Naive,
+}
+
+impl Behaviour {
+    /// `Naive` where this build has it (feature `testing`), else `None`: lets a harness offer
+    /// the 2025 enactor without naming a variant that production builds do not have.
+    #[cfg(feature = "testing")]
+    pub const NAIVE_2025: Option<Behaviour> = Some(Behaviour::Naive);
+    /// `Naive` where this build has it (feature `testing`), else `None`: lets a harness offer
+    /// the 2025 enactor without naming a variant that production builds do not have.
+    #[cfg(not(feature = "testing"))]
+    pub const NAIVE_2025: Option<Behaviour> = None;
 }

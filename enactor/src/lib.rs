@@ -3,14 +3,14 @@
 //! reports heartbeats. Several run at once, one per availability zone.
 //!
 //! `enactor` is the loop; `guard` the pure removal check; `verify` the DNS verification;
-//! `config` the TOML config; `metrics` the Prometheus metrics; `hooks` (feature `testing`)
-//! the fault hooks and the naive 2025 behaviour used by the race tests.
+//! `config` the TOML config; `metrics` the Prometheus metrics; `hooks` the hook points tests
+//! use to hold an enactor at an exact point (no-ops unless a test installs its own), and,
+//! with feature `testing` only, the naive 2025 behaviour of the race tests.
 
 pub mod args;
 pub mod config;
 pub mod enactor;
 pub mod guard;
-#[cfg(feature = "testing")]
 pub mod hooks;
 pub mod metrics;
 pub mod verify;
