@@ -139,7 +139,7 @@ fn parse_json<T: DeserializeOwned>(body: &Bytes) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("body is not the expected JSON: {e}")))
 }
 
-fn parse_endpoint(raw: &str) -> ApiResult<EndpointName> {
+pub(crate) fn parse_endpoint(raw: &str) -> ApiResult<EndpointName> {
     DnsName::parse(raw).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 

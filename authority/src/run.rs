@@ -10,7 +10,8 @@ use crate::metrics::Metrics;
 use crate::server::{TcpLimits, bind_udp, serve_tcp, serve_udp};
 use anyhow::Context;
 use axum::Json;
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::routing::get;
 use dnsplan_common::{SledStore, Store};
 use serde::Serialize;
@@ -27,7 +28,14 @@ pub struct Bound {
     pub control: SocketAddr,
 }
 
-/// What `/v1/status` reports.
+/// Endpoints `/v1/status` lists when the query does not say: enough for a page of a
+/// terminal, small at any zone size (the whole state is only read a page at a time, through
+/// `GET /v1/active?limit=N&after=NAME`).
+pub const STATUS_ENDPOINTS_DEFAULT: usize = 100;
+
+/// What `/v1/status` reports: a summary whose size does not grow with the zone. The serving
+/// figures come from the snapshot the authority serves, the store is read only for the small
+/// records and one page of endpoints.
 #[derive(Serialize)]
 struct Status {
     latest: dnsplan_common::Generation,
@@ -36,6 +44,19 @@ struct Status {
     applied_changes: u64,
     managed_endpoints: usize,
     heartbeats: Vec<dnsplan_common::Heartbeat>,
+    /// The first `limit` endpoints after `after`, in name order.
+    endpoints: std::collections::BTreeMap<dnsplan_common::EndpointName, dnsplan_common::ActiveRecord>,
+    /// More endpoints follow the last one listed (page on with `after`).
+    endpoints_more: bool,
+}
+
+/// Query of `/v1/status`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusQuery {
+    /// Endpoints to list, `0..=ACTIVE_PAGE_MAX` (default `STATUS_ENDPOINTS_DEFAULT`).
+    limit: Option<usize>,
+    after: Option<String>,
 }
 
 /// Runs the authority on the embedded store at `config.data_dir` until `shutdown` resolves.
@@ -115,7 +136,19 @@ pub async fn run_with_extras<S: Store>(
     };
     let mut app = control::router(ctl.clone())
         .route("/readyz", get(|| async { "ready\n" }))
-        .route("/v1/status", get(status::<S>))
+        .route(
+            "/v1/status",
+            get({
+                let serving = serving.clone();
+                move |State(ctl): State<Control<S>>, q: Result<Query<StatusQuery>, QueryRejection>| {
+                    let serving = serving.clone();
+                    async move {
+                        let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+                        status(ctl, serving, q).await
+                    }
+                }
+            }),
+        )
         .with_state(ctl)
         .route("/metrics", get(render));
     if let Some(routes) = extras.routes {
@@ -135,20 +168,28 @@ pub async fn run_with_extras<S: Store>(
     Ok(())
 }
 
-async fn status<S: Store>(State(ctl): State<Control<S>>) -> Result<Json<serde_json::Value>, ApiError> {
+async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery) -> Result<Json<Status>, ApiError> {
     let store = &ctl.store;
-    let active = store.active_all().await?;
-    let status = Status {
+    let limit = q.limit.unwrap_or(STATUS_ENDPOINTS_DEFAULT);
+    let after = q.after.as_deref().map(control::parse_endpoint).transpose()?;
+    let (endpoints, endpoints_more) = match limit {
+        0 => (Default::default(), true),
+        _ => {
+            let page = store.active_page(after, limit).await?;
+            (page.endpoints.into_iter().collect(), page.more)
+        }
+    };
+    let snapshot = serving.snapshot.load();
+    Ok(Json(Status {
         latest: store.latest().await?,
         paused: store.paused().await?,
-        serial: active.applied_changes as u32,
-        applied_changes: active.applied_changes,
-        managed_endpoints: active.endpoints.len(),
+        serial: snapshot.applied_changes as u32,
+        applied_changes: snapshot.applied_changes,
+        managed_endpoints: snapshot.managed_count(),
         heartbeats: store.heartbeats().await?,
-    };
-    let mut value = serde_json::to_value(status).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    value["endpoints"] = serde_json::to_value(&active.endpoints).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(Json(value))
+        endpoints,
+        endpoints_more,
+    }))
 }
 
 /// UDP (`sockets` of them) and TCP on one address and port. For port 0 the system picks a

@@ -223,11 +223,16 @@ struct StatusView {
     paused: Option<PauseState>,
     serial: u32,
     applied_changes: u64,
+    #[serde(default)]
+    managed_endpoints: usize,
     heartbeats: Vec<Heartbeat>,
     endpoints: BTreeMap<EndpointName, ActiveRecord>,
     /// The one-process stack's planner (`/v1/planner`), when there is one.
     #[serde(default)]
     planner: Option<serde_json::Value>,
+    /// More endpoints follow those listed (the authority lists one page).
+    #[serde(default)]
+    endpoints_more: bool,
     /// Endpoints of the latest plan the planner no longer manages (filled in by the CLI).
     #[serde(default)]
     unmanaged: Vec<EndpointName>,
@@ -311,6 +316,9 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         })
         .collect();
     crate::out_raw!("{}", table(&["ENDPOINT", "PLAN", "ADDRESSES (zone, weight)"], &rows));
+    if view.endpoints_more {
+        crate::out!("... {} endpoints in all; `dnsplan endpoints list` shows every one", view.managed_endpoints);
+    }
     crate::out!();
     let rows: Vec<Vec<String>> = view
         .heartbeats
