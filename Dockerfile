@@ -2,6 +2,8 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
+# The four daemons and no feature: no enactor built here has the naive 2025 one (feature
+# `testing`). enactor/tests/production_build.rs reads this command and checks cargo's features.
 RUN cargo build --release --locked \
       -p dnsplan-authority -p dnsplan-planner -p dnsplan-enactor -p dnsplan-cli \
  && mkdir /out \

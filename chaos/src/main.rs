@@ -1,7 +1,8 @@
 //! `dnsplan-chaos run SCENARIO|all [--seed N] [--duration SECS] [--unsafe-naive] [--report FILE]`
 //!
 //! Exit 0 when every scenario kept every invariant (with `--unsafe-naive`: when the harness
-//! caught the 2025 behaviour); 1 otherwise; 2 on bad usage.
+//! caught the 2025 behaviour); 1 otherwise; 2 on bad usage, and for `--unsafe-naive` in a build
+//! without the naive enactor (feature `unsafe-naive`; test builds have it).
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dnsplan_chaos::harness::{self, Bins, Faults, Report};
@@ -30,6 +31,7 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         duration: u64,
         /// Run the 2025 behaviour instead (aws-2025-race only); succeed only if it is caught.
+        /// Needs a build with feature `unsafe-naive`.
         #[arg(long)]
         unsafe_naive: bool,
         /// Also write the reports as JSON here.
@@ -59,13 +61,20 @@ enum Scenario {
     All,
 }
 
-async fn run_one(scenario: Scenario, seed: u64, duration: Duration, unsafe_naive: bool, bins: &Option<Bins>) -> anyhow::Result<Report> {
+/// `naive` is the 2025 enactor for `--unsafe-naive`, `None` for the fenced runs.
+async fn run_one(
+    scenario: Scenario,
+    seed: u64,
+    duration: Duration,
+    naive: Option<Behaviour>,
+    bins: &Option<Bins>,
+) -> anyhow::Result<Report> {
     let bins = || bins.clone().ok_or_else(|| anyhow::anyhow!("process scenarios need the binaries (see --bin-dir)"));
     match scenario {
         Scenario::Aws2025Race => {
             let started = Instant::now();
-            let outcome = if unsafe_naive {
-                race::race(dnsplan_tests::naive::NaiveStore::as_in_2025(), Behaviour::Naive).await?
+            let outcome = if let Some(naive) = naive {
+                race::race(dnsplan_tests::naive::NaiveStore::as_in_2025(), naive).await?
             } else {
                 let dir = tempfile::tempdir()?;
                 race::race(dnsplan_common::SledStore::open(dir.path())?, Behaviour::Fenced).await?
@@ -73,7 +82,7 @@ async fn run_one(scenario: Scenario, seed: u64, duration: Duration, unsafe_naive
             let mut report = Report {
                 scenario: "aws-2025-race".into(),
                 seed,
-                unsafe_naive,
+                unsafe_naive: naive.is_some(),
                 answers_checked: outcome.answers,
                 snapshots_checked: outcome.snapshots,
                 plans_published: outcome.plans as u64,
@@ -119,6 +128,17 @@ fn main() -> ExitCode {
         }
         s => vec![s],
     };
+    let naive = match (unsafe_naive, Behaviour::NAIVE_2025) {
+        (false, _) => None,
+        (true, Some(naive)) => Some(naive),
+        (true, None) => {
+            eprintln!(
+                "error: --unsafe-naive needs the naive 2025 enactor, which this build leaves out; \
+                 build with `cargo build -p dnsplan-chaos --features unsafe-naive`"
+            );
+            return ExitCode::from(2);
+        }
+    };
     let dir = bin_dir.or_else(|| std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)));
     let bins = dir.and_then(|d| Bins::in_dir(&d).ok());
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build() {
@@ -131,7 +151,7 @@ fn main() -> ExitCode {
     let mut reports = Vec::new();
     let mut ok = true;
     for s in scenarios {
-        match runtime.block_on(run_one(s, seed, Duration::from_secs(duration), unsafe_naive, &bins)) {
+        match runtime.block_on(run_one(s, seed, Duration::from_secs(duration), naive, &bins)) {
             Ok(report) => {
                 println!("{}", report.summary());
                 let caught = !report.violations.is_empty();
