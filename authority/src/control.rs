@@ -32,6 +32,12 @@ pub const JSON_BODY_BYTES_MAX: usize = 64 * 1024;
 pub const BATCH_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// Largest plan body: the envelope header plus the largest plan body the codec accepts.
 pub const PLAN_BODY_BYTES_MAX: usize = codec::HEADER_BYTES + codec::BODY_BYTES_MAX;
+/// Largest plan sent as JSON (for `curl` and hand-made plans; about 100,000 endpoints). JSON
+/// costs several times its size to decode, so a larger body is refused by its declared size,
+/// before it is read; larger plans travel as codec envelopes, whose header is checked first.
+pub const JSON_PLAN_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// The tracing target of audit lines: one per accepted write a person or the planner made.
+pub const AUDIT_TARGET: &str = "dnsplan::audit";
 
 /// What every handler needs, plus whatever the embedding process adds (`extra` routes).
 pub struct Control<S> {
@@ -214,8 +220,17 @@ fn is_json(headers: &HeaderMap, key: header::HeaderName) -> bool {
 
 /// Plans are codec envelopes by default; `Content-Type: application/json` accepts the same
 /// plan as JSON (for `curl`), validated exactly the same way.
-async fn publish<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, body: Bytes) -> ApiResult<StatusCode> {
-    let plan = if is_json(&headers, header::CONTENT_TYPE) {
+async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiResult<StatusCode> {
+    let headers = req.headers().clone();
+    let json = is_json(&headers, header::CONTENT_TYPE);
+    let (what, max) = if json { ("a JSON plan body", JSON_PLAN_BODY_BYTES_MAX) } else { ("a plan body", PLAN_BODY_BYTES_MAX) };
+    let too_long = |len: usize| ApiError::from(StoreError::TooLong { what: what.into(), len, max });
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+    if let Some(len) = declared.filter(|len| *len > max) {
+        return Err(too_long(len));
+    }
+    let body = axum::body::to_bytes(req.into_body(), max).await.map_err(|_| too_long(declared.unwrap_or(max + 1)))?;
+    let plan = if json {
         let raw: dnsplan_common::Plan = parse_json(&body)?;
         dnsplan_common::ValidatedPlan::new(raw).map_err(|e| ApiError::from(StoreError::Invalid(e)))?
     } else {
@@ -232,11 +247,22 @@ async fn publish<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, bo
         (None, None) => ctl.store.publish(&plan).await?,
         _ => return Err(ApiError::bad_request(format!("send both {LEASE_HOLDER_HEADER} and {LEASE_EPOCH_HEADER}, or neither"))),
     }
-    tracing::info!(generation = %plan.generation(), author = %plan.plan().author, "plan published");
+    let p = plan.plan();
+    tracing::info!(
+        target: AUDIT_TARGET,
+        action = "publish",
+        generation = p.generation.0,
+        author = ?p.author.to_string(),
+        reason = ?p.reason,
+        rollback_of = ?p.rollback_of.map(|g| g.0),
+        retired = p.retired.len(),
+        "plan published"
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ListParams {
     #[serde(default)]
     from: u64,
@@ -336,7 +362,7 @@ async fn cleanup<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiRes
     let req: CleanupRequest = parse_json(&body)?;
     let report = ctl.store.cleanup(req.retain).await?;
     if let Some((first, last)) = report.deleted() {
-        tracing::info!(%first, %last, "cleanup deleted plans");
+        tracing::info!(target: AUDIT_TARGET, action = "cleanup", first = first.0, last = last.0, "cleanup deleted plans");
     }
     Ok(Json(report).into_response())
 }
@@ -347,14 +373,16 @@ async fn paused<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> 
 
 async fn pause<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
     let state: PauseState = parse_json(&body)?;
-    tracing::warn!(by = %state.by, reason = %state.reason, "automation paused");
+    let (by, reason) = (state.by.clone(), state.reason.clone());
     ctl.store.pause(state).await?;
+    // After the store accepted it; Debug-escaped, so a newline in a reason cannot forge a line.
+    tracing::warn!(target: AUDIT_TARGET, action = "pause", by = ?by, reason = ?reason, "automation paused");
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn resume<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<StatusCode> {
     ctl.store.resume().await?;
-    tracing::info!("automation resumed");
+    tracing::info!(target: AUDIT_TARGET, action = "resume", "automation resumed");
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -54,6 +54,7 @@ impl PlanEntry {
 /// The endpoints whose entry differs between plan `from` and plan `to`, or in any plan in
 /// between, with their entries in `to`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanChanges {
     pub from: Generation,
     pub to: Generation,

@@ -38,6 +38,7 @@ pub const PROVENANCE_TEXT_BYTES_MAX: usize = 512;
 
 /// One address behind an endpoint, in an availability zone, with a relative weight.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Target {
     pub address: IpAddr,
     pub zone: ZoneId,
@@ -48,6 +49,7 @@ pub struct Target {
 
 /// What one endpoint answers: its TTL and its targets.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Endpoint {
     pub ttl_secs: u32,
     pub targets: Vec<Target>,
@@ -85,6 +87,7 @@ impl std::fmt::Display for Author {
 
 /// Why one endpoint looks the way it does in this plan (`dnsplan plans explain`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Provenance {
     pub endpoint: EndpointName,
     /// The rule that decided, e.g. `fail-open`, `velocity`, `zone-impairment`, `operator`.
@@ -98,6 +101,7 @@ pub struct Provenance {
 /// An endpoint that is absent is left as it is by enactors (a missing input is never a
 /// removal); only an operator can retire an endpoint, by naming it in `retired`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Plan {
     pub generation: Generation,
     pub parent_generation: Generation,
@@ -288,6 +292,7 @@ impl ValidatedPlan {
 
 /// What `Store::list` returns for each plan: everything but the endpoints.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PlanSummary {
     pub generation: Generation,
     pub parent_generation: Generation,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// What cleanup would delete and what it keeps for which reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CleanupDecision {
     /// Oldest stored plan before cleanup.
     pub horizon_before: Generation,

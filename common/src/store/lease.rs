@@ -22,6 +22,7 @@ pub const LEASE_HOLDER_BYTES_MAX: usize = 128;
 
 /// Who holds the planner lease, under which epoch, until when (store clock, Unix ms).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Lease {
     pub holder: String,
     pub epoch: u64,

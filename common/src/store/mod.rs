@@ -73,6 +73,7 @@ pub enum ActiveState {
 
 /// An endpoint's fence and the records that switched with it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActiveRecord {
     pub generation: Generation,
     pub state: ActiveState,
@@ -86,6 +87,7 @@ impl Record for ActiveRecord {
 
 /// A consistent snapshot of every endpoint's active record.
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActiveSnapshot {
     /// How many applies have switched a fence so far; the SOA serial derives from it.
     pub applied_changes: u64,
@@ -94,6 +96,7 @@ pub struct ActiveSnapshot {
 
 /// One page of the active state, in endpoint-name order (`Store::active_page`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActivePage {
     /// The store's applied-change count when this page was read. Pages are read at different
     /// moments: a reader that needs one consistent state follows the pages with
@@ -114,6 +117,7 @@ pub fn check_page_limit(limit: usize) -> StoreResult<()> {
 
 /// One endpoint of an `apply_many` batch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ApplyItem {
     pub endpoint: EndpointName,
     pub records: Endpoint,
@@ -121,6 +125,7 @@ pub struct ApplyItem {
 
 /// What switched since a follower last looked (see [`Store::active_since`]).
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActiveDelta {
     /// The applied-change count this answer brings the follower to.
     pub applied_changes: u64,
@@ -148,6 +153,7 @@ pub enum ApplyOutcome {
 
 /// Who paused automation and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PauseState {
     pub reason: String,
     pub by: String,
@@ -169,6 +175,7 @@ impl Heartbeat {
 
 /// An enactor's report of itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Heartbeat {
     pub enactor_id: String,
     pub zone: ZoneId,
@@ -190,6 +197,7 @@ impl Record for Heartbeat {
 
 /// Counters that move whenever something a waiter cares about changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StoreVersion {
     pub latest: Generation,
     pub applied_changes: u64,

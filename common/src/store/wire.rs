@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 /// Body of `PUT /v1/active/{endpoint}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ApplyRequest {
     pub generation: Generation,
     pub records: Endpoint,
@@ -23,6 +24,7 @@ pub struct ApplyRequest {
 
 /// Body of `POST /v1/apply`: a batch apply.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ApplyManyRequest {
     pub generation: Generation,
     pub items: Vec<ApplyItem>,
@@ -34,6 +36,7 @@ pub type ApplyManyResponse = Vec<Result<ApplyOutcome, WireError>>;
 /// Query of `GET /v1/active`. With a `limit`, the answer is one `ActivePage` of the endpoints
 /// after `after`; without, the whole `ActiveSnapshot`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ActiveQuery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
@@ -43,30 +46,35 @@ pub struct ActiveQuery {
 
 /// Query of `GET /v1/changes`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChangesQuery {
     pub since: u64,
 }
 
 /// Query of `GET /v1/plans/{generation}/changes`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChangesFrom {
     pub from: u64,
 }
 
 /// Body of `POST /v1/active/{endpoint}/retire`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RetireRequest {
     pub generation: Generation,
 }
 
 /// Body of `POST /v1/cleanup` and query of `GET /v1/cleanup`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CleanupRequest {
     pub retain: u64,
 }
 
 /// Body of `POST /v1/lease`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AcquireLeaseRequest {
     pub holder: String,
     pub ttl_ms: u64,
@@ -78,6 +86,7 @@ pub const LEASE_EPOCH_HEADER: &str = "x-dnsplan-lease-epoch";
 
 /// Query of `GET /v1/plans`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     pub from: Generation,
     pub limit: usize,
@@ -85,6 +94,7 @@ pub struct ListQuery {
 
 /// Query of `GET /v1/wait`: the version the caller has seen, and how long it will wait.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WaitQuery {
     pub latest: Generation,
     pub applied_changes: u64,
@@ -97,6 +107,7 @@ pub type PauseRequest = PauseState;
 
 /// The error body of every failed control API call: `{"error": {...}, "message": "..."}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     pub error: WireError,
     /// The same error as a sentence a person can act on.

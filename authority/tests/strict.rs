@@ -1,0 +1,126 @@
+//! The control API is strict about what it takes and careful about what it logs: unknown JSON
+//! fields and query parameters are refused (a plan with `"evil": true` used to be published),
+//! unknown routes and methods answer JSON errors, an oversized JSON plan is refused by its
+//! declared size before it is read, and audit lines are written only after the store accepted
+//! the operation, with every text escaped (a reason with a newline used to forge a log line,
+//! and a pause refused as too long was logged as done).
+
+mod support;
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use support::{TOKEN, TestAuthority};
+
+async fn call(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+    let resp = req.bearer_auth(TOKEN).send().await?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{status}: not JSON ({e}): {text}"))?
+    };
+    Ok((status, body))
+}
+
+fn plan_json() -> Value {
+    json!({
+        "generation": 1, "parent_generation": 0, "created_at_unix_ms": 0,
+        "author": {"Operator": {"name": "alice"}}, "reason": "by hand", "dns_zone": "example.test.",
+        "endpoints": {"api.example.test.": {"ttl_secs": 30, "targets": [{"address": "192.0.2.1", "zone": "a", "weight": 1}]}},
+        "retired": [], "rollback_of": null, "provenance": []
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_routes_and_oversized_plans_are_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let auth = TestAuthority::start(dir.path(), 8).await?;
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", auth.control);
+    let publish = |body: Value| client.post(url("/v1/plans")).header("content-type", "application/json").body(body.to_string());
+
+    let mut evil = plan_json();
+    evil["evil"] = json!(true);
+    let mut nested = plan_json();
+    nested["endpoints"]["api.example.test."]["targets"][0]["evil"] = json!(1);
+    for (what, body) in [("top level", evil), ("in a target", nested)] {
+        let (status, body) = call(publish(body)).await?;
+        assert_eq!(status, 400, "an unknown field {what}: {body}");
+        assert!(body["message"].as_str().is_some_and(|m| m.contains("evil")), "{what}: {body}");
+    }
+    let (status, body) = call(client.put(url("/v1/pause")).json(&json!({"reason": "r", "by": "b", "since_unix_ms": 1, "x": 1}))).await?;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(dnsplan_common::Store::latest(&auth.store).await?.0, 0, "nothing was published");
+    let (status, body) = call(publish(plan_json())).await?;
+    assert_eq!(status, 204, "the same plan without the unknown field: {body}");
+
+    for (req, want) in [
+        (client.get(url("/v1/plans?from=0&limit=1&evil=1")), 400),
+        (client.get(url("/v1/nope")), 404),
+        (client.delete(url("/v1/version")), 405),
+    ] {
+        let (status, body) = call(req).await?;
+        assert_eq!(status, want, "{body}");
+        assert!(body["message"].is_string() && body["error"]["kind"].is_string(), "a JSON error body: {body}");
+    }
+
+    // Declared larger than a JSON plan may be: refused before the body is read.
+    let big = vec![b' '; control_json_plan_max() + 1];
+    let (status, body) = call(client.post(url("/v1/plans")).header("content-type", "application/json").body(big)).await?;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["kind"], "too_long", "{body}");
+    auth.stop().await
+}
+
+fn control_json_plan_max() -> usize {
+    dnsplan_authority::control::JSON_PLAN_BODY_BYTES_MAX
+}
+
+#[test]
+fn audit_lines_follow_the_store_and_cannot_be_forged() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("zone.db"), support::ZONE_FILE)?;
+    let config = dir.path().join("authority.toml");
+    std::fs::write(&config, support::config_text(&dir.path().join("data"), 8))?;
+    let log = std::fs::File::create(dir.path().join("log"))?;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan-authority"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()?;
+    let mut control = None;
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        if let Some(url) = line?.strip_prefix("control").map(|rest| rest.trim().to_owned()) {
+            control = Some(url);
+            break;
+        }
+    }
+    let control = control.ok_or_else(|| anyhow::anyhow!("the authority did not say where it listens"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let outcome = runtime.block_on(async {
+        let client = reqwest::Client::new();
+        let pause = |reason: String| {
+            client.put(format!("{control}/v1/pause")).json(&json!({"reason": reason, "by": "mallory", "since_unix_ms": 1}))
+        };
+        let (status, body) = call(pause("drill\nFORGED automation resumed".into())).await?;
+        anyhow::ensure!(status == 204, "pause: {status} {body}");
+        let (status, body) = call(pause("x".repeat(10_000))).await?;
+        anyhow::ensure!(status == 413, "an over-long reason: {status} {body}");
+        anyhow::Ok(())
+    });
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    let exit = child.wait()?;
+    outcome?;
+    assert!(killed.success() && exit.success(), "exit after SIGTERM: {exit}");
+    let mut text = String::new();
+    std::fs::File::open(dir.path().join("log"))?.read_to_string(&mut text)?;
+    let paused: Vec<&str> = text.lines().filter(|l| l.contains("automation paused")).collect();
+    assert_eq!(paused.len(), 1, "one audit line for the one accepted pause:\n{text}");
+    assert!(paused[0].contains("dnsplan::audit") && paused[0].contains(r#""drill\nFORGED automation resumed""#), "escaped: {}", paused[0]);
+    assert!(!text.lines().any(|l| l.starts_with("FORGED")), "a forged line:\n{text}");
+    Ok(())
+}
