@@ -9,8 +9,15 @@
 //! min(SOA TTL, SOA MINIMUM) (RFC 2308). The server advertises its own EDNS UDP payload size
 //! and copies the query's DO bit (RFC 3225).
 //! UDP answers that do not fit the client's size are sent with TC=1 and no records.
+//!
+//! ANY is answered minimally (RFC 8482): one RRset of the name, not all of them, over every
+//! transport. A query whose OPT record's options do not frame, or whose client-subnet option
+//! is malformed (RFC 7871 §6), is FORMERR. Nothing here logs per packet: what was wrong with a
+//! packet is in `Outcome::malformed`, which the listeners count; hickory's decoder, which
+//! logs at WARN about options that do not frame, runs with no subscriber.
 
 use crate::snapshot::{Family, Managed, Snapshot};
+use crate::wire;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
@@ -58,6 +65,42 @@ pub struct Outcome {
     pub rcode: ResponseCode,
     pub truncated: bool,
     pub bytes: usize,
+    /// What was wrong with the query, when it was answered FORMERR for it.
+    pub malformed: Option<Malformed>,
+}
+
+/// What was wrong with a packet that is not a well-formed query. Counted per reason
+/// (`dnsplan_dns_malformed_total`), never logged per packet: the packets are the client's
+/// choice, and a spoofed flood of them would otherwise fill the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malformed {
+    /// Shorter than a DNS header: dropped.
+    Short = 0,
+    /// A response (QR=1), not a query: dropped, so two servers never answer each other.
+    Response = 1,
+    /// The message does not decode: FORMERR.
+    Unparsable = 2,
+    /// The OPT record's options do not frame, or a client-subnet option is malformed: FORMERR.
+    EdnsOption = 3,
+}
+
+impl Malformed {
+    /// Every reason, each at the index of its discriminant.
+    pub const ALL: [Malformed; 4] = [Malformed::Short, Malformed::Response, Malformed::Unparsable, Malformed::EdnsOption];
+
+    /// Why a packet that neither path answers was dropped (see `respond`'s first check).
+    pub fn of_dropped(packet: &[u8]) -> Malformed {
+        if packet.len() < 12 { Malformed::Short } else { Malformed::Response }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Malformed::Short => "short",
+            Malformed::Response => "response",
+            Malformed::Unparsable => "unparsable",
+            Malformed::EdnsOption => "edns_option",
+        }
+    }
 }
 
 /// Answers one DNS message. `None` means: send nothing.
@@ -71,15 +114,19 @@ pub fn respond(
     if packet.len() < 12 || packet[2] & 0x80 != 0 {
         return None; // not a header, or a response: never answer (no reflection loops)
     }
-    let request = match Message::from_vec(packet) {
+    // Checked before hickory decodes: it drops malformed options silently (after a WARN line)
+    // and answers as if they were not there; its client-subnet decoder fails on some
+    // malformed options and not others.
+    if wire::opt_rdata(packet).is_some_and(|options| !wire::edns_options_ok(options)) {
+        return form_error(packet, Malformed::EdnsOption, transport);
+    }
+    // hickory logs at WARN when options do not frame, in any OPT record it decodes (one the
+    // check above did not look at: a second one, one in the answer section): one line per
+    // packet, worded by the client. The message is refused all the same.
+    let decoded = tracing::dispatcher::with_default(&tracing::Dispatch::none(), || Message::from_vec(packet));
+    let request = match decoded {
         Ok(m) => m,
-        Err(_) => {
-            let id = u16::from_be_bytes([packet[0], packet[1]]);
-            let opcode = OpCode::from_u8((packet[2] >> 3) & 0x0f);
-            let mut resp = Message::error_msg(id, opcode, ResponseCode::FormErr);
-            resp.metadata.recursion_desired = packet[2] & 0x01 != 0;
-            return finish(resp, None, transport, UDP_PAYLOAD_BYTES_MIN);
-        }
+        Err(_) => return form_error(packet, Malformed::Unparsable, transport),
     };
     let mut resp = Message::response(request.metadata.id, request.metadata.op_code);
     resp.metadata.recursion_desired = request.metadata.recursion_desired;
@@ -140,6 +187,18 @@ pub fn respond(
     finish(resp, qtype, transport, udp_limit)
 }
 
+/// FORMERR for a query that could not be read: the header's id, opcode and RD, no question,
+/// no OPT record (the smallest answer: 12 bytes).
+fn form_error(packet: &[u8], why: Malformed, transport: Transport) -> Option<(Vec<u8>, Outcome)> {
+    let id = u16::from_be_bytes([packet[0], packet[1]]);
+    let opcode = OpCode::from_u8((packet[2] >> 3) & 0x0f);
+    let mut resp = Message::error_msg(id, opcode, ResponseCode::FormErr);
+    resp.metadata.recursion_desired = packet[2] & 0x01 != 0;
+    let (bytes, mut outcome) = finish(resp, None, transport, UDP_PAYLOAD_BYTES_MIN)?;
+    outcome.malformed = Some(why);
+    Some((bytes, outcome))
+}
+
 fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
     resp.metadata.response_code = rcode;
     let zone = &snapshot.zone;
@@ -151,37 +210,67 @@ fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
 fn collect(query: &Query, managed: Option<&Managed>, statics: &[Record], limits: &AnswerLimits, rng: &mut impl Rng) -> Vec<Record> {
     let owner: &Name = query.name();
     let qtype = query.query_type();
+    if qtype == RecordType::ANY {
+        return minimal_any(owner, managed, statics, limits, rng);
+    }
     let mut out = Vec::new();
     if let Some(m) = managed {
-        if matches!(qtype, RecordType::A | RecordType::ANY) {
-            for a in sample(&m.v4, limits.answer_addresses_max, rng) {
-                out.push(Record::from_rdata(owner.clone(), m.ttl_secs, RData::A(A(a))));
-            }
+        if qtype == RecordType::A {
+            out.extend(addresses_v4(owner, m, limits, rng));
         }
-        if matches!(qtype, RecordType::AAAA | RecordType::ANY) {
-            for a in sample(&m.v6, limits.answer_addresses_max, rng) {
-                out.push(Record::from_rdata(owner.clone(), m.ttl_secs, RData::AAAA(AAAA(a))));
-            }
+        if qtype == RecordType::AAAA {
+            out.extend(addresses_v6(owner, m, limits, rng));
         }
     }
     // A CNAME answers every type at its name (RFC 1034 §3.6.2); resolvers follow it.
     let cname = statics.iter().find(|r| r.record_type() == RecordType::CNAME);
-    if let Some(r) = cname.filter(|_| managed.is_none() && !matches!(qtype, RecordType::CNAME | RecordType::ANY)) {
-        let mut r = r.clone();
-        r.name = owner.clone();
-        return vec![r];
+    if let Some(r) = cname.filter(|_| managed.is_none() && qtype != RecordType::CNAME) {
+        return vec![owned(r, owner)];
     }
     for r in statics {
         let t = r.record_type();
         // Managed addresses replace static ones at the same name.
         let shadowed = managed.is_some() && matches!(t, RecordType::A | RecordType::AAAA);
-        if !shadowed && (t == qtype || qtype == RecordType::ANY) {
-            let mut r = r.clone();
-            r.name = owner.clone();
-            out.push(r);
+        if !shadowed && t == qtype {
+            out.push(owned(r, owner));
         }
     }
     out
+}
+
+/// ANY answered with one RRset (RFC 8482 §4.1), not everything at the name: the first of the
+/// managed addresses (A, else AAAA) and then the name's static RRsets in zone order (at the
+/// apex, the SOA). A full ANY answer is the largest a name has, which made it the favourite
+/// of reflection attacks; resolvers that need a type ask for it.
+fn minimal_any(owner: &Name, managed: Option<&Managed>, statics: &[Record], limits: &AnswerLimits, rng: &mut impl Rng) -> Vec<Record> {
+    if let Some(m) = managed {
+        if !m.v4.is_empty() {
+            return addresses_v4(owner, m, limits, rng).collect();
+        }
+        if !m.v6.is_empty() {
+            return addresses_v6(owner, m, limits, rng).collect();
+        }
+    }
+    let shadowed = |t: RecordType| managed.is_some() && matches!(t, RecordType::A | RecordType::AAAA);
+    let Some(first) = statics.iter().map(Record::record_type).find(|&t| !shadowed(t)) else { return Vec::new() };
+    statics.iter().filter(|r| r.record_type() == first).map(|r| owned(r, owner)).collect()
+}
+
+fn addresses_v4<'a>(owner: &'a Name, m: &Managed, limits: &AnswerLimits, rng: &mut impl Rng) -> impl Iterator<Item = Record> + 'a {
+    let ttl = m.ttl_secs;
+    sample(&m.v4, limits.answer_addresses_max, rng).into_iter().map(move |a| Record::from_rdata(owner.clone(), ttl, RData::A(A(a))))
+}
+
+fn addresses_v6<'a>(owner: &'a Name, m: &Managed, limits: &AnswerLimits, rng: &mut impl Rng) -> impl Iterator<Item = Record> + 'a {
+    let ttl = m.ttl_secs;
+    sample(&m.v6, limits.answer_addresses_max, rng).into_iter().map(move |a| Record::from_rdata(owner.clone(), ttl, RData::AAAA(AAAA(a))))
+}
+
+/// `r` with the query's own name as owner.
+fn owned(r: &Record, owner: &Name) -> Record {
+    let mut r = r.clone();
+    r.name = owner.clone();
+    r
 }
 
 /// Most targets one family can have (the plan limit).
@@ -242,15 +331,18 @@ fn finish(resp: Message, qtype: Option<RecordType>, transport: Transport, udp_li
     let bytes = match resp.to_vec() {
         Ok(b) => b,
         Err(err) => {
-            tracing::error!(%err, "could not encode a response; sending SERVFAIL");
+            // Counted as SERVFAIL in `dnsplan_dns_queries_total` (nothing else answers it). Not
+            // logged above debug: if a query can cause it, every copy of that query would
+            // write a line.
+            tracing::debug!(%err, "could not encode a response; sending SERVFAIL");
             let fail = Message::error_msg(resp.metadata.id, resp.metadata.op_code, ResponseCode::ServFail);
             let bytes = fail.to_vec().ok()?;
-            let outcome = Outcome { qtype, rcode: ResponseCode::ServFail, truncated: false, bytes: bytes.len() };
+            let outcome = Outcome { qtype, rcode: ResponseCode::ServFail, truncated: false, bytes: bytes.len(), malformed: None };
             return Some((bytes, outcome));
         }
     };
     if bytes.len() <= limit {
-        let outcome = Outcome { qtype, rcode, truncated: false, bytes: bytes.len() };
+        let outcome = Outcome { qtype, rcode, truncated: false, bytes: bytes.len(), malformed: None };
         return Some((bytes, outcome));
     }
     // Too big for this transport: header, question and OPT only, with TC=1. The client
@@ -258,6 +350,6 @@ fn finish(resp: Message, qtype: Option<RecordType>, transport: Transport, udp_li
     let mut truncated = resp.truncate();
     truncated.metadata.truncation = true;
     let bytes = truncated.to_vec().ok()?;
-    let outcome = Outcome { qtype, rcode, truncated: true, bytes: bytes.len() };
+    let outcome = Outcome { qtype, rcode, truncated: true, bytes: bytes.len(), malformed: None };
     Some((bytes, outcome))
 }

@@ -2,6 +2,7 @@
 //! names the file, the key and the line.
 
 use crate::dns_zone::DnsZoneConfig;
+use crate::rrl::{self, IpPrefix, RrlSettings};
 use dnsplan_common::daemon;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -36,6 +37,9 @@ pub struct DnsConfig {
     pub tcp_idle_timeout_secs: u64,
     #[serde(default = "default_tcp_max")]
     pub tcp_connections_max: usize,
+    /// Response-rate limiting of UDP answers (`[dns.rrl]`).
+    #[serde(default)]
+    pub rrl: RrlConfig,
 }
 
 impl Default for DnsConfig {
@@ -46,7 +50,131 @@ impl Default for DnsConfig {
             answer_addresses_max: default_answer_max(),
             tcp_idle_timeout_secs: default_tcp_idle(),
             tcp_connections_max: default_tcp_max(),
+            rrl: RrlConfig::default(),
         }
+    }
+}
+
+/// `[dns.rrl]`: response-rate limiting of UDP answers (see `rrl`). On by default: without it
+/// every answer goes to whatever source address a query claims, which makes the server a
+/// reflector (a flood of A queries came back 3.8 times as large).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RrlConfig {
+    #[serde(default = "default_rrl_enabled")]
+    pub enabled: bool,
+    /// Answers of one class (see `rrl::AnswerClass`) a client prefix gets per second.
+    #[serde(default = "default_rrl_rate")]
+    pub responses_per_sec: u32,
+    /// Answers a prefix may get at once before the rate applies; `responses_per_sec` if unset.
+    #[serde(default)]
+    pub burst_responses: Option<u32>,
+    /// Every `slip`-th limited answer is sent truncated (TC=1) instead of dropped, so real
+    /// clients ask again over TCP; 0 drops every one, 1 truncates every one.
+    #[serde(default = "default_rrl_slip")]
+    pub slip: u32,
+    #[serde(default = "default_rrl_ipv4_prefix")]
+    pub ipv4_prefix_len: u8,
+    #[serde(default = "default_rrl_ipv6_prefix")]
+    pub ipv6_prefix_len: u8,
+    /// Buckets in the limiter's table, 16 bytes each, allocated at start.
+    #[serde(default = "default_rrl_table_size")]
+    pub table_size: usize,
+    /// Clients never limited. Replaces the default (loopback) when given.
+    #[serde(default = "default_rrl_exempt")]
+    pub exempt: Vec<IpPrefix>,
+}
+
+impl Default for RrlConfig {
+    fn default() -> Self {
+        RrlConfig {
+            enabled: default_rrl_enabled(),
+            responses_per_sec: default_rrl_rate(),
+            burst_responses: None,
+            slip: default_rrl_slip(),
+            ipv4_prefix_len: default_rrl_ipv4_prefix(),
+            ipv6_prefix_len: default_rrl_ipv6_prefix(),
+            table_size: default_rrl_table_size(),
+            exempt: default_rrl_exempt(),
+        }
+    }
+}
+
+fn default_rrl_enabled() -> bool {
+    true
+}
+/// NSD's default. A resolver caches an answer for its TTL, so even a farm of resolvers behind
+/// one /24 asks for one answer a few times a second; and a limited real client still gets
+/// every `slip`-th answer truncated and its answer over TCP.
+fn default_rrl_rate() -> u32 {
+    200
+}
+/// Every other limited answer truncated, as NSD and BIND do: a real client's retry gets
+/// through soon, and a reflected flood is cut to half the queries' size.
+fn default_rrl_slip() -> u32 {
+    2
+}
+/// The usual allocation to one site (BIND's and NSD's defaults; BIND's for IPv6 too).
+fn default_rrl_ipv4_prefix() -> u8 {
+    24
+}
+fn default_rrl_ipv6_prefix() -> u8 {
+    56
+}
+/// 262,144 buckets (4 MiB): tens of thousands of limited keys at once before collisions
+/// (which only limit more) become common.
+fn default_rrl_table_size() -> usize {
+    1 << 18
+}
+/// Loopback: no packet from outside can carry a loopback source (the kernel drops them), so
+/// local probes and benchmarks are never limited and nothing is given away.
+fn default_rrl_exempt() -> Vec<IpPrefix> {
+    ["127.0.0.0/8", "::1/128"].iter().filter_map(|p| p.parse().ok()).collect()
+}
+
+impl RrlConfig {
+    /// The limiter's settings, or `None` when it is off. Ranges are checked by `check`.
+    pub fn settings(&self) -> Option<RrlSettings> {
+        self.enabled.then(|| RrlSettings {
+            responses_per_sec: self.responses_per_sec,
+            burst_responses: self.burst_responses.unwrap_or(self.responses_per_sec),
+            slip: self.slip,
+            ipv4_prefix_len: self.ipv4_prefix_len,
+            ipv6_prefix_len: self.ipv6_prefix_len,
+            table_size: self.table_size,
+            exempt: self.exempt.clone(),
+        })
+    }
+
+    /// Every value in range, with a message naming the key (below `dns.rrl`).
+    pub fn check(&self) -> Result<(), String> {
+        let rates = 1..=rrl::RESPONSES_PER_SEC_MAX;
+        if !rates.contains(&self.responses_per_sec) {
+            return Err(format!("dns.rrl.responses_per_sec: {} is outside 1..={}", self.responses_per_sec, rates.end()));
+        }
+        if let Some(burst) = self.burst_responses.filter(|b| !rates.contains(b)) {
+            return Err(format!("dns.rrl.burst_responses: {burst} is outside 1..={}", rates.end()));
+        }
+        if self.slip > rrl::SLIP_MAX {
+            return Err(format!("dns.rrl.slip: {} is above {} (0 drops every limited answer)", self.slip, rrl::SLIP_MAX));
+        }
+        if !(1..=32).contains(&self.ipv4_prefix_len) {
+            return Err(format!("dns.rrl.ipv4_prefix_len: {} is outside 1..=32", self.ipv4_prefix_len));
+        }
+        if !(1..=128).contains(&self.ipv6_prefix_len) {
+            return Err(format!("dns.rrl.ipv6_prefix_len: {} is outside 1..=128", self.ipv6_prefix_len));
+        }
+        if !(rrl::TABLE_SIZE_MIN..=rrl::TABLE_SIZE_MAX).contains(&self.table_size) {
+            return Err(format!("dns.rrl.table_size: {} is outside {}..={}", self.table_size, rrl::TABLE_SIZE_MIN, rrl::TABLE_SIZE_MAX));
+        }
+        if self.exempt.len() > rrl::EXEMPT_PREFIXES_MAX {
+            return Err(format!(
+                "dns.rrl.exempt: {} prefixes; at most {} (each packet is compared with every one)",
+                self.exempt.len(),
+                rrl::EXEMPT_PREFIXES_MAX
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -94,6 +222,7 @@ impl AuthorityConfig {
         if dns.listen.is_empty() {
             return Err("dns.listen: give at least one address".into());
         }
+        dns.rrl.check()?;
         if dns.edns_udp_payload_bytes < 512 {
             return Err(format!("dns.edns_udp_payload_bytes: {} is below the DNS minimum of 512", dns.edns_udp_payload_bytes));
         }
@@ -115,5 +244,51 @@ impl AuthorityConfig {
     pub fn token(&self) -> &str {
         // Invariant: `load` refuses a config without a token.
         self.control.token.as_deref().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "data_dir = \"d\"\n[control]\ntoken = \"0123456789abcdef0\"\n[dns_zone]\norigin = \"example.test.\"\n";
+
+    fn load(extra: &str) -> Result<AuthorityConfig, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let path = dir.path().join("authority.toml");
+        std::fs::write(&path, format!("{BASE}{extra}")).map_err(|e| e.to_string())?;
+        AuthorityConfig::load(&path).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn rrl_is_on_by_default_with_loopback_exempt() {
+        let config = load("").expect("loads");
+        let settings = config.dns.rrl.settings().expect("on by default");
+        assert_eq!((settings.responses_per_sec, settings.burst_responses, settings.slip), (200, 200, 2));
+        assert_eq!((settings.ipv4_prefix_len, settings.ipv6_prefix_len, settings.table_size), (24, 56, 1 << 18));
+        let exempt: Vec<String> = settings.exempt.iter().map(|p| p.to_string()).collect();
+        assert_eq!(exempt, ["127.0.0.0/8", "::1/128"]);
+        assert!(load("[dns.rrl]\nenabled = false\n").expect("loads").dns.rrl.settings().is_none());
+        let set = load("[dns.rrl]\nresponses_per_sec = 5\nburst_responses = 20\nexempt = [\"192.0.2.0/24\"]\n").expect("loads");
+        let settings = set.dns.rrl.settings().expect("on");
+        assert_eq!((settings.responses_per_sec, settings.burst_responses, settings.exempt.len()), (5, 20, 1));
+    }
+
+    #[test]
+    fn rrl_values_out_of_range_name_their_key() {
+        for (extra, want) in [
+            ("[dns.rrl]\nresponses_per_sec = 0\n", "dns.rrl.responses_per_sec"),
+            ("[dns.rrl]\nburst_responses = 2000000\n", "dns.rrl.burst_responses"),
+            ("[dns.rrl]\nslip = 101\n", "dns.rrl.slip"),
+            ("[dns.rrl]\nipv4_prefix_len = 33\n", "dns.rrl.ipv4_prefix_len"),
+            ("[dns.rrl]\nipv6_prefix_len = 0\n", "dns.rrl.ipv6_prefix_len"),
+            ("[dns.rrl]\ntable_size = 10\n", "dns.rrl.table_size"),
+            ("[dns.rrl]\nexempt = [\"10.0.0.1/8\"]\n", "beyond /8"),
+            ("[dns.rrl]\nexempt = [\"example.test\"]\n", "not an address"),
+            ("[dns.rrl]\nrate_limit = 5\n", "rate_limit"),
+        ] {
+            let err = load(extra).expect_err(extra);
+            assert!(err.contains(want), "{extra:?}: want {want:?} in {err}");
+        }
     }
 }

@@ -7,11 +7,13 @@
 //! managed name without static records, or any type at a name that does not exist or is an
 //! empty non-terminal. Everything else — static records, ANY, other opcodes, other classes,
 //! zone transfers, names outside the zone, EDNS versions above 0, answers that do not fit and
-//! anything malformed — goes to `answer::respond`, which stays the reference. The tests in
-//! `tests/fast_path.rs` compare the two.
+//! anything malformed (options that do not frame, a malformed client-subnet option) — goes to
+//! `answer::respond`, which stays the reference. The tests in `tests/fast_path.rs` compare
+//! the two. Response-rate limiting is applied to either path's answer afterwards (`rrl`).
 
 use crate::answer::{AnswerLimits, FAMILY_TARGETS_MAX, Outcome, UDP_PAYLOAD_BYTES_MIN, sample_indices};
 use crate::snapshot::{Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
+use crate::wire::{self, TYPE_OPT, u16_at};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use rand::Rng;
@@ -30,7 +32,6 @@ pub enum Fast {
 const TYPE_A: u16 = 1;
 const TYPE_SOA: u16 = 6;
 const TYPE_AAAA: u16 = 28;
-const TYPE_OPT: u16 = 41;
 const TYPE_IXFR: u16 = 251;
 const TYPE_AXFR: u16 = 252;
 const TYPE_ANY: u16 = 255;
@@ -38,10 +39,6 @@ const CLASS_IN: u16 = 1;
 /// RR header after a compressed owner: type, class, TTL, RDLENGTH.
 const RR_FIXED_BYTES: usize = 2 + 2 + 2 + 4 + 2;
 const OPT_BYTES: usize = 11;
-
-fn u16_at(p: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_be_bytes([*p.get(at)?, *p.get(at + 1)?]))
-}
 
 /// The question as read from the packet.
 struct Question {
@@ -102,8 +99,8 @@ struct ClientEdns {
 const FLAG_DO: u8 = 0x80;
 
 /// The client's EDNS if the rest of the packet is exactly one well-formed version-0 OPT
-/// record (options are framed but not read, as `respond` ignores them). `Some(None)`: no
-/// EDNS and nothing after the question.
+/// record (options framed and the client subnet checked as `respond` checks them, but not
+/// used). `Some(None)`: no EDNS and nothing after the question.
 fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<ClientEdns>> {
     match additional {
         0 => (at == p.len()).then_some(None),
@@ -114,15 +111,8 @@ fn read_edns(p: &[u8], at: usize, additional: u16) -> Option<Option<ClientEdns>>
             let payload = u16_at(p, at + 3)?;
             let dnssec_ok = *p.get(at + 7)? & FLAG_DO != 0;
             let rdlen = usize::from(u16_at(p, at + 9)?);
-            let mut option = at + OPT_BYTES;
-            let end = option + rdlen;
-            if end != p.len() {
-                return None;
-            }
-            while option < end {
-                option += 4 + usize::from(u16_at(p, option + 2)?);
-            }
-            (option == end).then_some(Some(ClientEdns { payload, dnssec_ok }))
+            let options = p.get(at + OPT_BYTES..)?;
+            (options.len() == rdlen && wire::edns_options_ok(options)).then_some(Some(ClientEdns { payload, dnssec_ok }))
         }
         _ => None,
     }
@@ -286,5 +276,5 @@ fn opt(out: &mut Vec<u8>, limits: &AnswerLimits, dnssec_ok: bool) {
 }
 
 fn outcome(qtype: u16, rcode: ResponseCode, bytes: usize) -> Outcome {
-    Outcome { qtype: Some(RecordType::from(qtype)), rcode, truncated: false, bytes }
+    Outcome { qtype: Some(RecordType::from(qtype)), rcode, truncated: false, bytes, malformed: None }
 }

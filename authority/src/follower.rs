@@ -7,6 +7,7 @@
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;
 use crate::metrics::Metrics;
+use crate::rrl::Rrl;
 use crate::snapshot::Snapshot;
 use arc_swap::ArcSwap;
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, Store, StoreError, StoreResult, StoreVersion};
@@ -56,11 +57,13 @@ pub async fn check_dns_zone<S: Store>(store: &S, zone: &StaticZone) -> Result<()
     Err(LoadError::DnsZoneMismatch { configured: zone.origin.to_string(), stored, latest })
 }
 
-/// What the listeners share: the snapshot, limits and metrics.
+/// What the listeners share: the snapshot, limits, the UDP rate limiter and metrics.
 pub struct Serving {
     pub snapshot: ArcSwap<Snapshot>,
     pub zone: Arc<StaticZone>,
     pub limits: AnswerLimits,
+    /// Response-rate limiting of UDP answers; `None` when it is off.
+    pub rrl: Option<Rrl>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -72,7 +75,12 @@ impl Serving {
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
-        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, metrics })
+        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, rrl: None, metrics })
+    }
+
+    /// With UDP answers limited by `rrl` (`None`: not limited).
+    pub fn with_rrl(self, rrl: Option<Rrl>) -> Serving {
+        Serving { rrl, ..self }
     }
 
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the

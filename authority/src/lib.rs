@@ -1,7 +1,8 @@
 //! dnsplan's authority: the authoritative DNS server for the managed DNS zone, and the
 //! control API through which planners and enactors reach the store it serves from.
 //!
-//! `answer` is the pure query path and `fast` its allocation-free UDP shortcut; `snapshot` the
+//! `answer` is the pure query path and `fast` its allocation-free UDP shortcut (`wire` holds
+//! the raw byte reads both use), and `rrl` limits UDP answers per client; `snapshot` the
 //! immutable state they read; `follower` builds it from the store and swaps in each change;
 //! `server` (with `udp`) the UDP and TCP shell; `control` the HTTP API; `run` the wiring of
 //! one authority process.
@@ -14,7 +15,9 @@ pub mod dns_zone;
 pub mod fast;
 pub mod follower;
 pub mod metrics;
+pub mod rrl;
 pub mod run;
 pub mod server;
 pub mod snapshot;
 pub mod udp;
+pub mod wire;

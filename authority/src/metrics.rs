@@ -5,7 +5,7 @@
 //! and is only exported while there are at most `PER_ENDPOINT_SERIES_MAX` of them; above
 //! that, the min and max gauges remain.
 
-use crate::answer::{Outcome, Transport};
+use crate::answer::{Malformed, Outcome, Transport};
 use crate::snapshot::Snapshot;
 use dnsplan_common::store::ActiveDelta;
 use hickory_proto::op::ResponseCode;
@@ -187,6 +187,20 @@ pub struct Metrics {
     active_generation_max: Gauge,
     managed_endpoints: Gauge,
     applied_changes: Gauge,
+    /// `dnsplan_dns_malformed_total`, one counter per `Malformed::ALL` entry, in its order.
+    malformed: [Counter; Malformed::ALL.len()],
+    rrl_dropped: Counter,
+    rrl_slipped: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MalformedLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RrlLabels {
+    pub action: &'static str,
 }
 
 impl Default for Metrics {
@@ -210,6 +224,23 @@ impl Metrics {
         );
         let response_bytes = SizeHistogram::default();
         registry.register("dns_response_bytes", "Size of DNS responses in bytes", response_bytes.clone());
+        // The series exist from the start (at 0), and the hot path holds each counter itself:
+        // no label lookup, no lock, per packet.
+        let malformed_family = Family::<MalformedLabels, Counter>::default();
+        registry.register(
+            "dns_malformed",
+            "DNS packets that were not well-formed queries, by reason (short, response, unparsable, edns_option)",
+            malformed_family.clone(),
+        );
+        let malformed = Malformed::ALL.map(|m| malformed_family.get_or_create(&MalformedLabels { reason: m.as_str() }).clone());
+        let rrl_family = Family::<RrlLabels, Counter>::default();
+        registry.register(
+            "dns_rrl",
+            "UDP answers over the response rate limit ([dns.rrl]): dropped, or slipped (sent truncated)",
+            rrl_family.clone(),
+        );
+        let rrl_dropped = rrl_family.get_or_create(&RrlLabels { action: "dropped" }).clone();
+        let rrl_slipped = rrl_family.get_or_create(&RrlLabels { action: "slipped" }).clone();
         let applies = Family::<ApplyLabels, Counter>::default();
         registry.register("store_applies", "Applies received through the control API, by outcome", applies.clone());
         let snapshot_swap_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
@@ -242,9 +273,14 @@ impl Metrics {
             active_generation_max,
             managed_endpoints,
             applied_changes,
+            malformed,
+            rrl_dropped,
+            rrl_slipped,
         }
     }
 
+    /// An answer was sent. A slip (`rrl::slip`) counts here too, with its own size, and in
+    /// `observe_rrl_slipped`; `truncated` counts only answers too big for UDP.
     pub fn observe_query(&self, outcome: &Outcome, transport: Transport) {
         let t = usize::from(transport == Transport::Tcp);
         self.queries.cells[t][qtype_slot(outcome.qtype)][rcode_slot(outcome.rcode)].fetch_add(1, Ordering::Relaxed);
@@ -252,6 +288,28 @@ impl Metrics {
         if outcome.truncated {
             self.truncated.inc();
         }
+        if let Some(why) = outcome.malformed {
+            self.observe_malformed(why);
+        }
+    }
+
+    /// A packet that was not a well-formed query: dropped, or answered FORMERR (then
+    /// `observe_query` calls this).
+    pub fn observe_malformed(&self, why: Malformed) {
+        self.malformed[why as usize].inc();
+    }
+
+    /// The rate limiter dropped this answer.
+    pub fn observe_rrl_dropped(&self, outcome: &Outcome) {
+        self.rrl_dropped.inc();
+        if let Some(why) = outcome.malformed {
+            self.observe_malformed(why);
+        }
+    }
+
+    /// The rate limiter sent this answer truncated (`observe_query` counts it as sent).
+    pub fn observe_rrl_slipped(&self) {
+        self.rrl_slipped.inc();
     }
 
     /// `count` UDP answers were not sent (see `udp::send_answers`).

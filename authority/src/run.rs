@@ -7,6 +7,7 @@ use crate::control::{self, ApiError, Control};
 use crate::dns_zone::StaticZone;
 use crate::follower::Serving;
 use crate::metrics::Metrics;
+use crate::rrl::Rrl;
 use crate::server::{TcpLimits, bind_udp, serve_tcp, serve_udp};
 use anyhow::Context;
 use axum::Json;
@@ -105,7 +106,8 @@ pub async fn run_with_extras<S: Store>(
     let limits =
         AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
     // Static stability: serve the last applied state from our own disk before anything else.
-    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?);
+    let rrl = config.dns.rrl.settings().map(|settings| Rrl::new(&settings));
+    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?.with_rrl(rrl));
     let tcp_limits =
         TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: config.dns.tcp_connections_max };
 

@@ -5,16 +5,19 @@
 //! pointers, so they cannot live in a future that moves between threads); the async loop in
 //! `server::serve_udp` calls `Batch::run` from `UdpSocket::try_io` whenever the socket is
 //! readable. A datagram the kernel refuses to send (for its peer) is skipped; the rest of the
-//! batch is still sent (`send_answers`).
+//! batch is still sent (`send_answers`). Each answer passes the response-rate limiter
+//! (`rrl`) before it is queued: it is sent, dropped, or sent truncated (a slip).
 
-use crate::answer::{Outcome, Transport, respond};
+use crate::answer::{Malformed, Outcome, Transport, respond};
 use crate::fast::{Fast, respond_fast};
 use crate::follower::Serving;
+use crate::rrl::{self, Rrl, Verdict};
 use nix::errno::Errno;
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
 use rand::rngs::SmallRng;
 use std::cell::RefCell;
 use std::io::{IoSlice, IoSliceMut};
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 
 /// Queries per system call.
@@ -96,6 +99,14 @@ pub fn send_answers(
     tally
 }
 
+/// The client's address, for the rate limiter.
+fn peer_ip(peer: &SockaddrStorage) -> Option<IpAddr> {
+    if let Some(v4) = peer.as_sockaddr_in() {
+        return Some(IpAddr::V4(v4.ip()));
+    }
+    peer.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+}
+
 impl Batch {
     fn new() -> Batch {
         Batch {
@@ -141,22 +152,44 @@ impl Batch {
         self.peers.clear();
         self.outcomes.clear();
         let snapshot = serving.snapshot.load();
+        // One clock reading per batch: the batch arrived within microseconds.
+        let now = serving.rrl.as_ref().map(Rrl::now);
         let mut answered = 0;
         for i in 0..received {
             let query = &self.queries[i][..self.lengths[i]];
             let out = &mut self.answers[answered];
-            let outcome = match respond_fast(query, &snapshot, &serving.limits, rng, out) {
+            let mut outcome = match respond_fast(query, &snapshot, &serving.limits, rng, out) {
                 Fast::Answered(outcome) => outcome,
-                Fast::Drop => continue,
+                Fast::Drop => {
+                    serving.metrics.observe_malformed(Malformed::of_dropped(query));
+                    continue;
+                }
                 Fast::Slow => match respond(query, &snapshot, Transport::Udp, &serving.limits, rng) {
                     Some((bytes, outcome)) => {
                         out.clear();
                         out.extend_from_slice(&bytes);
                         outcome
                     }
-                    None => continue,
+                    None => {
+                        serving.metrics.observe_malformed(Malformed::of_dropped(query));
+                        continue;
+                    }
                 },
             };
+            if let (Some(rrl), Some(now), Some(peer)) = (&serving.rrl, now, self.from[i].as_ref().and_then(peer_ip)) {
+                match rrl.decide(peer, query, out, &outcome, now) {
+                    Verdict::Send => {}
+                    Verdict::Drop => {
+                        serving.metrics.observe_rrl_dropped(&outcome);
+                        continue;
+                    }
+                    Verdict::Slip => {
+                        rrl::slip(out);
+                        outcome.bytes = out.len();
+                        serving.metrics.observe_rrl_slipped();
+                    }
+                }
+            }
             self.peers.push(self.from[i]);
             self.outcomes.push(outcome);
             answered += 1;

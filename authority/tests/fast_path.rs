@@ -235,6 +235,50 @@ fn the_do_bit_is_copied() {
     }
 }
 
+/// `query` with EDNS and `options` as the OPT record's RDATA.
+fn with_options(name: &str, qtype: RecordType, options: &[u8]) -> Vec<u8> {
+    let mut packet = query(0x77, name, qtype, DNSClass::IN, Some(1232), true, false);
+    let rdlen_at = packet.len() - 2;
+    assert_eq!(&packet[rdlen_at..], &[0, 0], "hickory writes an OPT record without options last");
+    packet[rdlen_at..].copy_from_slice(&(options.len() as u16).to_be_bytes());
+    packet.extend_from_slice(options);
+    packet
+}
+
+/// EDNS options: a cookie and well-formed client subnets take the fast path and answer as
+/// the reference does (which ignores them); options that do not frame and malformed client
+/// subnets (RFC 7871 §6) leave the fast path, and the reference answers FORMERR.
+#[test]
+fn edns_options_agree() -> Result<(), TestCaseError> {
+    let cookie = [0, 10, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8];
+    for (options, fast_path) in [
+        (&cookie[..], true),
+        (&[0, 8, 0, 7, 0, 1, 24, 0, 192, 0, 2][..], true),
+        (&[0, 8, 0, 4, 0, 2, 0, 0][..], true),
+        (&[&cookie[..], &[0, 8, 0, 6, 0, 1, 16, 0, 10, 1][..]].concat()[..], true),
+        (&[0, 8, 0, 8, 0, 1, 24, 0, 192][..], false),           // claims more than it has
+        (&[0, 8, 0, 6, 0, 1, 24, 0, 192, 0][..], false),        // address cut short
+        (&[0, 8, 0, 8, 0, 1, 24, 0, 192, 0, 2, 1][..], false),  // too many address bytes
+        (&[0, 8, 0, 7, 0, 1, 20, 0, 192, 0, 0x21][..], false),  // a bit beyond the prefix
+        (&[0, 8, 0, 4, 0, 7, 0, 0][..], false),                 // an unknown family
+        (&[0, 8, 0, 8, 0, 1, 33, 0, 1, 2, 3, 4, 5][..], false), // a prefix above 32
+        (&[0, 10, 0][..], false),                               // half an option header
+    ] {
+        for (name, qtype) in [("api.example.test.", RecordType::A), ("nope.example.test.", RecordType::A)] {
+            let packet = with_options(name, qtype, options);
+            prop_assert_eq!(compare(&packet, &SNAPSHOT, &limits())?, fast_path, "{} {} with options {:?}", name, qtype, options);
+            if !fast_path {
+                let mut rng = SmallRng::seed_from_u64(1);
+                let (bytes, outcome) = respond(&packet, &SNAPSHOT, Transport::Udp, &limits(), &mut rng).expect("an answer");
+                prop_assert_eq!(outcome.rcode, hickory_proto::op::ResponseCode::FormErr, "options {:?}", options);
+                prop_assert_eq!(outcome.malformed, Some(dnsplan_authority::answer::Malformed::EdnsOption));
+                prop_assert_eq!(bytes.len(), 12, "FORMERR is the header alone");
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn weighted_choices_follow_the_weights() {
     // weighted: 10.0.0.4 weight 1, 10.0.0.5 weight 9, 10.0.0.6 weight 0 (never while others weigh).

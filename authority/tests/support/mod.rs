@@ -53,9 +53,14 @@ pub struct TestAuthority {
 impl TestAuthority {
     /// Starts an authority whose store lives in `dir/data`.
     pub async fn start(dir: &Path, answer_addresses_max: usize) -> anyhow::Result<TestAuthority> {
+        TestAuthority::start_with(dir, answer_addresses_max, "").await
+    }
+
+    /// As `start`, with `extra` (TOML tables such as `[dns.rrl]`) at the end of the config.
+    pub async fn start_with(dir: &Path, answer_addresses_max: usize, extra: &str) -> anyhow::Result<TestAuthority> {
         std::fs::write(dir.join("zone.db"), ZONE_FILE)?;
         let config_path = dir.join("authority.toml");
-        std::fs::write(&config_path, config_text(&dir.join("data"), answer_addresses_max))?;
+        std::fs::write(&config_path, config_text(&dir.join("data"), answer_addresses_max) + extra)?;
         let config = AuthorityConfig::load(&config_path)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
