@@ -212,6 +212,15 @@ impl AuthorityConfig {
         let mut config: AuthorityConfig = daemon::load_toml(path)?;
         config.control.token = daemon::token_from_env_or(config.control.token.take());
         config.check().map_err(|detail| ConfigError::invalid(path, detail))?;
+        if daemon::is_placeholder_token(config.token()) {
+            return Err(ConfigError::invalid(
+                path,
+                format!(
+                    "control.token is the placeholder from the examples, which anyone can read; only `dnsplan up` accepts it, on \
+                     loopback. Set control.token or {TOKEN_ENV} to a long random token (e.g. the output of `openssl rand -hex 24`)"
+                ),
+            ));
+        }
         config.data_dir = daemon::relative_to_config(path, &config.data_dir);
         Ok(config)
     }

@@ -161,6 +161,13 @@ impl Stack {
             dns.listen = vec![addr];
         }
         let control_listen = overrides.control.unwrap_or(up.authority.control.listen);
+        if daemon::is_placeholder_token(&token) && !control_listen.ip().is_loopback() {
+            return Err(invalid(format!(
+                "the demo token is accepted only with the control API on loopback, and it would listen on {control_listen}; set token \
+                 or {} to a long random token (e.g. the output of `openssl rand -hex 24`)",
+                daemon::TOKEN_ENV
+            )));
+        }
         let dns_zone = DnsName::parse(&up.authority.dns_zone.origin).map_err(|e| invalid(format!("authority.dns_zone.origin: {e}")))?;
         let authority = AuthorityConfig {
             data_dir,

@@ -10,6 +10,15 @@ use thiserror::Error;
 /// authority that checks it and for every client that sends it.
 pub const TOKEN_ENV: &str = "DNSPLAN_TOKEN";
 
+/// The tokens printed in the examples and the demo. Anyone who read the README knows them, so
+/// the authority refuses them, except `dnsplan up` with its control API on loopback.
+pub const PLACEHOLDER_TOKENS: [&str; 2] = ["dnsplan-demo-token-change-me", "change-me-to-a-long-random-token"];
+
+/// Whether `token` is one of [`PLACEHOLDER_TOKENS`].
+pub fn is_placeholder_token(token: &str) -> bool {
+    PLACEHOLDER_TOKENS.contains(&token)
+}
+
 /// The `[store]` table of every daemon that reaches the store through the control API.
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
