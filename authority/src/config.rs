@@ -201,10 +201,58 @@ pub struct ControlConfig {
     pub listen: SocketAddr,
     /// The bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
     pub token: Option<String>,
+    /// Most control API connections open at once; more wait to be accepted. Lowered at start
+    /// to fit the open-file limit (see `budget`).
+    #[serde(default = "default_control_connections_max")]
+    pub connections_max: usize,
+    /// A connection must send a whole request head within this long of opening or of its
+    /// last answer, or it is closed: half-sent requests and idle keep-alives.
+    #[serde(default = "default_control_header_timeout")]
+    pub header_timeout_secs: u64,
+    /// A request body that sends nothing for this long fails.
+    #[serde(default = "default_control_body_timeout")]
+    pub body_timeout_secs: u64,
+    /// Most full-state reads served at once (`GET /v1/active` without a limit,
+    /// `/v1/plans/{g}`, `/v1/plans/{g}/changes`, `/v1/changes`); more wait their turn.
+    #[serde(default = "default_control_full_reads_max")]
+    pub full_reads_max: usize,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        ControlConfig {
+            listen: default_control_listen(),
+            token: None,
+            connections_max: default_control_connections_max(),
+            header_timeout_secs: default_control_header_timeout(),
+            body_timeout_secs: default_control_body_timeout(),
+            full_reads_max: default_control_full_reads_max(),
+        }
+    }
 }
 
 fn default_control_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8053))
+}
+/// Planners, enactors, operators and scrapers of one stack need tens; 512 leaves room for
+/// bursts without letting connections eat the descriptors DNS needs.
+fn default_control_connections_max() -> usize {
+    512
+}
+/// Our clients send a request in one write; 10 s is generous for a slow network. `RemoteStore`
+/// drops its idle connections sooner (`POOL_IDLE_TIMEOUT`), so it does not send a request on
+/// a connection the server is closing.
+fn default_control_header_timeout() -> u64 {
+    10
+}
+/// As for headers: a client that pauses this long in the middle of a body is gone or hostile.
+fn default_control_body_timeout() -> u64 {
+    10
+}
+/// A full read of a 100,000-endpoint zone is tens of MB and hundreds of ms; four at once
+/// keep the memory bounded and leave the store to writers.
+fn default_control_full_reads_max() -> usize {
+    4
 }
 
 impl AuthorityConfig {
@@ -240,6 +288,13 @@ impl AuthorityConfig {
         }
         if dns.tcp_connections_max == 0 || dns.tcp_idle_timeout_secs == 0 {
             return Err("dns.tcp_connections_max and dns.tcp_idle_timeout_secs must be above 0".into());
+        }
+        let control = &self.control;
+        if control.connections_max == 0 || control.full_reads_max == 0 {
+            return Err("control.connections_max and control.full_reads_max must be above 0".into());
+        }
+        if control.header_timeout_secs == 0 || control.body_timeout_secs == 0 {
+            return Err("control.header_timeout_secs and control.body_timeout_secs must be above 0".into());
         }
         match &self.control.token {
             None => Err(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable")),

@@ -24,6 +24,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
+use tower::limit::GlobalConcurrencyLimitLayer;
 
 /// Largest JSON body (apply, pause, heartbeat, cleanup requests): an endpoint with the maximum
 /// number of targets is a few KiB.
@@ -39,11 +41,17 @@ pub const JSON_PLAN_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// The tracing target of audit lines: one per accepted write a person or the planner made.
 pub const AUDIT_TARGET: &str = "dnsplan::audit";
 
+/// Full-state reads served at once unless `Control::with_full_reads_max` says otherwise (the
+/// default of `control.full_reads_max`).
+pub const FULL_READS_MAX_DEFAULT: usize = 4;
+
 /// What every handler needs, plus whatever the embedding process adds (`extra` routes).
 pub struct Control<S> {
     pub store: S,
     token: Arc<str>,
     metrics: Option<Arc<Metrics>>,
+    /// Permits for full-state reads (`control.full_reads_max`), shared by their routes.
+    full_reads: Arc<Semaphore>,
 }
 
 impl<S> Clone for Control<S>
@@ -51,13 +59,20 @@ where
     S: Clone,
 {
     fn clone(&self) -> Self {
-        Control { store: self.store.clone(), token: self.token.clone(), metrics: self.metrics.clone() }
+        Control { store: self.store.clone(), token: self.token.clone(), metrics: self.metrics.clone(), full_reads: self.full_reads.clone() }
     }
 }
 
 impl<S: Store> Control<S> {
     pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
-        Control { store, token: token.into(), metrics: None }
+        Control { store, token: token.into(), metrics: None, full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)) }
+    }
+
+    /// At most `max` full-state reads at once; more wait their turn (`router` applies it).
+    pub fn with_full_reads_max(mut self, max: usize) -> Control<S> {
+        assert!(max >= 1);
+        self.full_reads = Arc::new(Semaphore::new(max));
+        self
     }
 
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Control<S> {
@@ -174,15 +189,17 @@ async fn require_token_for_writes<S: Store>(State(ctl): State<Control<S>>, heade
 pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
     let plans = Router::new().route("/v1/plans", post(publish::<S>).get(list::<S>)).layer(DefaultBodyLimit::max(PLAN_BODY_BYTES_MAX));
     let batches = Router::new().route("/v1/apply", post(apply_many::<S>)).layer(DefaultBodyLimit::max(BATCH_BODY_BYTES_MAX));
+    // Full-state reads share `control.full_reads_max` permits; more wait their turn.
+    let full_read = GlobalConcurrencyLimitLayer::with_semaphore(ctl.full_reads.clone());
     let rest = Router::new()
-        .route("/v1/plans/{generation}", get(plan::<S>))
-        .route("/v1/plans/{generation}/changes", get(plan_changes::<S>))
+        .route("/v1/plans/{generation}", get(plan::<S>).layer(full_read.clone()))
+        .route("/v1/plans/{generation}/changes", get(plan_changes::<S>).layer(full_read.clone()))
         .route("/v1/version", get(version::<S>))
         .route("/v1/wait", get(wait::<S>))
-        .route("/v1/active", get(active_all::<S>))
+        .route("/v1/active", get(active_all::<S>).layer(full_read.clone()))
         .route("/v1/active/{endpoint}", get(active::<S>).put(apply::<S>))
         .route("/v1/active/{endpoint}/retire", post(retire::<S>))
-        .route("/v1/changes", get(changes::<S>))
+        .route("/v1/changes", get(changes::<S>).layer(full_read))
         .route("/v1/cleanup", get(cleanup_preview::<S>).post(cleanup::<S>))
         .route("/v1/pause", get(paused::<S>).put(pause::<S>).delete(resume::<S>))
         .route("/v1/heartbeats", get(heartbeats::<S>).post(heartbeat::<S>))

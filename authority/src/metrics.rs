@@ -172,8 +172,42 @@ pub struct EndpointLabels {
     pub endpoint: String,
 }
 
+/// The TCP listeners' connections (DNS and the control API): failed accepts, connections
+/// refused over the cap, connections open.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionMetrics {
+    pub dns_tcp_accept_errors: Counter,
+    pub dns_tcp_refused: Counter,
+    pub dns_tcp_open: Gauge,
+    pub control_accept_errors: Counter,
+    pub control_open: Gauge,
+}
+
+impl ConnectionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "dns_tcp_accept_errors",
+            "DNS TCP accepts that failed (out of descriptors or memory, or the peer reset first)",
+            self.dns_tcp_accept_errors.clone(),
+        );
+        registry.register(
+            "dns_tcp_refused",
+            "DNS TCP connections closed at once because dns.tcp_connections_max were open",
+            self.dns_tcp_refused.clone(),
+        );
+        registry.register("dns_tcp_connections", "DNS TCP connections open", self.dns_tcp_open.clone());
+        registry.register(
+            "control_accept_errors",
+            "Control API accepts that failed (out of descriptors or memory, or the peer reset first)",
+            self.control_accept_errors.clone(),
+        );
+        registry.register("control_connections", "Control API connections open", self.control_open.clone());
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub connections: ConnectionMetrics,
     queries: QueryCounters,
     truncated: Counter,
     udp_unsent: Counter,
@@ -259,8 +293,11 @@ impl Metrics {
         registry.register("managed_endpoints", "Managed endpoints being served", managed_endpoints.clone());
         let applied_changes = Gauge::default();
         registry.register("applied_changes", "The store's applied-change counter (the SOA serial's source)", applied_changes.clone());
+        let connections = ConnectionMetrics::default();
+        connections.register(&mut registry);
         Metrics {
             registry,
+            connections,
             queries,
             truncated,
             udp_unsent,

@@ -2,8 +2,10 @@
 //! API, follows the store, and shuts down cleanly.
 
 use crate::answer::AnswerLimits;
+use crate::budget;
 use crate::config::AuthorityConfig;
 use crate::control::{self, ApiError, Control};
+use crate::control_server::{self, ControlLimits};
 use crate::dns_zone::StaticZone;
 use crate::follower::Serving;
 use crate::metrics::Metrics;
@@ -108,11 +110,10 @@ pub async fn run_with_extras<S: Store>(
     // Static stability: serve the last applied state from our own disk before anything else.
     let rrl = config.dns.rrl.settings().map(|settings| Rrl::new(&settings));
     let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?.with_rrl(rrl));
-    let tcp_limits =
-        TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: config.dns.tcp_connections_max };
 
     let mut tasks = tokio::task::JoinSet::new();
     let mut dns = Vec::new();
+    let mut tcp_listeners = Vec::new();
     for addr in &config.dns.listen {
         let sockets = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (udp, tcp) = bind_dns(*addr, sockets).await?;
@@ -120,11 +121,12 @@ pub async fn run_with_extras<S: Store>(
         for socket in udp {
             tasks.spawn(serve_udp(socket, serving.clone()));
         }
-        tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
+        tcp_listeners.push(tcp);
     }
     tasks.spawn(serving.clone().follow(store.clone()));
 
-    let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone());
+    let connection_metrics = metrics.connections.clone();
+    let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
     let extra_metrics = extras.metrics.clone();
     let render = move || {
         let (metrics, extra) = (metrics.clone(), extra_metrics.clone());
@@ -160,11 +162,24 @@ pub async fn run_with_extras<S: Store>(
         .await
         .with_context(|| format!("binding the control API on {}", config.control.listen))?;
     let control_addr = listener.local_addr()?;
+    // Every connection holds a descriptor: the caps stay under what the process has left.
+    let wanted = budget::Caps { dns_tcp_per_listener: config.dns.tcp_connections_max, control: config.control.connections_max };
+    let caps = budget::fit_to_process(tcp_listeners.len(), wanted)?;
+    let tcp_limits =
+        TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: caps.dns_tcp_per_listener };
+    for tcp in tcp_listeners {
+        tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
+    }
+    let control_limits = ControlLimits {
+        connections_max: caps.control,
+        header_timeout: Duration::from_secs(config.control.header_timeout_secs),
+        body_timeout: Duration::from_secs(config.control.body_timeout_secs),
+    };
     on_bound(Bound { dns: dns.clone(), control: control_addr });
     let _ = serving; // the listeners hold their own references
     tracing::info!(dns = ?dns, control = %control_addr, origin = %zone.origin, "authority serving");
     // Stop accepting control requests on shutdown, finish those in flight, then stop DNS.
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.context("control API failed")?;
+    control_server::serve(listener, app, control_limits, connection_metrics, shutdown).await;
     tasks.shutdown().await;
     tracing::info!("authority stopped");
     Ok(())

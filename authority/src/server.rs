@@ -1,6 +1,7 @@
 //! The DNS I/O shell: UDP and TCP listeners that answer from the current snapshot
 //! (`follower::Serving`). Building the snapshot and following the store is `follower`'s job.
 
+use crate::accept::{Acceptor, LogLimiter};
 use crate::answer::{TCP_MESSAGE_BYTES_MAX, Transport, respond};
 use crate::follower::Serving;
 use crate::udp::Batch;
@@ -73,25 +74,33 @@ pub fn bind_udp(addr: std::net::SocketAddr, count: usize) -> std::io::Result<Vec
 }
 
 /// Accepts TCP connections on `listener` until the task is dropped.
+///
+/// Failed accepts are waited out (`accept::Acceptor`: backoff, counted, logged at most once a
+/// second). A connection over `limits.connections_max` is closed at once and counted
+/// (`dnsplan_dns_tcp_refused_total`), so the client can try another server; the log says so
+/// at most once a second.
 pub async fn serve_tcp(listener: TcpListener, serving: Arc<Serving>, limits: TcpLimits) {
     let permits = Arc::new(Semaphore::new(limits.connections_max));
+    let metrics = serving.metrics.connections.clone();
+    let mut acceptor = Acceptor::new(listener, "DNS TCP", metrics.dns_tcp_accept_errors.clone());
+    let mut refusals = LogLimiter::default();
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(err) => {
-                tracing::warn!(%err, "TCP accept failed");
-                continue;
-            }
-        };
+        let (stream, peer) = acceptor.accept().await;
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, max = limits.connections_max, "too many TCP connections; closing the new one");
+            metrics.dns_tcp_refused.inc();
+            if let Some(suppressed) = refusals.allow(tokio::time::Instant::now()) {
+                tracing::warn!(%peer, max = limits.connections_max, suppressed, "too many TCP connections; closing the new one");
+            }
             continue;
         };
         let serving = serving.clone();
+        let open = metrics.dns_tcp_open.clone();
+        open.inc();
         tokio::spawn(async move {
             if let Err(err) = tcp_connection(stream, &serving, limits.idle_timeout).await {
                 tracing::debug!(%err, %peer, "TCP connection ended");
             }
+            open.dec();
             drop(permit);
         });
     }

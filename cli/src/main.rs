@@ -26,6 +26,8 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Up { config, data_dir, dns, listen_control, log_format } => {
                 daemon::init(&log_format);
+                // Before any socket or file is opened: connections come out of this limit.
+                dnsplan_common::open_files::raise_to_hard();
                 let shutdown = daemon::shutdown_signal();
                 let overrides = up::Overrides { data_dir, dns, control: listen_control };
                 match up(config, overrides, shutdown).await {

@@ -172,7 +172,7 @@ impl Stack {
         let authority = AuthorityConfig {
             data_dir,
             dns,
-            control: ControlConfig { listen: control_listen, token: Some(token.clone()) },
+            control: ControlConfig { listen: control_listen, token: Some(token.clone()), ..ControlConfig::default() },
             dns_zone: up.authority.dns_zone,
         };
         authority.check().map_err(|detail| invalid(format!("authority.{detail}")))?;

@@ -12,6 +12,8 @@ pub mod daemon;
 pub mod dns_probe;
 pub mod generation;
 pub mod names;
+#[cfg(feature = "daemon")]
+pub mod open_files;
 pub mod plan;
 
 pub use generation::Generation;

@@ -15,6 +15,8 @@ use std::sync::Arc;
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     daemon::init(&args.log_format);
+    // Before any socket or file is opened: connections come out of this limit.
+    dnsplan_common::open_files::raise_to_hard();
     // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.
     let shutdown = daemon::shutdown_signal();
     let config = EnactorConfig::load(&args.config, args.id, args.zone)?;

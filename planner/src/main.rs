@@ -18,6 +18,8 @@ use std::sync::Arc;
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     daemon::init(&args.log_format);
+    // Before any socket or file is opened: connections come out of this limit.
+    dnsplan_common::open_files::raise_to_hard();
     let shutdown = daemon::shutdown_signal();
     let mut config = PlannerConfig::load(&args.config)?;
     if let Some(id) = args.id {

@@ -27,6 +27,10 @@ use std::time::Duration;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connect timeout: the control API is local or on the same network.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Idle connections are dropped after this long, before the authority closes them (its
+/// `control.header_timeout_secs`, 10 s by default), so no request goes out on a connection
+/// the server is closing.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct RemoteStore {
@@ -64,6 +68,7 @@ impl RemoteStore {
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build()
             .map_err(|e| StoreError::Unavailable(format!("cannot build an HTTP client: {e}")))?;
         Ok(RemoteStore { inner: Arc::new(Inner { client, base: base.trim_end_matches('/').to_owned(), token }) })
