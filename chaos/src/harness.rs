@@ -313,7 +313,8 @@ pub async fn run_processes(bins: Bins, faults: Faults, scenario: &str, seed: u64
         publisher.publish_next().await?;
     }
     converge(&store, &names, *publisher.published.keys().last().unwrap_or(&Generation(1))).await?;
-    let watcher = Watcher::start(stack.dns, fixtures::dns_zone(), names.clone(), store.clone());
+    // The store converged; the authority follows it a moment later.
+    let watcher = Watcher::start_caught_up(stack.dns, fixtures::dns_zone(), names.clone(), store.clone()).await?;
 
     let end = started + duration;
     let mut frozen: Option<usize> = None;
@@ -504,7 +505,7 @@ pub async fn run_gray_zone(bins: Bins, seed: u64, duration: Duration) -> anyhow:
         }
         store.wait_for_change(version, Duration::from_secs(2)).await?;
     }
-    let watcher = Watcher::start(stack.dns, fixtures::dns_zone(), vec![api.clone()], store.clone());
+    let watcher = Watcher::start_caught_up(stack.dns, fixtures::dns_zone(), vec![api.clone()], store.clone()).await?;
     // The fault phase is the backends' own behaviour; the harness only waits it out.
     tokio::time::sleep(duration).await;
     let latest = store.latest().await?;

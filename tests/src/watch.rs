@@ -102,6 +102,15 @@ impl<S: Store> Shared<S> {
 }
 
 impl<S: Store> Watcher<S> {
+    /// As `start`, once the authority serves what the store held when asked (its SOA serial
+    /// shows the store's applied changes): a caller that waited for the store to reach a
+    /// state must not probe before the authority has followed it there.
+    pub async fn start_caught_up(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> anyhow::Result<Watcher<S>> {
+        let shared = Shared { dns, origin: origin.clone(), names: names.clone(), store: store.clone(), history: Arc::default() };
+        shared.authority_caught_up().await?;
+        Ok(Watcher::start(dns, origin, names, store))
+    }
+
     /// Watches `names` in the DNS zone `origin` served at `dns` from `store`.
     pub fn start(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> Watcher<S> {
         let (stop, stopped) = watch::channel(false);
