@@ -207,7 +207,10 @@ pub fn check_with(history: &History, published: &BTreeMap<Generation, ValidatedP
         let got = match &answer.result {
             Ok(got) if got.has_addresses() => got,
             Ok(got) => {
-                violations.push(format!("answer {i}: {} answered {:?} with no address", answer.name, got.rcode));
+                violations.push(format!(
+                    "answer {i}: {} answered {:?} with no address (AA={}, SOA serial in the authority section: {:?})",
+                    answer.name, got.rcode, got.authoritative, got.soa_serial
+                ));
                 continue;
             }
             Err(_) if options.unanswered_ok => continue,
