@@ -72,9 +72,13 @@ async fn exchange(server: SocketAddr, name: &str, qtype: RecordType) -> Result<D
     let mut buf = vec![0u8; usize::from(EDNS_PAYLOAD_BYTES).max(4_096)];
     let reply = loop {
         let len = socket.recv(&mut buf).await.map_err(io)?;
-        // Ignore strays (another query's late reply); the caller's timeout bounds the wait.
+        // Ignore strays (another query's late reply) and anything that is not a response to
+        // this question; the caller's timeout bounds the wait. The check of QR matters: while
+        // the server's port is free (a restart), the system can give this very socket that
+        // port, and a socket connected to itself receives its own query, which would read as
+        // NOERROR with no address.
         match Message::from_vec(&buf[..len]) {
-            Ok(reply) if reply.metadata.id == id => break reply,
+            Ok(reply) if answers(&reply, id, &msg) => break reply,
             _ => continue,
         }
     };
@@ -92,10 +96,19 @@ async fn exchange_tcp(server: SocketAddr, packet: &[u8], id: u16) -> Result<Mess
     let mut buf = vec![0u8; usize::from(len)];
     stream.read_exact(&mut buf).await.map_err(io)?;
     let reply = Message::from_vec(&buf).map_err(|e| ProbeError::Malformed { server, detail: e.to_string() })?;
-    if reply.metadata.id != id {
-        return Err(ProbeError::Malformed { server, detail: "reply id does not match the query".into() });
+    let query = Message::from_vec(packet).map_err(|e| ProbeError::Malformed { server, detail: e.to_string() })?;
+    if !answers(&reply, id, &query) {
+        return Err(ProbeError::Malformed {
+            server,
+            detail: "the reply is not a response to the query (id, QR or question differ)".into(),
+        });
     }
     Ok(reply)
+}
+
+/// Whether `reply` is a response (QR=1) to `query`: same id and same question.
+fn answers(reply: &Message, id: u16, query: &Message) -> bool {
+    reply.metadata.id == id && reply.metadata.message_type == MessageType::Response && reply.queries == query.queries
 }
 
 fn summarise(reply: &Message) -> DnsAnswer {
@@ -113,4 +126,38 @@ fn summarise(reply: &Message) -> DnsAnswer {
         _ => None,
     });
     DnsAnswer { rcode: reply.metadata.response_code, authoritative: reply.metadata.authoritative, addresses, soa_serial }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A UDP "server" that sends every packet back, with QR set when `as_response`.
+    async fn reflector(as_response: bool) -> SocketAddr {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let addr = socket.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4_096];
+            while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
+                if as_response && len > 2 {
+                    buf[2] |= 0x80;
+                }
+                let _ = socket.send_to(&buf[..len], peer).await;
+            }
+        });
+        addr
+    }
+
+    /// A socket that receives its own query (the system gave the probe the server's free port
+    /// during a restart, so it is connected to itself) must not take it for an answer: it
+    /// would read as NOERROR with no address. Without the QR check this returned Ok.
+    #[tokio::test]
+    async fn its_own_query_is_not_an_answer() {
+        let echo = reflector(false).await;
+        let got = query(echo, "api.example.test.", RecordType::A, Duration::from_millis(300)).await;
+        assert!(matches!(got, Err(ProbeError::Timeout { .. })), "a query came back as an answer: {got:?}");
+        let responder = reflector(true).await;
+        let got = query(responder, "api.example.test.", RecordType::A, Duration::from_secs(2)).await;
+        assert!(got.is_ok_and(|a| a.rcode == ResponseCode::NoError && a.addresses.is_empty()), "a response is an answer");
+    }
 }
