@@ -7,45 +7,21 @@
 //! the dead target back (seen once). This test is alone in its binary: it lowers the
 //! process's descriptor limit.
 
-use dnsplan_common::{Generation, SledStore, Store, ValidatedPlan};
+use dnsplan_common::{SledStore, Store};
 use dnsplan_planner::health::{HealthBook, spawn_checks};
 use dnsplan_planner::metrics::{KindLabels, Metrics, ResultLabels};
 use dnsplan_planner::{Planner, PlannerConfig};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use prometheus_client::registry::Registry;
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod support;
 
-use support::{Backends, config_text};
+use support::{Backends, WITHIN, config_text, wait_plan, weight};
 
-const WITHIN: Duration = Duration::from_secs(20);
 /// The soft descriptor limit while exhausted: above what the test process already holds.
 const EXHAUSTED_LIMIT: u64 = 512;
-
-fn weight(plan: &ValidatedPlan, endpoint: &str, address: &str) -> Option<u32> {
-    let name = dnsplan_common::DnsName::parse(endpoint).ok()?;
-    let address: IpAddr = address.parse().ok()?;
-    plan.plan().endpoints.get(&name)?.targets.iter().find(|t| t.address == address).map(|t| t.weight)
-}
-
-async fn wait_plan(store: &SledStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
-    let wait = async {
-        loop {
-            let version = store.version().await?;
-            if version.latest > Generation::NONE {
-                let plan = store.plan(version.latest).await?;
-                if want(&plan) {
-                    return anyhow::Ok(plan);
-                }
-            }
-            store.wait_for_change(version, WITHIN).await?;
-        }
-    };
-    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("no plan matched within {WITHIN:?}"))?
-}
 
 /// Polls a counter until `done`, within the deadline.
 async fn until(what: &str, done: impl Fn() -> bool) -> anyhow::Result<()> {

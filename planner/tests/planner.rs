@@ -7,15 +7,11 @@ use dnsplan_planner::health::{HealthBook, spawn_checks};
 use dnsplan_planner::metrics::Metrics;
 use dnsplan_planner::{Planner, PlannerConfig};
 use prometheus_client::registry::Registry;
-use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 mod support;
 
-use support::{Backends, config_text};
-
-const WITHIN: Duration = Duration::from_secs(20);
+use support::{Backends, WITHIN, config_text, wait_plan, weight};
 
 struct Running {
     stop: tokio::sync::oneshot::Sender<()>,
@@ -34,29 +30,6 @@ fn start(store: SledStore, config: PlannerConfig) -> Running {
         let _ = stopped.await;
     }));
     Running { stop, task, _checks: checks }
-}
-
-/// Waits on the store (not a timer) until the latest plan satisfies `want`.
-async fn wait_plan(store: &SledStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
-    let wait = async {
-        loop {
-            let version = store.version().await?;
-            if version.latest > Generation::NONE {
-                let plan = store.plan(version.latest).await?;
-                if want(&plan) {
-                    return anyhow::Ok(plan);
-                }
-            }
-            store.wait_for_change(version, WITHIN).await?;
-        }
-    };
-    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("no plan matched within {WITHIN:?}"))?
-}
-
-fn weight(plan: &ValidatedPlan, endpoint: &str, address: &str) -> Option<u32> {
-    let name = dnsplan_common::DnsName::parse(endpoint).ok()?;
-    let address: IpAddr = address.parse().ok()?;
-    plan.plan().endpoints.get(&name)?.targets.iter().find(|t| t.address == address).map(|t| t.weight)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,14 @@
 //! Shared by the planner's tests: real TCP backends on loopback and a config pointing at them.
 #![allow(dead_code)]
 
+use dnsplan_common::{Generation, SledStore, Store, ValidatedPlan};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 use tokio::net::TcpListener;
+
+/// How long a test waits for the planner to do something.
+pub const WITHIN: Duration = Duration::from_secs(20);
 
 /// Six listeners per endpoint, two per zone, all on one port: api on 127.0.1.x, db on 127.0.2.x.
 pub struct Backends {
@@ -53,4 +58,27 @@ pub fn config_text(port: u16, policy: &str) -> String {
         }
     }
     text
+}
+
+/// Waits on the store (not a timer) until the latest plan satisfies `want`.
+pub async fn wait_plan(store: &SledStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
+    let wait = async {
+        loop {
+            let version = store.version().await?;
+            if version.latest > Generation::NONE {
+                let plan = store.plan(version.latest).await?;
+                if want(&plan) {
+                    return anyhow::Ok(plan);
+                }
+            }
+            store.wait_for_change(version, WITHIN).await?;
+        }
+    };
+    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("no plan matched within {WITHIN:?}"))?
+}
+
+pub fn weight(plan: &ValidatedPlan, endpoint: &str, address: &str) -> Option<u32> {
+    let name = dnsplan_common::DnsName::parse(endpoint).ok()?;
+    let address: IpAddr = address.parse().ok()?;
+    plan.plan().endpoints.get(&name)?.targets.iter().find(|t| t.address == address).map(|t| t.weight)
 }
