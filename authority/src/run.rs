@@ -10,7 +10,8 @@ use crate::dns_zone::StaticZone;
 use crate::follower::Serving;
 use crate::metrics::Metrics;
 use crate::rrl::Rrl;
-use crate::server::{TcpLimits, bind_udp, serve_tcp, serve_udp};
+use crate::server::{TcpLimits, serve_tcp};
+use crate::udp::{UdpServers, bind_udp};
 use anyhow::Context;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
@@ -114,15 +115,16 @@ pub async fn run_with_extras<S: Store>(
     let mut tasks = tokio::task::JoinSet::new();
     let mut dns = Vec::new();
     let mut tcp_listeners = Vec::new();
+    let mut udp_sockets = Vec::new();
     for addr in &config.dns.listen {
         let sockets = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (udp, tcp) = bind_dns(*addr, sockets).await?;
         dns.push(udp[0].local_addr()?);
-        for socket in udp {
-            tasks.spawn(serve_udp(socket, serving.clone()));
-        }
+        udp_sockets.extend(udp);
         tcp_listeners.push(tcp);
     }
+    // Threads of their own, stopped and joined when dropped (below, or on an early return).
+    let udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
     tasks.spawn(serving.clone().follow(store.clone()));
 
     let connection_metrics = metrics.connections.clone();
@@ -181,6 +183,7 @@ pub async fn run_with_extras<S: Store>(
     // Stop accepting control requests on shutdown, finish those in flight, then stop DNS.
     control_server::serve(listener, app, control_limits, connection_metrics, shutdown).await;
     tasks.shutdown().await;
+    drop(udp);
     tracing::info!("authority stopped");
     Ok(())
 }
@@ -212,7 +215,7 @@ async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery
 /// UDP (`sockets` of them) and TCP on one address and port. For port 0 the system picks a
 /// port free for UDP; it may be taken for TCP (any outgoing connection can hold it), so a
 /// few ports are tried.
-async fn bind_dns(addr: std::net::SocketAddr, sockets: usize) -> anyhow::Result<(Vec<tokio::net::UdpSocket>, tokio::net::TcpListener)> {
+async fn bind_dns(addr: std::net::SocketAddr, sockets: usize) -> anyhow::Result<(Vec<std::net::UdpSocket>, tokio::net::TcpListener)> {
     let attempts = if addr.port() == 0 { 16 } else { 1 };
     let mut attempt = 1;
     loop {

@@ -1,16 +1,16 @@
-//! The DNS I/O shell: UDP and TCP listeners that answer from the current snapshot
-//! (`follower::Serving`). Building the snapshot and following the store is `follower`'s job.
+//! The DNS TCP listener, answering from the current snapshot (`follower::Serving`). UDP is
+//! served by threads of its own (`udp::UdpServers`); building the snapshot and following the
+//! store is `follower`'s job.
 
 use crate::accept::{Acceptor, LogLimiter};
-use crate::answer::{TCP_MESSAGE_BYTES_MAX, Transport, respond};
+use crate::answer::{Malformed, TCP_MESSAGE_BYTES_MAX, Transport, respond};
 use crate::follower::Serving;
-use crate::udp::Batch;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 /// Most queries answered on one TCP connection before it is closed; bounds what one client
@@ -21,56 +21,6 @@ pub const TCP_QUERIES_PER_CONNECTION_MAX: usize = 10_000;
 pub struct TcpLimits {
     pub idle_timeout: Duration,
     pub connections_max: usize,
-}
-
-/// Answers UDP queries on `socket` until the task is dropped.
-///
-/// After each wake-up it drains the socket in batches (`udp::Batch`: one `recvmmsg` and one
-/// `sendmmsg` per up to 32 queries), so under load a query costs a fraction of a system call
-/// and no trip through the reactor. Common queries are answered by `fast::respond_fast` into
-/// reused buffers; the rest by `answer::respond`.
-pub async fn serve_udp(socket: UdpSocket, serving: Arc<Serving>) {
-    use std::os::fd::AsRawFd;
-    let mut rng = SmallRng::from_rng(&mut rand::rng());
-    let fd = socket.as_raw_fd();
-    loop {
-        if let Err(err) = socket.readable().await {
-            tracing::warn!(%err, "UDP socket failed");
-            continue;
-        }
-        loop {
-            match socket.try_io(tokio::io::Interest::READABLE, || Batch::run(fd, &serving, &mut rng)) {
-                Ok(_) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(err) => {
-                    // ICMP errors from earlier sends surface here on some systems.
-                    tracing::debug!(%err, "UDP receive failed");
-                }
-            }
-        }
-    }
-}
-
-/// `count` UDP sockets bound to `addr` with `SO_REUSEPORT`, so the kernel spreads queries
-/// over one receive loop per core. Port 0 picks one port for all of them.
-pub fn bind_udp(addr: std::net::SocketAddr, count: usize) -> std::io::Result<Vec<UdpSocket>> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let mut sockets = Vec::with_capacity(count.max(1));
-    // SO_REUSEPORT would let us share a port with another live server of the same user, which
-    // would split the traffic silently. A plain bind first fails with "address in use" then.
-    let addr = std::net::UdpSocket::bind(addr)?.local_addr()?;
-    for _ in 0..count.max(1) {
-        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-        if addr.is_ipv6() {
-            socket.set_only_v6(true)?;
-        }
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        let std: std::net::UdpSocket = socket.into();
-        sockets.push(UdpSocket::from_std(std)?);
-    }
-    Ok(sockets)
 }
 
 /// Accepts TCP connections on `listener` until the task is dropped.
@@ -122,6 +72,8 @@ async fn tcp_connection(mut stream: TcpStream, serving: &Serving, idle: Duration
         };
         let snapshot = serving.snapshot.load();
         let Some((bytes, outcome)) = respond(&buf[..len], &snapshot, Transport::Tcp, &serving.limits, &mut rng) else {
+            // Not a query (too short, or a response): no answer, counted as over UDP.
+            serving.metrics.observe_malformed(Malformed::of_dropped(&buf[..len]));
             continue;
         };
         let mut framed = Vec::with_capacity(bytes.len() + 2);

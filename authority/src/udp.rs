@@ -1,24 +1,32 @@
 //! Batched UDP I/O: up to `BATCH` queries received with one `recvmmsg` and their answers sent
 //! with one `sendmmsg`, so that under load the system-call cost is shared by a batch.
 //!
-//! The buffers and message headers live in a thread-local `Batch` (the headers hold raw
-//! pointers, so they cannot live in a future that moves between threads); the async loop in
-//! `server::serve_udp` calls `Batch::run` from `UdpSocket::try_io` whenever the socket is
-//! readable. A datagram the kernel refuses to send (for its peer) is skipped; the rest of the
-//! batch is still sent (`send_answers`). Each answer passes the response-rate limiter
-//! (`rrl`) before it is queued: it is sent, dropped, or sent truncated (a slip).
+//! Each UDP socket is served by a thread of its own (`UdpServers`), not by a task of the async
+//! runtime: the runtime also runs the control API, and a busy control API must not delay an
+//! answer. The thread waits in `poll(2)` on its socket and on a stop pipe, then drains the
+//! socket in batches; the kernel wakes it when a query arrives, whatever the runtime's workers
+//! are doing (`bench/status.sh` measures it against 8 clients polling `/v1/status`).
+//!
+//! The buffers and message headers live in the thread's `Batch`. A datagram the kernel
+//! refuses to send (for its peer) is skipped; the rest of the batch is still sent
+//! (`send_answers`). Each answer passes the response-rate limiter (`rrl`) before it is queued:
+//! it is sent, dropped, or sent truncated (a slip).
 
 use crate::answer::{Malformed, Outcome, Transport, respond};
 use crate::fast::{Fast, respond_fast};
 use crate::follower::Serving;
 use crate::rrl::{self, Rrl, Verdict};
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use std::cell::RefCell;
-use std::io::{IoSlice, IoSliceMut};
-use std::net::IpAddr;
-use std::os::fd::RawFd;
+use std::io::{IoSlice, IoSliceMut, PipeReader, PipeWriter};
+use std::net::{IpAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Queries per system call.
 pub const BATCH: usize = 32;
@@ -37,8 +45,90 @@ pub struct Batch {
     from: Vec<Option<SockaddrStorage>>,
 }
 
-thread_local! {
-    static BATCH_STATE: RefCell<Option<Batch>> = const { RefCell::new(None) };
+/// The threads answering UDP queries, one per socket. Dropping it stops and joins them.
+pub struct UdpServers {
+    /// Closing it wakes every thread's `poll` with a hang-up on the other end: the stop signal.
+    stop: Option<PipeWriter>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl UdpServers {
+    /// Starts one thread per socket, answering from `serving` until dropped.
+    pub fn start(sockets: Vec<UdpSocket>, serving: Arc<Serving>) -> std::io::Result<UdpServers> {
+        let (stop_read, stop_write) = std::io::pipe()?;
+        let stop_read = Arc::new(stop_read);
+        let mut servers = UdpServers { stop: Some(stop_write), threads: Vec::with_capacity(sockets.len()) };
+        for (i, socket) in sockets.into_iter().enumerate() {
+            let (serving, stop) = (serving.clone(), stop_read.clone());
+            // On failure `servers` is dropped here, which stops the threads already started.
+            let thread = std::thread::Builder::new().name(format!("dns-udp-{i}")).spawn(move || serve(&socket, &serving, &stop))?;
+            servers.threads.push(thread);
+        }
+        Ok(servers)
+    }
+}
+
+impl Drop for UdpServers {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// How long a thread waits after `poll` itself failed (out of kernel memory), so that a
+/// failing call is not repeated in a busy loop.
+const POLL_RETRY: Duration = Duration::from_millis(10);
+
+/// One socket's loop: wait until it is readable, drain it in batches, until `stop` hangs up.
+fn serve(socket: &UdpSocket, serving: &Serving, stop: &PipeReader) {
+    let mut rng = SmallRng::from_rng(&mut rand::rng());
+    let mut batch = Batch::new();
+    let fd = socket.as_raw_fd();
+    loop {
+        let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLIN), PollFd::new(stop.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(err) => {
+                tracing::debug!(%err, "waiting on the UDP socket failed");
+                std::thread::sleep(POLL_RETRY);
+                continue;
+            }
+        }
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            return;
+        }
+        loop {
+            match batch.once(fd, serving, &mut rng) {
+                Ok(_) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+                // ICMP errors from earlier sends surface here on some systems.
+                Err(err) => tracing::debug!(%err, "UDP receive failed"),
+            }
+        }
+    }
+}
+
+/// `count` non-blocking UDP sockets bound to `addr` with `SO_REUSEPORT`, so the kernel spreads
+/// queries over one thread per core. Port 0 picks one port for all of them.
+pub fn bind_udp(addr: std::net::SocketAddr, count: usize) -> std::io::Result<Vec<UdpSocket>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut sockets = Vec::with_capacity(count.max(1));
+    // SO_REUSEPORT would let us share a port with another live server of the same user, which
+    // would split the traffic silently. A plain bind first fails with "address in use" then.
+    let addr = UdpSocket::bind(addr)?.local_addr()?;
+    for _ in 0..count.max(1) {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
+        socket.set_reuse_port(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        sockets.push(socket.into());
+    }
+    Ok(sockets)
 }
 
 /// What became of one batch's answers.
@@ -123,14 +213,6 @@ impl Batch {
 
     /// Receives what is waiting on `fd` (at most `BATCH`), answers it and sends the answers.
     /// Returns how many datagrams were received; `WouldBlock` when the socket is drained.
-    pub fn run(fd: RawFd, serving: &Serving, rng: &mut SmallRng) -> std::io::Result<usize> {
-        BATCH_STATE.with(|cell| {
-            let mut slot = cell.borrow_mut();
-            let batch = slot.get_or_insert_with(Batch::new);
-            batch.once(fd, serving, rng)
-        })
-    }
-
     fn once(&mut self, fd: RawFd, serving: &Serving, rng: &mut SmallRng) -> std::io::Result<usize> {
         self.lengths.clear();
         self.from.clear();
@@ -201,9 +283,9 @@ impl Batch {
         });
         serving.metrics.observe_udp_unsent(tally.failed + tally.unsent);
         if datagrams < BATCH {
-            // The socket had no more than this: report it empty, so the caller waits for the
-            // next readiness event instead of spending a system call to learn it. (Tokio
-            // keeps the readiness if a datagram arrived meanwhile.)
+            // The socket had no more than this: report it empty, so the caller waits in `poll`
+            // instead of spending a system call to learn it. (`poll` returns at once if a
+            // datagram arrived meanwhile.)
             return Err(std::io::ErrorKind::WouldBlock.into());
         }
         Ok(datagrams)

@@ -9,6 +9,7 @@ use hickory_proto::rr::{Name, RecordType};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
@@ -94,7 +95,8 @@ async fn malformed(control: &str, reason: &str) -> anyhow::Result<u64> {
 
 /// Malformed EDNS options (the truncated client subnet, an unknown family) are
 /// answered FORMERR and counted as `edns_option`; an OPT record in the answer section is
-/// FORMERR and counted as `unparsable`; short packets and responses are dropped and counted;
+/// FORMERR and counted as `unparsable`; short packets and responses are dropped and counted,
+/// over UDP and TCP (over TCP they were not counted before);
 /// and none of it writes a line at INFO or above. Before, the truncated option was answered
 /// as if it were absent, hickory logged a WARN line for each packet (this test saw 20 for
 /// 20), and nothing was counted. Without the decode running under no subscriber, the OPT
@@ -129,6 +131,20 @@ async fn bad_packets_are_counted_not_logged() -> anyhow::Result<()> {
     // waited for below).
     let (m, _) = ask(auth.dns, "api.example.test.", RecordType::A, Ask::default()).await?;
     assert_eq!(m.answers.len(), 1);
+    // Over TCP: a response and a short packet on one connection, then a query. The connection
+    // reads in order, so once the query is answered the two before it were counted.
+    let mut tcp = tokio::net::TcpStream::connect(auth.dns).await?;
+    let mut response = build_query("api.example.test.", RecordType::A, Ask::default());
+    response[2] |= 0x80;
+    let query = build_query("api.example.test.", RecordType::A, Ask::default());
+    for packet in [&response[..], &[0u8; 11][..], &query[..]] {
+        tcp.write_all(&(packet.len() as u16).to_be_bytes()).await?;
+        tcp.write_all(packet).await?;
+    }
+    let len = tcp.read_u16().await?;
+    let mut reply = vec![0; usize::from(len)];
+    tcp.read_exact(&mut reply).await?;
+    assert_eq!(Message::from_vec(&reply)?.answers.len(), 1, "the query after the dropped ones is answered over TCP");
 
     let lines = capture.lines.lock().expect("capture lock")[logged_before..].to_vec();
     assert!(lines.is_empty(), "{} lines logged for bad packets, the first: {:?}", lines.len(), lines.first());
@@ -139,7 +155,7 @@ async fn bad_packets_are_counted_not_logged() -> anyhow::Result<()> {
     }
     let counted = Instant::now();
     let rounds = ROUNDS as u64;
-    for (reason, want) in [("edns_option", 2 * rounds), ("unparsable", rounds), ("response", rounds), ("short", rounds)] {
+    for (reason, want) in [("edns_option", 2 * rounds), ("unparsable", rounds), ("response", rounds + 1), ("short", rounds + 1)] {
         // The dropped packets are counted when the server reads them, which may be after
         // the client gave up waiting: wait for the count, with a deadline.
         loop {
