@@ -1,9 +1,13 @@
 //! dnsplan's shared core: the plan model, the on-disk and on-wire codec, and the `Store`
 //! contract with its embedded implementation on sled.
 //!
-//! This crate is the only one that defines wire and on-disk types. It holds no daemons and
-//! no network code; the planner, enactors and authority build on it.
+//! This crate is the only one that defines wire and on-disk types. It holds no daemons; its
+//! network code is what every daemon shares, each behind a feature: the store's HTTP client
+//! (`remote`), a small DNS client (`dns`), and the accept loop and bounded HTTP server every
+//! daemon serves through (`server`).
 
+#[cfg(feature = "server")]
+pub mod accept;
 pub mod changes;
 pub mod codec;
 #[cfg(feature = "daemon")]
@@ -11,6 +15,8 @@ pub mod daemon;
 #[cfg(feature = "dns")]
 pub mod dns_probe;
 pub mod generation;
+#[cfg(feature = "server")]
+pub mod http_server;
 pub mod names;
 #[cfg(feature = "daemon")]
 pub mod open_files;

@@ -3,15 +3,17 @@
 //! reports heartbeats. Several run at once, one per availability zone.
 //!
 //! `enactor` is the loop; `guard` the pure removal check; `verify` the DNS verification;
-//! `config` the TOML config; `metrics` the Prometheus metrics; `hooks` the hook points tests
-//! use to hold an enactor at an exact point (no-ops unless a test installs its own), and,
-//! with feature `testing` only, the naive 2025 behaviour of the race tests.
+//! `config` the TOML config; `metrics` the Prometheus metrics (`http` the daemon's listener
+//! for them); `hooks` the hook points tests use to hold an enactor at an exact point (no-ops
+//! unless a test installs its own), and, with feature `testing` only, the naive 2025
+//! behaviour of the race tests.
 
 pub mod args;
 pub mod config;
 pub mod enactor;
 pub mod guard;
 pub mod hooks;
+pub mod http;
 pub mod metrics;
 pub mod verify;
 

@@ -2,12 +2,11 @@
 //! through the authority's control API, and serves its metrics.
 
 use anyhow::Context;
-use axum::routing::get;
 use clap::Parser;
 use dnsplan_common::daemon;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_enactor::args::Args;
-use dnsplan_enactor::{Enactor, EnactorConfig, Metrics};
+use dnsplan_enactor::{Enactor, EnactorConfig, Metrics, http};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
@@ -23,24 +22,16 @@ async fn main() -> anyhow::Result<()> {
     let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
-    let registry = Arc::new(registry);
 
     {
         let listen = config.metrics.listen;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
         daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
-        let app = axum::Router::new().route("/metrics", get(move || render(registry.clone()))).route("/healthz", get(|| async { "ok\n" }));
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, app).await {
-                tracing::error!(error = %err, "metrics server failed");
-            }
-        });
+        // Served until the process ends, after the enactor's clean stop.
+        let id = config.id.clone();
+        tokio::spawn(async move { http::serve(listener, registry, &id, std::future::pending()).await });
     }
     daemon::announce(&format!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.url));
     Enactor::new(store, config.settings(), metrics).run(shutdown).await;
     Ok(())
-}
-
-async fn render(registry: Arc<Registry>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    ([(axum::http::header::CONTENT_TYPE, daemon::METRICS_CONTENT_TYPE)], daemon::metrics_text(&registry))
 }

@@ -77,3 +77,67 @@ async fn serves_metrics_and_stops_on_sigterm() -> anyhow::Result<()> {
     assert!(exit.success(), "exit after SIGTERM: {exit}");
     Ok(())
 }
+
+/// A process killed when dropped, so that a failing test leaves none behind.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// How long anything we wait for may take: far more than the listener's 10 s header timeout.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The metrics listener serves through the daemons' bounded HTTP server
+/// (`dnsplan_common::http_server` with `Limits::METRICS`): a connection that sends half a
+/// request head is closed after the 10 s header timeout, a whole request is answered
+/// meanwhile, and its connections are counted. With `axum::serve` (as before) the half-sent
+/// request was held for as long as the client liked: checked once, the test failed after
+/// `DEADLINE`.
+#[test]
+fn the_metrics_listener_closes_half_sent_requests() -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("enactor.toml");
+    std::fs::write(&config, "id = \"en-h\"\nzone = \"a\"\n[store]\nurl = \"http://127.0.0.1:1\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n")?;
+    let mut child = Running(enactor(&config).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?);
+    let stdout = child.0.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut addr = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        if let Some(rest) = line.strip_prefix("metrics") {
+            addr = rest.trim().strip_prefix("http://").and_then(|r| r.strip_suffix("/metrics")).map(str::to_owned);
+            break;
+        }
+    }
+    let addr = addr.ok_or_else(|| anyhow::anyhow!("the enactor did not say where its metrics are"))?;
+
+    let started = std::time::Instant::now();
+    let mut half = std::net::TcpStream::connect(&addr)?;
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: te")?;
+
+    let mut whole = std::net::TcpStream::connect(&addr)?;
+    whole.set_read_timeout(Some(DEADLINE))?;
+    whole.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")?;
+    let mut answer = String::new();
+    whole.read_to_string(&mut answer)?;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    half.set_read_timeout(Some(DEADLINE))?;
+    let mut rest = Vec::new();
+    match half.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            anyhow::bail!("a half-sent request was still held after {:?}", started.elapsed())
+        }
+        Err(_) => {} // reset: closed too
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_secs(10), "closed before the header timeout: {:?}", started.elapsed());
+    // Both connections were open when the whole request was answered.
+    assert!(answer.contains("dnsplan_enactor_http_connections{enactor=\"en-h\"} 2"), "{answer}");
+    drop(child);
+    Ok(())
+}

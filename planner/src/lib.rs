@@ -3,12 +3,14 @@
 //! under a lease that keeps one planner active.
 //!
 //! `decide` is the pure core; `health` the probes and their hysteresis; `planner` the loop
-//! (lease, decide, publish); `config` the TOML config; `metrics` the Prometheus metrics.
+//! (lease, decide, publish); `config` the TOML config; `metrics` the Prometheus metrics;
+//! `http` the daemon's own listener for them and its status.
 
 pub mod args;
 pub mod config;
 pub mod decide;
 pub mod health;
+pub mod http;
 pub mod metrics;
 pub mod planner;
 

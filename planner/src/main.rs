@@ -2,13 +2,12 @@
 //! plans through the authority's control API; serves `/metrics`, `/healthz` and `/v1/status`.
 
 use anyhow::Context;
-use axum::Json;
-use axum::routing::get;
 use clap::Parser;
 use dnsplan_common::daemon;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_planner::args::Args;
 use dnsplan_planner::health::{HealthBook, spawn_checks};
+use dnsplan_planner::http;
 use dnsplan_planner::metrics::Metrics;
 use dnsplan_planner::{Planner, PlannerConfig};
 use prometheus_client::registry::Registry;
@@ -30,7 +29,6 @@ async fn main() -> anyhow::Result<()> {
     let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
-    let registry = Arc::new(registry);
     let book = Arc::new(HealthBook::default());
     let _checks = spawn_checks(&config, book.clone(), metrics.clone());
     let planner = Planner::new(store, config.clone(), book, metrics);
@@ -40,27 +38,11 @@ async fn main() -> anyhow::Result<()> {
         let listen = config.metrics.listen;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
         daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
-        let app = axum::Router::new()
-            .route("/metrics", get(move || render(registry.clone())))
-            .route(
-                "/v1/status",
-                get(move || {
-                    let status = status.lock().map(|s| s.clone()).unwrap_or_default();
-                    async move { Json(status) }
-                }),
-            )
-            .route("/healthz", get(|| async { "ok\n" }));
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, app).await {
-                tracing::error!(error = %err, "metrics server failed");
-            }
-        });
+        // Served until the process ends, after the planner's clean stop.
+        let id = config.id.clone();
+        tokio::spawn(async move { http::serve(listener, registry, &id, status, std::future::pending()).await });
     }
     daemon::announce(&format!("planner  {} for {} against {}", config.id, config.dns_zone, config.store.url));
     planner.run(shutdown).await;
     Ok(())
-}
-
-async fn render(registry: Arc<Registry>) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    ([(axum::http::header::CONTENT_TYPE, daemon::METRICS_CONTENT_TYPE)], daemon::metrics_text(&registry))
 }

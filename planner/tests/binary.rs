@@ -52,3 +52,75 @@ fn sigterm_stops_cleanly() -> anyhow::Result<()> {
     drop(lines);
     Ok(())
 }
+
+/// A process killed when dropped, so that a failing test leaves none behind.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// How long anything we wait for may take: far more than the listener's 10 s header timeout.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The metrics listener serves through the daemons' bounded HTTP server
+/// (`dnsplan_common::http_server` with `Limits::METRICS`): a connection that sends half a
+/// request head is closed after the 10 s header timeout, a whole request is answered
+/// meanwhile, and its connections are counted. With `axum::serve` (as before) the half-sent
+/// request was held for as long as the client liked: checked once, the test failed after
+/// `DEADLINE`.
+#[test]
+fn the_metrics_listener_closes_half_sent_requests() -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/planner.toml");
+    let dir = tempfile::tempdir()?;
+    // The example, with no store running and metrics on a free port.
+    let text = std::fs::read_to_string(example)?.replace("127.0.0.1:8053", "127.0.0.1:1").replace("127.0.0.1:9102", "127.0.0.1:0");
+    let config = dir.path().join("planner.toml");
+    std::fs::write(&config, text)?;
+    let mut child = Running(
+        Command::new(env!("CARGO_BIN_EXE_dnsplan-planner"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let stdout = child.0.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let first = BufReader::new(stdout).lines().next().transpose()?.unwrap_or_default();
+    let addr = first
+        .strip_prefix("metrics")
+        .and_then(|rest| rest.trim().strip_prefix("http://"))
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .ok_or_else(|| anyhow::anyhow!("the planner did not say where its metrics are: {first:?}"))?
+        .to_owned();
+
+    let started = std::time::Instant::now();
+    let mut half = std::net::TcpStream::connect(&addr)?;
+    half.write_all(b"GET /v1/status HTTP/1.1\r\nHost: te")?;
+
+    let mut whole = std::net::TcpStream::connect(&addr)?;
+    whole.set_read_timeout(Some(DEADLINE))?;
+    whole.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")?;
+    let mut answer = String::new();
+    whole.read_to_string(&mut answer)?;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    half.set_read_timeout(Some(DEADLINE))?;
+    let mut rest = Vec::new();
+    match half.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(err) if matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            anyhow::bail!("a half-sent request was still held after {:?}", started.elapsed())
+        }
+        Err(_) => {} // reset: closed too
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_secs(10), "closed before the header timeout: {:?}", started.elapsed());
+    // Both connections were open when the whole request was answered.
+    assert!(answer.contains("dnsplan_planner_http_connections{planner=\"planner-1\"} 2"), "{answer}");
+    drop(child);
+    Ok(())
+}
