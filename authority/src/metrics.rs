@@ -4,10 +4,16 @@
 //! `_bytes`). The per-endpoint active-generation gauge has one series per managed endpoint
 //! and is only exported while there are at most `PER_ENDPOINT_SERIES_MAX` of them; above
 //! that, the min and max gauges remain.
+//!
+//! The `dnsplan_store_*`, `dnsplan_automation_*` and `dnsplan_lease_*` gauges are what the
+//! store itself says (latest plan, applied changes, pause, planner lease), read at each
+//! scrape (`StoreReading`) rather than from the follower, so a stuck follower shows as the
+//! served `dnsplan_applied_changes` falling behind `dnsplan_store_applied_changes`.
 
 use crate::answer::{Malformed, Outcome, Transport};
 use crate::snapshot::Snapshot;
 use dnsplan_common::store::ActiveDelta;
+use dnsplan_common::{Lease, PauseState, Store, StoreError, StoreResult, StoreVersion};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -19,10 +25,16 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Most per-endpoint series. Ten thousand series is what one scrape target can carry
 /// comfortably; a million-name DNS zone would swamp a Prometheus server.
 pub const PER_ENDPOINT_SERIES_MAX: usize = 10_000;
+
+/// Longest a scrape waits for the store's small records. The reads take the store's writer
+/// lock, which a long write (a cleanup of many plans) can hold; a scrape must still answer
+/// well within Prometheus's default 10 s scrape timeout, with the gauges it had.
+pub const STORE_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueryLabels {
@@ -205,9 +217,78 @@ impl ConnectionMetrics {
     }
 }
 
+/// What the store says at one scrape: its version (latest plan, applied changes), the pause
+/// and the planner lease. Three small reads; the version needs no lock.
+#[derive(Clone, Debug, Default)]
+pub struct StoreReading {
+    pub version: StoreVersion,
+    pub paused: Option<PauseState>,
+    pub lease: Option<Lease>,
+}
+
+impl StoreReading {
+    /// Reads `store`, within `STORE_READ_TIMEOUT` for the three reads together.
+    pub async fn read<S: Store>(store: &S) -> StoreResult<StoreReading> {
+        let read =
+            async { Ok(StoreReading { version: store.version().await?, paused: store.paused().await?, lease: store.lease().await? }) };
+        tokio::time::timeout(STORE_READ_TIMEOUT, read)
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("store reads took over {STORE_READ_TIMEOUT:?}"))))
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HolderLabels {
+    pub holder: String,
+}
+
+/// The store's own figures (see the module comment), set from a `StoreReading`.
+#[derive(Clone, Debug, Default)]
+struct StoreGauges {
+    latest_generation: Gauge,
+    applied_changes: Gauge,
+    read_errors: Counter,
+    paused: Gauge,
+    paused_since_seconds: Gauge,
+    lease_held: Gauge,
+    lease_epoch: Gauge,
+    /// One series, at 1, for the holder of a live lease; none without one.
+    lease_holder: Family<HolderLabels, Gauge>,
+}
+
+impl StoreGauges {
+    fn register(&self, registry: &mut Registry) {
+        registry.register("store_latest_generation", "Latest plan generation in the store", self.latest_generation.clone());
+        registry.register(
+            "store_applied_changes",
+            "The store's applied-change counter; the served dnsplan_applied_changes follows it",
+            self.applied_changes.clone(),
+        );
+        registry.register(
+            "store_read_errors",
+            "Scrapes whose store reads failed or timed out (the store gauges kept their values)",
+            self.read_errors.clone(),
+        );
+        registry.register(
+            "automation_paused",
+            "1 while automation is paused in the store (by an operator or the breaker)",
+            self.paused.clone(),
+        );
+        registry.register(
+            "automation_paused_since_timestamp_seconds",
+            "When automation was paused, in Unix seconds; 0 while it runs",
+            self.paused_since_seconds.clone(),
+        );
+        registry.register("lease_held", "1 while a planner holds a live lease in the store", self.lease_held.clone());
+        registry.register("lease_epoch", "Epoch of the store's planner lease (moves on every takeover)", self.lease_epoch.clone());
+        registry.register("lease_holder", "The planner holding the live lease (1), by holder id", self.lease_holder.clone());
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub connections: ConnectionMetrics,
+    store: StoreGauges,
     queries: QueryCounters,
     truncated: Counter,
     udp_unsent: Counter,
@@ -295,9 +376,12 @@ impl Metrics {
         registry.register("applied_changes", "The store's applied-change counter (the SOA serial's source)", applied_changes.clone());
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
+        let store = StoreGauges::default();
+        store.register(&mut registry);
         Metrics {
             registry,
             connections,
+            store,
             queries,
             truncated,
             udp_unsent,
@@ -398,6 +482,37 @@ impl Metrics {
         }
     }
 
+    /// Sets the store gauges from `reading`, taken at `now_unix_ms` (the store's clock, which
+    /// decides whether the lease is live).
+    pub fn observe_store(&self, reading: &StoreReading, now_unix_ms: u64) {
+        let g = &self.store;
+        g.latest_generation.set(reading.version.latest.0 as i64);
+        g.applied_changes.set(reading.version.applied_changes as i64);
+        g.paused.set(i64::from(reading.paused.is_some()));
+        g.paused_since_seconds.set(reading.paused.as_ref().map_or(0, |p| (p.since_unix_ms / 1_000) as i64));
+        let live = reading.lease.as_ref().filter(|l| l.is_live(now_unix_ms));
+        g.lease_held.set(i64::from(live.is_some()));
+        if let Some(lease) = &reading.lease {
+            g.lease_epoch.set(lease.epoch as i64);
+        }
+        // Cleared only when the holder changes, so a concurrent scrape never sees a held lease
+        // without its holder.
+        match live.map(|lease| HolderLabels { holder: lease.holder.clone() }) {
+            Some(holder) => {
+                if g.lease_holder.get(&holder).is_none() {
+                    g.lease_holder.clear();
+                }
+                g.lease_holder.get_or_create(&holder).set(1);
+            }
+            None => g.lease_holder.clear(),
+        }
+    }
+
+    /// A scrape could not read the store: the store gauges keep their last values.
+    pub fn observe_store_read_error(&self) {
+        self.store.read_errors.inc();
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         dnsplan_common::daemon::metrics_text(&self.registry)
@@ -406,5 +521,71 @@ impl Metrics {
     /// This registry's metrics followed by `extra`'s, as one exposition.
     pub fn render_with(&self, extra: &prometheus_client::registry::Registry) -> String {
         dnsplan_common::daemon::metrics_text_of(&[&self.registry, extra])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnsplan_common::Generation;
+
+    fn reading(paused: Option<u64>, lease: Option<(&str, u64, u64)>) -> StoreReading {
+        StoreReading {
+            version: StoreVersion { latest: Generation(7), applied_changes: 42, control_changes: 3 },
+            paused: paused.map(|since_unix_ms| PauseState { reason: "drill".into(), by: "planner:p".into(), since_unix_ms }),
+            lease: lease.map(|(holder, epoch, expires_at_unix_ms)| Lease { holder: holder.into(), epoch, expires_at_unix_ms }),
+        }
+    }
+
+    fn lines(metrics: &Metrics) -> Vec<String> {
+        metrics.render().lines().filter(|l| !l.starts_with('#')).map(str::to_owned).collect()
+    }
+
+    fn has(lines: &[String], want: &str) -> bool {
+        lines.iter().any(|l| l == want)
+    }
+
+    /// Every store gauge follows the reading: a live lease names its holder, an expired one
+    /// (the planner died) is not held, and a resume clears the pause's timestamp.
+    #[test]
+    fn store_gauges_follow_the_reading() {
+        let metrics = Metrics::new();
+        metrics.observe_store(&reading(Some(1_700_000_000_999), Some(("planner-1", 4, 10_000))), 9_999);
+        let got = lines(&metrics);
+        for want in [
+            "dnsplan_store_latest_generation 7",
+            "dnsplan_store_applied_changes 42",
+            "dnsplan_automation_paused 1",
+            "dnsplan_automation_paused_since_timestamp_seconds 1700000000",
+            "dnsplan_lease_held 1",
+            "dnsplan_lease_epoch 4",
+            "dnsplan_lease_holder{holder=\"planner-1\"} 1",
+            "dnsplan_store_read_errors_total 0",
+        ] {
+            assert!(has(&got, want), "want {want:?} in {got:#?}");
+        }
+
+        metrics.observe_store(&reading(None, Some(("planner-1", 4, 10_000))), 10_000);
+        metrics.observe_store_read_error();
+        let got = lines(&metrics);
+        for want in [
+            "dnsplan_automation_paused 0",
+            "dnsplan_automation_paused_since_timestamp_seconds 0",
+            "dnsplan_lease_held 0",
+            "dnsplan_lease_epoch 4",
+            "dnsplan_store_read_errors_total 1",
+        ] {
+            assert!(has(&got, want), "want {want:?} in {got:#?}");
+        }
+        assert!(!got.iter().any(|l| l.starts_with("dnsplan_lease_holder")), "an expired lease has no holder: {got:#?}");
+
+        // A takeover: only the new holder is listed.
+        metrics.observe_store(&reading(None, Some(("planner-2", 5, 20_000))), 10_000);
+        let got = lines(&metrics);
+        assert!(has(&got, "dnsplan_lease_holder{holder=\"planner-2\"} 1"), "{got:#?}");
+        assert_eq!(got.iter().filter(|l| l.starts_with("dnsplan_lease_holder")).count(), 1, "{got:#?}");
+
+        metrics.observe_store(&reading(None, None), 10_000);
+        assert!(has(&lines(&metrics), "dnsplan_lease_held 0"));
     }
 }

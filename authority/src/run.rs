@@ -8,7 +8,7 @@ use crate::control::{self, ApiError, Control};
 use crate::control_server::{self, ControlLimits};
 use crate::dns_zone::StaticZone;
 use crate::follower::Serving;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreReading};
 use crate::rrl::Rrl;
 use crate::server::{TcpLimits, serve_tcp};
 use crate::udp::{UdpServers, bind_udp};
@@ -17,6 +17,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::routing::get;
+use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::{SledStore, Store};
 use serde::Serialize;
 use std::future::Future;
@@ -130,9 +131,18 @@ pub async fn run_with_extras<S: Store>(
     let connection_metrics = metrics.connections.clone();
     let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
     let extra_metrics = extras.metrics.clone();
+    let metrics_store = store.clone();
     let render = move || {
-        let (metrics, extra) = (metrics.clone(), extra_metrics.clone());
+        let (metrics, extra, store) = (metrics.clone(), extra_metrics.clone(), metrics_store.clone());
         async move {
+            // The store's own figures, read now: independent of the follower, which they check.
+            match StoreReading::read(&store).await {
+                Ok(reading) => metrics.observe_store(&reading, now_unix_ms()),
+                Err(err) => {
+                    metrics.observe_store_read_error();
+                    tracing::warn!(error = %err, "metrics: cannot read the store; its gauges keep their last values");
+                }
+            }
             let body = match &extra {
                 Some(extra) => metrics.render_with(extra),
                 None => metrics.render(),
@@ -176,6 +186,7 @@ pub async fn run_with_extras<S: Store>(
         connections_max: caps.control,
         header_timeout: Duration::from_secs(config.control.header_timeout_secs),
         body_timeout: Duration::from_secs(config.control.body_timeout_secs),
+        request_timeout: Duration::from_secs(config.control.request_timeout_secs),
     };
     on_bound(Bound { dns: dns.clone(), control: control_addr });
     let _ = serving; // the listeners hold their own references

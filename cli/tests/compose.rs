@@ -2,6 +2,9 @@
 //! as well as they can be without one: the compose file's shape, every service's command
 //! against the real flags of our binaries (their clap parsers), every config it mounts
 //! loaded by the real config loaders, and the addresses and ports between services agreeing.
+//! The monitoring services are held to the same: Prometheus scrapes exactly the daemons'
+//! metrics listeners and loads the mounted alert rules, Grafana's provisioning points at that
+//! Prometheus and loads the mounted dashboard, and every file they mount exists.
 
 use clap::Parser;
 use dnsplan_authority::config::AuthorityConfig;
@@ -78,21 +81,40 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
     let mut planners = Vec::new();
     let mut enactors = Vec::new();
     let mut backends = BTreeMap::new();
+    // `service:port` of every daemon's /metrics, which Prometheus must scrape.
+    let mut metrics_targets = BTreeSet::new();
+    let mut monitoring = BTreeMap::new();
     for (name, service) in &services {
         for key in service.keys() {
             assert!(allowed.contains(&key.as_str()), "{name}: unknown service key {key}");
         }
-        assert_eq!(service.get("image").and_then(|i| i.as_str()), Some("dnsplan:local"), "{name}: image");
-        assert!(service.get("environment").is_some_and(|e| !e["DNSPLAN_TOKEN"].is_badvalue()), "{name}: the shared token");
-        if let Some(Yaml::Hash(deps)) = service.get("depends_on") {
-            for dep in deps.keys() {
-                assert!(services.contains_key(dep.as_str().unwrap_or_default()), "{name} depends on a missing service {dep:?}");
-            }
+        let deps = match service.get("depends_on") {
+            Some(Yaml::Hash(deps)) => deps.keys().filter_map(|d| d.as_str().map(str::to_owned)).collect(),
+            Some(list) => strings(list),
+            None => Vec::new(),
+        };
+        for dep in deps {
+            assert!(services.contains_key(&dep), "{name} depends on a missing service {dep:?}");
         }
         for volume in strings(service.get("volumes").unwrap_or(&Yaml::Null)) {
             let source = volume.split(':').next().unwrap_or_default();
-            assert!(volumes.contains(source), "{name}: volume {source} is not declared");
+            match source.strip_prefix("./") {
+                Some(path) => assert!(root().join(path).exists(), "{name}: mounts {source}, which does not exist"),
+                None => assert!(volumes.contains(source), "{name}: volume {source} is not declared"),
+            }
         }
+        let image = service.get("image").and_then(|i| i.as_str()).unwrap_or_default();
+        if image != "dnsplan:local" {
+            let (repo, tag) = image.split_once(':').unwrap_or((image, ""));
+            assert!(["prom/prometheus", "grafana/grafana"].contains(&repo), "{name}: image {image} is neither ours nor a monitoring one");
+            assert!(!tag.is_empty() && tag != "latest", "{name}: image {image} has no pinned version");
+            for port in strings(service.get("ports").unwrap_or(&Yaml::Null)) {
+                assert!(port.starts_with("127.0.0.1:"), "{name}: port {port} is published beyond loopback");
+            }
+            monitoring.insert(repo.to_owned(), (name.clone(), service.clone()));
+            continue;
+        }
+        assert!(service.get("environment").is_some_and(|e| !e["DNSPLAN_TOKEN"].is_badvalue()), "{name}: the shared token");
         let ip = ipv4_of(service);
         if let Some(ip) = ip {
             assert_eq!(ip.octets()[..3], [172, 28, 0], "{name}: {ip} is outside the subnet");
@@ -125,6 +147,7 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
                     }
                 }
                 assert!(ports.iter().any(|p| p.ends_with(&format!(":{}/tcp", config.control.listen.port()))), "control port not published");
+                metrics_targets.insert(format!("{name}:{}", config.control.listen.port()));
                 authority = Some((name.clone(), ip.expect("the authority needs a fixed address"), config));
             }
             "dnsplan-planner" => {
@@ -134,12 +157,14 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
                     config.id = id;
                 }
                 assert_eq!(health_port, config.metrics.listen.port(), "planner healthcheck port");
+                metrics_targets.insert(format!("{name}:{}", config.metrics.listen.port()));
                 planners.push(config);
             }
             "dnsplan-enactor" => {
                 let args = dnsplan_enactor::args::Args::try_parse_from(&command)?;
                 let config = EnactorConfig::load(&config_path(&command), args.id, args.zone)?;
                 assert_eq!(health_port, config.metrics.listen.port(), "enactor healthcheck port");
+                metrics_targets.insert(format!("{name}:{}", config.metrics.listen.port()));
                 enactors.push(config);
             }
             "dnsplan" => {
@@ -182,6 +207,8 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
         }
     }
 
+    check_monitoring(&monitoring, &metrics_targets)?;
+
     let dockerfile = std::fs::read_to_string(root().join("Dockerfile"))?;
     for binary in ["dnsplan-authority", "dnsplan-planner", "dnsplan-enactor", "target/release/dnsplan "] {
         assert!(dockerfile.contains(binary), "the Dockerfile does not build {binary}");
@@ -189,5 +216,93 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
     for needed in ["--locked", "curl", "COPY deploy/compose/ /etc/dnsplan/", "USER dnsplan"] {
         assert!(dockerfile.contains(needed), "the Dockerfile lacks {needed:?}");
     }
+    Ok(())
+}
+
+/// Where a service mounts `inside` from: the path in the repository of a `./` bind mount.
+fn mounted_from(service: &BTreeMap<String, Yaml>, inside: &str) -> Option<PathBuf> {
+    strings(service.get("volumes").unwrap_or(&Yaml::Null)).iter().find_map(|v| {
+        let mut parts = v.split(':');
+        let (source, target) = (parts.next()?, parts.next()?);
+        let source = source.strip_prefix("./")?;
+        (target == inside).then(|| root().join(source))
+    })
+}
+
+/// The file behind `inside`, mounted itself or inside a mounted directory.
+fn file_behind(service: &BTreeMap<String, Yaml>, inside: &str) -> Option<PathBuf> {
+    let mut dir = Path::new(inside);
+    let mut rest = PathBuf::new();
+    loop {
+        if let Some(source) = mounted_from(service, dir.to_str()?) {
+            return Some(if rest.as_os_str().is_empty() { source } else { source.join(&rest) });
+        }
+        rest = Path::new(dir.file_name()?).join(rest);
+        dir = dir.parent()?;
+    }
+}
+
+fn load_yaml(path: &Path) -> anyhow::Result<Yaml> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(YamlLoader::load_from_str(&text)?.into_iter().next().unwrap_or(Yaml::Null))
+}
+
+/// Prometheus scrapes every daemon and nothing else, with the repository's alert rules;
+/// Grafana reads that Prometheus and loads the dashboard.
+fn check_monitoring(
+    monitoring: &BTreeMap<String, (String, BTreeMap<String, Yaml>)>,
+    metrics_targets: &BTreeSet<String>,
+) -> anyhow::Result<()> {
+    let (prometheus_name, prometheus) = monitoring.get("prom/prometheus").ok_or_else(|| anyhow::anyhow!("no Prometheus service"))?;
+    let command = strings(prometheus.get("command").unwrap_or(&Yaml::Null));
+    let config_inside = command
+        .iter()
+        .find_map(|a| a.strip_prefix("--config.file="))
+        .ok_or_else(|| anyhow::anyhow!("{prometheus_name}: command {command:?} names no --config.file"))?;
+    let config_path = file_behind(prometheus, config_inside).ok_or_else(|| anyhow::anyhow!("{config_inside} is not mounted"))?;
+    assert_eq!(config_path, root().join("deploy/prometheus/prometheus.yml"));
+    let config = load_yaml(&config_path)?;
+    let config_dir = Path::new(config_inside).parent().unwrap_or(Path::new("/"));
+    let rule_files = strings(&config["rule_files"]);
+    assert!(!rule_files.is_empty(), "Prometheus loads no rules");
+    for rules in rule_files {
+        let inside = config_dir.join(&rules);
+        let source = file_behind(prometheus, inside.to_str().unwrap_or_default());
+        assert_eq!(source, Some(root().join("deploy/prometheus/alerts.yml")), "rule file {rules} is not the repository's alerts.yml");
+    }
+    let mut scraped = BTreeSet::new();
+    for job in config["scrape_configs"].as_vec().map(Vec::as_slice).unwrap_or_default() {
+        let name = job["job_name"].as_str().unwrap_or_default();
+        // alerts.yml's DnsplanTargetDown watches `up{job=~"dnsplan-.*"}`.
+        assert!(name.starts_with("dnsplan-"), "scrape job {name:?} is not named dnsplan-*");
+        assert!(job["metrics_path"].is_badvalue(), "{name}: the daemons serve /metrics, Prometheus's default path");
+        for static_config in job["static_configs"].as_vec().map(Vec::as_slice).unwrap_or_default() {
+            for target in strings(&static_config["targets"]) {
+                assert!(scraped.insert(target.clone()), "{target} is scraped twice");
+            }
+        }
+    }
+    assert_eq!(&scraped, metrics_targets, "Prometheus must scrape exactly every daemon's metrics listener");
+    let prometheus_port = strings(prometheus.get("ports").unwrap_or(&Yaml::Null))
+        .iter()
+        .find_map(|p| p.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()))
+        .unwrap_or(9090);
+
+    let (grafana_name, grafana) = monitoring.get("grafana/grafana").ok_or_else(|| anyhow::anyhow!("no Grafana service"))?;
+    let deps = strings(grafana.get("depends_on").unwrap_or(&Yaml::Null));
+    assert!(deps.contains(prometheus_name), "{grafana_name} must start after {prometheus_name}");
+    let provisioning =
+        file_behind(grafana, "/etc/grafana/provisioning").ok_or_else(|| anyhow::anyhow!("{grafana_name}: no provisioning mounted"))?;
+    let sources = load_yaml(&provisioning.join("datasources/prometheus.yml"))?;
+    let source = &sources["datasources"][0];
+    assert_eq!(source["type"].as_str(), Some("prometheus"));
+    assert_eq!(source["url"].as_str(), Some(format!("http://{prometheus_name}:{prometheus_port}").as_str()), "Grafana's data source");
+    let providers = load_yaml(&provisioning.join("dashboards/dnsplan.yml"))?;
+    let dashboards = providers["providers"][0]["options"]["path"].as_str().unwrap_or_default();
+    let dashboard = file_behind(grafana, &format!("{dashboards}/dnsplan.json"));
+    assert_eq!(dashboard, Some(root().join("deploy/grafana/dnsplan.json")), "the dashboard provider's path holds the dashboard");
+    // The dashboard itself (its queries and metric names) is checked by tests/tests/monitoring.rs.
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("deploy/grafana/dnsplan.json"))?)?;
+    assert_eq!(json["uid"].as_str(), Some("dnsplan"));
     Ok(())
 }

@@ -1,5 +1,9 @@
 //! The enactor's Prometheus metrics. Every series carries the label `enactor="<id>"`, so that
 //! several enactors can share one registry (the one-process stack) without colliding.
+//!
+//! The refusal and abandonment series exist from the start, at 0, for every reason: an alert
+//! on `increase()` sees the first refusal (a series born at 1 has no increase), and
+//! prometheus-client lists no family without a series, not even its `# TYPE` line.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -23,6 +27,13 @@ pub struct ReasonLabels {
 pub struct HowLabels {
     pub how: &'static str,
 }
+
+/// Every reason `Metrics::refused` takes: the plan is invalid, removes too much
+/// (`guard`), or the store found records its plan does not hold (`content_mismatch`).
+pub const REFUSAL_REASONS: [&str; 3] = ["invalid", "removal", "content_mismatch"];
+
+/// Every reason `Metrics::abandoned` takes.
+pub const ABANDON_REASONS: [&str; 4] = ["newer_plan", "pruned", "deadline", "store_error"];
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -92,6 +103,12 @@ impl Metrics {
         r.register("last_applied_generation", "Last generation applied fully", m.last_applied_generation.clone());
         r.register("latest_generation", "Latest published generation seen", m.latest_generation.clone());
         r.register("lag_generations", "Generations behind the latest plan", m.lag_generations.clone());
+        for reason in REFUSAL_REASONS {
+            let _ = m.refusals.get_or_create(&ReasonLabels { reason });
+        }
+        for reason in ABANDON_REASONS {
+            let _ = m.plans_abandoned.get_or_create(&ReasonLabels { reason });
+        }
         m
     }
 
@@ -104,10 +121,33 @@ impl Metrics {
     }
 
     pub fn abandoned(&self, reason: &'static str) {
+        debug_assert!(ABANDON_REASONS.contains(&reason), "{reason} is not in ABANDON_REASONS");
         self.plans_abandoned.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     pub fn refused(&self, reason: &'static str) {
+        debug_assert!(REFUSAL_REASONS.contains(&reason), "{reason} is not in REFUSAL_REASONS");
         self.refusals.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every refusal and abandonment reason is a series at 0 before anything happened.
+    #[test]
+    fn reasons_exist_at_zero() {
+        let mut registry = Registry::with_prefix("dnsplan");
+        let metrics = Metrics::register(&mut registry, "enactor-a");
+        metrics.refused("removal");
+        let text = dnsplan_common::daemon::metrics_text(&registry);
+        for (family, reasons) in [("refusals", &REFUSAL_REASONS[..]), ("plans_abandoned", &ABANDON_REASONS[..])] {
+            for reason in reasons {
+                let count = if (family, *reason) == ("refusals", "removal") { 1 } else { 0 };
+                let want = format!("dnsplan_enactor_{family}_total{{enactor=\"enactor-a\",reason=\"{reason}\"}} {count}");
+                assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
+            }
+        }
     }
 }

@@ -1,4 +1,7 @@
 //! The planner's Prometheus metrics (`dnsplan_planner_*`), labelled with the planner's id.
+//!
+//! The decision and probe series exist from the start, at 0, for every kind and result, so
+//! an alert on `increase()` sees the first one (a series born at 1 has no increase).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -16,6 +19,12 @@ pub struct KindLabels {
 pub struct ResultLabels {
     pub result: &'static str,
 }
+
+/// Every kind `Metrics::decision` takes.
+pub const DECISION_KINDS: [&str; 3] = ["no_change", "publish", "breaker"];
+
+/// Every result `Metrics::probe` takes.
+pub const PROBE_RESULTS: [&str; 3] = ["ok", "fail", "inconclusive"];
 
 #[derive(Debug)]
 pub struct Metrics {
@@ -62,16 +71,48 @@ impl Metrics {
         r.register("probes", "Health probes by result", m.probes.clone());
         r.register("targets", "Targets by health verdict", m.targets.clone());
         r.register("last_published_generation", "Generation of the last plan this planner published", m.last_published_generation.clone());
+        for kind in DECISION_KINDS {
+            let _ = m.decisions.get_or_create(&KindLabels { kind });
+        }
+        for result in PROBE_RESULTS {
+            let _ = m.probes.get_or_create(&ResultLabels { result });
+        }
         m
     }
 
     /// Counts one probe: `ok`, `fail` (the target failed it) or `inconclusive` (the checker
     /// could not probe: out of descriptors, buffers or local addresses).
     pub fn probe(&self, result: &'static str) {
+        debug_assert!(PROBE_RESULTS.contains(&result), "{result} is not in PROBE_RESULTS");
         self.probes.get_or_create(&ResultLabels { result }).inc();
     }
 
     pub fn decision(&self, kind: &'static str) {
+        debug_assert!(DECISION_KINDS.contains(&kind), "{kind} is not in DECISION_KINDS");
         self.decisions.get_or_create(&KindLabels { kind }).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every decision kind and probe result is a series at 0 before anything happened.
+    #[test]
+    fn kinds_and_results_exist_at_zero() {
+        let mut registry = Registry::with_prefix("dnsplan");
+        let metrics = Metrics::register(&mut registry, "p");
+        metrics.probe("inconclusive");
+        let text = dnsplan_common::daemon::metrics_text(&registry);
+        let series =
+            DECISION_KINDS.iter().map(|kind| (format!("dnsplan_planner_decisions_total{{planner=\"p\",kind=\"{kind}\"}}"), 0)).chain(
+                PROBE_RESULTS
+                    .iter()
+                    .map(|r| (format!("dnsplan_planner_probes_total{{planner=\"p\",result=\"{r}\"}}"), u8::from(*r == "inconclusive"))),
+            );
+        for (name, count) in series {
+            let want = format!("{name} {count}");
+            assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
+        }
     }
 }
