@@ -8,7 +8,18 @@
 //! authority) or NXDOMAIN (SOA in authority). Negative answers carry the SOA with TTL
 //! min(SOA TTL, SOA MINIMUM) (RFC 2308). The server advertises its own EDNS UDP payload size
 //! and copies the query's DO bit (RFC 3225).
-//! UDP answers that do not fit the client's size are sent with TC=1 and no records.
+//! The apex NS answer carries glue: the in-zone name servers' A RRsets, then their AAAA RRsets
+//! (what an A or AAAA query at each name answers), in NS order, as NSD and Knot send it.
+//! UDP answers that do not fit the client's size lose glue a whole RRset at a time from the
+//! end, without TC (glue is additional data, RFC 2181 §9; RFC 9471's TC rule is for
+//! referrals, which this server does not make); an answer that still does not fit is sent
+//! with TC=1 and no records.
+//!
+//! Names are compressed as NSD compresses them: hickory's encoder compresses a name only
+//! against names of the same case, so every name in an answer takes the question's case for
+//! the labels it shares with the question's name, and lower case for the rest
+//! (`in_question_case`); the SOA's owner, MNAME and RNAME then point into a question in any
+//! case, as on the fast path.
 //!
 //! ANY is answered minimally (RFC 8482): one RRset of the name, not all of them, over every
 //! transport. A query whose OPT record's options do not frame, or whose client-subnet option
@@ -172,19 +183,25 @@ pub fn respond(
         return finish(resp, qtype, transport, udp_limit);
     }
     resp.metadata.authoritative = true;
+    let mut glue_rrsets = Vec::new();
     match snapshot.get(&name) {
         Some(data) => {
             let answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
             if answers.is_empty() {
                 negative(&mut resp, snapshot, ResponseCode::NoError);
             } else {
+                if query.query_type() == RecordType::NS && name == snapshot.zone.origin {
+                    let glue = glue(snapshot, &answers, limits, rng);
+                    glue_rrsets = glue.iter().map(Vec::len).collect();
+                    resp.add_additionals(glue.into_iter().flatten());
+                }
                 resp.add_answers(answers);
             }
         }
         None if snapshot.is_empty_non_terminal(&name) => negative(&mut resp, snapshot, ResponseCode::NoError),
         None => negative(&mut resp, snapshot, ResponseCode::NXDomain),
     }
-    finish(resp, qtype, transport, udp_limit)
+    finish_with_glue(resp, &glue_rrsets, qtype, transport, udp_limit)
 }
 
 /// FORMERR for a query that could not be read: the header's id, opcode and RD, no question,
@@ -203,6 +220,84 @@ fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
     resp.metadata.response_code = rcode;
     let zone = &snapshot.zone;
     resp.add_authority(zone.soa_record(snapshot.serial, zone.negative_ttl_secs()));
+}
+
+/// Glue for the apex NS RRset `answers`: each in-zone name server's A RRset (once per name,
+/// in NS order), then each one's AAAA RRset, each what an A or AAAA query at the name answers
+/// (the plan's sampled addresses at a managed name, else the static records). NSD's order:
+/// when the answer does not fit, RRsets go from the end, so IPv4 glue for every server stays
+/// longest.
+fn glue(snapshot: &Snapshot, answers: &[Record], limits: &AnswerLimits, rng: &mut impl Rng) -> Vec<Vec<Record>> {
+    let origin = &snapshot.zone.origin;
+    let mut servers: Vec<Name> = Vec::new();
+    for r in answers {
+        if let RData::NS(ns) = &r.data {
+            let server = ns.0.to_lowercase();
+            if origin.zone_of(&server) && !servers.contains(&server) {
+                servers.push(server);
+            }
+        }
+    }
+    let mut rrsets = Vec::new();
+    for family in [RecordType::A, RecordType::AAAA] {
+        for server in &servers {
+            let Some(entry) = snapshot.get(server) else { continue };
+            let asked = Query::query(server.clone(), family);
+            // Only the family's records: a CNAME there would not be glue.
+            let rrset: Vec<Record> = collect(&asked, entry.managed.as_ref(), &entry.statics, limits, rng)
+                .into_iter()
+                .filter(|r| r.record_type() == family)
+                .collect();
+            if !rrset.is_empty() {
+                rrsets.push(rrset);
+            }
+        }
+    }
+    rrsets
+}
+
+/// `name` in the case of `question` for the labels they share at the end, and in lower case
+/// before them. hickory's encoder compresses a name only against the same bytes, so this is
+/// what lets a name point into a question in another case (0x20-randomised resolvers ask
+/// in mixed case): the SOA's owner, MNAME and RNAME in a negative answer, the NS names and
+/// their glue. What a name says is unchanged (RFC 4343: case does not matter).
+fn in_question_case(name: &Name, question: &Name) -> Name {
+    let labels: Vec<&[u8]> = name.iter().collect();
+    let asked: Vec<&[u8]> = question.iter().collect();
+    let shared = labels.iter().rev().zip(asked.iter().rev()).take_while(|(a, b)| a.eq_ignore_ascii_case(b)).count();
+    let lower: Vec<Vec<u8>> = labels[..labels.len() - shared].iter().map(|l| l.to_ascii_lowercase()).collect();
+    let all = lower.iter().map(Vec::as_slice).chain(asked[asked.len() - shared..].iter().copied());
+    match Name::from_labels(all) {
+        Ok(mut out) => {
+            out.set_fqdn(name.is_fqdn());
+            out
+        }
+        // Not reached (the labels were valid in `name` and `question`); lower case compresses
+        // less, and is still the same name.
+        Err(_) => name.to_lowercase(),
+    }
+}
+
+/// Every name of every record in `resp` (owners and the names in SOA, NS, CNAME, PTR and MX
+/// RDATA) in the question's case (`in_question_case`), so that it compresses as on the fast
+/// path and as NSD compresses it.
+fn fold_case(resp: &mut Message) {
+    let Some(question) = resp.queries.first().map(|q| q.name().clone()) else { return };
+    let fold = |name: &mut Name| *name = in_question_case(name, &question);
+    for r in resp.answers.iter_mut().chain(resp.authorities.iter_mut()).chain(resp.additionals.iter_mut()) {
+        fold(&mut r.name);
+        match &mut r.data {
+            RData::SOA(soa) => {
+                fold(&mut soa.mname);
+                fold(&mut soa.rname);
+            }
+            RData::NS(ns) => fold(&mut ns.0),
+            RData::CNAME(cname) => fold(&mut cname.0),
+            RData::PTR(ptr) => fold(&mut ptr.0),
+            RData::MX(mx) => fold(&mut mx.exchange),
+            _ => {}
+        }
+    }
 }
 
 /// Answers for `query` at one name. Owner names are the query's own name, so they compress
@@ -323,12 +418,39 @@ pub fn sample<T: Copy, const N: usize>(family: &Family<T, N>, k: usize, rng: &mu
 }
 
 fn finish(resp: Message, qtype: Option<RecordType>, transport: Transport, udp_limit: u16) -> Option<(Vec<u8>, Outcome)> {
+    finish_with_glue(resp, &[], qtype, transport, udp_limit)
+}
+
+/// Encodes `resp`, whose additional section is glue RRsets of the sizes `glue_rrsets`: as many
+/// of them (from the first) as fit the transport, and TC=1 with no records if the rest does
+/// not fit.
+fn finish_with_glue(
+    mut resp: Message,
+    glue_rrsets: &[usize],
+    qtype: Option<RecordType>,
+    transport: Transport,
+    udp_limit: u16,
+) -> Option<(Vec<u8>, Outcome)> {
+    fold_case(&mut resp);
     let rcode = resp.metadata.response_code;
     let limit = match transport {
         Transport::Udp => usize::from(udp_limit),
         Transport::Tcp => TCP_MESSAGE_BYTES_MAX,
     };
-    let bytes = match resp.to_vec() {
+    let mut glue_rrsets = glue_rrsets.iter();
+    let bytes = loop {
+        let encoded = resp.to_vec();
+        if encoded.as_ref().is_ok_and(|b| b.len() > limit) {
+            // Glue is additional data: leave out its last RRset and try again (RFC 2181 §9:
+            // no TC for it). Only the apex NS answer has any, a few RRsets.
+            if let Some(&len) = glue_rrsets.next_back() {
+                resp.additionals.truncate(resp.additionals.len().saturating_sub(len));
+                continue;
+            }
+        }
+        break encoded;
+    };
+    let bytes = match bytes {
         Ok(b) => b,
         Err(err) => {
             // Counted as SERVFAIL in `dnsplan_dns_queries_total` (nothing else answers it). Not

@@ -4,15 +4,22 @@
 //! It takes only what it can answer exactly as `answer::respond` would: a standard QUERY with
 //! one question of class IN for a name inside the zone, no answer or authority records, at
 //! most an EDNS version-0 OPT record, asking A or AAAA at a managed name, anything but ANY at a
-//! managed name without static records, or any type at a name that does not exist or is an
-//! empty non-terminal. Everything else — static records, ANY, other opcodes, other classes,
-//! zone transfers, names outside the zone, EDNS versions above 0, answers that do not fit and
-//! anything malformed (options that do not frame, a malformed client-subnet option) — goes to
+//! managed name without static records, NS at the apex (the answer `snapshot` precompiled,
+//! with glue), or any type at a name that does not exist or is an empty non-terminal.
+//! Everything else — other static records, ANY, other opcodes, other classes, zone transfers,
+//! names outside the zone, EDNS versions above 0, answers that do not fit and anything
+//! malformed (options that do not frame, a malformed client-subnet option) — goes to
 //! `answer::respond`, which stays the reference. The tests in `tests/fast_path.rs` compare
-//! the two. Response-rate limiting is applied to either path's answer afterwards (`rrl`).
+//! the two, to the byte count. Response-rate limiting is applied to either path's answer
+//! afterwards (`rrl`).
+//!
+//! Answers are as small as NSD's: the SOA of a negative answer has its owner, MNAME and RNAME
+//! compressed against the question (`compress`), and glue that does not fit the client's
+//! size is left out a whole RRset at a time, without TC (RFC 2181 §9), as NSD and Knot do.
 
 use crate::answer::{AnswerLimits, FAMILY_TARGETS_MAX, Outcome, UDP_PAYLOAD_BYTES_MIN, sample_indices};
-use crate::snapshot::{Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
+use crate::compress::{Written, write_name};
+use crate::snapshot::{ApexNs, Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
 use crate::wire::{self, TYPE_OPT, u16_at};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
@@ -30,6 +37,7 @@ pub enum Fast {
 }
 
 const TYPE_A: u16 = 1;
+const TYPE_NS: u16 = 2;
 const TYPE_SOA: u16 = 6;
 const TYPE_AAAA: u16 = 28;
 const TYPE_IXFR: u16 = 251;
@@ -174,8 +182,13 @@ fn answer_at(
     rng: &mut impl Rng,
     out: &mut Vec<u8>,
 ) -> Fast {
-    let Some(m) = &entry.managed else { return Fast::Slow };
     let origin_labels = snapshot.origin_labels;
+    if q.qtype == TYPE_NS && q.labels == origin_labels {
+        // The apex (the name is inside the zone and has as many labels as the origin).
+        let Some(ns) = &snapshot.apex_ns else { return Fast::Slow };
+        return apex_ns(p, question, q, ns, edns, limits, udp_limit, out);
+    }
+    let Some(m) = &entry.managed else { return Fast::Slow };
     let mut picked = [0u8; FAMILY_TARGETS_MAX];
     match q.qtype {
         TYPE_A | TYPE_AAAA => {
@@ -191,7 +204,7 @@ fn answer_at(
             if size > udp_limit {
                 return Fast::Slow; // `respond` truncates
             }
-            header(p, out, ResponseCode::NoError, count as u16, 0, edns);
+            header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
             out.extend_from_slice(question);
             for &i in &picked[..count] {
                 // Owner: a pointer to the question's name at offset 12, in the client's case.
@@ -221,6 +234,35 @@ fn answer_at(
     }
 }
 
+/// The precompiled apex NS answer, with as much of its glue as fits `udp_limit` (whole
+/// RRsets, in order); the reference path truncates when the NS RRset itself does not fit.
+#[allow(clippy::too_many_arguments)]
+fn apex_ns(
+    p: &[u8],
+    question: &[u8],
+    q: &Question,
+    ns: &ApexNs,
+    edns: Option<ClientEdns>,
+    limits: &AnswerLimits,
+    udp_limit: usize,
+    out: &mut Vec<u8>,
+) -> Fast {
+    let fixed = 12 + question.len() + if edns.is_some() { OPT_BYTES } else { 0 };
+    if fixed + ns.answers_end > udp_limit {
+        return Fast::Slow;
+    }
+    let (end, glue) = ns.glue.iter().rev().find(|(end, _)| fixed + end <= udp_limit).copied().unwrap_or((ns.answers_end, 0));
+    header(p, out, ResponseCode::NoError, ns.answers, 0, glue + u16::from(edns.is_some()));
+    out.extend_from_slice(question);
+    // The wire's pointers expect the question at 12 with the origin's length, which a name
+    // at the apex has (queries carry names uncompressed).
+    out.extend_from_slice(&ns.wire[..end]);
+    if let Some(edns) = edns {
+        opt(out, limits, edns.dnssec_ok);
+    }
+    Fast::Answered(outcome(q.qtype, ResponseCode::NoError, out.len()))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn negative(
     p: &[u8],
@@ -234,11 +276,7 @@ fn negative(
     udp_limit: usize,
     out: &mut Vec<u8>,
 ) -> Fast {
-    let size = 12 + question.len() + 2 + RR_FIXED_BYTES + snapshot.soa_rdata.len() + if edns.is_some() { OPT_BYTES } else { 0 };
-    if size > udp_limit {
-        return Fast::Slow;
-    }
-    header(p, out, rcode, 0, 1, edns);
+    header(p, out, rcode, 0, 1, u16::from(edns.is_some()));
     out.extend_from_slice(question);
     // Owner: a pointer to where the origin starts inside the question's name.
     let origin_at = q.label_at[q.labels - origin_labels];
@@ -246,23 +284,36 @@ fn negative(
     out.extend_from_slice(&TYPE_SOA.to_be_bytes());
     out.extend_from_slice(&CLASS_IN.to_be_bytes());
     out.extend_from_slice(&snapshot.zone.negative_ttl_secs().to_be_bytes());
-    out.extend_from_slice(&(snapshot.soa_rdata.len() as u16).to_be_bytes());
-    out.extend_from_slice(&snapshot.soa_rdata);
+    let rdlength_at = out.len();
+    out.extend_from_slice(&[0, 0]);
+    // MNAME and RNAME point into the question where they share a suffix with it (the origin
+    // at least, for names in the zone), RNAME into MNAME where that is longer.
+    let [mname, rname] = &*snapshot.soa_names;
+    let asked = Written::whole(&q.key[..q.key_len], 12);
+    let mname = write_name(out, mname, &[asked]);
+    write_name(out, rname, &[asked, mname]);
+    out.extend_from_slice(&snapshot.soa_tail);
+    let rdlength = (out.len() - rdlength_at - 2) as u16;
+    out[rdlength_at..rdlength_at + 2].copy_from_slice(&rdlength.to_be_bytes());
     if let Some(edns) = edns {
         opt(out, limits, edns.dnssec_ok);
+    }
+    if out.len() > udp_limit {
+        out.clear();
+        return Fast::Slow; // `respond` truncates
     }
     Fast::Answered(outcome(q.qtype, rcode, out.len()))
 }
 
 /// The response header: the query's id, QR and AA set, RD and CD copied, RA clear.
-fn header(p: &[u8], out: &mut Vec<u8>, rcode: ResponseCode, answers: u16, authority: u16, edns: Option<ClientEdns>) {
+fn header(p: &[u8], out: &mut Vec<u8>, rcode: ResponseCode, answers: u16, authority: u16, additional: u16) {
     out.extend_from_slice(&p[0..2]);
     out.push(0x80 | 0x04 | (p[2] & 0x01));
     out.push((p[3] & 0x10) | (u16::from(rcode) as u8 & 0x0f));
     out.extend_from_slice(&[0, 1]);
     out.extend_from_slice(&answers.to_be_bytes());
     out.extend_from_slice(&authority.to_be_bytes());
-    out.extend_from_slice(&[0, u8::from(edns.is_some())]);
+    out.extend_from_slice(&additional.to_be_bytes());
 }
 
 /// Our OPT record: root owner, our UDP payload size, extended rcode 0, version 0, the

@@ -2,16 +2,18 @@
 //! control API through which planners and enactors reach the store it serves from.
 //!
 //! `answer` is the pure query path and `fast` its allocation-free UDP shortcut (`wire` holds
-//! the raw byte reads both use), and `rrl` limits UDP answers per client; `snapshot` the
-//! immutable state they read; `follower` builds it from the store and swaps in each change;
-//! `server` (with `udp`) the UDP and TCP shell; `control` the HTTP API and `control_server`
-//! its bounded HTTP server; `accept` and `budget` keep both listeners within the process's
-//! descriptors; `run` the wiring of one authority process.
+//! the raw byte reads both use, `compress` the name compression of the answers written by
+//! hand), and `rrl` limits UDP answers per client; `snapshot` the immutable state they read;
+//! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
+//! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
+//! `accept` and `budget` keep both listeners within the process's descriptors; `run` the
+//! wiring of one authority process.
 
 pub mod accept;
 pub mod answer;
 pub mod args;
 pub mod budget;
+pub mod compress;
 pub mod config;
 pub mod control;
 pub mod control_server;

@@ -317,9 +317,9 @@ fn write_qname(h: &mut impl Hasher, query: &[u8]) {
 /// sends for an answer too big for UDP. The client asks again over TCP. Allocates nothing:
 /// the answer only shrinks.
 ///
-/// Our answers carry at most one question, written out without compression, and their only
-/// additional record is an OPT record without options, written last; anything else (never
-/// seen) is cut to the header alone, still a valid TC=1 answer.
+/// Our answers carry at most one question, written out without compression, and their OPT
+/// record, if any, has no options and is written last (after the glue of an apex NS answer);
+/// anything else (never seen) is cut to the header alone, still a valid TC=1 answer.
 pub fn slip(response: &mut Vec<u8>) {
     if response.len() < 12 {
         return; // not an answer of ours: every one has a header
@@ -331,8 +331,7 @@ pub fn slip(response: &mut Vec<u8>) {
     };
     let len = response.len();
     let opt_at = len.saturating_sub(OPT_BYTES);
-    let has_opt = u16_at(response, 10) == Some(1)
-        && question_end.is_some_and(|end| opt_at >= end)
+    let has_opt = question_end.and_then(|end| last_record_at(response, end)) == Some(opt_at)
         && response[opt_at] == 0
         && u16_at(response, opt_at + 1) == Some(crate::wire::TYPE_OPT)
         && u16_at(response, opt_at + 9) == Some(0);
@@ -352,6 +351,22 @@ pub fn slip(response: &mut Vec<u8>) {
     if has_opt {
         response.extend_from_slice(&opt);
     }
+}
+
+/// Where the last record of `response` starts, its records starting at `at` (after the
+/// question), if they frame exactly to its end.
+fn last_record_at(response: &[u8], mut at: usize) -> Option<usize> {
+    let records: usize = [6, 8, 10].iter().map(|&count_at| u16_at(response, count_at).map_or(0, usize::from)).sum();
+    let mut last = None;
+    for _ in 0..records {
+        last = Some(at);
+        let fixed_at = skip_name(response, at)?; // type, class, TTL, RDLENGTH
+        at = fixed_at + 10 + usize::from(u16_at(response, fixed_at + 8)?);
+        if at > response.len() {
+            return None;
+        }
+    }
+    last.filter(|_| at == response.len())
 }
 
 /// An OPT record without options: root owner, type, class (payload), TTL (flags), RDLENGTH.
@@ -529,8 +544,31 @@ mod tests {
         assert_eq!(s.edns.as_ref().map(|e| (e.max_payload(), e.flags().dnssec_ok)), Some((1232, true)), "the OPT record");
         assert!(slipped.len() < answer.len());
 
-        // No EDNS: no OPT in the slip.
+        // Glue before the OPT record (an apex NS answer): the OPT record is still found.
+        m.add_additional(Record::from_rdata(
+            Name::from_ascii("ns1.example.test.").expect("name"),
+            300,
+            RData::A(std::net::Ipv4Addr::new(192, 0, 2, 1).into()),
+        ));
+        let mut slipped = m.to_vec().expect("encode");
+        slip(&mut slipped);
+        let s = Message::from_vec(&slipped).expect("a slip parses");
+        assert!(s.metadata.truncation && s.answers.is_empty() && s.additionals.is_empty());
+        assert_eq!(s.edns.as_ref().map(|e| e.max_payload()), Some(1232), "the OPT record after glue");
+
+        // No EDNS: no OPT in the slip, even when the last record's bytes could pass for one
+        // (an AAAA address ending in an OPT record's bytes).
         m.edns = None;
+        m.additionals.clear();
+        m.add_additional(Record::from_rdata(
+            Name::from_ascii("ns1.example.test.").expect("name"),
+            300,
+            RData::AAAA("2001:db8:0:29::".parse::<std::net::Ipv6Addr>().expect("address").into()),
+        ));
+        let mut slipped = m.to_vec().expect("encode");
+        slip(&mut slipped);
+        let s = Message::from_vec(&slipped).expect("a slip parses");
+        assert!(s.metadata.truncation && s.edns.is_none() && s.answers.is_empty() && s.queries.len() == 1);
         let mut slipped = m.to_vec().expect("encode");
         slip(&mut slipped);
         let s = Message::from_vec(&slipped).expect("a slip parses");

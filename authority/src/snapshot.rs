@@ -7,11 +7,12 @@
 //! one, and a change copies only the shards it touches: `apply(delta)` shares every other
 //! shard, and every untouched entry, with the previous snapshot.
 
+use crate::compress::{Written, is_label_start, write_name};
 use crate::dns_zone::StaticZone;
 use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::{EndpointName, Generation};
 use hashbrown::HashTable;
-use hickory_proto::rr::{Name, Record};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
@@ -49,6 +50,103 @@ pub fn wire_key(name: &Name) -> Vec<u8> {
     key.push(0);
     key
 }
+
+/// SOA RDATA after MNAME and RNAME: five 32-bit numbers.
+pub const SOA_TAIL_BYTES: usize = 20;
+
+/// The answer to `origin IN NS`, precompiled for the fast path as it follows a question for
+/// the origin at offset 12 (whose length is the origin's, so every offset is known): the NS
+/// RRset, then the glue, the in-zone name servers' static A RRsets and then their AAAA
+/// RRsets, in NS order (NSD's order, so a size limit keeps the IPv4 glue of every server
+/// first). Names are compressed (`compress`): the RRset's owner points at the question, each
+/// server's name at the question or an earlier server, each glue owner at its server's name.
+#[derive(Debug)]
+pub struct ApexNs {
+    /// The answer section, then the glue RRsets.
+    pub wire: Box<[u8]>,
+    pub answers: u16,
+    /// Where the answer section ends in `wire`.
+    pub answers_end: usize,
+    /// Where each glue RRset ends in `wire`, with the glue records up to there, in order.
+    pub glue: Box<[(usize, u16)]>,
+    /// The in-zone name servers, in lower-case wire form (those with glue and without).
+    servers: Box<[Box<[u8]>]>,
+}
+
+impl ApexNs {
+    /// The apex NS answer of `zone`; `None` if the apex has a CNAME (which the reference path
+    /// answers instead, RFC 1034 §3.6.2).
+    fn build(zone: &StaticZone, origin_key: &[u8]) -> Option<ApexNs> {
+        if zone.records.iter().any(|r| r.record_type() == RecordType::CNAME && r.name == zone.origin) {
+            return None;
+        }
+        let question_end = 12 + origin_key.len() + 4;
+        let mut out = vec![0u8; question_end];
+        let targets: Vec<(u32, Vec<u8>)> = zone
+            .ns
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::NS(ns) => Some((r.ttl, wire_key(&ns.0))),
+                _ => None,
+            })
+            .collect();
+        let mut written = vec![Written::whole(origin_key, 12)];
+        let mut servers: Vec<&[u8]> = Vec::new();
+        for (ttl, target) in &targets {
+            out.extend_from_slice(&[0xc0, 0x0c]);
+            out.extend_from_slice(&u16::from(RecordType::NS).to_be_bytes());
+            out.extend_from_slice(&CLASS_IN.to_be_bytes());
+            out.extend_from_slice(&ttl.to_be_bytes());
+            let rdlength_at = out.len();
+            out.extend_from_slice(&[0, 0]);
+            written.push(write_name(&mut out, target, &written));
+            let rdlength = (out.len() - rdlength_at - 2) as u16;
+            out[rdlength_at..rdlength_at + 2].copy_from_slice(&rdlength.to_be_bytes());
+            let in_zone = target.ends_with(origin_key) && is_label_start(target, target.len() - origin_key.len());
+            if in_zone && !servers.contains(&&target[..]) {
+                servers.push(target);
+            }
+        }
+        let answers_end = out.len() - question_end;
+        let mut glue = Vec::new();
+        let mut glue_records = 0u16;
+        // A server's name with a CNAME answers the CNAME (RFC 1034 §3.6.2), never glue.
+        let aliased = |server: &[u8]| zone.records.iter().any(|r| r.record_type() == RecordType::CNAME && wire_key(&r.name) == server);
+        for rtype in [RecordType::A, RecordType::AAAA] {
+            for &server in servers.iter().filter(|&&server| !aliased(server)) {
+                let mut records = 0;
+                for r in zone.records.iter().filter(|r| r.record_type() == rtype && wire_key(&r.name) == server) {
+                    let address = match &r.data {
+                        RData::A(a) => a.0.octets().to_vec(),
+                        RData::AAAA(a) => a.0.octets().to_vec(),
+                        _ => continue,
+                    };
+                    // The owner points at the server's name in the NS RRset.
+                    write_name(&mut out, server, &written);
+                    out.extend_from_slice(&u16::from(rtype).to_be_bytes());
+                    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+                    out.extend_from_slice(&r.ttl.to_be_bytes());
+                    out.extend_from_slice(&(address.len() as u16).to_be_bytes());
+                    out.extend_from_slice(&address);
+                    records += 1;
+                }
+                if records > 0 {
+                    glue_records += records;
+                    glue.push((out.len() - question_end, glue_records));
+                }
+            }
+        }
+        Some(ApexNs {
+            wire: out[question_end..].into(),
+            answers: targets.len() as u16,
+            answers_end,
+            glue: glue.into(),
+            servers: servers.iter().map(|&s| Box::from(s)).collect(),
+        })
+    }
+}
+
+const CLASS_IN: u16 = 1;
 
 /// The targets of one address family as served: only those eligible (non-zero weight, or all
 /// of them when every weight is zero), with whether they all weigh the same.
@@ -149,8 +247,17 @@ pub struct Snapshot {
     /// The origin in lower-case wire form.
     pub origin_key: Box<[u8]>,
     pub origin_labels: usize,
-    /// The SOA's RDATA in wire form (names uncompressed), with this snapshot's serial.
-    pub soa_rdata: Box<[u8]>,
+    /// The SOA's MNAME and RNAME in lower-case wire form, for answers that compress them.
+    pub soa_names: Arc<[Box<[u8]>; 2]>,
+    /// The SOA's RDATA after the names, with this snapshot's serial: serial, refresh, retry,
+    /// expire, minimum.
+    pub soa_tail: [u8; SOA_TAIL_BYTES],
+    /// The precompiled answer to `origin NS` while the fast path may send it: `None` while
+    /// an in-zone name server is a managed endpoint (its glue is then the plan's addresses,
+    /// which the reference path samples), or when the apex has a CNAME.
+    pub apex_ns: Option<Arc<ApexNs>>,
+    /// The precompiled apex NS answer, whether or not it may be sent.
+    apex_ns_static: Option<Arc<ApexNs>>,
     shards: Arc<[Arc<Shard>]>,
     managed_count: usize,
     /// How many managed endpoints serve each generation.
@@ -169,12 +276,17 @@ impl Snapshot {
     /// state go in with `load_page`.
     pub fn statics_only(zone: Arc<StaticZone>) -> Snapshot {
         let shards: Arc<[Arc<Shard>]> = (0..SHARDS).map(|_| Arc::new(Shard::new())).collect();
+        let origin_key = wire_key(&zone.origin);
+        let apex_ns = ApexNs::build(&zone, &origin_key).map(Arc::new);
         let mut snapshot = Snapshot {
             serial: 0,
             applied_changes: 0,
-            origin_key: wire_key(&zone.origin).into(),
+            origin_key: origin_key.into(),
             origin_labels: usize::from(zone.origin.num_labels()),
-            soa_rdata: Box::default(),
+            soa_names: Arc::new([wire_key(&zone.soa.mname).into(), wire_key(&zone.soa.rname).into()]),
+            soa_tail: [0; SOA_TAIL_BYTES],
+            apex_ns: apex_ns.clone(),
+            apex_ns_static: apex_ns,
             shards,
             managed_count: 0,
             generations: Arc::default(),
@@ -242,22 +354,27 @@ impl Snapshot {
             }
             self.managed_count = self.managed_count.saturating_add_signed(delta_count);
         }
+        self.refresh_apex_ns();
+    }
+
+    /// The fast path sends the precompiled apex NS answer only while no in-zone name server
+    /// is a managed endpoint: its glue would be the plan's addresses.
+    fn refresh_apex_ns(&mut self) {
+        self.apex_ns = self
+            .apex_ns_static
+            .clone()
+            .filter(|ns| ns.servers.iter().all(|server| self.get_key(server).is_none_or(|e| e.managed.is_none())));
     }
 
     fn set_serial(&mut self, applied_changes: u64) {
         self.applied_changes = applied_changes;
         self.serial = applied_changes as u32; // mod 2^32 by truncation, as documented
         let soa = &self.zone.soa;
-        let mut rdata = Vec::with_capacity(64);
-        for name in [&soa.mname, &soa.rname] {
-            rdata.extend_from_slice(&wire_key(name));
+        let [refresh, retry, expire] = [soa.refresh, soa.retry, soa.expire].map(i32::to_be_bytes);
+        let fields = [self.serial.to_be_bytes(), refresh, retry, expire, soa.minimum.to_be_bytes()];
+        for (chunk, field) in self.soa_tail.chunks_exact_mut(4).zip(fields) {
+            chunk.copy_from_slice(&field);
         }
-        rdata.extend_from_slice(&self.serial.to_be_bytes());
-        for v in [soa.refresh, soa.retry, soa.expire] {
-            rdata.extend_from_slice(&v.to_be_bytes());
-        }
-        rdata.extend_from_slice(&soa.minimum.to_be_bytes());
-        self.soa_rdata = rdata.into();
         // The apex SOA as a static record carries the same serial.
         let record = self.zone.soa_record(self.serial, self.zone.soa_ttl_secs);
         let apex = self.origin_key.clone();

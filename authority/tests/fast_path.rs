@@ -1,8 +1,11 @@
 //! The UDP fast path against the reference path: for every query the fast path answers, the
-//! answer must say what `answer::respond` says (same header, question, authority, EDNS, and
-//! the same answer records up to the order weighted sampling chooses). Also: it takes the
-//! common queries (it is not always falling back), it never panics on mutated packets, and an
-//! incremental snapshot answers like one built from scratch.
+//! answer must say what `answer::respond` says (same header, question, authority, additional
+//! section, EDNS, and the same answer records up to the order weighted sampling chooses) in
+//! the same number of bytes, so both compress names alike (as NSD does: `tests/answer_size.rs`).
+//! The cases include NXDOMAIN and NODATA (the SOA's names compressed against questions in any
+//! case) and the apex NS answer with glue, also with more glue than fits the client's size.
+//! Also: it takes the common queries (it is not always falling back), it never panics on
+//! mutated packets, and an incremental snapshot answers like one built from scratch.
 
 use dnsplan_authority::answer::{AnswerLimits, Transport, respond};
 use dnsplan_authority::dns_zone::StaticZone;
@@ -17,18 +20,42 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::sync::{Arc, LazyLock};
 
+/// Besides the config's `ns1.example.test.`: an in-zone name server with glue, and two out of
+/// the zone (no glue), the second of which compresses against the first.
 const ZONE_FILE: &str = "\
 www   300 IN CNAME api
 txt   300 IN TXT \"hello\"
 mixed 300 IN TXT \"static beside managed\"
 a.b.c 300 IN A 192.0.2.9
+@     3600 IN NS ns2
+@     3600 IN NS a.ns.other.net.
+@     3600 IN NS b.ns.other.net.
+ns1   3600 IN A 192.0.2.1
+ns1   3600 IN AAAA 2001:db8::53
+ns2   3600 IN A 192.0.2.2
+ns2   3600 IN A 192.0.2.3
+ns2   3600 IN AAAA 2001:db8::54
 ";
 
 fn zone() -> Arc<StaticZone> {
+    zone_from(ZONE_FILE)
+}
+
+fn zone_from(zone_file: &str) -> Arc<StaticZone> {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("zone.db"), ZONE_FILE).expect("write zone");
+    std::fs::write(dir.path().join("zone.db"), zone_file).expect("write zone");
     let config = dnsplan_tests::stack::dns_zone_config(Some("zone.db"));
     Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
+}
+
+/// Thirteen more in-zone name servers (`ns03`..`ns15`) with an A and an AAAA each: the apex
+/// NS answer's glue does not all fit 512 bytes, nor most EDNS sizes below 1232.
+fn many_servers_zone() -> Arc<StaticZone> {
+    let mut text = String::new();
+    for i in 3..=15 {
+        text.push_str(&format!("@ 3600 IN NS ns{i:02}\nns{i:02} 3600 IN A 192.0.2.{i}\nns{i:02} 3600 IN AAAA 2001:db8::{i}\n"));
+    }
+    zone_from(&text)
 }
 
 fn serving(targets: &[(&str, u32)]) -> ActiveRecord {
@@ -57,6 +84,7 @@ fn active() -> ActiveSnapshot {
 }
 
 static SNAPSHOT: LazyLock<Snapshot> = LazyLock::new(|| Snapshot::build(zone(), &active()));
+static MANY_SERVERS: LazyLock<Snapshot> = LazyLock::new(|| Snapshot::build(many_servers_zone(), &active()));
 
 const NAMES: &[&str] = &[
     "api.example.test.",
@@ -76,7 +104,13 @@ const NAMES: &[&str] = &[
     "txt.example.test.",
     "example.test.",
     "EXAMPLE.test.",
+    "eXaMpLe.TeSt.",
+    "ns1.example.test.",
+    "x.ns1.example.test.",
+    "X.Ns2.Example.Test.",
+    "hostmaster.example.test.",
     "nope.example.test.",
+    "NoPe.ExAmPlE.tEsT.",
     "deep.nope.example.test.",
     "example.org.",
     "test.",
@@ -152,7 +186,9 @@ fn compare(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits) -> Result<
             prop_assert_eq!(&f.metadata, &s.metadata, "header");
             prop_assert_eq!(&f.queries, &s.queries, "question");
             prop_assert_eq!(&f.authorities, &s.authorities, "authority");
+            prop_assert_eq!(sorted(&f.additionals), sorted(&s.additionals), "additional");
             prop_assert_eq!(&f.edns, &s.edns, "EDNS");
+            prop_assert_eq!(out.len(), slow_bytes.len(), "size: both compress names alike");
             prop_assert_eq!(f.answers.len(), s.answers.len(), "answer count");
             let name_all_fit = f.answers.len() < limits.answer_addresses_max;
             if name_all_fit {
@@ -185,14 +221,19 @@ fn fast_path_answers_like_the_reference() -> Result<(), TestCaseError> {
         let chaos = query(1, name, RecordType::TXT, DNSClass::CH, None, false, false);
         prop_assert!(!compare(&chaos, &SNAPSHOT, &limits())?, "class CH must take the reference path");
     }
-    // The common queries take the fast path: A/AAAA at managed names, NXDOMAIN, NODATA.
+    // The common queries take the fast path: A/AAAA at managed names, NXDOMAIN, NODATA, the
+    // apex NS.
     for (name, qtype) in [
         ("api.example.test.", RecordType::A),
         ("API.Example.TEST.", RecordType::AAAA),
         ("v6only.example.test.", RecordType::A),
         ("nope.example.test.", RecordType::A),
+        ("NoPe.ExAmPlE.tEsT.", RecordType::A),
+        ("x.ns1.example.test.", RecordType::A),
         ("x.y.example.test.", RecordType::A),
         ("one.example.test.", RecordType::MX),
+        ("example.test.", RecordType::NS),
+        ("eXaMpLe.TeSt.", RecordType::NS),
     ] {
         let packet = query(9, name, qtype, DNSClass::IN, Some(1232), true, false);
         prop_assert!(compare(&packet, &SNAPSHOT, &limits())?, "{} {} should take the fast path", name, qtype);
@@ -277,6 +318,96 @@ fn edns_options_agree() -> Result<(), TestCaseError> {
         }
     }
     Ok(())
+}
+
+/// The fast path's answer to `packet` on `snapshot`, parsed, or `None` if it fell back.
+fn fast_answer(packet: &[u8], snapshot: &Snapshot) -> Option<Message> {
+    let mut rng = SmallRng::seed_from_u64(1);
+    let mut out = Vec::new();
+    match respond_fast(packet, snapshot, &limits(), &mut rng, &mut out) {
+        Fast::Answered(_) => Some(Message::from_vec(&out).expect("fast answer parses")),
+        _ => None,
+    }
+}
+
+/// The apex NS answer carries the in-zone name servers' A and AAAA records as glue, A before
+/// AAAA (NSD's order), and nothing for the servers outside the zone.
+#[test]
+fn apex_ns_carries_glue() {
+    let packet = query(4, "Example.TEST.", RecordType::NS, DNSClass::IN, Some(1232), false, false);
+    let answer = fast_answer(&packet, &SNAPSHOT).expect("the fast path answers the apex NS");
+    let servers: Vec<String> = answer.answers.iter().map(|r| r.data.to_string().to_ascii_lowercase()).collect();
+    let mut sorted_servers = servers.clone();
+    sorted_servers.sort();
+    assert_eq!(sorted_servers, ["a.ns.other.net.", "b.ns.other.net.", "ns1.example.test.", "ns2.example.test."]);
+    let glue: Vec<(String, String)> =
+        answer.additionals.iter().map(|r| (r.name.to_string().to_ascii_lowercase(), r.data.to_string())).collect();
+    let mut want = Vec::new();
+    for family in ["A", "AAAA"] {
+        for server in servers.iter().filter(|s| s.ends_with(".example.test.")) {
+            let addresses: &[&str] = match (server.as_str(), family) {
+                ("ns1.example.test.", "A") => &["192.0.2.1"],
+                ("ns1.example.test.", _) => &["2001:db8::53"],
+                (_, "A") => &["192.0.2.2", "192.0.2.3"],
+                _ => &["2001:db8::54"],
+            };
+            want.extend(addresses.iter().map(|a| (server.clone(), a.to_string())));
+        }
+    }
+    assert_eq!(glue, want, "glue: every in-zone server's A, then every one's AAAA");
+    assert!(!answer.metadata.truncation);
+}
+
+/// With more glue than fits, whole RRsets are left out from the end (AAAA first), without TC
+/// (RFC 2181 §9), and the answer still fits; the reference path leaves out the same ones.
+#[test]
+fn glue_that_does_not_fit_is_left_out() -> Result<(), TestCaseError> {
+    let mut previous = 0;
+    for edns in std::iter::once(None).chain((512..=1232).step_by(8).map(Some)) {
+        let packet = query(6, "example.test.", RecordType::NS, DNSClass::IN, edns, false, false);
+        prop_assert!(compare(&packet, &MANY_SERVERS, &limits())?, "apex NS with EDNS {:?} takes the fast path", edns);
+        let answer = fast_answer(&packet, &MANY_SERVERS).expect("answered");
+        let limit = usize::from(edns.unwrap_or(512));
+        prop_assert!(answer.to_vec().expect("encode").len() <= limit);
+        prop_assert!(!answer.metadata.truncation, "no TC for glue left out (EDNS {:?})", edns);
+        prop_assert_eq!(answer.answers.len(), 14);
+        let glue = &answer.additionals;
+        if edns.is_some() {
+            prop_assert!(glue.len() >= previous, "more room, no less glue (EDNS {:?})", edns);
+            previous = glue.len();
+        }
+        let first_aaaa = glue.iter().position(|r| r.record_type() == RecordType::AAAA).unwrap_or(glue.len());
+        prop_assert!(glue[first_aaaa..].iter().all(|r| r.record_type() == RecordType::AAAA), "A glue before AAAA glue");
+        if edns.is_none() {
+            prop_assert_eq!((first_aaaa, glue.len()), (13, 13), "512 bytes: every server's A, no AAAA");
+        }
+    }
+    prop_assert_eq!(previous, 26, "1232 bytes: all the glue");
+    Ok(())
+}
+
+/// While an in-zone name server is a managed endpoint, its glue is the plan's addresses: the
+/// precompiled answer is not used, and the reference path's glue samples the plan.
+#[test]
+fn a_managed_name_server_gets_the_plans_glue() {
+    let mut state = active();
+    state.endpoints.insert(DnsName::parse("ns1.example.test.").expect("name"), serving(&[("10.9.9.9", 1)]));
+    let snapshot = Snapshot::build(zone(), &state);
+    let packet = query(8, "example.test.", RecordType::NS, DNSClass::IN, Some(1232), false, false);
+    assert!(fast_answer(&packet, &snapshot).is_none(), "the precompiled glue would be the static address");
+    let mut rng = SmallRng::seed_from_u64(8);
+    let (bytes, _) = respond(&packet, &snapshot, Transport::Udp, &limits(), &mut rng).expect("answered");
+    let answer = Message::from_vec(&bytes).expect("parses");
+    let ns1: Vec<String> =
+        answer.additionals.iter().filter(|r| r.name.to_string() == "ns1.example.test.").map(|r| r.data.to_string()).collect();
+    assert_eq!(ns1, ["10.9.9.9"], "managed addresses replace the static A and AAAA");
+    // Retired again: the precompiled answer is back.
+    let mut delta = ActiveDelta { applied_changes: state.applied_changes + 1, full: false, ..ActiveDelta::default() };
+    delta.endpoints.insert(
+        DnsName::parse("ns1.example.test.").expect("name"),
+        ActiveRecord { generation: Generation(2), state: ActiveState::Retired },
+    );
+    assert!(fast_answer(&packet, &snapshot.apply(&delta)).is_some());
 }
 
 #[test]
@@ -396,6 +527,12 @@ proptest! {
     fn random_queries_agree(name in 0usize..NAMES.len(), qtype in 0usize..TYPES.len(), edns in proptest::option::of(0u16..5000), id: u16, rd: bool, cd: bool, dnssec_ok: bool) {
         let packet = query_do(id, NAMES[name], TYPES[qtype], DNSClass::IN, edns, rd, cd, dnssec_ok);
         compare(&packet, &SNAPSHOT, &limits())?;
+    }
+
+    #[test]
+    fn random_queries_with_many_name_servers_agree(name in 0usize..NAMES.len(), qtype in 0usize..TYPES.len(), edns in proptest::option::of(0u16..5000), id: u16, dnssec_ok: bool) {
+        let packet = query_do(id, NAMES[name], TYPES[qtype], DNSClass::IN, edns, true, false, dnssec_ok);
+        compare(&packet, &MANY_SERVERS, &limits())?;
     }
 
     #[test]

@@ -1,0 +1,431 @@
+//! Answer sizes against NSD: the same DNS zone served by dnsplan (in-process, real sockets) and
+//! by a real `nsd` (its own process on a free loopback port), the same questions asked of both
+//! without and with EDNS, over UDP (dnsplan's fast path where it answers) and TCP (the
+//! reference path). dnsplan's answer must say what NSD's says (rcode, AA, TC, every record of
+//! every section) in no more bytes. NSD runs with `minimal-responses: yes`, its smallest
+//! answers (no NS RRset in the authority section of positive answers), as in `bench/dns.sh`.
+//!
+//! The questions cover what the issue compared: NXDOMAIN and NODATA (the SOA's owner, MNAME
+//! and RNAME compressed against the question, in the question's case too), the apex NS RRset
+//! with the in-zone name servers' A/AAAA as glue (and, with 13 servers, glue that does not
+//! fit), the apex SOA and managed and static addresses. The table of sizes is printed
+//! (`--nocapture`); bench/RESULTS.md has it.
+//!
+//! Run on commit c590722 (before the fix) it failed with 43 differences: over UDP every
+//! negative answer was 24 bytes larger than NSD's (28 below a name server's name: MNAME and
+//! RNAME written in full), over TCP 12 bytes larger when asked in mixed case, the apex SOA
+//! asked in mixed case 12 bytes larger on both, and the apex NS answer had no glue.
+//!
+//! `nsd` must be installed (`.ci/run` installs it): a missing binary fails the test.
+
+mod support;
+
+use dnsplan_authority::config::AuthorityConfig;
+use dnsplan_authority::run::{Bound, run_with_store};
+use dnsplan_common::{SledStore, Store};
+use hickory_proto::op::Message;
+use hickory_proto::rr::{RData, Record, RecordType};
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{build_query, endpoint, exchange_tcp, exchange_udp, plan, publish_and_apply, target};
+
+const ORIGIN: &str = "example.test.";
+
+/// The managed endpoints: (name, TTL, addresses).
+const ENDPOINTS: &[(&str, u32, &[&str])] = &[
+    ("api.example.test.", 30, &["10.0.0.1", "10.0.0.2", "2001:db8::10"]),
+    ("v6only.example.test.", 30, &["2001:db8::20"]),
+    ("deep.x.y.example.test.", 30, &["10.0.0.3"]),
+];
+
+/// The questions of a zone with two name servers (the usual zone).
+const QUESTIONS: &[(&str, RecordType)] = &[
+    ("nope.example.test.", RecordType::A),
+    ("NoPe.Example.TEST.", RecordType::A),
+    ("deep.nope.example.test.", RecordType::AAAA),
+    ("x.ns1.example.test.", RecordType::A),
+    ("api.example.test.", RecordType::TXT),
+    ("v6only.example.test.", RecordType::A),
+    ("x.y.example.test.", RecordType::A),
+    ("example.test.", RecordType::NS),
+    ("Example.TEST.", RecordType::NS),
+    ("example.test.", RecordType::SOA),
+    ("eXample.tesT.", RecordType::SOA),
+    ("api.example.test.", RecordType::A),
+    ("Api.Example.Test.", RecordType::AAAA),
+    ("ns1.example.test.", RecordType::AAAA),
+];
+
+/// How long a server may take to answer its first query.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long one UDP exchange may take on loopback before it is asked again.
+const REPLY_WAIT: Duration = Duration::from_millis(500);
+
+/// One DNS zone as both servers serve it: the SOA and endpoints above, `servers` in-zone name
+/// servers `ns1`, `ns2`, `ns03`... each with one A and one AAAA record, and a TXT record.
+struct Zone {
+    servers: usize,
+}
+
+impl Zone {
+    fn server(i: usize) -> String {
+        if i < 2 { format!("ns{}.{ORIGIN}", i + 1) } else { format!("ns{:02}.{ORIGIN}", i + 1) }
+    }
+
+    /// The static records other than the SOA and NS: the servers' addresses and a TXT.
+    fn static_records(&self) -> String {
+        let mut text = String::new();
+        for i in 0..self.servers {
+            let name = Zone::server(i);
+            writeln!(text, "{name} 3600 IN A 192.0.2.{}\n{name} 3600 IN AAAA 2001:db8::{}", i + 1, i + 1).expect("String");
+        }
+        text.push_str("txt 300 IN TXT \"hello\"\n");
+        text
+    }
+
+    fn dnsplan_config(&self, data_dir: &Path) -> String {
+        let ns: Vec<String> = (0..self.servers).map(|i| format!("\"{}\"", Zone::server(i))).collect();
+        format!(
+            r#"
+data_dir = "{data}"
+[dns]
+listen = ["127.0.0.1:0"]
+[dns.rrl]
+enabled = false
+[control]
+listen = "127.0.0.1:0"
+token = "{token}"
+[dns_zone]
+origin = "{ORIGIN}"
+ns = [{ns}]
+master_file = "zone.db"
+[dns_zone.soa]
+mname = "ns1.{ORIGIN}"
+rname = "hostmaster.{ORIGIN}"
+ttl_secs = 300
+minimum_secs = 30
+"#,
+            data = data_dir.display(),
+            token = support::TOKEN,
+            ns = ns.join(", "),
+        )
+    }
+
+    /// NSD's zone file for what dnsplan serves, with dnsplan's current serial. The SOA timers
+    /// are dnsplan's defaults.
+    fn nsd_zone_file(&self, serial: u32) -> String {
+        let mut text = format!("$ORIGIN {ORIGIN}\n@ 300 IN SOA ns1.{ORIGIN} hostmaster.{ORIGIN} {serial} 3600 600 604800 30\n");
+        for i in 0..self.servers {
+            writeln!(text, "@ 3600 IN NS {}", Zone::server(i)).expect("String");
+        }
+        text.push_str(&self.static_records());
+        for (name, ttl, addresses) in ENDPOINTS {
+            for a in *addresses {
+                let qtype = if a.contains(':') { "AAAA" } else { "A" };
+                writeln!(text, "{name} {ttl} IN {qtype} {a}").expect("String");
+            }
+        }
+        text
+    }
+}
+
+/// A running `nsd`, stopped (SIGTERM, then SIGKILL) when dropped, so a failing assert does
+/// not leave it serving.
+struct Nsd {
+    child: Option<Child>,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Nsd {
+    /// Starts NSD on a free loopback port with its config, zone and state in `dir`, and waits
+    /// (bounded) until it answers the apex SOA. A port taken between choosing and binding
+    /// makes NSD exit; then another port is tried.
+    async fn start(dir: &Path, zone_file: &str) -> anyhow::Result<Nsd> {
+        let binary = nsd_binary()?;
+        std::fs::write(dir.join("zone.db"), zone_file)?;
+        let mut exits = Vec::new();
+        for attempt in 0..5 {
+            let port = free_port()?;
+            let config = dir.join("nsd.conf");
+            std::fs::write(&config, nsd_config(dir, port))?;
+            let log = dir.join(format!("nsd-{attempt}.log"));
+            let child = Command::new(&binary)
+                .arg("-d")
+                .arg("-c")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(std::fs::File::create(&log)?)
+                .stderr(std::fs::File::create(log.with_extension("stderr"))?)
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", binary.display()))?;
+            let mut nsd = Nsd { child: Some(child), addr: SocketAddr::from(([127, 0, 0, 1], port)), log };
+            match nsd.wait_ready().await? {
+                None => return Ok(nsd),
+                Some(exit) => exits.push(exit),
+            }
+        }
+        anyhow::bail!("nsd exited before answering, on 5 ports:\n{}", exits.join("\n"))
+    }
+
+    /// Polls the apex SOA until NSD answers it (`None`), exits (`Some` of why), or
+    /// `START_DEADLINE` passes (an error).
+    async fn wait_ready(&mut self) -> anyhow::Result<Option<String>> {
+        let start = Instant::now();
+        let query = build_query(ORIGIN, RecordType::SOA, support::Ask::default());
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()) {
+                return Ok(Some(format!("nsd exited ({}): {}", status?, self.logs())));
+            }
+            let reply = exchange_udp(self.addr, &query, Duration::from_millis(100)).await?;
+            if reply.is_some_and(|r| Message::from_vec(&r).is_ok_and(|m| !m.answers.is_empty())) {
+                return Ok(None);
+            }
+            if start.elapsed() > START_DEADLINE {
+                anyhow::bail!("nsd did not answer the apex SOA within {START_DEADLINE:?}: {}", self.logs());
+            }
+        }
+    }
+
+    fn logs(&self) -> String {
+        let stderr = self.log.with_extension("stderr");
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        format!("{}{}{}", read(&self.log), read(&stderr), read(&self.log.with_file_name("nsd-log")))
+    }
+}
+
+impl Drop for Nsd {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        let pid = child.id().to_string();
+        // SIGTERM lets NSD stop its server and xfrd children; SIGKILL would leave them.
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+    }
+}
+
+/// `nsd` from PATH or the sbin directories Debian installs it in. Missing is an error, not a
+/// reason to skip: the comparison is the test.
+fn nsd_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
+    for dir in dirs {
+        let candidate = dir.join("nsd");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    anyhow::bail!(
+        "the `nsd` binary is not installed (looked in PATH, /usr/sbin, /usr/local/sbin, /sbin); this test compares answer sizes \
+         with NSD and cannot run without it: install it with `apt-get install -y nsd` (.ci/run does)"
+    )
+}
+
+/// A loopback port free for UDP and TCP at this moment.
+fn free_port() -> anyhow::Result<u16> {
+    for _ in 0..16 {
+        let udp = UdpSocket::bind("127.0.0.1:0")?;
+        let port = udp.local_addr()?.port();
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no loopback port free for both UDP and TCP in 16 tries")
+}
+
+/// NSD's config: everything it writes inside `dir`, no privilege drop or chroot (it runs as
+/// the test's user), one server process, minimal responses.
+fn nsd_config(dir: &Path, port: u16) -> String {
+    let d = dir.display();
+    format!(
+        r#"server:
+  ip-address: 127.0.0.1@{port}
+  do-ip6: no
+  username: ""
+  chroot: ""
+  zonesdir: "{d}"
+  database: ""
+  pidfile: "{d}/nsd.pid"
+  xfrdfile: "{d}/xfrd.state"
+  xfrdir: "{d}"
+  zonelistfile: "{d}/zone.list"
+  logfile: "{d}/nsd-log"
+  server-count: 1
+  minimal-responses: yes
+  verbosity: 1
+remote-control:
+  control-enable: no
+zone:
+  name: "{ORIGIN}"
+  zonefile: "zone.db"
+"#
+    )
+}
+
+/// A running dnsplan authority, stopped when dropped (its task is aborted).
+struct Dnsplan {
+    dns: SocketAddr,
+    store: SledStore,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Dnsplan {
+    async fn start(dir: &Path, zone: &Zone) -> anyhow::Result<Dnsplan> {
+        std::fs::write(dir.join("zone.db"), format!("$ORIGIN {ORIGIN}\n{}", zone.static_records()))?;
+        let config_path = dir.join("authority.toml");
+        std::fs::write(&config_path, zone.dnsplan_config(&dir.join("data")))?;
+        let config = AuthorityConfig::load(&config_path)?;
+        let store = SledStore::open(&config.data_dir)?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
+        let (dir, served) = (dir.to_path_buf(), store.clone());
+        let task = tokio::spawn(async move {
+            run_with_store(served, config, &dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
+                let _ = bound_tx.send(b);
+            })
+            .await
+        });
+        let bound = bound_rx.await.map_err(|_| anyhow::anyhow!("the authority stopped before binding"))?;
+        Ok(Dnsplan { dns: bound.dns[0], store, stop: Some(stop_tx), task })
+    }
+
+    async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await??;
+        Ok(())
+    }
+}
+
+impl Drop for Dnsplan {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One exchange over TCP, or over UDP asked again (up to 3 times) if no reply came.
+async fn exchange(server: SocketAddr, packet: &[u8], tcp: bool) -> anyhow::Result<Vec<u8>> {
+    if tcp {
+        return exchange_tcp(server, packet).await;
+    }
+    for _ in 0..3 {
+        if let Some(reply) = exchange_udp(server, packet, REPLY_WAIT).await? {
+            return Ok(reply);
+        }
+    }
+    anyhow::bail!("no reply from {server} in 3 tries")
+}
+
+/// A section as comparable text: lower-case, sorted (answer order is the server's choice).
+fn section(records: &[Record]) -> Vec<String> {
+    let mut out: Vec<String> = records.iter().map(|r| r.to_string().to_ascii_lowercase()).collect();
+    out.sort();
+    out
+}
+
+/// The usual zone: two in-zone name servers, every answer fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_no_larger_than_nsds() -> anyhow::Result<()> {
+    compare_with_nsd(&Zone { servers: 2 }, QUESTIONS, &[None, Some(1232)]).await
+}
+
+/// Thirteen in-zone name servers: the glue does not fit 512 bytes (no EDNS) or 700, and both
+/// servers leave out the same RRsets, without TC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glue_that_does_not_fit_is_left_out_as_nsd_does() -> anyhow::Result<()> {
+    let questions = [("example.test.", RecordType::NS), ("Example.TEST.", RecordType::NS), ("nope.example.test.", RecordType::A)];
+    compare_with_nsd(&Zone { servers: 13 }, &questions, &[None, Some(700), Some(1232)]).await
+}
+
+/// Serves `zone` from dnsplan and from NSD, asks both each of `questions` with each EDNS
+/// payload (`None`: no EDNS) over UDP and TCP, prints the sizes and fails on any difference
+/// in what the answers say, or on a dnsplan answer larger than NSD's.
+async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payloads: &[Option<u16>]) -> anyhow::Result<()> {
+    let binary = nsd_binary()?; // first, so a missing NSD says so before anything else
+    let dir = tempfile::tempdir()?;
+    let dnsplan_dir = dir.path().join("dnsplan");
+    let nsd_dir = dir.path().join("nsd");
+    std::fs::create_dir_all(&dnsplan_dir)?;
+    std::fs::create_dir_all(&nsd_dir)?;
+
+    let dnsplan = Dnsplan::start(&dnsplan_dir, zone).await?;
+    let endpoints: Vec<_> = ENDPOINTS
+        .iter()
+        .map(|(name, ttl, addresses)| (*name, endpoint(*ttl, addresses.iter().map(|a| target(a, "a", 1)).collect())))
+        .collect();
+    publish_and_apply(&dnsplan.store, &plan(1, &endpoints)).await?;
+    let serial = dnsplan.store.active_all().await?.applied_changes as u32;
+    // The follower swaps the snapshot in after the apply: wait for the serial it serves.
+    let soa_query = build_query(ORIGIN, RecordType::SOA, support::Ask::default());
+    let start = Instant::now();
+    loop {
+        let reply = Message::from_vec(&exchange(dnsplan.dns, &soa_query, false).await?)?;
+        let served = reply.answers.iter().find_map(|r| match &r.data {
+            RData::SOA(s) => Some(s.serial),
+            _ => None,
+        });
+        if served == Some(serial) {
+            break;
+        }
+        anyhow::ensure!(start.elapsed() < START_DEADLINE, "dnsplan did not serve serial {serial} within {START_DEADLINE:?}");
+        tokio::task::yield_now().await;
+    }
+
+    let nsd = Nsd::start(&nsd_dir, &zone.nsd_zone_file(serial)).await?;
+    eprintln!("nsd: {} on {}; {} name servers", binary.display(), nsd.addr, zone.servers);
+
+    let mut table =
+        String::from("| question | EDNS | dnsplan UDP | NSD UDP | dnsplan TCP | NSD TCP |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
+    let mut failures = Vec::new();
+    for (name, qtype) in questions {
+        for &edns in payloads {
+            let edns_text = edns.map_or("none".to_string(), |size| size.to_string());
+            write!(table, "| `{name} {qtype}` | {edns_text} |")?;
+            for tcp in [false, true] {
+                let ask = support::Ask { edns, tcp, ..support::Ask::default() };
+                let query = build_query(name, *qtype, ask);
+                let ours_raw = exchange(dnsplan.dns, &query, tcp).await?;
+                let theirs_raw = exchange(nsd.addr, &query, tcp).await?;
+                write!(table, " {} | {} |", ours_raw.len(), theirs_raw.len())?;
+                let ours = Message::from_vec(&ours_raw)?;
+                let theirs = Message::from_vec(&theirs_raw)?;
+                let what = format!("{name} {qtype} (EDNS {edns_text}, {})", if tcp { "TCP" } else { "UDP" });
+                let (m, n) = (&ours.metadata, &theirs.metadata);
+                let same = [
+                    ("rcode", m.response_code == n.response_code),
+                    ("AA", m.authoritative == n.authoritative),
+                    ("TC", m.truncation == n.truncation),
+                    ("answer", section(&ours.answers) == section(&theirs.answers)),
+                    ("authority", section(&ours.authorities) == section(&theirs.authorities)),
+                    ("additional", section(&ours.additionals) == section(&theirs.additionals)),
+                    ("EDNS", ours.edns.is_some() == theirs.edns.is_some()),
+                ];
+                for (part, equal) in same {
+                    if !equal {
+                        failures.push(format!("{what}: {part} differs\n  dnsplan: {ours:?}\n  nsd:     {theirs:?}"));
+                    }
+                }
+                if ours_raw.len() > theirs_raw.len() {
+                    failures.push(format!("{what}: dnsplan's answer is {} bytes, NSD's {}", ours_raw.len(), theirs_raw.len()));
+                }
+            }
+            table.push('\n');
+        }
+    }
+    eprintln!("{table}");
+    drop(nsd);
+    dnsplan.stop().await?;
+    assert!(failures.is_empty(), "{} differences from NSD:\n{}", failures.len(), failures.join("\n"));
+    Ok(())
+}
