@@ -1,9 +1,11 @@
 //! The authority's TOML config (`authority.toml`). Unknown keys are errors; every error
 //! names the file, the key and the line.
 
+use crate::control_server;
 use crate::dns_zone::DnsZoneConfig;
 use crate::rrl::{self, IpPrefix, RrlSettings};
 use dnsplan_common::daemon;
+use dnsplan_common::store::WAIT_TIMEOUT_MAX;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -212,6 +214,10 @@ pub struct ControlConfig {
     /// A request body that sends nothing for this long fails.
     #[serde(default = "default_control_body_timeout")]
     pub body_timeout_secs: u64,
+    /// A request that takes longer, body and answer included, gets 503. Above the longest
+    /// long-poll (`GET /v1/wait`, `WAIT_TIMEOUT_MAX`), or every long-poll would be cut.
+    #[serde(default = "default_control_request_timeout")]
+    pub request_timeout_secs: u64,
     /// Most full-state reads served at once (`GET /v1/active` without a limit,
     /// `/v1/plans/{g}`, `/v1/plans/{g}/changes`, `/v1/changes`); more wait their turn.
     #[serde(default = "default_control_full_reads_max")]
@@ -226,6 +232,7 @@ impl Default for ControlConfig {
             connections_max: default_control_connections_max(),
             header_timeout_secs: default_control_header_timeout(),
             body_timeout_secs: default_control_body_timeout(),
+            request_timeout_secs: default_control_request_timeout(),
             full_reads_max: default_control_full_reads_max(),
         }
     }
@@ -248,6 +255,10 @@ fn default_control_header_timeout() -> u64 {
 /// As for headers: a client that pauses this long in the middle of a body is gone or hostile.
 fn default_control_body_timeout() -> u64 {
     10
+}
+/// The longest long-poll, 55 s, plus 5 s to read the request and write the answer.
+fn default_control_request_timeout() -> u64 {
+    control_server::REQUEST_TIMEOUT_DEFAULT.as_secs()
 }
 /// A full read of a 100,000-endpoint zone is tens of MB and hundreds of ms; four at once
 /// keep the memory bounded and leave the store to writers.
@@ -296,6 +307,24 @@ impl AuthorityConfig {
         if control.header_timeout_secs == 0 || control.body_timeout_secs == 0 {
             return Err("control.header_timeout_secs and control.body_timeout_secs must be above 0".into());
         }
+        let long_poll_secs = WAIT_TIMEOUT_MAX.as_secs();
+        if control.request_timeout_secs <= long_poll_secs {
+            return Err(format!(
+                "control.request_timeout_secs: {} s is not above the longest long-poll, {long_poll_secs} s (GET /v1/wait, which \
+                 followers and enactors hold open that long), so every long-poll would be cut; give more than {long_poll_secs} \
+                 (the default is {})",
+                control.request_timeout_secs,
+                default_control_request_timeout()
+            ));
+        }
+        let max_secs = control_server::REQUEST_TIMEOUT_MAX.as_secs();
+        if control.request_timeout_secs > max_secs {
+            return Err(format!(
+                "control.request_timeout_secs: {} s is above {max_secs} s; a request held that long is stuck, and shutdown \
+                 waits this long for requests in flight",
+                control.request_timeout_secs
+            ));
+        }
         match &self.control.token {
             None => Err(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable")),
             Some(t) if t.len() < TOKEN_BYTES_MIN => {
@@ -336,6 +365,28 @@ mod tests {
         let set = load("[dns.rrl]\nresponses_per_sec = 5\nburst_responses = 20\nexempt = [\"192.0.2.0/24\"]\n").expect("loads");
         let settings = set.dns.rrl.settings().expect("on");
         assert_eq!((settings.responses_per_sec, settings.burst_responses, settings.exempt.len()), (5, 20, 1));
+    }
+
+    /// Loads `BASE` with `line` in its `[control]` table.
+    fn load_control(line: &str) -> Result<AuthorityConfig, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let path = dir.path().join("authority.toml");
+        std::fs::write(&path, BASE.replace("[control]\n", &format!("[control]\n{line}\n"))).map_err(|e| e.to_string())?;
+        AuthorityConfig::load(&path).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn the_request_timeout_is_60_s_by_default_and_must_be_above_the_long_poll() {
+        assert_eq!(load("").expect("loads").control.request_timeout_secs, 60);
+        assert_eq!(load_control("request_timeout_secs = 56").expect("loads").control.request_timeout_secs, 56);
+        for value in [55, 30, 0] {
+            let err = load_control(&format!("request_timeout_secs = {value}")).expect_err("at or below the long-poll");
+            for want in ["control.request_timeout_secs", &format!("{value} s"), "long-poll, 55 s"] {
+                assert!(err.contains(want), "{value}: want {want:?} in {err}");
+            }
+        }
+        let err = load_control("request_timeout_secs = 3601").expect_err("above the maximum");
+        assert!(err.contains("control.request_timeout_secs") && err.contains("3600"), "{err}");
     }
 
     #[test]
