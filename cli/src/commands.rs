@@ -1,17 +1,18 @@
 //! The operator commands, against a running stack's control API.
 
 use crate::output::{self, Format, table};
+use crate::plan_file::{self, addresses, diff};
 use crate::workflow::{self, RollbackRequest};
 use clap::Subcommand;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{
-    ActiveRecord, ActiveState, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
-    ValidatedPlan,
+    ActiveRecord, ActiveState, EndpointName, Generation, Heartbeat, PauseState, Provenance, Store, StoreError, ValidatedPlan,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -99,6 +100,30 @@ pub enum PlansCommand {
     Diff { from: u64, to: u64 },
     /// Why each change in a plan was made (its provenance).
     Explain { generation: u64 },
+    /// Publish a plan from a TOML file (the shape `plans show N --output toml` prints; `-`
+    /// reads standard input). Shows the changes against the latest plan and what the guards
+    /// say; publishes only with --yes, then pauses automation (unless --keep-automation) and
+    /// waits until the plan is enacted and served, as a rollback does.
+    Publish {
+        file: PathBuf,
+        /// Why: recorded in the plan and the audit log.
+        #[arg(long)]
+        reason: String,
+        /// Publish. Without it nothing is written.
+        #[arg(long)]
+        yes: bool,
+        #[arg(long)]
+        keep_automation: bool,
+        /// Who publishes (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// The DNS server to check the result on.
+        #[arg(long, default_value = "127.0.0.1:5353")]
+        dns: SocketAddr,
+        /// How long to wait for the plan to be enacted and served.
+        #[arg(long, default_value_t = 60)]
+        wait_secs: u64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -239,6 +264,11 @@ struct StatusView {
 }
 
 pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
+    if client.format == Format::Toml && !matches!(command, Command::Plans { command: PlansCommand::Show { .. } }) {
+        return Err(CliError::Failed(
+            "--output toml is for `dnsplan plans show` (the file `plans publish` reads); use text or json".into(),
+        ));
+    }
     match command {
         Command::Status => status(client).await,
         Command::Plans { command } => plans(client, command).await,
@@ -266,10 +296,6 @@ pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
 
 fn operator_name() -> String {
     std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "operator".into())
-}
-
-fn addresses(endpoint: &Endpoint) -> String {
-    endpoint.targets.iter().map(|t| format!("{} ({}, w{})", t.address, t.zone, t.weight)).collect::<Vec<_>>().join(", ")
 }
 
 async fn status(client: &Client) -> CliResult<ExitCode> {
@@ -424,6 +450,10 @@ async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
                 client.print_json(plan.plan())?;
                 return Ok(ExitCode::SUCCESS);
             }
+            if client.format == Format::Toml {
+                crate::out_raw!("{}", plan_file::to_toml(plan.plan()).map_err(CliError::Failed)?);
+                return Ok(ExitCode::SUCCESS);
+            }
             let p = plan.plan();
             crate::out!("plan {} (parent {}) by {} {}", p.generation, p.parent_generation, p.author, output::ago(p.created_at_unix_ms));
             crate::out!("reason: {}", p.reason);
@@ -453,6 +483,9 @@ async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
                 crate::out!("{}", output::diff_line(sign, &text));
             }
         }
+        PlansCommand::Publish { file, reason, yes, keep_automation, by, dns, wait_secs } => {
+            return publish_file(client, &file, &reason, yes, keep_automation, by, dns, Duration::from_secs(wait_secs)).await;
+        }
         PlansCommand::Explain { generation } => {
             let plan = plan_or_explain(client, Generation(generation)).await?;
             let p = plan.plan();
@@ -476,39 +509,6 @@ async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `(sign, text)` lines from plan `a` to plan `b`.
-fn diff(a: &Plan, b: &Plan) -> Vec<(char, String)> {
-    let mut lines = Vec::new();
-    let names: BTreeSet<&EndpointName> = a.endpoints.keys().chain(b.endpoints.keys()).collect();
-    for name in names {
-        match (a.endpoints.get(name), b.endpoints.get(name)) {
-            (Some(_), None) if b.retired.contains(name) => lines.push(('-', format!("{name} (retired)"))),
-            (Some(_), None) => {} // absent from a plan: left as it was
-            (None, Some(e)) => lines.push(('+', format!("{name} ttl {} {}", e.ttl_secs, addresses(e)))),
-            (Some(x), Some(y)) => {
-                if x.ttl_secs != y.ttl_secs {
-                    lines.push(('-', format!("{name} ttl {}", x.ttl_secs)));
-                    lines.push(('+', format!("{name} ttl {}", y.ttl_secs)));
-                }
-                let old: BTreeMap<IpAddr, _> = x.targets.iter().map(|t| (t.address, t)).collect();
-                let new: BTreeMap<IpAddr, _> = y.targets.iter().map(|t| (t.address, t)).collect();
-                for (addr, t) in &old {
-                    if new.get(addr) != Some(t) {
-                        lines.push(('-', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
-                    }
-                }
-                for (addr, t) in &new {
-                    if old.get(addr) != Some(t) {
-                        lines.push(('+', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
-                    }
-                }
-            }
-            (None, None) => {}
-        }
-    }
-    lines
-}
-
 async fn rollback(
     client: &Client,
     to: Generation,
@@ -527,6 +527,12 @@ async fn rollback(
     }
     let g = plan.generation();
     crate::out!("published plan {g} with the content of plan {to}");
+    wait_enacted_and_served(client, &plan, dns, wait).await
+}
+
+/// Waits until `plan` is enacted and served on `dns`, saying how it goes.
+async fn wait_enacted_and_served(client: &Client, plan: &ValidatedPlan, dns: SocketAddr, wait: Duration) -> CliResult<ExitCode> {
+    let g = plan.generation();
     let deadline = Instant::now() + wait;
     let enacted = workflow::wait_enacted(&client.store, plan.plan(), deadline, |behind| {
         crate::out!("waiting: {} endpoint(s) do not serve plan {g}'s content yet, e.g. {}", behind.len(), behind[0].endpoint);
@@ -545,6 +551,85 @@ async fn rollback(
     }
     crate::out!("served: every endpoint answers with plan {g}'s addresses on {dns}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `dnsplan plans publish FILE`: preview, and with `yes` publish and wait.
+#[allow(clippy::too_many_arguments)]
+async fn publish_file(
+    client: &Client,
+    file: &Path,
+    reason: &str,
+    yes: bool,
+    keep_automation: bool,
+    by: Option<String>,
+    dns: SocketAddr,
+    wait: Duration,
+) -> CliResult<ExitCode> {
+    let text = if file == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).map_err(|e| CliError::Failed(format!("cannot read the plan from standard input: {e}")))?
+    } else {
+        std::fs::read_to_string(file).map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?
+    };
+    let parsed = plan_file::PlanFile::parse(&text).map_err(|e| CliError::Refused(format!("{} is not a plan file: {e}", file.display())))?;
+    let by = by.unwrap_or_else(operator_name);
+    let mut preview = plan_file::preview(&client.store, parsed, reason, &by).await?;
+    if yes && preview.refused.is_none() {
+        plan_file::publish(&client.store, &mut preview, &by, keep_automation).await.map_err(|err| match err {
+            StoreError::Conflict { latest, .. } => CliError::Refused(format!(
+                "plan {latest} was published while this one was being checked; run the command again to see the changes against it"
+            )),
+            other => CliError::from(other),
+        })?;
+    }
+    if client.format == Format::Json {
+        client.print_json(&preview)?;
+    } else {
+        print_preview(&preview, keep_automation);
+    }
+    if let Some(why) = &preview.refused {
+        return Err(CliError::Refused(format!("not published: {why}")));
+    }
+    match (&preview.plan, preview.published) {
+        (Some(plan), true) => wait_enacted_and_served(client, plan, dns, wait).await,
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn print_preview(preview: &plan_file::Preview, keep_automation: bool) {
+    let based = preview.based_on.map(|g| format!(" (the file was made from plan {g})")).unwrap_or_default();
+    crate::out!("plan {} would follow plan {}{based}", preview.generation, preview.latest);
+    crate::out!("changes against plan {}:", preview.latest);
+    if preview.changes.is_empty() {
+        crate::out!("  (none)");
+    }
+    for line in &preview.changes {
+        let (sign, text) = line.split_at(1);
+        crate::out!("  {}", output::diff_line(sign.chars().next().unwrap_or(' '), text.trim_start()));
+    }
+    if !preview.kept.is_empty() {
+        crate::out!("{} endpoint(s) not in the file are kept as plan {} serves them", preview.kept.len(), preview.latest);
+    }
+    crate::out!(
+        "guards: {} of {} endpoints change (planner's breaker: {:.0}%); largest weight removed: {} (enactors' limit: {:.0}%, not applied to an operator's plan)",
+        preview.endpoints_changed,
+        preview.endpoints_total,
+        preview.breaker_fraction * 100.0,
+        preview.removals.first().map_or("none".to_owned(), |r| format!("{:.0}% of {}", r.fraction * 100.0, r.endpoint)),
+        preview.removal_limit * 100.0,
+    );
+    for warning in &preview.warnings {
+        crate::out!("warning: {warning}");
+    }
+    match (&preview.refused, preview.published) {
+        (Some(_), _) => {}
+        (None, true) => {
+            if !keep_automation {
+                crate::out!("automation paused (resume with `dnsplan resume`)");
+            }
+            crate::out!("published plan {}", preview.generation);
+        }
+        (None, false) => crate::out!("not published: run again with --yes to publish plan {}", preview.generation),
+    }
 }
 
 async fn verify(client: &Client, dns: SocketAddr, wait: Duration) -> CliResult<ExitCode> {

@@ -2,12 +2,14 @@
 //!
 //! `args` is the command line; `up` runs the whole stack on one embedded store; `commands`
 //! are the operator commands over the control API; `workflow` the rollback and verify logic
-//! they run, as library functions over any store; `demo` the demo backends; `output` the
+//! they run, as library functions over any store; `plan_file` plans as TOML files (`plans show
+//! --output toml`, `plans publish`); `demo` the demo backends; `output` the
 //! tables, diffs and JSON.
 
 pub mod args;
 pub mod commands;
 pub mod demo;
 pub mod output;
+pub mod plan_file;
 pub mod up;
 pub mod workflow;

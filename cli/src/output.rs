@@ -25,6 +25,8 @@ macro_rules! out_raw {
 pub enum Format {
     Text,
     Json,
+    /// Only `plans show`: the plan file `plans publish` reads.
+    Toml,
 }
 
 /// Columns padded to their widest cell; the last column is not padded.

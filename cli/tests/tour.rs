@@ -162,6 +162,30 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
     let json: serde_json::Value = serde_json::from_str(&ok(&dnsplan(&up, &["--output", "json", "plans", "list"])?))?;
     assert!(json.as_array().is_some_and(|plans| plans.len() >= 5), "{json}");
 
+    // A plan as a file: printed as TOML, edited (api without .11), previewed, then published
+    // with --yes: enacted, served, automation paused.
+    let latest = store.latest().await?;
+    let printed = ok(&dnsplan(&up, &["--output", "toml", "plans", "show", &latest.to_string()])?);
+    let mut file: toml::Table = printed.parse()?;
+    let api = file
+        .get_mut("endpoints")
+        .and_then(|e| e.get_mut("api.example.test."))
+        .and_then(|a| a.get_mut("targets"))
+        .and_then(|t| t.as_array_mut())
+        .ok_or_else(|| anyhow::anyhow!("no api targets in\n{printed}"))?;
+    api.retain(|t| t.get("address").and_then(|a| a.as_str()) != Some("127.0.0.11"));
+    let path = dir.path().join("plan.toml");
+    std::fs::write(&path, toml::to_string(&file)?)?;
+    let path = path.to_string_lossy().into_owned();
+    let preview = ok(&dnsplan(&up, &["plans", "publish", &path, "--reason", "drain .11"])?);
+    assert!(preview.contains("- api.example.test. 127.0.0.11 zone a weight 1") && preview.contains("not published"), "{preview}");
+    assert_eq!(store.latest().await?, latest, "a preview publishes nothing");
+    let published = ok(&dnsplan(&up, &["plans", "publish", &path, "--reason", "drain .11", "--yes", "--dns", &up.dns.to_string()])?);
+    assert!(published.contains("published plan") && published.contains("served"), "{published}");
+    until_dns(up.dns, "api.example.test.", |a| !a.contains(&failed)).await?;
+    let status = ok(&dnsplan(&up, &["status"])?);
+    assert!(status.contains("PAUSED"), "{status}");
+
     // Clear errors and exit codes.
     let wrong = Command::new(env!("CARGO_BIN_EXE_dnsplan"))
         .args(["--control", &up.control, "--token", "wrong-token-0123456789", "pause", "--reason", "x"])
