@@ -222,6 +222,10 @@ pub struct ControlConfig {
     /// `/v1/plans/{g}`, `/v1/plans/{g}/changes`, `/v1/changes`); more wait their turn.
     #[serde(default = "default_control_full_reads_max")]
     pub full_reads_max: usize,
+    /// Most `/v1/status` summaries computed at once; more wait their turn, so that clients
+    /// polling it as fast as they can take at most this many cores from writes and DNS.
+    #[serde(default = "default_control_status_reads_max")]
+    pub status_reads_max: usize,
 }
 
 impl Default for ControlConfig {
@@ -234,6 +238,7 @@ impl Default for ControlConfig {
             body_timeout_secs: default_control_body_timeout(),
             request_timeout_secs: default_control_request_timeout(),
             full_reads_max: default_control_full_reads_max(),
+            status_reads_max: default_control_status_reads_max(),
         }
     }
 }
@@ -264,6 +269,11 @@ fn default_control_request_timeout() -> u64 {
 /// keep the memory bounded and leave the store to writers.
 fn default_control_full_reads_max() -> usize {
     4
+}
+/// A summary takes about a millisecond: one at a time answers a thousand pollers a second
+/// and leaves the other cores to writes (bench/status.sh).
+fn default_control_status_reads_max() -> usize {
+    1
 }
 
 impl AuthorityConfig {
@@ -301,8 +311,8 @@ impl AuthorityConfig {
             return Err("dns.tcp_connections_max and dns.tcp_idle_timeout_secs must be above 0".into());
         }
         let control = &self.control;
-        if control.connections_max == 0 || control.full_reads_max == 0 {
-            return Err("control.connections_max and control.full_reads_max must be above 0".into());
+        if control.connections_max == 0 || control.full_reads_max == 0 || control.status_reads_max == 0 {
+            return Err("control.connections_max, control.full_reads_max and control.status_reads_max must be above 0".into());
         }
         if control.header_timeout_secs == 0 || control.body_timeout_secs == 0 {
             return Err("control.header_timeout_secs and control.body_timeout_secs must be above 0".into());

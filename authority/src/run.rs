@@ -163,7 +163,9 @@ pub async fn run_with_extras<S: Store>(
                         status(ctl, serving, q).await
                     }
                 }
-            }),
+            })
+            // Pollers take turns: a flood of them cannot take every core from writes.
+            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.control.status_reads_max)),
         )
         .with_state(ctl)
         .route("/metrics", get(render));

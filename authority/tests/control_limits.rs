@@ -1,7 +1,7 @@
 //! What a client can hold of the control API: half-sent requests and bodies and idle
 //! keep-alive connections are closed after their timeouts, connections over the cap wait to
-//! be accepted, full-state reads are served a few at a time, and a normal request is
-//! answered while abusive ones are held.
+//! be accepted, full-state reads are served a few at a time and status summaries one at a
+//! time, and a normal request is answered while abusive ones are held.
 //!
 //! Before the limits (axum's `serve`, which sets no timer for hyper), half-sent requests and
 //! idle connections were held for as long as the client liked and every connection was
@@ -10,7 +10,7 @@
 mod support;
 
 use dnsplan_authority::config::AuthorityConfig;
-use dnsplan_authority::run::{Bound, run};
+use dnsplan_authority::run::{Bound, run_with_store};
 use dnsplan_common::store::{CleanupDecision, CleanupReport, Lease};
 use dnsplan_common::{
     ActiveRecord, ActiveSnapshot, ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PauseState, PlanSummary, SledStore, Store,
@@ -38,6 +38,11 @@ struct Control {
 impl Control {
     /// An authority whose `[control]` table has `limits` (TOML lines) besides listen and token.
     async fn start(dir: &Path, limits: &str) -> anyhow::Result<Control> {
+        Control::start_with(SledStore::open(dir.join("data"))?, dir, limits).await
+    }
+
+    /// As `start`, on `store`.
+    async fn start_with<S: Store>(store: S, dir: &Path, limits: &str) -> anyhow::Result<Control> {
         std::fs::write(dir.join("zone.db"), support::ZONE_FILE)?;
         let text = format!(
             "data_dir = \"{data}\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n{limits}\n\
@@ -53,7 +58,7 @@ impl Control {
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
         let dir = dir.to_path_buf();
         let task = tokio::spawn(async move {
-            run(config, &dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
+            run_with_store(store, config, &dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
                 let _ = bound_tx.send(b);
             })
             .await
@@ -327,4 +332,40 @@ async fn full_state_reads_are_served_a_few_at_a_time() -> anyhow::Result<()> {
     }
     assert_eq!(store.inside_max.load(Ordering::SeqCst), FULL_READS_MAX);
     Ok(())
+}
+
+/// `/v1/status` summaries beyond `status_reads_max` wait for one to finish; other routes are
+/// served meanwhile. Without the limit every poller computes its summary at once, on every
+/// core (checked once by removing the layer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_summaries_are_computed_one_at_a_time() -> anyhow::Result<()> {
+    const READERS: usize = 4;
+    let dir = tempfile::tempdir()?;
+    // Open while the authority loads its first snapshot (a page read goes through the gate).
+    let (open, _) = tokio::sync::watch::channel(true);
+    let store = Gated { inner: SledStore::open(dir.path().join("data"))?, open, inside: Arc::default(), inside_max: Arc::default() };
+    let control = Control::start_with(store.clone(), dir.path(), "status_reads_max = 1").await?;
+    store.open.send_replace(false);
+    store.inside_max.store(0, Ordering::SeqCst);
+
+    let client = reqwest::Client::builder().timeout(DEADLINE).build()?;
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let request = client.get(format!("http://{}/v1/status", control.addr));
+            tokio::spawn(async move { request.send().await.map(|r| r.status()) })
+        })
+        .collect();
+    let started = Instant::now();
+    while store.inside.load(Ordering::SeqCst) < 1 {
+        assert!(started.elapsed() < DEADLINE, "no status read reached the store");
+        tokio::task::yield_now().await;
+    }
+    version_answers(control.addr).await?;
+    assert_eq!(store.inside_max.load(Ordering::SeqCst), 1, "status reads in the store at once");
+    store.open.send_replace(true);
+    for reader in readers {
+        assert_eq!(reader.await??, 200);
+    }
+    assert_eq!(store.inside_max.load(Ordering::SeqCst), 1, "status reads in the store at once");
+    control.stop().await
 }
