@@ -13,7 +13,7 @@ use dnsplan_common::{EndpointName, Generation, Store, ValidatedPlan, ZoneId};
 use dnsplan_enactor::config::VerifySettings;
 use dnsplan_enactor::hooks::{Behaviour, Event, HookFuture, Hooks};
 use dnsplan_enactor::metrics::ReasonLabels;
-use dnsplan_enactor::{Enactor, Metrics, Settings};
+use dnsplan_enactor::{Enactor, Families, Settings};
 use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
 use dnsplan_tests::stack::Authority;
 use dnsplan_tests::watch::{self, Watcher};
@@ -196,7 +196,7 @@ pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Ou
         events: events_tx,
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut registry = Registry::default();
+    let families = Families::register(&mut Registry::default());
     let mut tasks = Vec::new();
     let mut a_metrics = None;
     for id in ["a", "b", "c"] {
@@ -208,7 +208,7 @@ pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Ou
         // No reconcile during the story: the sequence, not the timer, must decide.
         settings.reconcile_interval = Duration::from_secs(3_600);
         settings.verify = Some(VerifySettings { dns_server: authority.dns, timeout: Duration::from_secs(5), endpoints_max: 100 });
-        let metrics = Arc::new(Metrics::register(&mut registry, id));
+        let metrics = Arc::new(families.enactor(id));
         if id == "a" {
             a_metrics = Some(metrics.clone());
         }

@@ -227,8 +227,9 @@ impl Stack {
 
         let mut registry = Registry::with_prefix("dnsplan");
         let planner_metrics = Arc::new(dnsplan_planner::metrics::Metrics::register(&mut registry, &planner_config.id));
-        let enactor_metrics: Vec<_> =
-            self.enactors.iter().map(|e| Arc::new(dnsplan_enactor::Metrics::register(&mut registry, &e.id))).collect();
+        // One family per metric, a series per enactor: Prometheus refuses a name described twice.
+        let enactor_families = dnsplan_enactor::Families::register(&mut registry);
+        let enactor_metrics: Vec<_> = self.enactors.iter().map(|e| Arc::new(enactor_families.enactor(&e.id))).collect();
         let registry = Arc::new(registry);
 
         let book = Arc::new(HealthBook::default());

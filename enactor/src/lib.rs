@@ -19,4 +19,4 @@ pub mod verify;
 
 pub use config::{EnactorConfig, Settings};
 pub use enactor::Enactor;
-pub use metrics::Metrics;
+pub use metrics::{Families, Metrics};

@@ -1,6 +1,11 @@
 //! The enactor's Prometheus metrics. Every series carries the label `enactor="<id>"`, so that
 //! several enactors can share one registry (the one-process stack) without colliding.
 //!
+//! Each metric is registered once per registry, as one family over every enactor in it
+//! ([`Families`]); an enactor's [`Metrics`] are its handles into those families. Registering
+//! the same names again for a second enactor (a labelled sub-registry each, as before) wrote
+//! every `# HELP`/`# TYPE` line once per enactor, which Prometheus refuses to parse.
+//!
 //! The refusal and abandonment series exist from the start, at 0, for every reason: an alert
 //! on `increase()` sees the first refusal (a series born at 1 has no increase), and
 //! prometheus-client lists no family without a series, not even its `# TYPE` line.
@@ -11,7 +16,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::borrow::Cow;
+use std::hash::Hash;
+use std::sync::Arc;
+
+/// The label every enactor series carries.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EnactorLabels {
+    pub enactor: Arc<String>,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -35,22 +47,147 @@ pub const REFUSAL_REASONS: [&str; 3] = ["invalid", "removal", "content_mismatch"
 /// Every reason `Metrics::abandoned` takes.
 pub const ABANDON_REASONS: [&str; 4] = ["newer_plan", "pruned", "deadline", "store_error"];
 
+fn apply_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+type PerEnactor<M> = Family<EnactorLabels, M>;
+type PerEnactorBy<L> = Family<(EnactorLabels, L), Counter>;
+
+/// The enactor metric families of one registry, each registered once, with a series per
+/// enactor. Clones share the families.
+#[derive(Clone, Debug)]
+pub struct Families {
+    apply_seconds: Family<EnactorLabels, Histogram, fn() -> Histogram>,
+    writes: PerEnactorBy<OutcomeLabels>,
+    plans_applied: PerEnactor<Counter>,
+    skipped_unchanged: PerEnactor<Counter>,
+    plan_reads: PerEnactorBy<HowLabels>,
+    plans_abandoned: PerEnactorBy<ReasonLabels>,
+    refusals: PerEnactorBy<ReasonLabels>,
+    store_retries: PerEnactor<Counter>,
+    store_errors: PerEnactor<Counter>,
+    verify_failures: PerEnactor<Counter>,
+    cleanup_deleted_plans: PerEnactor<Counter>,
+    last_applied_generation: PerEnactor<Gauge>,
+    latest_generation: PerEnactor<Gauge>,
+    lag_generations: PerEnactor<Gauge>,
+}
+
+impl Families {
+    /// Registers the enactor families in `registry` under `dnsplan_enactor_` (with the
+    /// registry's `dnsplan` prefix). Once per registry: every enactor that shares it takes
+    /// its [`Metrics`] from the one `Families` ([`Families::enactor`]).
+    pub fn register(registry: &mut Registry) -> Families {
+        let f = Families {
+            apply_seconds: Family::new_with_constructor(apply_histogram),
+            writes: Family::default(),
+            plans_applied: Family::default(),
+            skipped_unchanged: Family::default(),
+            plan_reads: Family::default(),
+            plans_abandoned: Family::default(),
+            refusals: Family::default(),
+            store_retries: Family::default(),
+            store_errors: Family::default(),
+            verify_failures: Family::default(),
+            cleanup_deleted_plans: Family::default(),
+            last_applied_generation: Family::default(),
+            latest_generation: Family::default(),
+            lag_generations: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("enactor");
+        r.register("apply_duration_seconds", "Time to apply one plan fully", f.apply_seconds.clone());
+        r.register("endpoint_writes", "Endpoint writes by outcome (stale: a newer plan was already there)", f.writes.clone());
+        r.register("plans_applied", "Plans applied fully", f.plans_applied.clone());
+        r.register(
+            "endpoints_skipped_unchanged",
+            "Endpoints not written because nothing changed them since the plan applied before",
+            f.skipped_unchanged.clone(),
+        );
+        r.register(
+            "plan_reads",
+            "Plans read from the store, by how (changes: only what changed since the plan applied before; whole)",
+            f.plan_reads.clone(),
+        );
+        r.register("plans_abandoned", "Plans left unfinished, by reason", f.plans_abandoned.clone());
+        r.register("refusals", "Plans refused by the enactor's own checks, by reason", f.refusals.clone());
+        r.register("store_retries", "Store calls retried after a transient error", f.store_retries.clone());
+        r.register("store_errors", "Store calls that failed after every retry", f.store_errors.clone());
+        r.register("verify_failures", "Applied plans the authority did not serve within the verify timeout", f.verify_failures.clone());
+        r.register("cleanup_deleted_plans", "Plans deleted by this enactor's cleanups", f.cleanup_deleted_plans.clone());
+        r.register("last_applied_generation", "Last generation applied fully", f.last_applied_generation.clone());
+        r.register("latest_generation", "Latest published generation seen", f.latest_generation.clone());
+        r.register("lag_generations", "Generations behind the latest plan", f.lag_generations.clone());
+        f
+    }
+
+    /// The metrics of the enactor `id`: its series in every family, created now (at 0).
+    /// Asking twice for one id gives handles to the same series.
+    pub fn enactor(&self, id: &str) -> Metrics {
+        let label = EnactorLabels { enactor: Arc::new(id.to_owned()) };
+        let m = Metrics {
+            apply_seconds: self.apply_seconds.get_or_create(&label).clone(),
+            writes: ByLabel::new(&self.writes, &label),
+            plans_applied: self.plans_applied.get_or_create(&label).clone(),
+            skipped_unchanged: self.skipped_unchanged.get_or_create(&label).clone(),
+            plan_reads: ByLabel::new(&self.plan_reads, &label),
+            plans_abandoned: ByLabel::new(&self.plans_abandoned, &label),
+            refusals: ByLabel::new(&self.refusals, &label),
+            store_retries: self.store_retries.get_or_create(&label).clone(),
+            store_errors: self.store_errors.get_or_create(&label).clone(),
+            verify_failures: self.verify_failures.get_or_create(&label).clone(),
+            cleanup_deleted_plans: self.cleanup_deleted_plans.get_or_create(&label).clone(),
+            last_applied_generation: self.last_applied_generation.get_or_create(&label).clone(),
+            latest_generation: self.latest_generation.get_or_create(&label).clone(),
+            lag_generations: self.lag_generations.get_or_create(&label).clone(),
+        };
+        for reason in REFUSAL_REASONS {
+            let _ = m.refusals.get_or_create(&ReasonLabels { reason });
+        }
+        for reason in ABANDON_REASONS {
+            let _ = m.plans_abandoned.get_or_create(&ReasonLabels { reason });
+        }
+        m
+    }
+}
+
+/// One enactor's counters of a family with a second label (outcome, reason, how): the
+/// family shared by every enactor of the registry, with this enactor's label.
+#[derive(Clone, Debug)]
+pub struct ByLabel<L> {
+    family: PerEnactorBy<L>,
+    enactor: EnactorLabels,
+}
+
+impl<L: Clone + Hash + Eq> ByLabel<L> {
+    fn new(family: &PerEnactorBy<L>, enactor: &EnactorLabels) -> ByLabel<L> {
+        ByLabel { family: family.clone(), enactor: enactor.clone() }
+    }
+
+    /// This enactor's counter for `labels` (a handle: it counts into the family).
+    pub fn get_or_create(&self, labels: &L) -> Counter {
+        self.family.get_or_create(&(self.enactor.clone(), labels.clone())).clone()
+    }
+}
+
+/// One enactor's metrics: handles into its registry's [`Families`], every series labelled
+/// `enactor="<id>"`.
 #[derive(Debug)]
 pub struct Metrics {
     /// Time to apply one plan fully (verification excluded).
     pub apply_seconds: Histogram,
     /// Endpoint writes by outcome: `switched`, `unchanged`, `stale` (a newer plan was there).
-    pub writes: Family<OutcomeLabels, Counter>,
+    pub writes: ByLabel<OutcomeLabels>,
     pub plans_applied: Counter,
     /// Endpoints not written because nothing changed them since the base plan.
     pub skipped_unchanged: Counter,
     /// Plans read from the store, by how: `changes` (only what changed since the base plan)
     /// or `whole`.
-    pub plan_reads: Family<HowLabels, Counter>,
+    pub plan_reads: ByLabel<HowLabels>,
     /// Plans left unfinished, by reason: `newer_plan`, `pruned`, `deadline`, `store_error`.
-    pub plans_abandoned: Family<ReasonLabels, Counter>,
-    /// Plans refused, by reason: `invalid`, `removal`.
-    pub refusals: Family<ReasonLabels, Counter>,
+    pub plans_abandoned: ByLabel<ReasonLabels>,
+    /// Plans refused, by reason: `invalid`, `removal`, `content_mismatch`.
+    pub refusals: ByLabel<ReasonLabels>,
     pub store_retries: Counter,
     pub store_errors: Counter,
     pub verify_failures: Counter,
@@ -62,54 +199,12 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers the enactor's metrics in `registry` under `dnsplan_enactor_`, labelled with `id`.
+    /// Registers the enactor families in `registry` and returns the metrics of the one
+    /// enactor `id` (the daemon, a test). Several enactors in one registry take theirs from
+    /// one [`Families`] instead: calling this twice on one registry registers every name
+    /// twice.
     pub fn register(registry: &mut Registry, id: &str) -> Metrics {
-        let m = Metrics {
-            apply_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            writes: Family::default(),
-            plans_applied: Counter::default(),
-            skipped_unchanged: Counter::default(),
-            plan_reads: Family::default(),
-            plans_abandoned: Family::default(),
-            refusals: Family::default(),
-            store_retries: Counter::default(),
-            store_errors: Counter::default(),
-            verify_failures: Counter::default(),
-            cleanup_deleted_plans: Counter::default(),
-            last_applied_generation: Gauge::default(),
-            latest_generation: Gauge::default(),
-            lag_generations: Gauge::default(),
-        };
-        let r = registry.sub_registry_with_prefix("enactor").sub_registry_with_label((Cow::Borrowed("enactor"), Cow::Owned(id.to_owned())));
-        r.register("apply_duration_seconds", "Time to apply one plan fully", m.apply_seconds.clone());
-        r.register("endpoint_writes", "Endpoint writes by outcome (stale: a newer plan was already there)", m.writes.clone());
-        r.register("plans_applied", "Plans applied fully", m.plans_applied.clone());
-        r.register(
-            "endpoints_skipped_unchanged",
-            "Endpoints not written because nothing changed them since the plan applied before",
-            m.skipped_unchanged.clone(),
-        );
-        r.register(
-            "plan_reads",
-            "Plans read from the store, by how (changes: only what changed since the plan applied before; whole)",
-            m.plan_reads.clone(),
-        );
-        r.register("plans_abandoned", "Plans left unfinished, by reason", m.plans_abandoned.clone());
-        r.register("refusals", "Plans refused by the enactor's own checks, by reason", m.refusals.clone());
-        r.register("store_retries", "Store calls retried after a transient error", m.store_retries.clone());
-        r.register("store_errors", "Store calls that failed after every retry", m.store_errors.clone());
-        r.register("verify_failures", "Applied plans the authority did not serve within the verify timeout", m.verify_failures.clone());
-        r.register("cleanup_deleted_plans", "Plans deleted by this enactor's cleanups", m.cleanup_deleted_plans.clone());
-        r.register("last_applied_generation", "Last generation applied fully", m.last_applied_generation.clone());
-        r.register("latest_generation", "Latest published generation seen", m.latest_generation.clone());
-        r.register("lag_generations", "Generations behind the latest plan", m.lag_generations.clone());
-        for reason in REFUSAL_REASONS {
-            let _ = m.refusals.get_or_create(&ReasonLabels { reason });
-        }
-        for reason in ABANDON_REASONS {
-            let _ = m.plans_abandoned.get_or_create(&ReasonLabels { reason });
-        }
-        m
+        Families::register(registry).enactor(id)
     }
 
     pub fn write(&self, outcome: &'static str) {
@@ -148,6 +243,35 @@ mod tests {
                 let want = format!("dnsplan_enactor_{family}_total{{enactor=\"enactor-a\",reason=\"{reason}\"}} {count}");
                 assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
             }
+        }
+    }
+
+    /// Enactors sharing one registry are one family per metric, each enactor a series of it:
+    /// every `# HELP` and `# TYPE` line appears once, as Prometheus requires. With a
+    /// `Metrics::register` per enactor on one registry (how `dnsplan up` registered its three
+    /// enactors) each appeared once per enactor.
+    #[test]
+    fn enactors_sharing_a_registry_are_one_family_each() {
+        let mut registry = Registry::with_prefix("dnsplan");
+        let families = Families::register(&mut registry);
+        let (a, b) = (families.enactor("enactor-a"), families.enactor("enactor-b"));
+        a.plans_applied.inc();
+        b.refused("invalid");
+        a.apply_seconds.observe(0.5);
+        let text = dnsplan_common::daemon::metrics_text(&registry);
+        let mut seen = std::collections::BTreeSet::new();
+        for line in text.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
+            assert!(seen.insert(line), "repeated: {line}\n{text}");
+        }
+        for want in [
+            "dnsplan_enactor_plans_applied_total{enactor=\"enactor-a\"} 1",
+            "dnsplan_enactor_plans_applied_total{enactor=\"enactor-b\"} 0",
+            "dnsplan_enactor_refusals_total{enactor=\"enactor-b\",reason=\"invalid\"} 1",
+            "dnsplan_enactor_refusals_total{enactor=\"enactor-a\",reason=\"invalid\"} 0",
+            "dnsplan_enactor_apply_duration_seconds_count{enactor=\"enactor-a\"} 1",
+            "dnsplan_enactor_apply_duration_seconds_count{enactor=\"enactor-b\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
         }
     }
 }

@@ -355,3 +355,101 @@ async fn rules_and_dashboard_query_only_exported_metrics() -> anyhow::Result<()>
     assert!(queried.keys().any(|n| n.starts_with("dnsplan_")), "the rules and the dashboard query no dnsplan metric at all");
     Ok(())
 }
+
+/// `promtool check metrics` on `text` (stdin): fails with its output unless it passes.
+fn promtool_check_metrics(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("promtool is not installed: install the Debian package `prometheus`; this check is not skipped without it")
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let mut stdin = child.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?;
+    let input = text.to_owned();
+    // Written from a thread: promtool may answer before it has read everything.
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let output = child.wait_with_output()?;
+    let _ = writer.join();
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    // promtool reads the Prometheus text format, where a counter's samples carry the family's
+    // name; OpenMetrics (what `/metrics` serves) describes the family `x` and names its
+    // samples `x_total`. So promtool finds `x_total` "without help" while `# HELP x` is
+    // there: exit 3 (lint findings) with only such lines is a pass. A parse error (a second
+    // HELP line, a malformed sample) is exit 1, and any other finding fails too.
+    const LINT_FINDINGS: i32 = 3;
+    let only_open_metrics_counters = output.status.code() == Some(LINT_FINDINGS)
+        && said.lines().filter(|l| !l.trim().is_empty()).all(|line| {
+            line.strip_suffix(" no help text")
+                .and_then(|name| name.strip_suffix("_total"))
+                .is_some_and(|family| text.lines().any(|l| l.starts_with(&format!("# HELP {family} "))))
+        });
+    anyhow::ensure!(
+        output.status.success() || only_open_metrics_counters,
+        "promtool check metrics: {}\n{said}\n--- the exposition:\n{text}",
+        output.status
+    );
+    Ok(())
+}
+
+/// The one-process stack's `/metrics` (the authority's registry and the planner's and three
+/// enactors' behind one endpoint) is exposition text Prometheus accepts: `promtool check
+/// metrics` parses and lints it. With each enactor registering its families again (a
+/// labelled sub-registry each), every `dnsplan_enactor_*` `# HELP` and `# TYPE` line came
+/// three times and promtool said "second HELP line for metric name
+/// dnsplan_enactor_apply_duration_seconds"; checked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_stack_metrics_pass_promtool() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
+    let config_path = dir.path().join("dnsplan.toml");
+    std::fs::write(&config_path, config)?;
+    let loopback_any: SocketAddr = "127.0.0.1:0".parse()?;
+    let overrides = Overrides { data_dir: Some(dir.path().join("data")), dns: Some(loopback_any), control: Some(loopback_any) };
+    let stack = Stack::load(Some(&config_path), overrides)?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(stack.run(
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |ready| {
+            let _ = ready_tx.send((ready.dns, ready.control));
+        },
+    ));
+    let (dns, control) = match ready_rx.await {
+        Ok(bound) => bound,
+        Err(_) => anyhow::bail!("the stack stopped before it was ready: {:?}", task.await?),
+    };
+    let result = async {
+        // A DNS query, so the query families have series too.
+        dns_probe::query(dns, "api.example.test.", RecordType::A, Duration::from_secs(5)).await?;
+        let url = format!("http://{control}/metrics");
+        let started = Instant::now();
+        // Until every enactor has applied a plan: then every family has its series.
+        loop {
+            let text = reqwest::get(&url).await?.error_for_status()?.text().await?;
+            let applied = ["a", "b", "c"].iter().all(|z| {
+                let prefix = format!("dnsplan_enactor_plans_applied_total{{enactor=\"enactor-{z}\"}} ");
+                text.lines().any(|l| l.strip_prefix(&prefix).is_some_and(|n| n != "0"))
+            });
+            if applied {
+                break anyhow::Ok(text);
+            }
+            anyhow::ensure!(started.elapsed() < WITHIN, "the stack did not apply a plan everywhere within {WITHIN:?}:\n{text}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    .await;
+    let _ = stop_tx.send(());
+    task.await??;
+    promtool_check_metrics(&result?)
+}
