@@ -10,7 +10,6 @@ pub struct Args {
     /// Path to authority.toml.
     #[arg(long, short)]
     pub config: PathBuf,
-    /// Log format.
-    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-    pub log_format: String,
+    #[command(flatten)]
+    pub log: dnsplan_common::daemon::LogArgs,
 }

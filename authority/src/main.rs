@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    dnsplan_common::daemon::init(&args.log_format);
+    dnsplan_common::daemon::init(args.log.log_format);
     // Before any socket or file is opened: connections come out of this limit.
     dnsplan_common::open_files::raise_to_hard();
     // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.

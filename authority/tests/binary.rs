@@ -92,3 +92,23 @@ fn exit_of(command: &mut Command) -> anyhow::Result<(Option<ExitStatus>, String)
         }
     }
 }
+
+/// Log lines on a pipe: `text` (the default) carries no ANSI colour codes, since stderr is
+/// not a terminal, and `--log-format json` is one JSON object a line. Before colours
+/// followed the stream, the text lines came with escapes (`\x1b[2m`); checked once.
+#[test]
+fn logs_on_a_pipe_are_plain_text_or_json_lines() -> anyhow::Result<()> {
+    use dnsplan_tests::daemon::{assert_json_lines, assert_plain_text, log_lines_until};
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("zone.db"), support::ZONE_FILE)?;
+    let config = dir.path().join("authority.toml");
+    std::fs::write(&config, support::config_text(&dir.path().join("data"), 8))?;
+    let authority = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan-authority"));
+        command.arg("--config").arg(&config);
+        command
+    };
+    assert_plain_text(&log_lines_until(&mut authority(), "authority serving", EXIT_WAIT)?);
+    assert_json_lines(&log_lines_until(authority().args(["--log-format", "json"]), "authority serving", EXIT_WAIT)?);
+    Ok(())
+}

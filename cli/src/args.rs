@@ -1,10 +1,12 @@
 //! The `dnsplan` command line, in the library so that deployment files can be checked
-//! against the real flags.
+//! against the real flags, and the shell completions and man pages generated from it (so
+//! they cannot drift from the flags the binary takes).
 
 use crate::{commands, output};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use dnsplan_common::daemon::LogArgs;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(version, about = "dnsplan: authoritative DNS that follows health-checked, fenced plans")]
@@ -41,8 +43,8 @@ pub enum Command {
         /// Serve the control API here instead of the config's address.
         #[arg(long = "listen-control")]
         listen_control: Option<SocketAddr>,
-        #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-        log_format: String,
+        #[command(flatten)]
+        log: LogArgs,
     },
     /// Serve demo backends (HTTP answering `ok`, TCP accepting) for the compose stack.
     DemoBackend {
@@ -53,6 +55,52 @@ pub enum Command {
         #[arg(long)]
         tcp: Vec<SocketAddr>,
     },
+    /// Print a completion script for SHELL on stdout, e.g.
+    /// `dnsplan completions bash > /etc/bash_completion.d/dnsplan`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages into DIR: dnsplan.1 and one per subcommand (dnsplan-rollback.1,
+    /// dnsplan-plans-diff.1, ...), e.g. `dnsplan man --dir /usr/local/share/man/man1`.
+    Man {
+        /// The directory to write into (created if missing).
+        #[arg(long)]
+        dir: PathBuf,
+    },
     #[command(flatten)]
     Ops(commands::Command),
+}
+
+/// The name the completion scripts complete and the man pages are titled with.
+pub const BIN_NAME: &str = "dnsplan";
+
+/// The completion script of `shell` for `dnsplan`. Into memory first: clap_complete panics
+/// on a failed write, and a closed stdout (`| head`) must be an error, not a panic.
+pub fn completion_script(shell: clap_complete::Shell) -> Vec<u8> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), BIN_NAME, &mut script);
+    script
+}
+
+/// Writes `dnsplan.1` and one page per subcommand, at every depth and not hidden
+/// (`dnsplan-plans-diff.1`), into `dir`, creating it if missing; returns the files written.
+pub fn write_man_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    fn write(command: &clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        // The package and version in every footer (a subcommand has no version of its own).
+        let page = clap_mangen::Man::new(command.clone()).source(concat!("dnsplan ", env!("CARGO_PKG_VERSION")));
+        written.push(page.generate_to(dir)?);
+        for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write(sub, dir, written)?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir)?;
+    // Built, so each subcommand has its display name (`dnsplan-plans-diff`) for its file
+    // name and title; `help` is clap's, not a command of ours.
+    let mut command = Cli::command().name(BIN_NAME).disable_help_subcommand(true);
+    command.build();
+    let mut written = Vec::new();
+    write(&command, dir, &mut written)?;
+    Ok(written)
 }

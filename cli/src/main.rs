@@ -1,6 +1,7 @@
 //! `dnsplan`: run the whole stack in one process (`dnsplan up`), and operate a running stack
 //! through its control API (`status`, `plans`, `rollback`, `pause`, `resume`, `verify`,
-//! `cleanup`, `zone export`, `backend`).
+//! `cleanup`, `zone export`, `backend`); print its shell completions (`completions SHELL`) and
+//! write its man pages (`man --dir DIR`).
 //!
 //! Exit codes: 0 ok; 1 a check failed (`verify` mismatch, `rollback` not served in time);
 //! 2 bad usage; 3 the stack is unreachable; 4 missing or wrong token; 5 the store refused
@@ -24,8 +25,8 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Up { config, data_dir, dns, listen_control, log_format } => {
-                daemon::init(&log_format);
+            Command::Up { config, data_dir, dns, listen_control, log } => {
+                daemon::init(log.log_format);
                 // Before any socket or file is opened: connections come out of this limit.
                 dnsplan_common::open_files::raise_to_hard();
                 let shutdown = daemon::shutdown_signal();
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
                 }
             }
             Command::DemoBackend { http, tcp } => {
-                daemon::init("text");
+                daemon::init(daemon::LogFormat::Text);
                 let shutdown = daemon::shutdown_signal();
                 match demo::serve_standalone(&http, &tcp).await {
                     Ok(()) => {
@@ -52,6 +53,28 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            Command::Completions { shell } => {
+                use std::io::Write;
+                match std::io::stdout().write_all(&dnsplan_cli::args::completion_script(shell)) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(err) => {
+                        eprintln!("error: cannot write the completion script: {err}");
+                        ExitCode::from(1)
+                    }
+                }
+            }
+            Command::Man { dir } => match dnsplan_cli::args::write_man_pages(&dir) {
+                Ok(written) => {
+                    for path in written {
+                        daemon::announce(&path.display().to_string());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("error: cannot write man pages into {}: {err}", dir.display());
+                    ExitCode::from(1)
+                }
+            },
             Command::Ops(command) => {
                 let token = match (cli.token, &cli.stack_config) {
                     (Some(t), _) => Some(t),

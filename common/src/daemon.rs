@@ -1,6 +1,6 @@
-//! Process plumbing shared by dnsplan's daemons (feature `daemon`): tracing setup, the
-//! shutdown signal, TOML config loading with errors that name the file, key and line, and the
-//! control token's environment variable.
+//! Process plumbing shared by dnsplan's daemons (feature `daemon`): tracing setup and the
+//! `--log-format` flag, the shutdown signal, TOML config loading with errors that name the
+//! file, key and line, and the control token's environment variable.
 
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
@@ -101,14 +101,44 @@ pub fn token_from_env_or(configured: Option<String>) -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(configured)
 }
 
-/// Installs a tracing subscriber: `RUST_LOG` filter (default `info`), text or JSON lines.
-pub fn init(format: &str) {
+/// How a daemon writes its log lines (on stderr): `--log-format`, the same flag on every
+/// daemon (`dnsplan-authority`, `dnsplan-enactor`, `dnsplan-planner`, `dnsplan up`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// For people: one line an event, coloured only on a terminal.
+    #[default]
+    Text,
+    /// For log collectors: one JSON object a line.
+    Json,
+}
+
+/// The logging flags every daemon flattens into its command line, so that the flag's name,
+/// values and help are the same everywhere.
+#[derive(Clone, Debug, clap::Args)]
+pub struct LogArgs {
+    /// Log lines on stderr: `text` (coloured only when stderr is a terminal and `NO_COLOR` is
+    /// unset) or `json` (one object a line). `RUST_LOG` filters them (default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Whether log lines carry ANSI colour codes: only for a terminal (a file, pipe or journal
+/// would keep the escape codes as text), and never with `NO_COLOR` set to anything but the
+/// empty string (<https://no-color.org>).
+pub fn ansi_wanted(stream_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stream_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Installs a tracing subscriber on stderr: `RUST_LOG` filter (default `info`), text or JSON
+/// lines, colours as [`ansi_wanted`] says for stderr.
+pub fn init(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
+    let ansi = ansi_wanted(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
     }
 }
 
@@ -140,5 +170,45 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
     async move {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutdown requested");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    /// Colours only on a terminal, and `NO_COLOR` (any value but empty) turns them off there
+    /// too.
+    #[test]
+    fn ansi_only_on_a_terminal_without_no_color() {
+        let cases = [
+            (true, None, true),
+            (true, Some(""), true),
+            (true, Some("1"), false),
+            (true, Some("0"), false),
+            (false, None, false),
+            (false, Some("1"), false),
+        ];
+        for (terminal, no_color, want) in cases {
+            assert_eq!(ansi_wanted(terminal, no_color.map(OsStr::new)), want, "terminal {terminal}, NO_COLOR {no_color:?}");
+        }
+    }
+
+    /// `--log-format` takes `text` and `json` and nothing else, and defaults to `text`.
+    #[test]
+    fn log_format_values() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            log: LogArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("daemon").chain(args.iter().copied())).map(|c| c.log.log_format);
+        assert_eq!(parse(&[]).ok(), Some(LogFormat::Text));
+        assert_eq!(parse(&["--log-format", "json"]).ok(), Some(LogFormat::Json));
+        assert_eq!(parse(&["--log-format", "text"]).ok(), Some(LogFormat::Text));
+        let err = parse(&["--log-format", "yaml"]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("possible values: text, json"), "{err}");
     }
 }

@@ -17,9 +17,8 @@ pub struct Args {
     /// The availability zone it runs in (overrides `zone` in the config).
     #[arg(long, value_parser = parse_zone)]
     pub zone: Option<ZoneId>,
-    /// Log format.
-    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-    pub log_format: String,
+    #[command(flatten)]
+    pub log: dnsplan_common::daemon::LogArgs,
 }
 
 fn parse_zone(text: &str) -> Result<ZoneId, String> {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    daemon::init(&args.log_format);
+    daemon::init(args.log.log_format);
     // Before any socket or file is opened: connections come out of this limit.
     dnsplan_common::open_files::raise_to_hard();
     // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.

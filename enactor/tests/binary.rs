@@ -141,3 +141,18 @@ fn the_metrics_listener_closes_half_sent_requests() -> anyhow::Result<()> {
     drop(child);
     Ok(())
 }
+
+/// Log lines on a pipe: `text` (the default) carries no ANSI colour codes, since stderr is
+/// not a terminal, and `--log-format json` is one JSON object a line. Before colours
+/// followed the stream, the text lines came with escapes (`\x1b[2m`); checked once.
+#[test]
+fn logs_on_a_pipe_are_plain_text_or_json_lines() -> anyhow::Result<()> {
+    use dnsplan_tests::daemon::{assert_json_lines, assert_plain_text, log_lines_until};
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("enactor.toml");
+    // No store is running: the enactor starts and logs all the same.
+    std::fs::write(&config, "id = \"en-l\"\nzone = \"a\"\n[store]\nurl = \"http://127.0.0.1:1\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n")?;
+    assert_plain_text(&log_lines_until(&mut enactor(&config), "enactor running", DEADLINE)?);
+    assert_json_lines(&log_lines_until(enactor(&config).args(["--log-format", "json"]), "enactor running", DEADLINE)?);
+    Ok(())
+}

@@ -13,7 +13,6 @@ pub struct Args {
     /// This planner's id (overrides `id` in the config); two planners need different ids.
     #[arg(long)]
     pub id: Option<String>,
-    /// Log format.
-    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
-    pub log_format: String,
+    #[command(flatten)]
+    pub log: dnsplan_common::daemon::LogArgs,
 }

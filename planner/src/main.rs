@@ -16,7 +16,7 @@ use std::sync::Arc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    daemon::init(&args.log_format);
+    daemon::init(args.log.log_format);
     // Before any socket or file is opened: connections come out of this limit.
     dnsplan_common::open_files::raise_to_hard();
     let shutdown = daemon::shutdown_signal();

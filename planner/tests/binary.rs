@@ -124,3 +124,25 @@ fn the_metrics_listener_closes_half_sent_requests() -> anyhow::Result<()> {
     drop(child);
     Ok(())
 }
+
+/// Log lines on a pipe: `text` (the default) carries no ANSI colour codes, since stderr is
+/// not a terminal, and `--log-format json` is one JSON object a line. Before colours
+/// followed the stream, the text lines came with escapes (`\x1b[2m`); checked once.
+#[test]
+fn logs_on_a_pipe_are_plain_text_or_json_lines() -> anyhow::Result<()> {
+    use dnsplan_tests::daemon::{assert_json_lines, assert_plain_text, log_lines_until};
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/planner.toml");
+    let dir = tempfile::tempdir()?;
+    // The example, with no store running and metrics on a free port.
+    let text = std::fs::read_to_string(example)?.replace("127.0.0.1:8053", "127.0.0.1:1").replace("127.0.0.1:9102", "127.0.0.1:0");
+    let config = dir.path().join("planner.toml");
+    std::fs::write(&config, text)?;
+    let planner = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan-planner"));
+        command.arg("--config").arg(&config);
+        command
+    };
+    assert_plain_text(&log_lines_until(&mut planner(), "planner running", DEADLINE)?);
+    assert_json_lines(&log_lines_until(planner().args(["--log-format", "json"]), "planner running", DEADLINE)?);
+    Ok(())
+}

@@ -94,3 +94,80 @@ pub async fn until(
     };
     tokio::time::timeout(within, wait).await.map_err(|_| anyhow::anyhow!("the expected log line did not come within {within:?}"))?
 }
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `command` with stderr on a pipe (never a terminal), stdout discarded,
+/// `RUST_LOG=info` and neither `NO_COLOR` nor `DNSPLAN_TOKEN` (so that only the pipe can turn
+/// colours off), reads its stderr until a line contains `until`, kills it and returns every
+/// line read. Fails when the process ends first or nothing matched within `within`.
+pub fn log_lines_until(command: &mut Command, until: &str, within: Duration) -> anyhow::Result<Vec<String>> {
+    let mut child = Killed(
+        command
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .env_remove("DNSPLAN_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    );
+    let stderr = child.0.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr"))?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Ends when the process closes stderr (it ends, or is killed on return).
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + within;
+    let mut lines = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.contains(until);
+                lines.push(line);
+                if done {
+                    return Ok(lines);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                anyhow::bail!("no log line with {until:?} within {within:?}; read:\n{}", lines.join("\n"))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.0.wait()?;
+                anyhow::bail!("the process ended ({status}) before a log line with {until:?}; read:\n{}", lines.join("\n"))
+            }
+        }
+    }
+}
+
+/// Checks log lines as `--log-format text` on a pipe must be: no ANSI escape anywhere (a file
+/// or a log collector would keep them as text), and some line at all.
+pub fn assert_plain_text(lines: &[String]) {
+    assert!(!lines.is_empty(), "no log line");
+    for line in lines {
+        assert!(!line.contains('\x1b'), "an ANSI escape in a log line written to a pipe: {line:?}");
+    }
+}
+
+/// Checks log lines as `--log-format json` must be: each one JSON object with a level and a
+/// message.
+pub fn assert_json_lines(lines: &[String]) {
+    assert!(!lines.is_empty(), "no log line");
+    for line in lines {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|err| panic!("not a JSON line ({err}): {line:?}"));
+        assert!(value["level"].is_string(), "no level: {line}");
+        assert!(value.pointer("/fields/message").is_some_and(serde_json::Value::is_string), "no message: {line}");
+    }
+}
