@@ -26,4 +26,5 @@ pub mod run;
 pub mod server;
 pub mod snapshot;
 pub mod udp;
+pub mod ui;
 pub mod wire;

@@ -12,13 +12,15 @@ use crate::metrics::{Metrics, StoreReading};
 use crate::rrl::Rrl;
 use crate::server::{TcpLimits, serve_tcp};
 use crate::udp::{UdpServers, bind_udp};
+use crate::ui;
 use anyhow::Context;
 use axum::Json;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::response::Html;
 use axum::routing::get;
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::{SledStore, Store};
+use dnsplan_common::{Generation, SledStore, Store};
 use serde::Serialize;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -82,6 +84,8 @@ pub async fn run(
 pub struct Extras {
     pub routes: Option<axum::Router>,
     pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// The planner's status, for the status page, when the planner runs in this process.
+    pub planner_status: Option<ui::PlannerStatus>,
 }
 
 /// As `run`, on a store the caller opened (the one-process stack shares it).
@@ -150,6 +154,8 @@ pub async fn run_with_extras<S: Store>(
             ([(axum::http::header::CONTENT_TYPE, dnsplan_common::daemon::METRICS_CONTENT_TYPE)], body)
         }
     };
+    // `/v1/status` and the status page share `control.status_reads_max` permits.
+    let status_reads = tower::limit::GlobalConcurrencyLimitLayer::new(config.control.status_reads_max);
     let mut app = control::router(ctl.clone())
         .route("/readyz", get(|| async { "ready\n" }))
         .route(
@@ -165,7 +171,26 @@ pub async fn run_with_extras<S: Store>(
                 }
             })
             // Pollers take turns: a flood of them cannot take every core from writes.
-            .layer(tower::limit::GlobalConcurrencyLimitLayer::new(config.control.status_reads_max)),
+            .layer(status_reads.clone()),
+        )
+        .route(
+            "/ui",
+            get({
+                let (serving, planner) = (serving.clone(), extras.planner_status.clone());
+                move |State(ctl): State<Control<S>>| {
+                    let (serving, planner) = (serving.clone(), planner.clone());
+                    async move { ui::index(&ctl.store, &serving, planner.as_ref()).await.map(Html).map_err(ApiError::from) }
+                }
+            })
+            .layer(status_reads.clone()),
+        )
+        .route(
+            "/ui/plans/{generation}",
+            get(|State(ctl): State<Control<S>>, g: Result<UrlPath<u64>, PathRejection>| async move {
+                let UrlPath(g) = g.map_err(|e| ApiError::bad_request(e.body_text()))?;
+                ui::plan_page(&ctl.store, Generation(g)).await.map(Html).map_err(ApiError::from)
+            })
+            .layer(status_reads),
         )
         .with_state(ctl)
         .route("/metrics", get(render));

@@ -25,7 +25,6 @@ use dnsplan_common::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
 
 /// The provenance rule of an endpoint set from a file.
 pub const FILE_RULE: &str = "operator-file";
@@ -248,43 +247,11 @@ pub async fn publish<S: Store>(store: &S, preview: &mut Preview, by: &str, keep_
     Ok(())
 }
 
-/// Addresses as `addr (zone, wWEIGHT)`, comma-separated.
-pub fn addresses(endpoint: &Endpoint) -> String {
-    endpoint.targets.iter().map(|t| format!("{} ({}, w{})", t.address, t.zone, t.weight)).collect::<Vec<_>>().join(", ")
-}
+/// An endpoint's targets, as every command prints them.
+pub use dnsplan_common::target_list as addresses;
 
 /// `(sign, text)` lines from plan `a` to plan `b`.
-pub fn diff(a: &Plan, b: &Plan) -> Vec<(char, String)> {
-    let mut lines = Vec::new();
-    let names: BTreeSet<&EndpointName> = a.endpoints.keys().chain(b.endpoints.keys()).collect();
-    for name in names {
-        match (a.endpoints.get(name), b.endpoints.get(name)) {
-            (Some(_), None) if b.retired.contains(name) => lines.push(('-', format!("{name} (retired)"))),
-            (Some(_), None) => {} // absent from a plan: left as it was
-            (None, Some(e)) => lines.push(('+', format!("{name} ttl {} {}", e.ttl_secs, addresses(e)))),
-            (Some(x), Some(y)) => {
-                if x.ttl_secs != y.ttl_secs {
-                    lines.push(('-', format!("{name} ttl {}", x.ttl_secs)));
-                    lines.push(('+', format!("{name} ttl {}", y.ttl_secs)));
-                }
-                let old: BTreeMap<IpAddr, _> = x.targets.iter().map(|t| (t.address, t)).collect();
-                let new: BTreeMap<IpAddr, _> = y.targets.iter().map(|t| (t.address, t)).collect();
-                for (addr, t) in &old {
-                    if new.get(addr) != Some(t) {
-                        lines.push(('-', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
-                    }
-                }
-                for (addr, t) in &new {
-                    if old.get(addr) != Some(t) {
-                        lines.push(('+', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
-                    }
-                }
-            }
-            (None, None) => {}
-        }
-    }
-    lines
-}
+pub use dnsplan_common::diff_lines as diff;
 
 #[cfg(test)]
 mod tests {

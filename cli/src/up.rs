@@ -235,6 +235,9 @@ impl Stack {
         let book = Arc::new(HealthBook::default());
         let planner = Planner::new(store.clone(), planner_config.clone(), book.clone(), planner_metrics.clone());
         let status = planner.status();
+        let page_status = status.clone();
+        let planner_status: dnsplan_authority::ui::PlannerStatus =
+            Arc::new(move || page_status.lock().ok().and_then(|s| serde_json::to_value(&*s).ok()));
         let token: Arc<str> = self.authority.token().into();
         let demo_state = DemoState { backends: backends.clone(), token };
         let routes = axum::Router::new()
@@ -263,7 +266,7 @@ impl Stack {
             let on_bound = move |b| {
                 let _ = bound_tx.send(b);
             };
-            let extras = Extras { routes: Some(routes), metrics: Some(registry) };
+            let extras = Extras { routes: Some(routes), metrics: Some(registry), planner_status: Some(planner_status) };
             run_with_extras(authority_store, authority_config, &config_dir, authority_stopped, on_bound, extras).await
         });
         let bound = match bound_rx.await {

@@ -25,7 +25,8 @@ pub mod plan;
 pub use generation::Generation;
 pub use names::{DnsName, EndpointName, NameError, ZoneId};
 pub use plan::{
-    Author, Endpoint, Plan, PlanSummary, Provenance, Target, ValidatedPlan, ValidationError, removed_weight_fraction, validate_endpoint,
+    Author, Endpoint, Plan, PlanSummary, Provenance, Target, ValidatedPlan, ValidationError, diff_lines, removed_weight_fraction,
+    target_list, validate_endpoint,
 };
 pub mod store;
 

@@ -186,6 +186,46 @@ pub fn validate_endpoint(name: &EndpointName, endpoint: &Endpoint) -> Result<(),
     Ok(())
 }
 
+/// An endpoint's targets as `address (zone, wWEIGHT)`, comma-separated: how the CLI and the
+/// status page print them.
+pub fn target_list(endpoint: &Endpoint) -> String {
+    endpoint.targets.iter().map(|t| format!("{} ({}, w{})", t.address, t.zone, t.weight)).collect::<Vec<_>>().join(", ")
+}
+
+/// What changes from plan `a` to plan `b`, as `('-' | '+', text)` lines by endpoint name: a
+/// new endpoint, a retired one, a TTL, and each target added, removed or changed. An
+/// endpoint absent from `b` and not retired by it is left as it was, so it is no line.
+pub fn diff_lines(a: &Plan, b: &Plan) -> Vec<(char, String)> {
+    let mut lines = Vec::new();
+    let names: BTreeSet<&EndpointName> = a.endpoints.keys().chain(b.endpoints.keys()).collect();
+    for name in names {
+        match (a.endpoints.get(name), b.endpoints.get(name)) {
+            (Some(_), None) if b.retired.contains(name) => lines.push(('-', format!("{name} (retired)"))),
+            (Some(_), None) | (None, None) => {}
+            (None, Some(e)) => lines.push(('+', format!("{name} ttl {} {}", e.ttl_secs, target_list(e)))),
+            (Some(x), Some(y)) => {
+                if x.ttl_secs != y.ttl_secs {
+                    lines.push(('-', format!("{name} ttl {}", x.ttl_secs)));
+                    lines.push(('+', format!("{name} ttl {}", y.ttl_secs)));
+                }
+                let old: BTreeMap<IpAddr, &Target> = x.targets.iter().map(|t| (t.address, t)).collect();
+                let new: BTreeMap<IpAddr, &Target> = y.targets.iter().map(|t| (t.address, t)).collect();
+                for (addr, t) in &old {
+                    if new.get(addr) != Some(t) {
+                        lines.push(('-', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
+                    }
+                }
+                for (addr, t) in &new {
+                    if old.get(addr) != Some(t) {
+                        lines.push(('+', format!("{name} {addr} zone {} weight {}", t.zone, t.weight)));
+                    }
+                }
+            }
+        }
+    }
+    lines
+}
+
 /// The fraction (0.0..=1.0) of `active`'s weight that `next` stops serving: the summed weight
 /// of active targets with a non-zero weight that `next` drops or sets to zero, over the
 /// active total. Lowering a weight that stays above zero, or adding targets, removes nothing.
