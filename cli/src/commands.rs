@@ -321,6 +321,11 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         let active = if p["active"].as_bool() == Some(true) { "active" } else { "standby" };
         crate::out!("planner       {} ({active}): {}", p["id"].as_str().unwrap_or("?"), p["last_decision"].as_str().unwrap_or(""));
     }
+    let held = held_back(view.planner.as_ref());
+    if !held.is_empty() {
+        crate::out!("HELD BACK     {} decision(s) the planner's rules defer:", held.len());
+        print_held_back(&held);
+    }
     if !view.unmanaged.is_empty() {
         let names: Vec<String> = view.unmanaged.iter().map(ToString::to_string).collect();
         crate::out!(
@@ -362,6 +367,42 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         .collect();
     crate::out_raw!("{}", table(&["ENACTOR", "ZONE", "APPLIED", "LAG", "STATE", "SEEN"], &rows));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Most held-back decisions `status` and `plans explain` print (a mass failure can hold one
+/// per target); `--output json` has every one.
+const HELD_BACK_LINES_MAX: usize = 20;
+
+/// One of the planner's `deferred` decisions, as `/v1/planner` serves it.
+#[derive(Debug, Deserialize)]
+struct HeldBack {
+    rule: String,
+    endpoint: String,
+    #[serde(default)]
+    target: Option<String>,
+    detail: String,
+    #[serde(default)]
+    reconsider_at_unix_ms: Option<u64>,
+}
+
+/// The planner status's `deferred` list; empty without a planner or from an older one.
+fn held_back(planner: Option<&serde_json::Value>) -> Vec<HeldBack> {
+    planner.and_then(|p| p.get("deferred")).and_then(|d| serde_json::from_value(d.clone()).ok()).unwrap_or_default()
+}
+
+/// One line each: rule, endpoint and target, when it is reconsidered, and the rule's account.
+fn print_held_back(held: &[HeldBack]) {
+    for h in held.iter().take(HELD_BACK_LINES_MAX) {
+        let target = h.target.as_deref().map(|t| format!(" {t}")).unwrap_or_default();
+        let when = match h.reconsider_at_unix_ms {
+            Some(at) => format!("reconsidered {}", output::until(at)),
+            None => "waits for a change".to_owned(),
+        };
+        crate::out!("  {:<18}  {}{target}  {when}: {}", h.rule, h.endpoint, h.detail);
+    }
+    if held.len() > HELD_BACK_LINES_MAX {
+        crate::out!("  ... and {} more (`--output json` lists every one)", held.len() - HELD_BACK_LINES_MAX);
+    }
 }
 
 async fn endpoints(client: &Client, command: EndpointsCommand) -> CliResult<ExitCode> {
@@ -489,8 +530,19 @@ async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
         PlansCommand::Explain { generation } => {
             let plan = plan_or_explain(client, Generation(generation)).await?;
             let p = plan.plan();
+            // What the planner holds back now is relative to the latest plan, so it is shown
+            // with that one: it is no part of any plan (a deferral often publishes nothing).
+            let planner = if p.generation == client.store.latest().await? {
+                client.get_json::<serde_json::Value>("/v1/planner").await.ok().flatten()
+            } else {
+                None
+            };
             if client.format == Format::Json {
-                client.print_json(&serde_json::json!({"generation": p.generation, "reason": p.reason, "author": p.author.to_string(), "provenance": p.provenance}))?;
+                let mut out = serde_json::json!({"generation": p.generation, "reason": p.reason, "author": p.author.to_string(), "provenance": p.provenance});
+                if let Some(deferred) = planner.as_ref().and_then(|p| p.get("deferred")) {
+                    out["deferred"] = deferred.clone();
+                }
+                client.print_json(&out)?;
                 return Ok(ExitCode::SUCCESS);
             }
             crate::out!("plan {} by {}: {}", p.generation, p.author, p.reason);
@@ -503,6 +555,11 @@ async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
                 for e in entries {
                     crate::out!("  {:<16} {}", e.rule, e.detail);
                 }
+            }
+            let held = held_back(planner.as_ref());
+            if !held.is_empty() {
+                crate::out!("held back now against this plan (the planner's last decision; not part of the plan):");
+                print_held_back(&held);
             }
         }
     }

@@ -78,3 +78,16 @@ pub fn ago(unix_ms: u64) -> String {
         _ => format!("{}h ago", secs / 3_600),
     }
 }
+
+/// How long until `unix_ms`: `in 4m 10s`, `in 45s`, `in 2h 5m`; `now` once it has passed
+/// (the planner looks again at its next decision).
+pub fn until(unix_ms: u64) -> String {
+    let now = dnsplan_common::store::lease::now_unix_ms();
+    let secs = unix_ms.saturating_sub(now).div_ceil(1_000);
+    match secs {
+        0 => "now".to_owned(),
+        1..=59 => format!("in {secs}s"),
+        60..=3_599 => format!("in {}m {}s", secs / 60, secs % 60),
+        _ => format!("in {}h {}m", secs / 3_600, secs % 3_600 / 60),
+    }
+}

@@ -203,3 +203,48 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
     assert!(exit.success(), "exit after SIGTERM: {exit}");
     Ok(())
 }
+
+/// The planner says what it holds back: three of api's six backends fail (one per zone, so
+/// no zone is impaired); the velocity limits let two go and keep serving the third, and
+/// `dnsplan status` names it in a HELD BACK line with the rule, the numbers and when it is
+/// reconsidered, as do `--output json` and `plans explain` of the latest plan. Without the
+/// planner's deferrals, status said only "no change (latest plan N)" and this failed waiting
+/// for the line (seen once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_which_dead_backend_is_held_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let up = up(dir.path())?;
+    let store = RemoteStore::new(&up.control, Some(TOKEN.into()))?;
+    until_dns(up.dns, "api.example.test.", |a| a.len() == 6).await?;
+
+    let failed = ["127.0.0.11", "127.0.0.13", "127.0.0.15"];
+    for address in failed {
+        ok(&dnsplan(&up, &["backend", "fail", address])?);
+    }
+    let plan = until_plan(&store, |p| failed.iter().filter(|a| weight(p, a) == Some(0)).count() == 2).await?;
+    let third = failed.iter().copied().find(|a| weight(&plan, a) == Some(1)).ok_or_else(|| anyhow::anyhow!("none kept: {plan:?}"))?;
+
+    // The planner decides every 500 ms; poll status (bounded) until a decision says so.
+    let deadline = Instant::now() + WITHIN;
+    let (status, line) = loop {
+        let status = ok(&dnsplan(&up, &["status"])?);
+        if let Some(line) = status.lines().find(|l| l.starts_with("  removal_per_") && l.contains(third)) {
+            break (status.clone(), line.to_owned());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no held-back line for {third} within {WITHIN:?}:\n{status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.contains("HELD BACK     1 decision(s)") && status.contains("1 deferred: removal_per_"), "{status}");
+    assert!(line.contains(&format!("api.example.test. {third}  reconsidered in ")), "{line}");
+    assert!(line.contains("down, still served: ") && line.contains('%'), "{line}");
+
+    let json: serde_json::Value = serde_json::from_str(&ok(&dnsplan(&up, &["--output", "json", "status"])?))?;
+    let held = &json["planner"]["deferred"];
+    assert_eq!(held.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(held[0]["target"].as_str(), Some(third), "{json}");
+    assert!(held[0]["reconsider_at_unix_ms"].as_u64().is_some(), "{json}");
+
+    let explain = ok(&dnsplan(&up, &["plans", "explain", &store.latest().await?.to_string()])?);
+    assert!(explain.contains("held back now") && explain.contains(third), "{explain}");
+    Ok(())
+}

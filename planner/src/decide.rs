@@ -21,6 +21,13 @@
 //!    `breaker_endpoint_fraction` of all endpoints (and at least `breaker_min_changed`), the
 //!    decision is `Breaker`: publish nothing and wait for an operator.
 //!
+//! What the rules hold back is said, not only done: [`Outcome::deferred`] lists every
+//! decision deferred by a rule (a dead target kept by the velocity limits, by fail open or by
+//! a zone hold; a healthy one kept out by the recovery dwell; every change a tripped breaker
+//! stopped), with the rule, the numbers, and when it is reconsidered. It is computed beside
+//! the decision and changes nothing in it; the loop shows it in its status and metrics, since
+//! a decision held back often publishes nothing (`NoChange`) and so leaves no provenance.
+//!
 //! Plans are complete: an endpoint the previous plan serves and the config no longer names
 //! (removed from the config, or a typo) is carried into every new plan with the previous
 //! plan's records and a provenance entry with rule [`UNMANAGED_RULE`], until an operator
@@ -28,9 +35,10 @@
 //! endpoint stays in the newest plans, so the enactors' full writes move its fence and
 //! cleanup is never held back by it.
 
-use crate::config::{EndpointConfig, PlannerConfig};
+use crate::config::{EndpointConfig, PlannerConfig, Policy};
 use dnsplan_common::{Endpoint, EndpointName, Plan, Provenance, Target, ZoneId, removed_weight_fraction, validate_endpoint};
 use rand::seq::SliceRandom;
+use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -84,6 +92,117 @@ pub enum Decision {
 pub struct Outcome {
     pub decision: Decision,
     pub state: PlannerState,
+    /// What the rules held back in this decision, in config order (endpoint, then target).
+    /// For `Breaker`, one entry per endpoint the stopped plan would have changed.
+    pub deferred: Vec<Deferred>,
+}
+
+/// The rule that held a decision back. Serialised as its stable name ([`DeferredRule::as_str`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeferredRule {
+    /// `removal_fraction_per_plan`: this plan already removes as much as one plan may.
+    RemovalPerPlan,
+    /// `removal_fraction_per_window`: the window's removals leave too little room.
+    RemovalPerWindow,
+    /// `capacity_headroom`: an impaired zone is not shifted away, the others cannot carry it.
+    Capacity,
+    /// An impaired zone is not shifted away while another zone is.
+    ZoneOneAtATime,
+    /// `zone_recovery_dwell_secs`: a shifted zone looks healthy but has not been for long enough.
+    ZoneRecovery,
+    /// `fail_open_below`: too few healthy targets, so dead ones are served too.
+    FailOpen,
+    /// `breaker_endpoint_fraction`: the plan changed too many endpoints and was not published.
+    Breaker,
+}
+
+impl DeferredRule {
+    /// Every rule, for metrics that must exist at 0.
+    pub const ALL: [DeferredRule; 7] = [
+        DeferredRule::RemovalPerPlan,
+        DeferredRule::RemovalPerWindow,
+        DeferredRule::Capacity,
+        DeferredRule::ZoneOneAtATime,
+        DeferredRule::ZoneRecovery,
+        DeferredRule::FailOpen,
+        DeferredRule::Breaker,
+    ];
+
+    /// The stable name (status JSON, metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferredRule::RemovalPerPlan => "removal_per_plan",
+            DeferredRule::RemovalPerWindow => "removal_per_window",
+            DeferredRule::Capacity => "capacity",
+            DeferredRule::ZoneOneAtATime => "zone_one_at_a_time",
+            DeferredRule::ZoneRecovery => "zone_recovery",
+            DeferredRule::FailOpen => "fail_open",
+            DeferredRule::Breaker => "breaker",
+        }
+    }
+}
+
+impl std::fmt::Display for DeferredRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A decision a rule held back: what is served against health (or what was not published),
+/// why, with the numbers, and when the planner looks at it again.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Deferred {
+    pub rule: DeferredRule,
+    pub endpoint: EndpointName,
+    /// The target it is about; `None` for a whole endpoint (the breaker).
+    pub target: Option<IpAddr>,
+    /// What is held, the rule's numbers, and what it waits for.
+    pub detail: String,
+    /// When the rule can first let it through, if that is a time (the velocity window, the
+    /// recovery dwell). `None`: it waits for health, capacity or an operator, as `detail` says;
+    /// every decision looks again.
+    pub reconsider_at_unix_ms: Option<u64>,
+}
+
+/// A short account of `deferred` for a status line: `1 deferred: removal_per_plan
+/// api.example.test. 127.0.0.15`, or the count by rule. `None` when nothing is deferred.
+pub fn summarize(deferred: &[Deferred]) -> Option<String> {
+    match deferred {
+        [] => None,
+        [one] => {
+            let target = one.target.map(|t| format!(" {t}")).unwrap_or_default();
+            Some(format!("1 deferred: {} {}{target}", one.rule, one.endpoint))
+        }
+        many => {
+            let mut counts: BTreeMap<DeferredRule, usize> = BTreeMap::new();
+            for d in many {
+                *counts.entry(d.rule).or_default() += 1;
+            }
+            let parts: Vec<String> = counts.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            Some(format!("{} deferred: {}", many.len(), parts.join(", ")))
+        }
+    }
+}
+
+/// An impaired zone not shifted away, and why (the provenance's text and the deferral's).
+struct ZoneHold {
+    zone: ZoneId,
+    /// The provenance detail's reason (`zone-hold`).
+    why: String,
+    rule: DeferredRule,
+    /// The deferral's account, with the numbers.
+    detail: String,
+    reconsider_at_unix_ms: Option<u64>,
+}
+
+/// What a zone rule defers, handed to each endpoint's decision.
+struct Zones<'a> {
+    shifted: Option<&'a ZoneId>,
+    restored: Option<&'a ZoneId>,
+    held: Option<&'a ZoneHold>,
+    /// When the recovery dwell of a shifted zone that looks healthy again ends.
+    recovering: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -120,7 +239,12 @@ pub fn decide(
     let impaired: Vec<ZoneId> = zones.iter().filter(|(_, s)| is_impaired(**s)).map(|(z, _)| (*z).clone()).collect();
 
     let mut zone_notes = Vec::new();
-    let mut held: Option<(ZoneId, String)> = None;
+    let mut held: Option<ZoneHold> = None;
+    let dwell_ms = policy.zone_recovery_dwell_secs.0.saturating_mul(1_000);
+    let zone_stats = |zone: &ZoneId| {
+        let (total, down) = zones.get(zone).copied().unwrap_or_default();
+        format!("zone {zone} impaired ({down} of {total} targets down, threshold {:.0}%)", impaired_fraction * 100.0)
+    };
     match next.shifted.clone() {
         Some(mut shift) => {
             if impaired.contains(&shift.zone) {
@@ -128,7 +252,7 @@ pub fn decide(
                 next.shifted = Some(shift);
             } else {
                 let since = shift.healthy_since_ms.unwrap_or(now_ms);
-                if now_ms.saturating_sub(since) >= policy.zone_recovery_dwell_secs.0.saturating_mul(1_000) {
+                if now_ms.saturating_sub(since) >= dwell_ms {
                     zone_notes.push(format!("zone {} restored after {} s healthy", shift.zone, (now_ms - since) / 1_000));
                     next.shifted = None;
                 } else {
@@ -144,7 +268,23 @@ pub fn decide(
                         zone_notes.push(format!("zone {zone} impaired: shifted away"));
                         next.shifted = Some(ZoneShift { zone: zone.clone(), since_ms: now_ms, healthy_since_ms: None });
                     }
-                    Some(detail) => held = Some((zone.clone(), detail)),
+                    Some(short) => {
+                        let Shortfall { endpoint, remaining, needed, demand } = short;
+                        held = Some(ZoneHold {
+                            zone: zone.clone(),
+                            why: format!("{endpoint}: the other zones carry {remaining} of the {needed} needed"),
+                            rule: DeferredRule::Capacity,
+                            detail: format!(
+                                "{} but not shifted away: without it {endpoint} has {} of the {} capacity needed (capacity_headroom {} x demand {}); held as it is until the other zones' healthy capacity covers it",
+                                zone_stats(zone),
+                                number(remaining),
+                                number(needed),
+                                number(policy.capacity_headroom),
+                                number(demand)
+                            ),
+                            reconsider_at_unix_ms: None,
+                        });
+                    }
                 }
             }
         }
@@ -154,10 +294,30 @@ pub fn decide(
         && held.is_none()
         && let Some(other) = impaired.iter().find(|z| **z != shift.zone)
     {
-        held = Some((other.clone(), format!("zone {} is already shifted", shift.zone)));
+        let back = match shift.healthy_since_ms {
+            Some(_) => format!("zone {} is back, after {} s of health", shift.zone, policy.zone_recovery_dwell_secs.0),
+            None => format!("zone {} is healthy again and then for {} s", shift.zone, policy.zone_recovery_dwell_secs.0),
+        };
+        held = Some(ZoneHold {
+            zone: other.clone(),
+            why: format!("zone {} is already shifted", shift.zone),
+            rule: DeferredRule::ZoneOneAtATime,
+            detail: format!(
+                "{} but not shifted away while zone {} is (one zone at a time); held as it is until {back}",
+                zone_stats(other),
+                shift.zone
+            ),
+            reconsider_at_unix_ms: shift.healthy_since_ms.map(|since| since.saturating_add(dwell_ms)),
+        });
     }
     let shifted_zone = next.shifted.as_ref().map(|s| s.zone.clone());
     let restored_zone = state.shifted.as_ref().filter(|_| next.shifted.is_none()).map(|s| s.zone.clone());
+    let zone_rules = Zones {
+        shifted: shifted_zone.as_ref(),
+        restored: restored_zone.as_ref(),
+        held: held.as_ref(),
+        recovering: next.shifted.as_ref().and_then(|s| s.healthy_since_ms).map(|since| since.saturating_add(dwell_ms)),
+    };
 
     let prev_endpoints = previous.map(|p| &p.endpoints);
     let mut endpoints = BTreeMap::new();
@@ -165,15 +325,19 @@ pub fn decide(
     let mut changed_other = 0usize;
     let mut changed_any = 0usize;
     let mut rules: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut deferred = Vec::new();
+    // What each endpoint changed for reasons other than a zone shift, should the breaker stop it.
+    let mut stopped: Vec<(EndpointName, Vec<String>)> = Vec::new();
     for ep in config.endpoints() {
         let prev = prev_endpoints.and_then(|p| p.get(&ep.name));
-        let decided =
-            decide_endpoint(ep, prev, &health_of, (shifted_zone.as_ref(), restored_zone.as_ref()), held.as_ref(), &next, config, rng);
+        let decided = decide_endpoint(ep, prev, &health_of, &zone_rules, &next, config, now_ms, rng);
+        deferred.extend(decided.deferred);
         let changed = prev != Some(&decided.endpoint);
         if changed {
             changed_any += 1;
             if decided.causes.contains(&Cause::Other) || prev.is_none() {
                 changed_other += 1;
+                stopped.push((ep.name.clone(), decided.provenance.iter().map(|p| p.detail.clone()).collect()));
             }
             for p in &decided.provenance {
                 *rules.entry(rule_name(&p.rule)).or_default() += 1;
@@ -201,7 +365,7 @@ pub fn decide(
     }
 
     if changed_any == 0 {
-        return Outcome { decision: Decision::NoChange, state: next };
+        return Outcome { decision: Decision::NoChange, state: next, deferred };
     }
     let total = config.endpoints.len();
     if previous.is_some()
@@ -212,7 +376,22 @@ pub fn decide(
             "breaker: the plan would change {changed_other} of {total} endpoints (limit {:.0}%); publish nothing until an operator resumes automation",
             policy.breaker_endpoint_fraction.0 * 100.0
         );
-        return Outcome { decision: Decision::Breaker { reason }, state: state.clone() };
+        let limits = format!(
+            "the plan changes {changed_other} of {total} endpoints, above the breaker's {:.0}% (and at least {}): nothing published, automation paused until an operator resumes it (dnsplan resume)",
+            policy.breaker_endpoint_fraction.0 * 100.0,
+            policy.breaker_min_changed.0
+        );
+        let deferred = stopped
+            .into_iter()
+            .map(|(endpoint, changes)| Deferred {
+                rule: DeferredRule::Breaker,
+                endpoint,
+                target: None,
+                detail: format!("would change: {}; {limits}", changes.join("; ")),
+                reconsider_at_unix_ms: None,
+            })
+            .collect();
+        return Outcome { decision: Decision::Breaker { reason }, state: state.clone(), deferred };
     }
     let mut reason = if previous.is_none() {
         format!("initial plan: {total} endpoints")
@@ -224,7 +403,7 @@ pub fn decide(
         reason = format!("{reason}; {}", zone_notes.join("; "));
     }
     reason.truncate(dnsplan_common::plan::REASON_BYTES_MAX);
-    Outcome { decision: Decision::Publish { endpoints, provenance, reason }, state: next }
+    Outcome { decision: Decision::Publish { endpoints, provenance, reason }, state: next, deferred }
 }
 
 fn rule_name(rule: &str) -> &'static str {
@@ -240,8 +419,23 @@ fn rule_name(rule: &str) -> &'static str {
     }
 }
 
+/// A capacity for people: at most two decimals, no trailing zeros (`3.6`, not
+/// `3.5999999999999996`).
+fn number(x: f64) -> String {
+    let text = format!("{x:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// The first endpoint the other zones cannot carry when `zone` is shifted away.
+struct Shortfall {
+    endpoint: EndpointName,
+    remaining: f64,
+    needed: f64,
+    demand: f64,
+}
+
 /// Why zone `zone` cannot be shifted away, if it cannot.
-fn capacity_shortfall(config: &PlannerConfig, health: &HealthView, zone: &ZoneId) -> Option<String> {
+fn capacity_shortfall(config: &PlannerConfig, health: &HealthView, zone: &ZoneId) -> Option<Shortfall> {
     for ep in config.endpoints() {
         if !ep.targets.iter().any(|t| &t.zone == zone) {
             continue;
@@ -255,7 +449,7 @@ fn capacity_shortfall(config: &PlannerConfig, health: &HealthView, zone: &ZoneId
             .sum();
         let needed = config.policy.capacity_headroom * ep.demand();
         if remaining < needed {
-            return Some(format!("{}: the other zones carry {remaining} of the {needed} needed", ep.name));
+            return Some(Shortfall { endpoint: ep.name.clone(), remaining, needed, demand: ep.demand() });
         }
     }
     None
@@ -267,6 +461,13 @@ struct Decided {
     causes: BTreeSet<Cause>,
     /// Weight removed by this plan for reasons other than a zone shift (for the window).
     removed: f64,
+    deferred: Vec<Deferred>,
+}
+
+/// A target the velocity limits kept: what its removal is, and its share of the previous weight.
+struct VelocityHold {
+    what: &'static str,
+    share: f64,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -274,13 +475,14 @@ fn decide_endpoint(
     ep: &EndpointConfig,
     prev: Option<&Endpoint>,
     health_of: &impl Fn(&EndpointName, IpAddr) -> Health,
-    (shifted, restored): (Option<&ZoneId>, Option<&ZoneId>),
-    held: Option<&(ZoneId, String)>,
+    zones: &Zones<'_>,
     state: &PlannerState,
     config: &PlannerConfig,
+    now_ms: u64,
     rng: &mut impl rand::Rng,
 ) -> Decided {
     let policy = &config.policy;
+    let (shifted, restored) = (zones.shifted, zones.restored);
     let prev_weight = |a: IpAddr| prev.and_then(|p| p.targets.iter().find(|t| t.address == a)).map(|t| t.weight);
     // (target, weight, rule, detail, cause)
     let mut rows: Vec<(Target, &'static str, String, Cause)> = Vec::new();
@@ -288,8 +490,13 @@ fn decide_endpoint(
         let h = health_of(&ep.name, t.address);
         let (weight, rule, detail, cause) = if shifted == Some(&t.zone) {
             (0, "zone-impairment", format!("zone {} shifted away", t.zone), Cause::Zone)
-        } else if let Some((zone, why)) = held.filter(|(z, _)| *z == t.zone) {
-            (prev_weight(t.address).unwrap_or(t.weight), "zone-hold", format!("zone {zone} impaired but kept: {why}"), Cause::Zone)
+        } else if let Some(hold) = zones.held.filter(|z| z.zone == t.zone) {
+            (
+                prev_weight(t.address).unwrap_or(t.weight),
+                "zone-hold",
+                format!("zone {} impaired but kept: {}", hold.zone, hold.why),
+                Cause::Zone,
+            )
         } else {
             match h {
                 Health::Up if restored == Some(&t.zone) => {
@@ -307,7 +514,8 @@ fn decide_endpoint(
     let total = ep.targets.len();
     let healthy = ep.targets.iter().filter(|t| health_of(&ep.name, t.address) != Health::Down).count();
     let nothing_left = rows.iter().all(|(t, ..)| t.weight == 0);
-    if (healthy as f64) < policy.fail_open_below.0 * total as f64 || nothing_left {
+    let below = (healthy as f64) < policy.fail_open_below.0 * total as f64;
+    if below || nothing_left {
         let why = format!("{healthy} of {total} targets healthy: serving all of them");
         for ((target, rule, detail, cause), conf) in rows.iter_mut().zip(&ep.targets) {
             target.weight = conf.weight;
@@ -319,9 +527,12 @@ fn decide_endpoint(
 
     // Velocity: removals against the previous plan, except the zone shift's.
     let mut removed = 0.0;
+    let mut velocity_holds: BTreeMap<usize, VelocityHold> = BTreeMap::new();
+    let mut window_used = 0.0;
     if let Some(prev) = prev {
         let prev_total: u64 = prev.targets.iter().map(|t| u64::from(t.weight)).sum();
         let used: f64 = state.removals.iter().filter(|r| r.endpoint == ep.name).map(|r| r.fraction).sum();
+        window_used = used;
         let allowed = policy.removal_fraction_per_plan.0.min((policy.removal_fraction_per_window.0 - used).max(0.0));
         let mut candidates: Vec<usize> = rows
             .iter()
@@ -336,6 +547,8 @@ fn decide_endpoint(
                 removed += share;
             } else {
                 let (target, rule, detail, _) = &mut rows[i];
+                let what = if health_of(&ep.name, target.address) == Health::Down { "down" } else { "weight 0 in the config" };
+                velocity_holds.insert(i, VelocityHold { what, share });
                 target.weight = prev_weight(target.address).unwrap_or(target.weight);
                 *detail = format!(
                     "{detail}, but kept for now: removing it would exceed the velocity limit ({:.0}% per plan, {:.0}% per {} s)",
@@ -356,6 +569,7 @@ fn decide_endpoint(
                 removed += share;
                 rows.push((Target { weight: 0, ..old.clone() }, "config", "removed from the config".into(), Cause::Other));
             } else {
+                velocity_holds.insert(rows.len(), VelocityHold { what: "removed from the config", share });
                 rows.push((old.clone(), "velocity", "removed from the config, kept for now (velocity limit)".into(), Cause::Other));
             }
         }
@@ -365,6 +579,67 @@ fn decide_endpoint(
     let configured = |a: IpAddr| ep.targets.iter().any(|c| c.address == a);
     let targets = rows.iter().map(|(t, ..)| t.clone()).filter(|t| t.weight > 0 || configured(t.address)).collect();
     let endpoint = Endpoint { ttl_secs: ep.ttl_secs, targets };
+
+    // What the rules held back, target by target.
+    let mut deferred = Vec::new();
+    let new_total: u64 = endpoint.targets.iter().map(|t| u64::from(t.weight)).sum();
+    let mut window: Vec<(u64, f64)> = state.removals.iter().filter(|r| r.endpoint == ep.name).map(|r| (r.at_ms, r.fraction)).collect();
+    if removed > 0.0 {
+        window.push((now_ms, removed));
+    }
+    let next_decision_ms = now_ms.saturating_add(config.planner.decide_interval_ms.0);
+    for (i, (target, rule, _, _)) in rows.iter().enumerate() {
+        let conf = ep.targets.get(i);
+        let health = health_of(&ep.name, target.address);
+        let entry = |rule, detail, reconsider_at_unix_ms| Deferred {
+            rule,
+            endpoint: ep.name.clone(),
+            target: Some(target.address),
+            detail,
+            reconsider_at_unix_ms,
+        };
+        if let Some(hold) = velocity_holds.get(&i) {
+            let next_share = f64::from(target.weight) / new_total.max(1) as f64;
+            let at = window_opens(&window, next_share, policy, next_decision_ms);
+            deferred.push(entry(velocity_rule(policy, window_used), velocity_detail(hold, removed, window_used, policy, at.is_some()), at));
+        } else if *rule == "fail-open" && health == Health::Down && target.weight > 0 {
+            let detail = if below {
+                let need = (policy.fail_open_below.0 * total as f64).ceil();
+                format!(
+                    "down, still served: {healthy} of {total} targets healthy, below fail_open_below ({:.0}%), so the endpoint serves all of them; until at least {need} are healthy",
+                    policy.fail_open_below.0 * 100.0
+                )
+            } else {
+                format!(
+                    "down, still served: no other target would be left to serve ({healthy} of {total} healthy), so the endpoint serves all of them; until one is"
+                )
+            };
+            deferred.push(entry(DeferredRule::FailOpen, detail, None));
+        } else if *rule == "zone-hold"
+            && let Some(hold) = zones.held
+        {
+            let would = match (health, conf) {
+                (Health::Up, Some(c)) => Some(c.weight),
+                (Health::Down, _) => Some(0),
+                _ => None,
+            };
+            if would.is_some_and(|w| w != target.weight) {
+                let state = if health == Health::Down { "down, still served" } else { "up, not served" };
+                deferred.push(entry(hold.rule, format!("{state}: {}", hold.detail), hold.reconsider_at_unix_ms));
+            }
+        } else if *rule == "zone-impairment"
+            && health == Health::Up
+            && conf.is_some_and(|c| c.weight > 0)
+            && let Some(back_at) = zones.recovering
+        {
+            let detail = format!(
+                "up, not served: zone {} was shifted away and looks healthy again; it comes back after zone_recovery_dwell_secs ({} s) of health",
+                target.zone, policy.zone_recovery_dwell_secs.0
+            );
+            deferred.push(entry(DeferredRule::ZoneRecovery, detail, Some(back_at)));
+        }
+    }
+
     let mut provenance = Vec::new();
     let mut causes = BTreeSet::new();
     for (target, rule, detail, cause) in &rows {
@@ -395,7 +670,65 @@ fn decide_endpoint(
         causes.insert(Cause::Other);
     }
     debug_assert!(prev.is_none_or(|p| removed_weight_fraction(p, &endpoint) + 1e-9 >= removed));
-    Decided { endpoint, provenance, causes, removed }
+    Decided { endpoint, provenance, causes, removed, deferred }
+}
+
+/// Which velocity limit binds: the per-plan one, unless the window has less room left.
+fn velocity_rule(policy: &Policy, window_used: f64) -> DeferredRule {
+    if policy.removal_fraction_per_plan.0 <= policy.removal_fraction_per_window.0 - window_used {
+        DeferredRule::RemovalPerPlan
+    } else {
+        DeferredRule::RemovalPerWindow
+    }
+}
+
+fn velocity_detail(hold: &VelocityHold, removed: f64, window_used: f64, policy: &Policy, opens: bool) -> String {
+    let pct = |f: f64| format!("{:.0}%", f * 100.0);
+    let window_secs = policy.window_secs.0;
+    let numbers = match velocity_rule(policy, window_used) {
+        DeferredRule::RemovalPerPlan if removed > 0.0 => format!(
+            "this plan removes {} of the endpoint's weight; removing it ({}) too would make {}, above removal_fraction_per_plan ({})",
+            pct(removed),
+            pct(hold.share),
+            pct(removed + hold.share),
+            pct(policy.removal_fraction_per_plan.0)
+        ),
+        DeferredRule::RemovalPerPlan => format!(
+            "removing it would take {} of the endpoint's weight, above removal_fraction_per_plan ({})",
+            pct(hold.share),
+            pct(policy.removal_fraction_per_plan.0)
+        ),
+        _ => format!(
+            "{} of the endpoint's weight was removed in the last {window_secs} s{}; removing it ({}) too would make {}, above removal_fraction_per_window ({} per {window_secs} s)",
+            pct(window_used),
+            if removed > 0.0 { format!(" and this plan removes {}", pct(removed)) } else { String::new() },
+            pct(hold.share),
+            pct(window_used + removed + hold.share),
+            pct(policy.removal_fraction_per_window.0)
+        ),
+    };
+    let until = if opens {
+        "until the window's removals leave room for it"
+    } else {
+        "it alone is more than the velocity limits let a plan remove, so it stays until its health or the config changes"
+    };
+    format!("{}, still served: {numbers}; {until}", hold.what)
+}
+
+/// The first decision, at `next_decision_ms` or later, at which the velocity limits let a
+/// removal of `share` through, given the window's removals `(at_ms, fraction)`: the next
+/// decision, or the moment enough of them leave the window. `None` if even an empty window
+/// would not (the share alone is above a limit).
+fn window_opens(window: &[(u64, f64)], share: f64, policy: &Policy, next_decision_ms: u64) -> Option<u64> {
+    let window_ms = policy.window_secs.0.saturating_mul(1_000);
+    let mut times: Vec<u64> = window.iter().map(|(at, _)| at.saturating_add(window_ms)).filter(|t| *t > next_decision_ms).collect();
+    times.push(next_decision_ms);
+    times.sort_unstable();
+    times.into_iter().find(|&t| {
+        // The same test as the decision's: removals younger than the window count.
+        let used: f64 = window.iter().filter(|(at, _)| t.saturating_sub(*at) < window_ms).map(|(_, f)| f).sum();
+        share <= policy.removal_fraction_per_plan.0.min((policy.removal_fraction_per_window.0 - used).max(0.0)) + 1e-9
+    })
 }
 
 impl Decision {
@@ -416,5 +749,282 @@ impl Decision {
                 out
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each rule that holds a decision back, as `deferred` says it: the rule, the target, the
+    //! numbers and when it is reconsidered. The decisions themselves are the scenarios' (in
+    //! `tests/scenarios.rs`); these check what is said about them.
+
+    use super::*;
+    use dnsplan_common::{Author, Generation};
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    const S: u64 = 1_000;
+
+    /// `endpoints` endpoints e0.., each with `per_zone` targets in zones a, b, c, at
+    /// 10.<endpoint>.<zone index>.<n>; the default policy unless `policy` says otherwise.
+    fn config(endpoints: usize, per_zone: usize, policy: &str) -> PlannerConfig {
+        let mut text = format!("id = \"p1\"\ndns_zone = \"example.test.\"\n[store]\nurl = \"http://127.0.0.1:8053\"\n[policy]\n{policy}\n");
+        for e in 0..endpoints {
+            text.push_str(&format!(
+                "[[endpoint]]\nname = \"e{e}.example.test.\"\nttl_secs = 30\ncheck = {{ kind = \"tcp\", port = 80 }}\n"
+            ));
+            for (zi, zone) in ["a", "b", "c"].iter().enumerate() {
+                for n in 1..=per_zone {
+                    text.push_str(&format!("[[endpoint.target]]\naddress = \"10.{e}.{zi}.{n}\"\nzone = \"{zone}\"\n"));
+                }
+            }
+        }
+        PlannerConfig::parse(&text).expect("test config is valid")
+    }
+
+    fn name(e: usize) -> EndpointName {
+        EndpointName::parse(&format!("e{e}.example.test.")).expect("name")
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("address")
+    }
+
+    /// Every target up but `down` (addresses 10.<endpoint>.z.n).
+    fn health(config: &PlannerConfig, down: &[&str]) -> HealthView {
+        let mut view = HealthView::new();
+        for ep in config.endpoints() {
+            for t in &ep.targets {
+                let h = if down.contains(&t.address.to_string().as_str()) { Health::Down } else { Health::Up };
+                view.insert((ep.name.clone(), t.address), h);
+            }
+        }
+        view
+    }
+
+    /// The planner's part: a published decision becomes the previous plan, and the state of
+    /// every decision carried out is kept.
+    struct Run {
+        config: PlannerConfig,
+        previous: Option<Plan>,
+        state: PlannerState,
+        rng: SmallRng,
+    }
+
+    impl Run {
+        /// The first plan, every target up, at t = 0.
+        fn new(config: PlannerConfig) -> Run {
+            let mut run = Run { config, previous: None, state: PlannerState::default(), rng: SmallRng::seed_from_u64(7) };
+            let outcome = run.step(0, &[]);
+            assert!(matches!(outcome.decision, Decision::Publish { .. }), "{outcome:?}");
+            run
+        }
+
+        fn step(&mut self, at_ms: u64, down: &[&str]) -> Outcome {
+            let outcome = decide(&self.config, &health(&self.config, down), self.previous.as_ref(), &self.state, at_ms, &mut self.rng);
+            match &outcome.decision {
+                Decision::Publish { endpoints, provenance, reason } => {
+                    let g = self.previous.as_ref().map_or(0, |p| p.generation.0) + 1;
+                    self.previous = Some(Plan {
+                        generation: Generation(g),
+                        parent_generation: Generation(g - 1),
+                        created_at_unix_ms: at_ms,
+                        author: Author::Planner { id: "p1".into() },
+                        reason: reason.clone(),
+                        dns_zone: self.config.dns_zone.clone(),
+                        endpoints: endpoints.clone(),
+                        retired: Default::default(),
+                        rollback_of: None,
+                        provenance: provenance.clone(),
+                    });
+                    self.state = outcome.state.clone();
+                }
+                Decision::NoChange => self.state = outcome.state.clone(),
+                Decision::Breaker { .. } => {}
+            }
+            outcome
+        }
+
+        fn weight(&self, e: usize, address: &str) -> Option<u32> {
+            let plan = self.previous.as_ref()?;
+            plan.endpoints.get(&name(e))?.targets.iter().find(|t| t.address == ip(address)).map(|t| t.weight)
+        }
+    }
+
+    fn rules(deferred: &[Deferred]) -> Vec<&'static str> {
+        deferred.iter().map(|d| d.rule.as_str()).collect()
+    }
+
+    /// The case: three of an endpoint's six targets fail at once (one per zone, so no
+    /// zone is impaired). The plan removes two (a third each, 33%) and keeps the third: the
+    /// per-plan limit (34%) is what holds it, listed with the numbers and reconsidered when
+    /// this plan's removal leaves the 300 s window. The next decision publishes nothing and
+    /// says the window holds it now, until the same time; then it goes.
+    #[test]
+    fn three_of_six_failing_at_once_defers_the_third_removal() {
+        let mut run = Run::new(config(2, 2, ""));
+        let down = ["10.0.0.1", "10.0.1.1", "10.0.2.1"];
+        let t0 = 60 * S;
+        let outcome = run.step(t0, &down);
+        assert!(matches!(outcome.decision, Decision::Publish { .. }), "{outcome:?}");
+        let kept: Vec<&str> = down.iter().copied().filter(|a| run.weight(0, a) == Some(1)).collect();
+        assert_eq!(kept.len(), 1, "two removed, one kept: {:?}", run.previous);
+        let [held] = outcome.deferred.as_slice() else { panic!("one deferral: {:?}", outcome.deferred) };
+        assert_eq!(held.rule, DeferredRule::RemovalPerPlan);
+        assert_eq!((&held.endpoint, held.target), (&name(0), Some(ip(kept[0]))));
+        for number in ["this plan removes 33%", "removing it (17%) too would make 50%", "removal_fraction_per_plan (34%)"] {
+            assert!(held.detail.starts_with("down, still served: ") && held.detail.contains(number), "{number:?} in {held:?}");
+        }
+        assert_eq!(held.reconsider_at_unix_ms, Some(t0 + 300 * S), "when this plan's removal leaves the window");
+        assert_eq!(summarize(&outcome.deferred), Some(format!("1 deferred: removal_per_plan e0.example.test. {}", kept[0])));
+
+        let outcome = run.step(t0 + S, &down);
+        assert_eq!(outcome.decision, Decision::NoChange);
+        let [held] = outcome.deferred.as_slice() else { panic!("one deferral: {:?}", outcome.deferred) };
+        assert_eq!((held.rule, held.target), (DeferredRule::RemovalPerWindow, Some(ip(kept[0]))));
+        for number in ["33% of the endpoint's weight was removed in the last 300 s", "removing it (25%) too would make 58%"] {
+            assert!(held.detail.contains(number), "{number:?} in {held:?}");
+        }
+        assert_eq!(held.reconsider_at_unix_ms, Some(t0 + 300 * S));
+
+        let outcome = run.step(t0 + 300 * S, &down);
+        assert!(matches!(outcome.decision, Decision::Publish { .. }), "{outcome:?}");
+        assert_eq!(run.weight(0, kept[0]), Some(0));
+        assert_eq!(outcome.deferred, vec![]);
+    }
+
+    /// Removals spread out: the window holds the third, and it is reconsidered when the
+    /// oldest removal leaves the window (enough room then), not when the newest does.
+    #[test]
+    fn the_window_limit_is_reconsidered_when_its_oldest_removal_expires() {
+        let mut run = Run::new(config(2, 2, "window_secs = 300"));
+        run.step(10 * S, &["10.0.0.1"]);
+        run.step(100 * S, &["10.0.0.1", "10.0.1.1"]);
+        assert_eq!((run.weight(0, "10.0.0.1"), run.weight(0, "10.0.1.1")), (Some(0), Some(0)));
+        let outcome = run.step(200 * S, &["10.0.0.1", "10.0.1.1", "10.0.2.1"]);
+        assert_eq!(outcome.decision, Decision::NoChange);
+        let [held] = outcome.deferred.as_slice() else { panic!("one deferral: {:?}", outcome.deferred) };
+        assert_eq!((held.rule, held.target), (DeferredRule::RemovalPerWindow, Some(ip("10.0.2.1"))));
+        // 1/6 at 10 s and 1/5 of what was left at 100 s: 37% used, 13% left, 25% asked.
+        assert!(held.detail.contains("37% of the endpoint's weight was removed") && held.detail.contains("(25%)"), "{held:?}");
+        assert_eq!(held.reconsider_at_unix_ms, Some(310 * S));
+        let outcome = run.step(310 * S, &["10.0.0.1", "10.0.1.1", "10.0.2.1"]);
+        assert!(matches!(outcome.decision, Decision::Publish { .. }), "{outcome:?}");
+        assert_eq!(outcome.deferred, vec![]);
+    }
+
+    /// A target that is alone more than a plan may remove waits for its health, not a time.
+    #[test]
+    fn a_target_above_the_plan_limit_waits_for_health() {
+        // Two targets, both in zone a: with zone_impaired_fraction 1.0 one failure does not
+        // impair the zone, and 1 of 2 healthy is not below fail_open_below (50%).
+        let mut text = String::from(
+            "id = \"p1\"\ndns_zone = \"example.test.\"\n[store]\nurl = \"http://127.0.0.1:8053\"\n[policy]\nzone_impaired_fraction = 1.0\n",
+        );
+        text.push_str("[[endpoint]]\nname = \"e0.example.test.\"\nttl_secs = 30\ncheck = { kind = \"tcp\", port = 80 }\n");
+        text.push_str(
+            "[[endpoint.target]]\naddress = \"10.0.0.1\"\nzone = \"a\"\n[[endpoint.target]]\naddress = \"10.0.0.2\"\nzone = \"a\"\n",
+        );
+        let mut run = Run::new(PlannerConfig::parse(&text).expect("valid"));
+        let outcome = run.step(10 * S, &["10.0.0.1"]);
+        assert_eq!(outcome.decision, Decision::NoChange);
+        let [held] = outcome.deferred.as_slice() else { panic!("one deferral: {:?}", outcome.deferred) };
+        assert_eq!((held.rule, held.target), (DeferredRule::RemovalPerPlan, Some(ip("10.0.0.1"))));
+        assert!(
+            held.detail.contains("removing it would take 50% of the endpoint's weight, above removal_fraction_per_plan (34%)"),
+            "{held:?}"
+        );
+        assert!(held.detail.contains("until its health or the config changes"), "{held:?}");
+        assert_eq!(held.reconsider_at_unix_ms, None);
+    }
+
+    /// Too few healthy targets: every dead one is served, and each is listed as fail_open
+    /// with how many are healthy and how many it takes.
+    #[test]
+    fn fail_open_lists_the_dead_targets_it_serves() {
+        let mut run = Run::new(config(1, 2, "zone_impaired_fraction = 1.0"));
+        let down = ["10.0.0.1", "10.0.1.1", "10.0.1.2", "10.0.2.1"];
+        let outcome = run.step(10 * S, &down);
+        assert_eq!(outcome.decision, Decision::NoChange, "fail open keeps serving everything");
+        assert_eq!(rules(&outcome.deferred), vec!["fail_open"; 4]);
+        let targets: Vec<IpAddr> = outcome.deferred.iter().filter_map(|d| d.target).collect();
+        assert_eq!(targets, down.iter().map(|a| ip(a)).collect::<Vec<_>>());
+        let detail = &outcome.deferred[0].detail;
+        assert!(detail.contains("2 of 6 targets healthy, below fail_open_below (50%)") && detail.contains("until at least 3"), "{detail}");
+        assert!(outcome.deferred.iter().all(|d| d.reconsider_at_unix_ms.is_none()));
+    }
+
+    /// An impaired zone the others cannot carry is held: its dead targets are listed under
+    /// capacity, with the capacity there is and the capacity needed.
+    #[test]
+    fn a_zone_held_for_capacity_lists_its_dead_targets() {
+        let mut config = config(1, 2, "");
+        config.endpoints[0].get_mut().demand = Some(5.0);
+        let mut run = Run::new(config);
+        let outcome = run.step(10 * S, &["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(rules(&outcome.deferred), vec!["capacity", "capacity"]);
+        let held = &outcome.deferred[0];
+        assert_eq!(held.target, Some(ip("10.0.0.1")));
+        for number in
+            ["zone a impaired (2 of 2 targets down, threshold 50%)", "has 4 of the 6 capacity needed", "capacity_headroom 1.2 x demand 5"]
+        {
+            assert!(held.detail.contains(number), "{number:?} in {held:?}");
+        }
+        assert_eq!(held.reconsider_at_unix_ms, None);
+    }
+
+    /// One zone at a time: while zone a is shifted, impaired zone b is held; once zone a looks
+    /// healthy, both the hold and zone a's return are reconsidered when its dwell ends.
+    #[test]
+    fn a_second_zone_waits_for_the_first_and_the_dwell_is_listed() {
+        let mut run = Run::new(config(1, 2, "fail_open_below = 0.1\nzone_recovery_dwell_secs = 60"));
+        run.step(10 * S, &["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(run.state.shifted.as_ref().map(|s| s.zone.as_str()), Some("a"));
+        let outcome = run.step(20 * S, &["10.0.0.1", "10.0.0.2", "10.0.1.1", "10.0.1.2"]);
+        assert_eq!(rules(&outcome.deferred), vec!["zone_one_at_a_time"; 2]);
+        let held = &outcome.deferred[0];
+        assert_eq!(held.target, Some(ip("10.0.1.1")));
+        assert!(held.detail.contains("zone b impaired (2 of 2 targets down") && held.detail.contains("while zone a is"), "{held:?}");
+        assert_eq!(held.reconsider_at_unix_ms, None, "zone a is not healthy yet");
+
+        let outcome = run.step(30 * S, &["10.0.1.1", "10.0.1.2"]);
+        assert_eq!(rules(&outcome.deferred), vec!["zone_recovery", "zone_recovery", "zone_one_at_a_time", "zone_one_at_a_time"]);
+        assert_eq!(outcome.deferred[0].target, Some(ip("10.0.0.1")));
+        assert!(outcome.deferred[0].detail.starts_with("up, not served: zone a was shifted away"), "{:?}", outcome.deferred[0]);
+        assert!(outcome.deferred.iter().all(|d| d.reconsider_at_unix_ms == Some(90 * S)), "{:?}", outcome.deferred);
+    }
+
+    /// A tripped breaker lists every endpoint the stopped plan would have changed, and what
+    /// each change was; nothing is reconsidered until an operator resumes.
+    #[test]
+    fn the_breaker_lists_the_changes_it_stopped() {
+        let mut run = Run::new(config(6, 2, ""));
+        let outcome = run.step(10 * S, &["10.0.0.1", "10.1.1.1", "10.2.2.1", "10.3.0.1"]);
+        assert!(matches!(outcome.decision, Decision::Breaker { .. }), "{outcome:?}");
+        assert_eq!(rules(&outcome.deferred), vec!["breaker"; 4]);
+        let endpoints: Vec<&EndpointName> = outcome.deferred.iter().map(|d| &d.endpoint).collect();
+        assert_eq!(endpoints, vec![&name(0), &name(1), &name(2), &name(3)]);
+        let first = &outcome.deferred[0];
+        assert_eq!((first.target, first.reconsider_at_unix_ms), (None, None));
+        assert!(first.detail.contains("would change: 10.0.0.1 (zone a) weight 1 -> 0: down"), "{first:?}");
+        assert!(first.detail.contains("4 of 6 endpoints, above the breaker's 50% (and at least 3)"), "{first:?}");
+        assert_eq!(summarize(&outcome.deferred), Some("4 deferred: breaker 4".into()));
+    }
+
+    /// The JSON name of every rule is its stable name (the status page and alerts use it).
+    #[test]
+    fn rules_serialise_as_their_stable_names() {
+        for rule in DeferredRule::ALL {
+            assert_eq!(serde_json::to_value(rule).expect("serialises"), serde_json::json!(rule.as_str()));
+        }
+    }
+
+    /// Nothing held back, nothing listed.
+    #[test]
+    fn nothing_is_deferred_when_the_rules_let_everything_through() {
+        let mut run = Run::new(config(2, 2, ""));
+        let outcome = run.step(10 * S, &["10.0.0.1"]);
+        assert!(matches!(outcome.decision, Decision::Publish { .. }));
+        assert_eq!((outcome.deferred, summarize(&[])), (vec![], None));
     }
 }

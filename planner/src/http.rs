@@ -1,7 +1,8 @@
 //! The planner daemon's own HTTP listener (`[metrics] listen`): `/metrics`, `/healthz` and
-//! `/v1/status`, served through the daemons' bounded HTTP server
-//! (`dnsplan_common::http_server`, with `Limits::METRICS`: 64 connections, 10 s to send a
-//! request head). The one-process stack serves the planner's metrics and status on the
+//! the planner's status as JSON at `/v1/status` and at `/v1/planner` (the path the
+//! one-process stack serves it on, so a reader finds it at the same path on either), served
+//! through the daemons' bounded HTTP server (`dnsplan_common::http_server`, with
+//! `Limits::METRICS`: 64 connections, 10 s to send a request head). The one-process stack serves the planner's metrics and status on the
 //! authority's control API instead.
 
 use crate::planner::Status;
@@ -30,6 +31,10 @@ pub async fn serve(
         registry.sub_registry_with_prefix("planner").sub_registry_with_label((Cow::Borrowed("planner"), Cow::Owned(id.to_owned())));
     server.register(labelled, "http", "Metrics listener");
     let registry = Arc::new(registry);
+    let status_json = move || {
+        let status = status.lock().map(|s| s.clone()).unwrap_or_default();
+        async move { Json(status) }
+    };
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -38,13 +43,8 @@ pub async fn serve(
                 async move { ([(axum::http::header::CONTENT_TYPE, daemon::METRICS_CONTENT_TYPE)], daemon::metrics_text(&registry)) }
             }),
         )
-        .route(
-            "/v1/status",
-            get(move || {
-                let status = status.lock().map(|s| s.clone()).unwrap_or_default();
-                async move { Json(status) }
-            }),
-        )
+        .route("/v1/status", get(status_json.clone()))
+        .route("/v1/planner", get(status_json))
         .route("/healthz", get(|| async { "ok\n" }));
     http_server::serve(listener, app, Limits::METRICS, server, "metrics", shutdown).await;
 }

@@ -1,8 +1,10 @@
 //! The planner's Prometheus metrics (`dnsplan_planner_*`), labelled with the planner's id.
 //!
 //! The decision and probe series exist from the start, at 0, for every kind and result, so
-//! an alert on `increase()` sees the first one (a series born at 1 has no increase).
+//! an alert on `increase()` sees the first one (a series born at 1 has no increase), and so
+//! does `dnsplan_planner_deferred{rule}` for every rule that can hold a decision back.
 
+use crate::decide::{Deferred, DeferredRule};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -13,6 +15,11 @@ use std::borrow::Cow;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,6 +51,8 @@ pub struct Metrics {
     /// Targets by verdict: `up`, `down`, `unknown`.
     pub targets: Family<KindLabels, Gauge>,
     pub last_published_generation: Gauge,
+    /// Decisions the last decision's rules held back, by rule (`DeferredRule::as_str`).
+    pub deferred: Family<RuleLabels, Gauge>,
 }
 
 impl Metrics {
@@ -59,6 +68,7 @@ impl Metrics {
             probes: Family::default(),
             targets: Family::default(),
             last_published_generation: Gauge::default(),
+            deferred: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("planner").sub_registry_with_label((Cow::Borrowed("planner"), Cow::Owned(id.to_owned())));
         r.register("decisions", "Decisions by kind", m.decisions.clone());
@@ -71,13 +81,27 @@ impl Metrics {
         r.register("probes", "Health probes by result", m.probes.clone());
         r.register("targets", "Targets by health verdict", m.targets.clone());
         r.register("last_published_generation", "Generation of the last plan this planner published", m.last_published_generation.clone());
+        r.register(
+            "deferred",
+            "Decisions the last decision's rules held back (a dead target still served, a change not published), by rule",
+            m.deferred.clone(),
+        );
         for kind in DECISION_KINDS {
             let _ = m.decisions.get_or_create(&KindLabels { kind });
         }
         for result in PROBE_RESULTS {
             let _ = m.probes.get_or_create(&ResultLabels { result });
         }
+        m.set_deferred(&[]);
         m
+    }
+
+    /// Sets `deferred{rule}` to the count of each rule in `deferred`, every rule included.
+    pub fn set_deferred(&self, deferred: &[Deferred]) {
+        for rule in DeferredRule::ALL {
+            let count = deferred.iter().filter(|d| d.rule == rule).count();
+            self.deferred.get_or_create(&RuleLabels { rule: rule.as_str() }).set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts one probe: `ok`, `fail` (the target failed it) or `inconclusive` (the checker
@@ -97,22 +121,49 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    /// Every decision kind and probe result is a series at 0 before anything happened.
+    /// Every decision kind, probe result and deferral rule is a series at 0 before anything
+    /// happened.
     #[test]
     fn kinds_and_results_exist_at_zero() {
         let mut registry = Registry::with_prefix("dnsplan");
         let metrics = Metrics::register(&mut registry, "p");
         metrics.probe("inconclusive");
         let text = dnsplan_common::daemon::metrics_text(&registry);
-        let series =
-            DECISION_KINDS.iter().map(|kind| (format!("dnsplan_planner_decisions_total{{planner=\"p\",kind=\"{kind}\"}}"), 0)).chain(
+        let series = DECISION_KINDS
+            .iter()
+            .map(|kind| (format!("dnsplan_planner_decisions_total{{planner=\"p\",kind=\"{kind}\"}}"), 0))
+            .chain(
                 PROBE_RESULTS
                     .iter()
                     .map(|r| (format!("dnsplan_planner_probes_total{{planner=\"p\",result=\"{r}\"}}"), u8::from(*r == "inconclusive"))),
-            );
+            )
+            .chain(DeferredRule::ALL.iter().map(|r| (format!("dnsplan_planner_deferred{{planner=\"p\",rule=\"{r}\"}}"), 0)));
         for (name, count) in series {
             let want = format!("{name} {count}");
             assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
         }
+    }
+
+    /// The deferral gauge counts by rule, and a rule no longer deferring goes back to 0.
+    #[test]
+    fn deferred_counts_by_rule() {
+        let mut registry = Registry::with_prefix("dnsplan");
+        let metrics = Metrics::register(&mut registry, "p");
+        let held = |rule| Deferred {
+            rule,
+            endpoint: dnsplan_common::DnsName::parse("api.example.test.").expect("name"),
+            target: None,
+            detail: String::new(),
+            reconsider_at_unix_ms: None,
+        };
+        let count = |rule: &str| {
+            let text = dnsplan_common::daemon::metrics_text(&registry);
+            let prefix = format!("dnsplan_planner_deferred{{planner=\"p\",rule=\"{rule}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(prefix.as_str()).map(str::to_owned)).unwrap_or_default()
+        };
+        metrics.set_deferred(&[held(DeferredRule::FailOpen), held(DeferredRule::FailOpen), held(DeferredRule::RemovalPerPlan)]);
+        assert_eq!((count("fail_open"), count("removal_per_plan"), count("breaker")), ("2".into(), "1".into(), "0".into()));
+        metrics.set_deferred(&[held(DeferredRule::RemovalPerWindow)]);
+        assert_eq!((count("fail_open"), count("removal_per_plan"), count("removal_per_window")), ("0".into(), "0".into(), "1".into()));
     }
 }

@@ -12,9 +12,15 @@
 //! compares the active state with the latest plan and carries such endpoints, with the
 //! records they serve, into its next plan, so they neither go empty nor hold back cleanup.
 //! Endpoints retired by a plan since their active generation are never adopted.
+//!
+//! The status says what the rules hold back (`deferred`, from [`crate::decide::Outcome`]):
+//! a decision that defers a removal often publishes nothing, so neither the plans nor "no
+//! change" would say why a dead target is still served. The list is the last decision's; it
+//! is emptied on standby and while an operator pauses automation (nothing is decided then),
+//! and kept while the breaker's pause lasts (it lists what the breaker stopped).
 
 use crate::config::PlannerConfig;
-use crate::decide::{Decision, Health, PlannerState, UNMANAGED_RULE, decide};
+use crate::decide::{Decision, Deferred, Health, PlannerState, UNMANAGED_RULE, decide, summarize};
 use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::store::lease::now_unix_ms;
@@ -44,6 +50,9 @@ pub struct Status {
     pub last_decision: String,
     pub last_published: Option<Generation>,
     pub zone_shifted: Option<String>,
+    /// What the last decision's rules held back, with the numbers and when each is
+    /// reconsidered (see [`Deferred`]).
+    pub deferred: Vec<Deferred>,
     pub targets: Vec<TargetStatus>,
 }
 
@@ -142,9 +151,11 @@ impl<S: Store> Planner<S> {
                     tracing::warn!(planner = %self.config.id, %holder, epoch, "the lease is held elsewhere: standing by");
                 }
                 self.metrics.active.set(0);
+                self.metrics.set_deferred(&[]);
                 self.set_status(|s| {
                     s.active = false;
                     s.lease = None;
+                    s.deferred = Vec::new();
                     s.last_decision = format!("standby: {holder} holds the lease (epoch {epoch})");
                 });
                 return;
@@ -170,7 +181,16 @@ impl<S: Store> Planner<S> {
         };
         self.metrics.paused.set(i64::from(paused.is_some()));
         if let Some(p) = paused {
+            // Nothing is decided while paused: what was held back is not being reconsidered,
+            // except that a breaker's pause keeps the list of what the breaker stopped.
+            let clear = !p.by.starts_with("planner:");
+            if clear {
+                self.metrics.set_deferred(&[]);
+            }
             self.set_status(|s| {
+                if clear {
+                    s.deferred = Vec::new();
+                }
                 s.last_decision = format!("paused by {}: {}", p.by, p.reason);
                 s.paused = Some(p);
             });
@@ -187,6 +207,8 @@ impl<S: Store> Planner<S> {
                     tracing::warn!(planner = %self.config.id, "lost the lease while publishing: standing by");
                     self.lease = None;
                     self.metrics.active.set(0);
+                    self.metrics.set_deferred(&[]);
+                    self.set_status(|s| s.deferred = Vec::new());
                     return;
                 }
                 Err(StoreError::Paused { .. }) => return,
@@ -235,11 +257,16 @@ impl<S: Store> Planner<S> {
             let reason = format!("{} endpoint(s) served but missing from plan {latest}: adopted as served", adopted.len());
             outcome.decision = Decision::Publish { endpoints: p.endpoints.clone(), provenance, reason };
         }
+        let held = summarize(&outcome.deferred).map(|h| format!("; {h}")).unwrap_or_default();
         match outcome.decision {
             Decision::NoChange => {
                 self.metrics.decision("no_change");
                 self.keep(outcome.state);
-                self.set_status(|s| s.last_decision = format!("no change (latest plan {latest})"));
+                self.metrics.set_deferred(&outcome.deferred);
+                self.set_status(|s| {
+                    s.last_decision = format!("no change (latest plan {latest}){held}");
+                    s.deferred = outcome.deferred;
+                });
                 Ok(())
             }
             Decision::Breaker { reason } => {
@@ -251,7 +278,11 @@ impl<S: Store> Planner<S> {
                     by: format!("planner:{}", self.config.id),
                     since_unix_ms: now,
                 };
-                self.set_status(|s| s.last_decision = reason.clone());
+                self.metrics.set_deferred(&outcome.deferred);
+                self.set_status(|s| {
+                    s.last_decision = format!("{reason}{held}");
+                    s.deferred = outcome.deferred;
+                });
                 self.call(self.store.pause(pause)).await
             }
             Decision::Publish { endpoints, provenance, reason } => {
@@ -276,9 +307,11 @@ impl<S: Store> Planner<S> {
                 self.metrics.last_published_generation.set(next.0 as i64);
                 tracing::info!(planner = %self.config.id, generation = next.0, %reason, "plan published");
                 self.keep(outcome.state);
+                self.metrics.set_deferred(&outcome.deferred);
                 self.set_status(|s| {
                     s.last_published = Some(next);
-                    s.last_decision = format!("published {next}: {reason}");
+                    s.last_decision = format!("published {next}: {reason}{held}");
+                    s.deferred = outcome.deferred;
                 });
                 Ok(())
             }

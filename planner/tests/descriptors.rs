@@ -66,13 +66,14 @@ async fn a_planner_out_of_descriptors_publishes_nothing() -> anyhow::Result<()> 
         anyhow::ensure!(held.len() as u64 <= EXHAUSTED_LIMIT, "opened {} files under a limit of {EXHAUSTED_LIMIT}", held.len());
     };
     let probes = |result| metrics.probes.get_or_create(&ResultLabels { result }).get();
-    let not_ok = || probes("fail") + probes("inconclusive");
     let decisions = || ["no_change", "publish"].map(|kind| metrics.decisions.get_or_create(&KindLabels { kind }).get()).iter().sum::<u64>();
     let result = async {
         anyhow::ensure!(exhausted.raw_os_error() == Some(nix::errno::Errno::EMFILE as i32), "not EMFILE: {exhausted}");
         // Every target probed three times while exhausted, and the planner decided since.
-        let before = not_ok();
-        until("probes while exhausted", || not_ok() >= before + 3 * targets).await?;
+        // Probes already connected when the descriptors ran out may still end as `fail`; the
+        // ones that start now cannot open a socket, and each must be `inconclusive`.
+        let before = probes("inconclusive");
+        until("inconclusive probes while exhausted", || probes("inconclusive") >= before + 3 * targets).await?;
         let decided = decisions();
         until("three more decisions", || decisions() >= decided + 3).await?;
         anyhow::Ok(())
@@ -82,7 +83,6 @@ async fn a_planner_out_of_descriptors_publishes_nothing() -> anyhow::Result<()> 
     setrlimit(Resource::RLIMIT_NOFILE, soft, hard)?;
     result?;
     assert_eq!(store.latest().await?, removed.generation(), "a plan was published while the planner could not check anything");
-    assert!(probes("inconclusive") >= 3 * targets, "the failed probes were not counted as inconclusive");
 
     let _ = stop.send(());
     task.await?;

@@ -157,3 +157,82 @@ async fn served_endpoints_missing_from_the_latest_plan_are_adopted() -> anyhow::
     planner.task.await?;
     Ok(())
 }
+
+/// Three of api's six targets fail together (one per zone, so no zone is impaired): the
+/// velocity limits let two go and keep the third. The planner's status says so (`deferred`,
+/// with the rule, the address and a reconsider time within the 300 s window, and in
+/// `last_decision`), and so does its own listener: `/v1/planner` and
+/// `dnsplan_planner_deferred{rule}`. Without the deferral in `decide`'s outcome the status
+/// stays "no change" and the test times out waiting for it (seen once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_held_back_are_in_the_status_and_on_the_listener() -> anyhow::Result<()> {
+    use dnsplan_planner::decide::DeferredRule;
+    use std::time::Instant;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let mut backends = Backends::start().await?;
+    let config = Arc::new(PlannerConfig::parse(&config_text(backends.port, "")).map_err(anyhow::Error::msg)?);
+    let mut registry = Registry::with_prefix("dnsplan");
+    let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
+    let book = Arc::new(HealthBook::default());
+    let _checks = spawn_checks(&config, book.clone(), metrics.clone());
+    let planner = Planner::new(store.clone(), config.clone(), book, metrics);
+    let status = planner.status();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listen = listener.local_addr()?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(dnsplan_planner::http::serve(listener, registry, "p1", status.clone(), async move {
+        let _ = http_stopped.await;
+    }));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(planner.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_plan(&store, |_| true).await?;
+
+    let failed = ["127.0.1.1", "127.0.1.3", "127.0.1.5"];
+    for address in failed {
+        backends.stop(address)?;
+    }
+    let plan = wait_plan(&store, |p| failed.iter().filter(|a| weight(p, "api.example.test.", a) == Some(0)).count() == 2).await?;
+    let kept: Vec<&str> = failed.iter().copied().filter(|a| weight(&plan, "api.example.test.", a) == Some(1)).collect();
+    assert_eq!(kept.len(), 1, "{plan:?}");
+    let published_at = plan.plan().created_at_unix_ms;
+
+    // The status is the last decision's: wait (bounded) for one that holds the third back.
+    // The decision that published the two removals held it by the per-plan limit; every one
+    // after it holds it by the window's (its room is the smaller now), so wait for that one
+    // and the listener, read later, says the same.
+    let deadline = Instant::now() + WITHIN;
+    let held = loop {
+        let now = status.lock().map(|s| s.clone()).unwrap_or_default();
+        if let [held] = now.deferred.as_slice()
+            && held.rule == DeferredRule::RemovalPerWindow
+        {
+            assert!(now.last_decision.contains(&format!("1 deferred: {} api.example.test. {}", held.rule, kept[0])), "{now:?}");
+            break held.clone();
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no deferral in the status within {WITHIN:?}: {now:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(held.target, Some(kept[0].parse()?));
+    assert!(held.detail.starts_with("down, still served: ") && held.detail.contains('%'), "{held:?}");
+    // The window is 300 s from a removal no older than the plan that made the second one.
+    let at = held.reconsider_at_unix_ms.ok_or_else(|| anyhow::anyhow!("no reconsider time: {held:?}"))?;
+    assert!(at > published_at && at <= published_at + 300_000, "{at} against {published_at}");
+
+    let client = reqwest::Client::new();
+    let json: serde_json::Value = client.get(format!("http://{listen}/v1/planner")).send().await?.json().await?;
+    let listed = &json["deferred"][0];
+    assert_eq!((listed["rule"].as_str(), listed["target"].as_str()), (Some(held.rule.as_str()), Some(kept[0])), "{json}");
+    assert_eq!(listed["endpoint"].as_str(), Some("api.example.test."), "{json}");
+    let text = client.get(format!("http://{listen}/metrics")).send().await?.text().await?;
+    let line = format!("dnsplan_planner_deferred{{planner=\"p1\",rule=\"{}\"}} 1", held.rule);
+    assert!(text.lines().any(|l| l == line), "want {line:?} in\n{text}");
+
+    let _ = stop.send(());
+    task.await?;
+    let _ = stop_http.send(());
+    http.await?;
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! The pure core, as scenarios: observations over time in, decisions out, compared as text.
 //! Each step sets some targets' health at a time, decides, and (as the planner would) makes a
-//! published plan the previous one and keeps the state of every decision carried out.
+//! published plan the previous one and keeps the state of every decision carried out. What
+//! the rules held back in each decision follows it as `~ held by RULE` lines.
 
 use dnsplan_common::{Author, Generation, Plan};
 use dnsplan_planner::config::PlannerConfig;
@@ -49,6 +50,11 @@ fn run(config: &PlannerConfig, steps: &[Step]) -> String {
         }
         let outcome = decide(config, &health, previous.as_ref(), &state, step.t * 1_000, &mut rng);
         writeln!(out, "t={}s {}", step.t, outcome.decision.describe()).unwrap();
+        for d in &outcome.deferred {
+            let target = d.target.map(|t| format!(" {t}")).unwrap_or_default();
+            let when = d.reconsider_at_unix_ms.map(|at| format!(" (reconsidered at t={}s)", at / 1_000)).unwrap_or_default();
+            writeln!(out, "  ~ held by {} {}{target}: {}{when}", d.rule, d.endpoint, d.detail).unwrap();
+        }
         match outcome.decision {
             Decision::Publish { endpoints, provenance, reason } => {
                 let g = previous.as_ref().map(|p| p.generation.0).unwrap_or(0) + 1;
