@@ -1,0 +1,1 @@
+//! dnsplan's fenced store on etcd v3 (`EtcdStore`).
