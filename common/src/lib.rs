@@ -3,8 +3,8 @@
 //!
 //! This crate is the only one that defines wire and on-disk types. It holds no daemons; its
 //! network code is what every daemon shares, each behind a feature: the store's HTTP client
-//! (`remote`), a small DNS client (`dns`), and the accept loop and bounded HTTP server every
-//! daemon serves through (`server`).
+//! (`remote`), a small DNS client (`dns`), TSIG keys and signatures (`tsig`), and the accept
+//! loop and bounded HTTP server every daemon serves through (`server`).
 
 #[cfg(feature = "server")]
 pub mod accept;
@@ -21,6 +21,8 @@ pub mod names;
 #[cfg(feature = "daemon")]
 pub mod open_files;
 pub mod plan;
+#[cfg(feature = "tsig")]
+pub mod tsig;
 
 pub use generation::Generation;
 pub use names::{DnsName, EndpointName, NameError, ZoneId};
