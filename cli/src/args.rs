@@ -54,10 +54,13 @@ pub enum Command {
         /// TCP listen addresses.
         #[arg(long)]
         tcp: Vec<SocketAddr>,
+        #[command(flatten)]
+        log: LogArgs,
     },
     /// Print a completion script for SHELL on stdout, e.g.
     /// `dnsplan completions bash > /etc/bash_completion.d/dnsplan`.
     Completions {
+        /// The shell to complete for.
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
@@ -103,4 +106,28 @@ pub fn write_man_pages(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     write(&command, dir, &mut written)?;
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument of every command says what it is for, so `--help`, the man pages and
+    /// the completions never show a bare flag.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(command: &clap::Command, path: &str, bare: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                if arg.get_help().is_none() && !matches!(arg.get_id().as_str(), "help" | "version") {
+                    bare.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), bare);
+            }
+        }
+        let mut bare = Vec::new();
+        walk(&Cli::command(), "dnsplan", &mut bare);
+        assert!(bare.is_empty(), "arguments without help: {bare:#?}");
+    }
 }

@@ -28,10 +28,13 @@ pub enum Command {
     /// Publish a new plan with an older plan's content (roll forward), pause automation
     /// unless --keep-automation, and wait until it is enacted and served.
     Rollback {
+        /// The generation whose content the new plan carries.
         #[arg(long)]
         to: u64,
+        /// Why: recorded in the plan, the pause and the audit log.
         #[arg(long)]
         reason: String,
+        /// Leave automation running (the planner may change the result again at once).
         #[arg(long)]
         keep_automation: bool,
         /// Who rolls back (default: $USER).
@@ -52,8 +55,10 @@ pub enum Command {
     },
     /// Stop automation from publishing (operators still can).
     Pause {
+        /// Why: shown by `dnsplan status` until someone resumes.
         #[arg(long)]
         reason: String,
+        /// Who pauses (default: $USER).
         #[arg(long)]
         by: Option<String>,
     },
@@ -62,6 +67,7 @@ pub enum Command {
     /// Ask DNS for every managed endpoint and compare with the active state; check that the
     /// latest plan's content is served everywhere and say which endpoints and enactors lag.
     Verify {
+        /// The DNS server to ask.
         #[arg(long, default_value = "127.0.0.1:5353")]
         dns: SocketAddr,
         /// How long the latest plan may take to be enacted before verify fails.
@@ -70,8 +76,10 @@ pub enum Command {
     },
     /// Delete old plans (never an active or newer one); --dry-run shows what would go.
     Cleanup {
+        /// Say what would be deleted, and why the rest is kept; delete nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Keep at least this many of the newest plans.
         #[arg(long, default_value_t = 20)]
         retain: u64,
     },
@@ -91,20 +99,33 @@ pub enum Command {
 pub enum PlansCommand {
     /// The newest plans, newest last.
     List {
+        /// How many plans to show.
         #[arg(long, default_value_t = 20)]
         limit: usize,
     },
     /// One plan: who, why, and every endpoint's targets.
-    Show { generation: u64 },
+    Show {
+        /// The plan's generation.
+        generation: u64,
+    },
     /// What changes from plan A to plan B, as - and + lines.
-    Diff { from: u64, to: u64 },
+    Diff {
+        /// The older plan's generation.
+        from: u64,
+        /// The newer plan's generation.
+        to: u64,
+    },
     /// Why each change in a plan was made (its provenance).
-    Explain { generation: u64 },
+    Explain {
+        /// The plan's generation.
+        generation: u64,
+    },
     /// Publish a plan from a TOML file (the shape `plans show N --output toml` prints; `-`
     /// reads standard input). Shows the changes against the latest plan and what the guards
     /// say; publishes only with --yes, then pauses automation (unless --keep-automation) and
     /// waits until the plan is enacted and served, as a rollback does.
     Publish {
+        /// The plan as TOML, in the shape `plans show --output toml` prints (`-`: standard input).
         file: PathBuf,
         /// Why: recorded in the plan and the audit log.
         #[arg(long)]
@@ -112,6 +133,7 @@ pub enum PlansCommand {
         /// Publish. Without it nothing is written.
         #[arg(long)]
         yes: bool,
+        /// Leave automation running (the planner may change the result again at once).
         #[arg(long)]
         keep_automation: bool,
         /// Who publishes (default: $USER).
@@ -139,7 +161,9 @@ pub enum EndpointsCommand {
     /// Publish a plan that retires NAME (it then answers NXDOMAIN). Refused while the planner
     /// manages NAME: remove it from the planner's config first.
     Retire {
+        /// The endpoint's DNS name.
         name: String,
+        /// Why: recorded in the plan and the audit log.
         #[arg(long)]
         reason: String,
         /// Who retires it (default: $USER).
@@ -150,13 +174,16 @@ pub enum EndpointsCommand {
 
 #[derive(Subcommand)]
 pub enum BackendCommand {
+    /// Every demo backend, its kind, and whether it is up or failed.
     List,
     /// Make a demo backend fail its health checks (close its listeners).
     Fail {
+        /// The backend's address, as `dnsplan backend list` shows it.
         address: IpAddr,
     },
     /// Bring it back.
     Heal {
+        /// The backend's address, as `dnsplan backend list` shows it.
         address: IpAddr,
     },
 }

@@ -39,8 +39,8 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            Command::DemoBackend { http, tcp } => {
-                daemon::init(daemon::LogFormat::Text);
+            Command::DemoBackend { http, tcp, log } => {
+                daemon::init(log.log_format);
                 let shutdown = daemon::shutdown_signal();
                 match demo::serve_standalone(&http, &tcp).await {
                     Ok(()) => {

@@ -169,7 +169,7 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
             }
             "dnsplan" => {
                 let cli = dnsplan_cli::args::Cli::try_parse_from(&command)?;
-                let dnsplan_cli::args::Command::DemoBackend { http, tcp } = cli.command else {
+                let dnsplan_cli::args::Command::DemoBackend { http, tcp, .. } = cli.command else {
                     anyhow::bail!("{name}: only demo-backend runs as a service");
                 };
                 assert!(http.iter().any(|a| a.port() == health_port), "{name}: healthcheck port {health_port} is not an HTTP listener");

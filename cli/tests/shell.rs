@@ -120,3 +120,18 @@ fn up_logs_on_a_pipe_are_plain_text_or_json_lines() -> anyhow::Result<()> {
     assert_json_lines(&log_lines_until(up().args(["--log-format", "json"]), "planner running", WITHIN)?);
     Ok(())
 }
+
+/// `dnsplan demo-backend` (the compose stack's backends) logs like every daemon: plain text on
+/// a pipe, JSON lines with `--log-format json`.
+#[test]
+fn demo_backend_logs_are_plain_text_or_json_lines() -> anyhow::Result<()> {
+    use dnsplan_tests::daemon::{assert_json_lines, assert_plain_text, log_lines_until};
+    let backend = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
+        command.args(["demo-backend", "--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0"]);
+        command
+    };
+    assert_plain_text(&log_lines_until(&mut backend(), "demo backend listening", WITHIN)?);
+    assert_json_lines(&log_lines_until(backend().args(["--log-format", "json"]), "demo backend listening", WITHIN)?);
+    Ok(())
+}

@@ -2,118 +2,14 @@
 //! CLI and a DNS client. Each step is asserted; waits are on the store's change feed or on
 //! DNS answers, each bounded.
 
-use dnsplan_common::dns_probe::{self, RecordType};
+mod support;
+
+use dnsplan_common::Store;
 use dnsplan_common::store::remote::RemoteStore;
-use dnsplan_common::{Generation, Store, ValidatedPlan};
-use std::collections::BTreeSet;
-use std::io::BufRead;
-use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::net::IpAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-const WITHIN: Duration = Duration::from_secs(30);
-const TOKEN: &str = "dnsplan-demo-token-change-me";
-const BUILT_IN: &str = include_str!("../../examples/dnsplan.toml");
-
-struct Up {
-    child: Child,
-    dns: SocketAddr,
-    control: String,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn up(dir: &Path) -> anyhow::Result<Up> {
-    // The built-in config with its demo backends on ports nobody else uses.
-    let config = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
-    std::fs::write(dir.join("dnsplan.toml"), config)?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan"))
-        .arg("up")
-        .arg("--config")
-        .arg(dir.join("dnsplan.toml"))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--dns", "127.0.0.1:0", "--listen-control", "127.0.0.1:0"])
-        .env_remove("DNSPLAN_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
-    let (mut dns, mut control) = (None, None);
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    for line in lines.by_ref() {
-        let line = line?;
-        if let Some(rest) = line.strip_prefix("dnsplan up: DNS zone example.test. on ") {
-            dns = rest.split_whitespace().next().and_then(|a| a.parse().ok());
-        }
-        if let Some(rest) = line.strip_prefix("control  ") {
-            control = rest.split_whitespace().next().map(str::to_owned);
-        }
-        if line.starts_with("stop with Ctrl-C") {
-            break;
-        }
-    }
-    // Keep reading stdout so the stack never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    let (Some(dns), Some(control)) = (dns, control) else { anyhow::bail!("dnsplan up did not say where it listens") };
-    Ok(Up { child, dns, control })
-}
-
-fn dnsplan(up: &Up, args: &[&str]) -> anyhow::Result<Output> {
-    Ok(Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", &up.control, "--token", TOKEN]).args(args).output()?)
-}
-
-fn ok(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "exit {}: {stdout}{}", out.status, String::from_utf8_lossy(&out.stderr));
-    stdout
-}
-
-/// Waits on the store's change feed until the latest plan satisfies `want`.
-async fn until_plan(store: &RemoteStore, want: impl Fn(&ValidatedPlan) -> bool) -> anyhow::Result<ValidatedPlan> {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let version = store.version().await?;
-        if version.latest > Generation::NONE {
-            let plan = store.plan(version.latest).await?;
-            if want(&plan) {
-                return Ok(plan);
-            }
-        }
-        anyhow::ensure!(Instant::now() < deadline, "no plan as wanted within {WITHIN:?}");
-        store.wait_for_change(version, Duration::from_secs(5)).await?;
-    }
-}
-
-/// Asks DNS until the answer satisfies `want`.
-async fn until_dns(dns: SocketAddr, name: &str, want: impl Fn(&BTreeSet<IpAddr>) -> bool) -> anyhow::Result<BTreeSet<IpAddr>> {
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        if let Ok(answer) = dns_probe::query(dns, name, RecordType::A, Duration::from_secs(1)).await
-            && answer.has_addresses()
-            && want(&answer.addresses)
-        {
-            return Ok(answer.addresses);
-        }
-        anyhow::ensure!(Instant::now() < deadline, "{name} never answered as wanted");
-        tokio::task::yield_now().await;
-    }
-}
-
-fn weight(plan: &ValidatedPlan, address: &str) -> Option<u32> {
-    let address: IpAddr = address.parse().ok()?;
-    plan.plan().endpoints.values().flat_map(|e| &e.targets).find(|t| t.address == address).map(|t| t.weight)
-}
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_tour_works() -> anyhow::Result<()> {
