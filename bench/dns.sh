@@ -3,9 +3,15 @@
 #
 # One zone (bench.test.) of N managed names, name i with 2 + i%3 A records, is served by the
 # dnsplan authority (from plan 1 applied through its store), by Knot and by NSD, each pinned
-# to core 0; dnsperf runs on core 1 over UDP. Two query mixes: positives only, and positives
-# with 5% names that do not exist. The servers take turns (A B C A B C ...) for --rounds
-# rounds; every figure is the median over rounds.
+# to one core, with dnsperf on the other over UDP. Two query mixes: positives only, and
+# positives with 5% names that do not exist. The servers take turns (A B C A B C ...) for
+# --rounds rounds (default 3), and each round runs in both pinning orders (servers on core 0
+# and dnsperf on core 1, then the other way round: the two cores of a virtual machine are not
+# alike); every figure is the median over rounds and orders.
+#
+# The ratio to NSD is taken run by run (each run against NSD's in the same round and order),
+# and reported as the median with its lowest and highest value per order; a ratio whose range
+# over every round and order includes 1.00 is "within the noise" (not told apart from NSD).
 #
 # Figures per server, size and mix: queries per second; queries per server CPU-second (the
 # CPU time of the server's process tree over the run: utime+stime, plus reaped children's
@@ -29,7 +35,7 @@ cd "$(dirname "$0")/.."
 
 SIZES=10000,1000000
 DURATION=15
-ROUNDS=2
+ROUNDS=3
 usage() {
     echo "usage: bench/dns.sh [--sizes N[,N...]] [--duration SECS] [--rounds N]" >&2
     exit 2
@@ -199,6 +205,14 @@ rcode() { # PORT NAME
     dig @127.0.0.1 -p "$1" +norec +time=1 +tries=1 "$2" A 2> /dev/null | sed -n 's/.*status: \([A-Z]*\),.*/\1/p'
 }
 
+# Pins every thread of every process of the tree rooted at $1 to core $2.
+pin_tree() {
+    local pid
+    for pid in $(tree_pids "$1"); do
+        taskset -a -p -c "$2" "$pid" > /dev/null 2>&1 || true
+    done
+}
+
 # Starts server $1 (command in the rest), pinned to core 0, and waits until the last name of
 # the zone answers with addresses. Sets ROOT and LOAD_SECS.
 start_server() {
@@ -241,17 +255,18 @@ check_answers() {
     done
 }
 
-# One dnsperf run against $1 with query file $2; appends a result line to $RESULTS:
+# One dnsperf run against $1 with query file $2, dnsperf on core $6 (the pinning order $7);
+# appends a result line to $RESULTS:
 # size mix server round qps q_per_cpu_s mean_ms p99_ms rss_mb lost_pct resp_bytes
-# nxdomain_pct other_rcode_pct server_cpu_pct other_cpu_pct server_user_pct
+# nxdomain_pct other_rcode_pct server_cpu_pct other_cpu_pct server_user_pct order
 measure() {
-    local server=$1 queries=$2 size=$3 mix=$4 round=$5 out t0 t1 u0 u1 w0 w1 m0 m1 c0 c1 rss
+    local server=$1 queries=$2 size=$3 mix=$4 round=$5 client_core=$6 order=$7 out t0 t1 u0 u1 w0 w1 m0 m1 c0 c1 rss
     out=$WORK/dnsperf.out
     w0=$(date +%s.%N)
     read -r t0 u0 <<< "$(tree_ticks "${ROOT[$server]}")"
     m0=$(machine_ticks)
     c0=$(children_ticks)
-    taskset -c 1 dnsperf -s 127.0.0.1 -p "${PORT[$server]}" -d "$queries" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -v > "$out" 2>&1 \
+    taskset -c "$client_core" dnsperf -s 127.0.0.1 -p "${PORT[$server]}" -d "$queries" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" -v > "$out" 2>&1 \
         || { echo "dnsperf failed against $server:" >&2; grep -v '^>' "$out" | tail -20 >&2; exit 1; }
     c1=$(children_ticks)
     m1=$(machine_ticks)
@@ -259,7 +274,7 @@ measure() {
     w1=$(date +%s.%N)
     rss=$(tree_rss_kb "${ROOT[$server]}")
     alive "${ROOT[$server]}" || { echo "$server died during the run" >&2; exit 1; }
-    awk -v size="$size" -v mix="$mix" -v server="$server" -v round="$round" -v cpu_ticks=$((t1 - t0)) -v hz="$CLK_TCK" -v rss="$rss" -v wall="$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')" \
+    awk -v size="$size" -v mix="$mix" -v server="$server" -v round="$round" -v order="$order" -v cpu_ticks=$((t1 - t0)) -v hz="$CLK_TCK" -v rss="$rss" -v wall="$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')" \
         -v user_ticks=$((u1 - u0)) -v other_ticks=$((m1 - m0 - (t1 - t0) - (c1 - c0))) '
         $1 == ">" && NF == 5 { us = int($5 * 1e6 + 0.5); hist[us]++; n++; next }
         $1 == ">" { next }
@@ -282,13 +297,13 @@ measure() {
             want = n * 0.99; acc = 0; p99 = 0
             if (n > 0) { for (us = 0; acc < want; us++) acc += hist[us]; p99 = (us - 1) / 1000 }
             cpu = cpu_ticks / hz
-            printf "%s %s %s %s %.0f %.0f %.3f %.3f %.1f %.3f %s %.2f %.2f %.0f %.0f %.0f\n", size, mix, server, round, qps,
+            printf "%s %s %s %s %.0f %.0f %.3f %.3f %.1f %.3f %s %.2f %.2f %.0f %.0f %.0f %s\n", size, mix, server, round, qps,
                 (cpu > 0 ? completed / cpu : 0), mean * 1000, p99, rss / 1024, (sent > 0 ? 100 * lost / sent : 0), resp,
                 (answered > 0 ? 100 * nxd / answered : 0), (answered > 0 ? 100 * other / answered : 0), (runtime > 0 ? 100 * cpu / runtime : 0), (wall > 0 && other_ticks > 0 ? 100 * other_ticks / hz / wall : 0),
-                (cpu_ticks > 0 ? 100 * user_ticks / cpu_ticks : 0)
+                (cpu_ticks > 0 ? 100 * user_ticks / cpu_ticks : 0), order
         }' "$out" >> "$RESULTS"
     rm -f "$out"
-    tail -1 "$RESULTS" | awk '{ printf "  round %s %-4s %-8s %9s q/s %9s q/cpu-s  cpu %s%% (user %s%%)  mean %s ms  p99 %s ms  rss %s MB  nxdomain %s%%  other %s%%\n", $4, $2, $3, $5, $6, $14, $16, $7, $8, $9, $12, $15
+    tail -1 "$RESULTS" | awk '{ printf "  round %s %s %-4s %-8s %9s q/s %9s q/cpu-s  cpu %s%% (user %s%%)  mean %s ms  p99 %s ms  rss %s MB  nxdomain %s%%  other %s%%\n", $4, $17, $2, $3, $5, $6, $14, $16, $7, $8, $9, $12, $15
         if ($13 > 0) printf "  WARNING: %s%% of the answers were neither NOERROR nor NXDOMAIN\n", $13 }' >&2
 }
 
@@ -381,9 +396,13 @@ EOF
     echo "  seeded in ${seed_secs}s; loaded: dnsplan ${LOAD_SECS[dnsplan]}s, knot ${LOAD_SECS[knot]}s, nsd ${LOAD_SECS[nsd]}s" >&2
 
     for ((round = 1; round <= ROUNDS; round++)); do
-        for mix in pos nx; do
-            for server in $SERVERS; do
-                measure "$server" "$dir/queries-$mix" "$size" "$mix" "$round"
+        # Order s0: servers on core 0, dnsperf on core 1; order s1: the other way round.
+        for server_core in 0 1; do
+            for server in $SERVERS; do pin_tree "${ROOT[$server]}" "$server_core"; done
+            for mix in pos nx; do
+                for server in $SERVERS; do
+                    measure "$server" "$dir/queries-$mix" "$size" "$mix" "$round" $((1 - server_core)) "s$server_core"
+                done
             done
         done
     done
@@ -394,10 +413,10 @@ EOF
 done
 
 echo
-echo "serving benchmark: zone $ORIGIN, UDP, ${DURATION}s per run, $ROUNDS rounds (median), server on core 0, dnsperf -c $CLIENTS -q $OUTSTANDING on core 1"
+echo "serving benchmark: zone $ORIGIN, UDP, ${DURATION}s per run, $ROUNDS rounds in two pinning orders (median), dnsperf -c $CLIENTS -q $OUTSTANDING"
 echo "$MACHINE"
 echo "$VERSIONS"
-echo "mix: pos = existing names only; nx = 5% names that do not exist. vs nsd = q/cpu-s over NSD's."
+echo "mix: pos = existing names only; nx = 5% names that do not exist. vs nsd = q/cpu-s over NSD's, run by run (median)."
 awk '
     function median(key,    n, i, j, v, t) {
         n = split(vals[key], v, " ")
@@ -409,18 +428,45 @@ awk '
         k = $1 SUBSEP $2 SUBSEP $3
         if (!(k in seen)) { seen[k] = 1; order[++rows] = k }
         for (f = 5; f <= 16; f++) vals[k, f] = vals[k, f] " " $f
+        run[$1, $2, $3, $4, $17] = $6
+        runs[++nruns] = $1 SUBSEP $2 SUBSEP $3 SUBSEP $4 SUBSEP $17
         if ($13 > 0) bad = bad "  " $1 " " $2 " " $3 " round " $4 ": " $13 "% of the answers\n"
     }
     END {
+        # The ratio of each run to NSD in the same size, mix, round and pinning order.
+        for (i = 1; i <= nruns; i++) {
+            split(runs[i], rk, SUBSEP)
+            base = run[rk[1], rk[2], "nsd", rk[4], rk[5]]
+            if (base > 0) {
+                x = run[rk[1], rk[2], rk[3], rk[4], rk[5]] / base
+                k = rk[1] SUBSEP rk[2] SUBSEP rk[3]
+                vals[k, "ratio"] = vals[k, "ratio"] " " x
+                vals[k, "ratio", rk[5]] = vals[k, "ratio", rk[5]] " " x
+                if (!((k, "lo") in lim) || x < lim[k, "lo"]) lim[k, "lo"] = x
+                if (!((k, "hi") in lim) || x > lim[k, "hi"]) lim[k, "hi"] = x
+                if (!((k, "lo", rk[5]) in lim) || x < lim[k, "lo", rk[5]]) lim[k, "lo", rk[5]] = x
+                if (!((k, "hi", rk[5]) in lim) || x > lim[k, "hi", rk[5]]) lim[k, "hi", rk[5]] = x
+            }
+        }
         printf "%-9s %-4s %-8s %10s %10s %7s %6s %6s %9s %9s %9s %7s %7s %7s %8s %8s\n", "names", "mix", "server", "qps", "q/cpu-s", "vs nsd", "cpu %", "usr %", "mean ms", "p99 ms", "rss MB", "lost %", "resp B", "nxd %", "other %", "load s"
         for (r = 1; r <= rows; r++) {
             split(order[r], key, SUBSEP)
-            nsd = median(key[1] SUBSEP key[2] SUBSEP "nsd" SUBSEP 6)
             q = median(order[r] SUBSEP 6)
             printf "%-9s %-4s %-8s %10.0f %10.0f %7.2f %6.0f %6.0f %9.3f %9.3f %9.1f %7.3f %7.0f %7.2f %8.0f %8s\n", key[1], key[2], key[3],
-                median(order[r] SUBSEP 5), q, (nsd > 0 ? q / nsd : 0), median(order[r] SUBSEP 14), median(order[r] SUBSEP 16), median(order[r] SUBSEP 7), median(order[r] SUBSEP 8),
+                median(order[r] SUBSEP 5), q, median(order[r] SUBSEP "ratio"), median(order[r] SUBSEP 14), median(order[r] SUBSEP 16), median(order[r] SUBSEP 7), median(order[r] SUBSEP 8),
                 median(order[r] SUBSEP 9), median(order[r] SUBSEP 10), median(order[r] SUBSEP 11), median(order[r] SUBSEP 12),
                 median(order[r] SUBSEP 15), load[key[1], key[3]]
+        }
+        print ""
+        print "ratio to NSD in q/cpu-s, run by run: median [lowest-highest] with servers on core 0 (s0) and on core 1 (s1)"
+        for (r = 1; r <= rows; r++) {
+            split(order[r], key, SUBSEP)
+            if (key[3] == "nsd") continue
+            k = order[r]
+            verdict = (lim[k, "lo"] <= 1 && lim[k, "hi"] >= 1) ? "within the noise" : (lim[k, "lo"] > 1 ? "ahead of NSD in every run" : "behind NSD in every run")
+            printf "  %-9s %-4s %-8s s0 %.2f [%.2f-%.2f]  s1 %.2f [%.2f-%.2f]  %s\n", key[1], key[2], key[3],
+                median(k SUBSEP "ratio" SUBSEP "s0"), lim[k, "lo", "s0"], lim[k, "hi", "s0"],
+                median(k SUBSEP "ratio" SUBSEP "s1"), lim[k, "lo", "s1"], lim[k, "hi", "s1"], verdict
         }
         print ""
         printf "dnsplan seeding (files, publish of plan 1, apply of every endpoint):"
