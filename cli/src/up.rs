@@ -197,6 +197,8 @@ impl Stack {
                 id: format!("enactor-{zone}"),
                 zone,
                 store: StoreConfig { url: "http://embedded".into(), token: None },
+                // The one-process stack enacts onto its own store.
+                target: Default::default(),
                 apply: up.enactors.apply.clone(),
                 cleanup: up.enactors.cleanup.clone(),
                 // The DNS address is filled in once the authority has bound it.

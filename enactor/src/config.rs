@@ -1,9 +1,11 @@
 //! The enactor's TOML config (`enactor.toml`). Unknown keys are errors; every error names the
 //! file, the key and the line. `--id` and `--zone` on the command line override the file.
 
-use dnsplan_common::ZoneId;
+use crate::rfc2136::{Fence, Rfc2136Settings};
 pub use dnsplan_common::daemon::StoreConfig;
 use dnsplan_common::daemon::{self, ConfigError};
+use dnsplan_common::tsig::{TsigKey, TsigKeyConfig};
+use dnsplan_common::{DnsName, ZoneId};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,6 +22,9 @@ pub struct EnactorConfig {
     /// The availability zone it runs in.
     pub zone: ZoneId,
     pub store: StoreConfig,
+    /// Where plans are enacted: the store (the default) or an RFC 2136 primary.
+    #[serde(default)]
+    pub target: TargetConfig,
     #[serde(default)]
     pub apply: ApplyConfig,
     #[serde(default)]
@@ -28,6 +33,46 @@ pub struct EnactorConfig {
     pub verify: VerifyConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+}
+
+/// Where an enactor writes (`[target]`, `kind = "store"` or `kind = "rfc2136"`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum TargetConfig {
+    /// The store, served by dnsplan's authority.
+    #[default]
+    Store,
+    /// A DNS primary that takes RFC 2136 UPDATEs signed with TSIG (Knot, BIND, PowerDNS).
+    Rfc2136(Box<Rfc2136Config>),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rfc2136Config {
+    /// The primary's DNS address; updates and marker reads go over TCP.
+    pub server: std::net::SocketAddr,
+    /// The DNS zone of the managed names, as the primary knows it.
+    pub dns_zone: DnsName,
+    /// The TSIG key the primary allows to update the zone.
+    pub key: TsigKeyConfig,
+    /// Timeout of one exchange with the primary.
+    #[serde(default = "Rfc2136Config::default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Attempts of one exchange on a timeout or a connection error.
+    #[serde(default = "Rfc2136Config::default_attempts")]
+    pub attempts: u32,
+    /// The key, built by `EnactorConfig::load` (secret files are read relative to the config).
+    #[serde(skip)]
+    pub resolved_key: Option<TsigKey>,
+}
+
+impl Rfc2136Config {
+    fn default_timeout_ms() -> u64 {
+        2_000
+    }
+    fn default_attempts() -> u32 {
+        3
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -130,6 +175,11 @@ impl EnactorConfig {
             config.zone = zone;
         }
         config.store.token = daemon::token_from_env_or(config.store.token.take());
+        if let TargetConfig::Rfc2136(target) = &mut config.target {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let key = TsigKey::from_config(&target.key, dir).map_err(|e| ConfigError::invalid(path, format!("target.key: {e}")))?;
+            target.resolved_key = Some(key);
+        }
         config.check().map_err(|detail| ConfigError::invalid(path, detail))?;
         Ok(config)
     }
@@ -170,6 +220,17 @@ impl EnactorConfig {
         if !(a.max_removal_fraction > 0.0 && a.max_removal_fraction <= 1.0) {
             return Err(format!("apply.max_removal_fraction: {} must be in (0, 1]", a.max_removal_fraction));
         }
+        if let TargetConfig::Rfc2136(target) = &self.target {
+            if target.resolved_key.is_none() {
+                return Err("target.key: the TSIG key was not loaded (load the config with EnactorConfig::load)".into());
+            }
+            if !(1..=60_000).contains(&target.timeout_ms) {
+                return Err(format!("target.timeout_ms: {} must be in 1..=60000", target.timeout_ms));
+            }
+            if !(1..=10).contains(&target.attempts) {
+                return Err(format!("target.attempts: {} must be in 1..=10", target.attempts));
+            }
+        }
         if self.cleanup.retain_plans == 0 {
             return Err("cleanup.retain_plans must be at least 1 (keep something to roll back to)".into());
         }
@@ -194,6 +255,19 @@ impl EnactorConfig {
             batch_size: a.batch_size,
             full_write_every: a.full_write_every,
             cleanup_retain: self.cleanup.enabled.then_some(self.cleanup.retain_plans),
+            target: match &self.target {
+                TargetConfig::Store => Target::Store,
+                TargetConfig::Rfc2136(t) => Target::Rfc2136(Rfc2136Settings {
+                    server: t.server,
+                    dns_zone: t.dns_zone.clone(),
+                    // Invariant: `load` builds the key and `check` refuses a target without
+                    // one; writing to the store instead would be a silent wrong target.
+                    key: t.resolved_key.clone().expect("an RFC 2136 target's key is loaded before its settings are built"),
+                    timeout: Duration::from_millis(t.timeout_ms),
+                    attempts: t.attempts,
+                    fence: Fence::Prerequisites,
+                }),
+            },
             verify: self.verify.enabled.then(|| VerifySettings {
                 dns_server: self.verify.dns_server,
                 timeout: Duration::from_millis(self.verify.timeout_ms),
@@ -234,6 +308,18 @@ pub struct Settings {
     /// `Some(retain)` to clean up after each fully applied plan.
     pub cleanup_retain: Option<u64>,
     pub verify: Option<VerifySettings>,
+    pub target: Target,
+}
+
+/// Where an enactor writes the endpoints of a plan.
+#[derive(Clone, Debug, Default)]
+pub enum Target {
+    /// Through the store's fence (dnsplan's authority serves the store).
+    #[default]
+    Store,
+    /// Onto an RFC 2136 primary through its markers; acknowledged writes are then recorded in
+    /// the store, whose fences are the cleanup floor.
+    Rfc2136(Rfc2136Settings),
 }
 
 impl Settings {
@@ -243,6 +329,7 @@ impl Settings {
             id: id.into(),
             zone,
             store: StoreConfig { url: "http://127.0.0.1:8053".into(), token: None },
+            target: TargetConfig::Store,
             apply: ApplyConfig::default(),
             cleanup: CleanupConfig::default(),
             verify: VerifyConfig::default(),

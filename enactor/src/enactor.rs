@@ -6,13 +6,19 @@
 //! compare-and-swap inside the store; `Stale` means a newer plan already holds that endpoint
 //! and is skipped. A newer published plan preempts the one being applied.
 //!
+//! Where the endpoints go is the one seam `Settings::target` chooses: the store's
+//! `apply_many`, or an RFC 2136 primary (`write_target`: each marker read, then a fenced UPDATE
+//! per endpoint, then the acknowledged writes recorded in the store). Everything else (which
+//! plan, what changed, the guard, verification, cleanup, heartbeats) is the same for both.
+//!
 //! The hook points (`hooks`) are called in every build; they do nothing unless a test installs
 //! its own. The naive 2025 enactor of the race tests lives in `naive`, built with feature
 //! `testing` only; the one place that can choose it is the start of `apply_plan`.
 
-use crate::config::{RetryPolicy, Settings, VerifySettings};
+use crate::config::{RetryPolicy, Settings, Target, VerifySettings};
 use crate::hooks::{Behaviour, Event, Hooks, NoHooks};
 use crate::metrics::Metrics;
+use crate::rfc2136::{Rfc2136, TargetError, Written};
 use crate::{guard, verify};
 use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
 use dnsplan_common::{
@@ -65,6 +71,8 @@ enum Step {
     },
     DeadlinePassed,
     Failed(StoreError),
+    /// The RFC 2136 target failed or refused (unreachable, TSIG, ACL, not authoritative).
+    TargetFailed(TargetError),
 }
 
 pub struct Enactor<S: Store> {
@@ -88,11 +96,18 @@ pub struct Enactor<S: Store> {
     hooks: Arc<dyn Hooks>,
     /// Always `Fenced` outside the race tests: without feature `testing` it has no other value.
     behaviour: Behaviour,
+    /// `Some` when plans are enacted onto an RFC 2136 primary rather than the store.
+    rfc2136: Option<Rfc2136>,
 }
 
 impl<S: Store> Enactor<S> {
     pub fn new(store: S, settings: Settings, metrics: Arc<Metrics>) -> Enactor<S> {
+        let rfc2136 = match &settings.target {
+            Target::Store => None,
+            Target::Rfc2136(target) => Some(Rfc2136::new(target.clone())),
+        };
         Enactor {
+            rfc2136,
             store,
             settings,
             metrics,
@@ -277,6 +292,14 @@ impl<S: Store> Enactor<S> {
                     self.event_abandoned(generation);
                     return;
                 }
+                Step::TargetFailed(err) => {
+                    self.metrics.abandoned("target_error");
+                    let error = format!("{err:#}");
+                    tracing::error!(parent: &span, error = %error, "writing to the RFC 2136 target failed; starting again from the latest plan");
+                    self.state = if err.is_transient() { "target-unreachable".into() } else { "target-refusing".into() };
+                    self.event_abandoned(generation);
+                    return;
+                }
             }
         }
     }
@@ -327,14 +350,22 @@ impl<S: Store> Enactor<S> {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
-            for item in batch {
-                self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
-            }
-            let span = tracing::debug_span!("apply", endpoints = batch.len(), first = %batch[0].endpoint);
-            let results = match self.call("apply_many", || self.store.apply_many(generation, batch)).instrument(span).await {
-                Ok(results) => results,
-                Err(StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
-                Err(err) => return Step::Failed(err),
+            let results = match &self.rfc2136 {
+                Some(target) => match self.write_target(target, generation, batch).await {
+                    Ok(results) => results,
+                    Err(step) => return step,
+                },
+                None => {
+                    for item in batch {
+                        self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
+                    }
+                    let span = tracing::debug_span!("apply", endpoints = batch.len(), first = %batch[0].endpoint);
+                    match self.call("apply_many", || self.store.apply_many(generation, batch)).instrument(span).await {
+                        Ok(results) => results,
+                        Err(StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
+                        Err(err) => return Step::Failed(err),
+                    }
+                }
             };
             for (item, result) in batch.iter().zip(results) {
                 if let Some(step) = self.record_write(&item.endpoint, result, &mut changed).await {
@@ -346,14 +377,102 @@ impl<S: Store> Enactor<S> {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
-            self.hooks.before_write(&self.settings.id, generation, name).await;
-            let span = tracing::debug_span!("retire", endpoint = %name);
-            let result = self.call("retire", || self.store.retire(name, generation)).instrument(span).await;
+            let result = match &self.rfc2136 {
+                Some(target) => match self.retire_target(target, generation, name).await {
+                    Ok(result) => result,
+                    Err(step) => return step,
+                },
+                None => {
+                    self.hooks.before_write(&self.settings.id, generation, name).await;
+                    let span = tracing::debug_span!("retire", endpoint = %name);
+                    self.call("retire", || self.store.retire(name, generation)).instrument(span).await
+                }
+            };
             if let Some(step) = self.record_write(name, result, &mut changed).await {
                 return step;
             }
         }
         Step::Done { written: work.serve, changed, wrote_all }
+    }
+
+    /// Writes one batch onto the RFC 2136 target: every marker of the batch is read first
+    /// (the decisions), then each endpoint gets its fenced UPDATE (the hook point
+    /// `before_write` sits between the two, where a slow writer holds a stale read). The
+    /// writes the target acknowledged are then recorded in the store through its own fence,
+    /// so that the store's fences, and the cleanup floor behind them, never run ahead of
+    /// what the target serves. Results are the store's words for the same outcomes.
+    async fn write_target(
+        &self,
+        target: &Rfc2136,
+        generation: Generation,
+        batch: &[ApplyItem],
+    ) -> Result<Vec<StoreResult<ApplyOutcome>>, Step> {
+        let mut markers = Vec::with_capacity(batch.len());
+        for item in batch {
+            markers.push(target.read_marker(&item.endpoint).await.map_err(Step::TargetFailed)?);
+        }
+        let mut results = Vec::with_capacity(batch.len());
+        let mut acknowledged = Vec::new();
+        for (item, marker) in batch.iter().zip(markers) {
+            self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
+            let span = tracing::debug_span!("update", endpoint = %item.endpoint);
+            let written = target
+                .write(&item.endpoint, generation, Some(&item.records), marker, &self.metrics)
+                .instrument(span)
+                .await
+                .map_err(Step::TargetFailed)?;
+            if !matches!(written, Written::Stale { .. }) {
+                acknowledged.push(item.clone());
+            }
+            results.push(written_as_store_result(&item.endpoint, generation, written));
+        }
+        if !acknowledged.is_empty() {
+            self.record_in_store(generation, &acknowledged).await?;
+        }
+        Ok(results)
+    }
+
+    /// Retires `name` on the RFC 2136 target (its addresses deleted, its marker moved on),
+    /// then in the store.
+    async fn retire_target(
+        &self,
+        target: &Rfc2136,
+        generation: Generation,
+        name: &EndpointName,
+    ) -> Result<StoreResult<ApplyOutcome>, Step> {
+        let marker = target.read_marker(name).await.map_err(Step::TargetFailed)?;
+        self.hooks.before_write(&self.settings.id, generation, name).await;
+        let written = target.write(name, generation, None, marker, &self.metrics).await.map_err(Step::TargetFailed)?;
+        if !matches!(written, Written::Stale { .. }) {
+            match self.call("retire", || self.store.retire(name, generation)).await {
+                Ok(_) | Err(StoreError::Stale { .. }) => {}
+                Err(StoreError::Pruned { .. }) => return Err(self.move_to_latest("pruned").await),
+                Err(err) => return Err(Step::Failed(err)),
+            }
+        }
+        Ok(written_as_store_result(name, generation, written))
+    }
+
+    /// Records writes the target acknowledged in the store, through its fence. A `Stale` item
+    /// means a newer acknowledged write is recorded already; other refusals are logged (the
+    /// target has the records; the store's floor only stays lower, which is safe).
+    async fn record_in_store(&self, generation: Generation, acknowledged: &[ApplyItem]) -> Result<(), Step> {
+        let span = tracing::debug_span!("record", endpoints = acknowledged.len());
+        match self.call("apply_many", || self.store.apply_many(generation, acknowledged)).instrument(span).await {
+            Ok(results) => {
+                for (item, result) in acknowledged.iter().zip(results) {
+                    match result {
+                        Ok(_) | Err(StoreError::Stale { .. }) => {}
+                        Err(err) => {
+                            tracing::warn!(endpoint = %item.endpoint, error = %err, "the store did not record a write the target acknowledged")
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(StoreError::Pruned { .. }) => Err(self.move_to_latest("pruned").await),
+            Err(err) => Err(Step::Failed(err)),
+        }
     }
 
     /// Plan `generation` whole, validated again: the same validation as publish, on what we
@@ -587,6 +706,15 @@ impl<S: Store> Enactor<S> {
     }
     fn event_refused(&self, generation: Generation) {
         self.hooks.event(Event::PlanRefused { enactor: self.settings.id.clone(), generation });
+    }
+}
+
+/// An RFC 2136 write's outcome in the store's words, so one `record_write` counts both.
+fn written_as_store_result(endpoint: &EndpointName, generation: Generation, written: Written) -> StoreResult<ApplyOutcome> {
+    match written {
+        Written::Switched { previous } => Ok(ApplyOutcome::Switched { previous }),
+        Written::Unchanged => Ok(ApplyOutcome::Unchanged),
+        Written::Stale { active } => Err(StoreError::Stale { endpoint: endpoint.clone(), active, attempted: generation }),
     }
 }
 

@@ -2,6 +2,9 @@
 //! generation fence, verifies it over DNS, cleans up through the store's guarded cleanup, and
 //! reports heartbeats. Several run at once, one per availability zone.
 //!
+//! Plans are written through the store's fence, or (`[target] kind = "rfc2136"`) onto a DNS
+//! primary we do not run, fenced by update prerequisites on per-name markers (`rfc2136`).
+//!
 //! `enactor` is the loop; `guard` the pure removal check; `verify` the DNS verification;
 //! `config` the TOML config; `metrics` the Prometheus metrics (`http` the daemon's listener
 //! for them); `hooks` the hook points tests use to hold an enactor at an exact point (no-ops
@@ -15,6 +18,7 @@ pub mod guard;
 pub mod hooks;
 pub mod http;
 pub mod metrics;
+pub mod rfc2136;
 pub mod verify;
 
 pub use config::{EnactorConfig, Settings};

@@ -45,7 +45,12 @@ pub struct HowLabels {
 pub const REFUSAL_REASONS: [&str; 3] = ["invalid", "removal", "content_mismatch"];
 
 /// Every reason `Metrics::abandoned` takes.
-pub const ABANDON_REASONS: [&str; 4] = ["newer_plan", "pruned", "deadline", "store_error"];
+pub const ABANDON_REASONS: [&str; 5] = ["newer_plan", "pruned", "deadline", "store_error", "target_error"];
+
+/// Every outcome `Metrics::target_update` takes: an UPDATE to an RFC 2136 target was
+/// `applied`, refused because the marker moved since it was read (`prerequisite_failed`: a
+/// stale write the target's fence stopped), or failed (`error`).
+pub const TARGET_UPDATE_OUTCOMES: [&str; 3] = ["applied", "prerequisite_failed", "error"];
 
 fn apply_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
@@ -60,6 +65,7 @@ type PerEnactorBy<L> = Family<(EnactorLabels, L), Counter>;
 pub struct Families {
     apply_seconds: Family<EnactorLabels, Histogram, fn() -> Histogram>,
     writes: PerEnactorBy<OutcomeLabels>,
+    target_updates: PerEnactorBy<OutcomeLabels>,
     plans_applied: PerEnactor<Counter>,
     skipped_unchanged: PerEnactor<Counter>,
     plan_reads: PerEnactorBy<HowLabels>,
@@ -82,6 +88,7 @@ impl Families {
         let f = Families {
             apply_seconds: Family::new_with_constructor(apply_histogram),
             writes: Family::default(),
+            target_updates: Family::default(),
             plans_applied: Family::default(),
             skipped_unchanged: Family::default(),
             plan_reads: Family::default(),
@@ -98,6 +105,11 @@ impl Families {
         let r = registry.sub_registry_with_prefix("enactor");
         r.register("apply_duration_seconds", "Time to apply one plan fully", f.apply_seconds.clone());
         r.register("endpoint_writes", "Endpoint writes by outcome (stale: a newer plan was already there)", f.writes.clone());
+        r.register(
+            "target_updates",
+            "RFC 2136 UPDATEs sent to the target, by outcome (prerequisite_failed: the marker had moved, a stale write refused)",
+            f.target_updates.clone(),
+        );
         r.register("plans_applied", "Plans applied fully", f.plans_applied.clone());
         r.register(
             "endpoints_skipped_unchanged",
@@ -128,6 +140,7 @@ impl Families {
         let m = Metrics {
             apply_seconds: self.apply_seconds.get_or_create(&label).clone(),
             writes: ByLabel::new(&self.writes, &label),
+            target_updates: ByLabel::new(&self.target_updates, &label),
             plans_applied: self.plans_applied.get_or_create(&label).clone(),
             skipped_unchanged: self.skipped_unchanged.get_or_create(&label).clone(),
             plan_reads: ByLabel::new(&self.plan_reads, &label),
@@ -146,6 +159,9 @@ impl Families {
         }
         for reason in ABANDON_REASONS {
             let _ = m.plans_abandoned.get_or_create(&ReasonLabels { reason });
+        }
+        for outcome in TARGET_UPDATE_OUTCOMES {
+            let _ = m.target_updates.get_or_create(&OutcomeLabels { outcome });
         }
         m
     }
@@ -178,13 +194,16 @@ pub struct Metrics {
     pub apply_seconds: Histogram,
     /// Endpoint writes by outcome: `switched`, `unchanged`, `stale` (a newer plan was there).
     pub writes: ByLabel<OutcomeLabels>,
+    /// UPDATEs sent to an RFC 2136 target, by outcome (`TARGET_UPDATE_OUTCOMES`).
+    pub target_updates: ByLabel<OutcomeLabels>,
     pub plans_applied: Counter,
     /// Endpoints not written because nothing changed them since the base plan.
     pub skipped_unchanged: Counter,
     /// Plans read from the store, by how: `changes` (only what changed since the base plan)
     /// or `whole`.
     pub plan_reads: ByLabel<HowLabels>,
-    /// Plans left unfinished, by reason: `newer_plan`, `pruned`, `deadline`, `store_error`.
+    /// Plans left unfinished, by reason: `newer_plan`, `pruned`, `deadline`, `store_error`,
+    /// `target_error` (an RFC 2136 target failed or refused).
     pub plans_abandoned: ByLabel<ReasonLabels>,
     /// Plans refused, by reason: `invalid`, `removal`, `content_mismatch`.
     pub refusals: ByLabel<ReasonLabels>,
@@ -209,6 +228,16 @@ impl Metrics {
 
     pub fn write(&self, outcome: &'static str) {
         self.writes.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    pub fn target_update(&self, outcome: &'static str) {
+        debug_assert!(TARGET_UPDATE_OUTCOMES.contains(&outcome), "{outcome} is not in TARGET_UPDATE_OUTCOMES");
+        self.target_updates.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// UPDATEs with `outcome` so far (tests count the target's refusals with it).
+    pub fn target_updates(&self, outcome: &'static str) -> u64 {
+        self.target_updates.get_or_create(&OutcomeLabels { outcome }).get()
     }
 
     pub fn plan_read(&self, how: &'static str) {

@@ -1,0 +1,548 @@
+//! The RFC 2136 target: plans enacted onto a DNS primary we do not run (Knot, BIND,
+//! PowerDNS) with UPDATE messages signed with TSIG and fenced by prerequisites.
+//!
+//! Each managed name `N` has a marker, `TXT _dnsplan.N`, holding the generation of the plan
+//! its addresses come from, written as [`MARKER_DIGITS`] decimal digits (fixed width, so one
+//! generation has exactly one text and an exact-match prerequisite is exact). Writing
+//! generation `g` to `N` is a compare-and-swap inside the target server:
+//!
+//! 1. read the marker (the decision, pure: [`decide`]): already `g` → unchanged; newer →
+//!    stale, skipped; older or absent → write;
+//! 2. one UPDATE whose prerequisite section requires the marker to hold exactly what was
+//!    read (RFC 2136 §2.4.2, RRset exists, value dependent), or no marker at all for a first
+//!    write (§2.4.3, RRset does not exist), and whose update section deletes `N`'s A and AAAA
+//!    RRsets and the marker and adds the plan's addresses and the new marker. The server
+//!    checks the prerequisite and applies the update atomically, at write time.
+//! 3. `NXRRSET`/`YXRRSET` (the marker moved since it was read): read it again and decide
+//!    again, at most [`CAS_ROUNDS_MAX`] times. A newer marker ends it as stale, the same
+//!    outcome the store's fence gives.
+//!
+//! A write whose answer was lost is safe to send again: if the first copy was applied, the
+//! second one's prerequisite fails, and the marker then reads as this very generation.
+//!
+//! Never empty: an UPDATE is built only for an endpoint that passes the store's own endpoint
+//! validation (`validate_endpoint`), and it always adds at least one address.
+//!
+//! Not responsible for: which plan to write (the enactor's loop), the cleanup floor (the
+//! enactor records acknowledged writes in the store; see ARCHITECTURE.md), TSIG itself
+//! (`dnsplan_common::tsig`, over hickory-proto's).
+//!
+//! With feature `testing` only, [`Fence::Off`] sends the same UPDATE without its
+//! prerequisite, the unfenced writer of today's tools, for the race tests' counterfactual.
+
+use crate::metrics::Metrics;
+use dnsplan_common::plan::validate_endpoint;
+use dnsplan_common::tsig::{TsigFailure, TsigKey, now_unix_secs};
+use dnsplan_common::{DnsName, Endpoint, EndpointName, Generation, ValidationError};
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode, UpdateMessage};
+use hickory_proto::rr::rdata::{A, AAAA, TXT};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The first label of every marker name.
+pub const MARKER_LABEL: &str = "_dnsplan";
+/// Digits of a marker's generation: `u64::MAX` has 20.
+pub const MARKER_DIGITS: usize = 20;
+/// Compare-and-swap rounds for one endpoint. A round fails only when another writer moved
+/// the marker between our read and our write; with one enactor per availability zone that
+/// settles within a round or two, and four bounds a misbehaving writer.
+pub const CAS_ROUNDS_MAX: u32 = 4;
+/// Largest answer read over TCP: the length prefix's maximum.
+const ANSWER_BYTES_MAX: usize = u16::MAX as usize;
+
+/// How the UPDATE is fenced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fence {
+    /// The prerequisite on the marker (the only mode production builds have).
+    #[default]
+    Prerequisites,
+    /// No prerequisite: write trusting the earlier read, as unfenced tools do. Feature
+    /// `testing` only, for the race tests' counterfactual.
+    #[cfg(feature = "testing")]
+    Off,
+}
+
+/// Where and how an enactor writes with RFC 2136.
+#[derive(Clone, Debug)]
+pub struct Rfc2136Settings {
+    /// The primary's DNS address (UPDATE and marker reads go over TCP).
+    pub server: SocketAddr,
+    /// The DNS zone the managed names are in, as the primary knows it.
+    pub dns_zone: DnsName,
+    pub key: TsigKey,
+    /// Timeout of one exchange with the server (connect, send, answer).
+    pub timeout: Duration,
+    /// Attempts of one exchange on a timeout or an I/O error.
+    pub attempts: u32,
+    pub fence: Fence,
+}
+
+/// What the marker of a name holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    Absent,
+    At(Generation),
+}
+
+impl Marker {
+    pub fn generation(self) -> Generation {
+        match self {
+            Marker::Absent => Generation::NONE,
+            Marker::At(g) => g,
+        }
+    }
+}
+
+/// What to do with one endpoint, given its marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Unchanged,
+    /// A newer plan is already there: skip, never overwrite.
+    Stale {
+        active: Generation,
+    },
+    /// Write, requiring the marker to still hold what was read.
+    Write {
+        expect: Marker,
+    },
+}
+
+/// The decision for writing `generation` over `marker`: older → write, equal → unchanged,
+/// newer → stale.
+pub fn decide(generation: Generation, marker: Marker) -> Decision {
+    let active = marker.generation();
+    if active == generation {
+        Decision::Unchanged
+    } else if active > generation {
+        Decision::Stale { active }
+    } else {
+        Decision::Write { expect: marker }
+    }
+}
+
+/// The outcome of writing one endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    Switched { previous: Generation },
+    Unchanged,
+    Stale { active: Generation },
+}
+
+#[derive(Debug, Error)]
+pub enum TargetError {
+    #[error("{server} is not authoritative for DNS zone {zone} (NOTAUTH); set target.dns_zone to a zone this server is primary for")]
+    NotAuth { server: SocketAddr, zone: DnsName },
+    #[error(
+        "{server} refused the update of DNS zone {zone} (REFUSED); allow TSIG key {key} to update it (Knot: an acl with action update \
+         on the zone; BIND: update-policy)"
+    )]
+    Refused { server: SocketAddr, zone: DnsName, key: String },
+    #[error("{server} answered {rcode} to an update of {endpoint}")]
+    Rcode { server: SocketAddr, endpoint: EndpointName, rcode: String },
+    #[error(
+        "TSIG with {server}: it must know key {key} with our secret and let it update DNS zone {zone} (Knot also answers BADKEY when \
+         no acl with action update names the key)"
+    )]
+    Tsig {
+        server: SocketAddr,
+        zone: DnsName,
+        key: String,
+        #[source]
+        source: Box<TsigFailure>,
+    },
+    #[error("no answer from {server} within {timeout:?}, {attempts} attempts")]
+    Timeout { server: SocketAddr, timeout: Duration, attempts: u32 },
+    #[error("DNS over TCP with {server} failed")]
+    Io {
+        server: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("malformed answer from {server}: {detail}")]
+    Malformed { server: SocketAddr, detail: String },
+    #[error("the marker {name} holds {text:?}, not one {MARKER_DIGITS}-digit generation; delete it (nothing but dnsplan may write it)")]
+    BadMarker { name: String, text: String },
+    /// The never-empty check, before anything is sent.
+    #[error("refusing to send an update that the plan's validation refuses")]
+    Invalid(#[from] ValidationError),
+    #[error("endpoint {endpoint} is not in DNS zone {zone}")]
+    OutsideZone { endpoint: EndpointName, zone: DnsName },
+    #[error("the marker of {endpoint} moved under every one of {CAS_ROUNDS_MAX} compare-and-swap rounds; another writer keeps changing it")]
+    Contention { endpoint: EndpointName },
+}
+
+impl TargetError {
+    /// Whether waiting and trying again may help (the server or the network), as opposed to a
+    /// configuration or authorisation error a person must fix.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TargetError::Timeout { .. } | TargetError::Io { .. } | TargetError::Contention { .. })
+    }
+}
+
+/// `_dnsplan.<endpoint>`.
+pub fn marker_name(endpoint: &EndpointName) -> String {
+    format!("{MARKER_LABEL}.{endpoint}")
+}
+
+/// A generation as a marker holds it: [`MARKER_DIGITS`] digits, zero-padded.
+pub fn marker_text(generation: Generation) -> String {
+    format!("{:0width$}", generation.0, width = MARKER_DIGITS)
+}
+
+/// The generation a marker's text holds; `None` unless it is exactly [`MARKER_DIGITS`] digits.
+pub fn parse_marker(text: &[u8]) -> Option<Generation> {
+    if text.len() != MARKER_DIGITS || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse::<u64>().ok().map(Generation)
+}
+
+/// The addresses an endpoint serves from a plain DNS server, by family: the targets with a
+/// weight, or all of a family's when none of them has one (fail open, as the authority
+/// does). Plain RRsets carry no weights; the server answers with every address.
+pub fn addresses(records: &Endpoint) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    let family = |v6: bool| {
+        let all: Vec<_> = records.targets.iter().filter(|t| t.address.is_ipv6() == v6).collect();
+        let weighted = all.iter().any(|t| t.weight > 0);
+        all.iter().filter(|t| !weighted || t.weight > 0).map(|t| t.address).collect::<Vec<_>>()
+    };
+    (family(false), family(true))
+}
+
+fn dns_name(text: &str, server: SocketAddr) -> Result<Name, TargetError> {
+    Name::from_ascii(text).map_err(|e| TargetError::Malformed { server, detail: format!("name {text:?}: {e}") })
+}
+
+/// The UPDATE that writes `records` (or, `None`, retires the name) at `generation` when the
+/// marker holds `expect`. Refuses, before anything is sent, what the plan's endpoint
+/// validation refuses: an empty endpoint is never written.
+pub fn update_message(
+    settings: &Rfc2136Settings,
+    endpoint: &EndpointName,
+    generation: Generation,
+    records: Option<&Endpoint>,
+    expect: Marker,
+) -> Result<Message, TargetError> {
+    let server = settings.server;
+    if !endpoint.is_in(&settings.dns_zone) {
+        return Err(TargetError::OutsideZone { endpoint: endpoint.clone(), zone: settings.dns_zone.clone() });
+    }
+    if let Some(records) = records {
+        validate_endpoint(endpoint, records)?;
+    }
+    let zone = dns_name(settings.dns_zone.as_str(), server)?;
+    let name = dns_name(endpoint.as_str(), server)?;
+    let marker = dns_name(&marker_name(endpoint), server)?;
+    let mut message = Message::new(rand::random(), MessageType::Query, OpCode::Update);
+    message.add_zone(Query::query(zone, RecordType::SOA));
+
+    match (settings.fence, expect) {
+        (Fence::Prerequisites, Marker::Absent) => {
+            // RFC 2136 §2.4.3: RRset does not exist (class NONE, TTL 0, no RDATA).
+            let mut none = Record::update0(marker.clone(), 0, RecordType::TXT);
+            none.dns_class = DNSClass::NONE;
+            message.add_pre_requisite(none.into_record_of_rdata());
+        }
+        (Fence::Prerequisites, Marker::At(read)) => {
+            // §2.4.2: RRset exists, value dependent (class of the zone, TTL 0, the RDATA).
+            let exact = Record::from_rdata(marker.clone(), 0, RData::TXT(TXT::new(vec![marker_text(read)])));
+            message.add_pre_requisite(exact);
+        }
+        #[cfg(feature = "testing")]
+        (Fence::Off, _) => {}
+    }
+
+    // §2.5.2: delete an RRset (class ANY, TTL 0, no RDATA), then add the new ones.
+    for rtype in [RecordType::A, RecordType::AAAA] {
+        let mut delete = Record::update0(name.clone(), 0, rtype);
+        delete.dns_class = DNSClass::ANY;
+        message.add_update(delete.into_record_of_rdata());
+    }
+    let mut delete = Record::update0(marker.clone(), 0, RecordType::TXT);
+    delete.dns_class = DNSClass::ANY;
+    message.add_update(delete.into_record_of_rdata());
+
+    let ttl = records.map_or(dnsplan_common::plan::TTL_SECS_MIN, |r| r.ttl_secs);
+    if let Some(records) = records {
+        let (v4, v6) = addresses(records);
+        // Validation above guarantees a weighted target, so at least one address.
+        assert!(!(v4.is_empty() && v6.is_empty()), "a validated endpoint has an address");
+        for address in v4.into_iter().chain(v6) {
+            let data = match address {
+                IpAddr::V4(a) => RData::A(A(a)),
+                IpAddr::V6(a) => RData::AAAA(AAAA(a)),
+            };
+            message.add_update(Record::from_rdata(name.clone(), ttl, data));
+        }
+    }
+    message.add_update(Record::from_rdata(marker, ttl, RData::TXT(TXT::new(vec![marker_text(generation)]))));
+    Ok(message)
+}
+
+/// How the server answered one UPDATE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UpdateAnswer {
+    Applied,
+    /// NXRRSET or YXRRSET: the marker no longer holds what was read.
+    PrerequisiteFailed,
+}
+
+/// An RFC 2136 primary, written through its markers.
+#[derive(Clone, Debug)]
+pub struct Rfc2136 {
+    settings: Rfc2136Settings,
+}
+
+impl Rfc2136 {
+    pub fn new(settings: Rfc2136Settings) -> Rfc2136 {
+        Rfc2136 { settings }
+    }
+
+    pub fn settings(&self) -> &Rfc2136Settings {
+        &self.settings
+    }
+
+    /// What `endpoint`'s marker holds now (an unsigned query; the answer is advisory, the
+    /// prerequisite decides).
+    pub async fn read_marker(&self, endpoint: &EndpointName) -> Result<Marker, TargetError> {
+        let server = self.settings.server;
+        let name = marker_name(endpoint);
+        let mut query = Message::new(rand::random(), MessageType::Query, OpCode::Query);
+        query.add_query(Query::query(dns_name(&name, server)?, RecordType::TXT));
+        let answer = self.exchange(&query, None).await?;
+        match answer.metadata.response_code {
+            ResponseCode::NoError | ResponseCode::NXDomain => {}
+            ResponseCode::NotAuth | ResponseCode::Refused => {
+                return Err(TargetError::NotAuth { server, zone: self.settings.dns_zone.clone() });
+            }
+            other => return Err(TargetError::Rcode { server, endpoint: endpoint.clone(), rcode: other.to_string() }),
+        }
+        if !answer.metadata.authoritative {
+            return Err(TargetError::NotAuth { server, zone: self.settings.dns_zone.clone() });
+        }
+        let texts: Vec<Vec<u8>> = answer
+            .answers
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::TXT(txt) => Some(txt.txt_data.iter().flat_map(|s| s.iter().copied()).collect()),
+                _ => None,
+            })
+            .collect();
+        match texts.as_slice() {
+            [] => Ok(Marker::Absent),
+            [one] => parse_marker(one)
+                .map(Marker::At)
+                .ok_or_else(|| TargetError::BadMarker { name, text: String::from_utf8_lossy(one).into_owned() }),
+            many => Err(TargetError::BadMarker { name, text: format!("{} strings", many.len()) }),
+        }
+    }
+
+    /// Writes `records` (`None`: retires the name) at `generation`, starting from `marker` as
+    /// read before: one UPDATE fenced on it, and on a failed prerequisite a new read and
+    /// decision, at most [`CAS_ROUNDS_MAX`] rounds. Counts every UPDATE's outcome.
+    pub async fn write(
+        &self,
+        endpoint: &EndpointName,
+        generation: Generation,
+        records: Option<&Endpoint>,
+        mut marker: Marker,
+        metrics: &Metrics,
+    ) -> Result<Written, TargetError> {
+        for _ in 0..CAS_ROUNDS_MAX {
+            let expect = match decide(generation, marker) {
+                Decision::Unchanged => return Ok(Written::Unchanged),
+                Decision::Stale { active } => return Ok(Written::Stale { active }),
+                Decision::Write { expect } => expect,
+            };
+            let message = update_message(&self.settings, endpoint, generation, records, expect)?;
+            match self.update(endpoint, message).await {
+                Ok(UpdateAnswer::Applied) => {
+                    metrics.target_update("applied");
+                    return Ok(Written::Switched { previous: expect.generation() });
+                }
+                Ok(UpdateAnswer::PrerequisiteFailed) => {
+                    metrics.target_update("prerequisite_failed");
+                    tracing::info!(endpoint = %endpoint, read = %expect.generation(), "the target refused the write: the marker moved since it was read");
+                    marker = self.read_marker(endpoint).await?;
+                }
+                Err(err) => {
+                    metrics.target_update("error");
+                    return Err(err);
+                }
+            }
+        }
+        Err(TargetError::Contention { endpoint: endpoint.clone() })
+    }
+
+    /// Sends one signed UPDATE and reads its verified answer.
+    async fn update(&self, endpoint: &EndpointName, message: Message) -> Result<UpdateAnswer, TargetError> {
+        let server = self.settings.server;
+        let answer = self.exchange(&message, Some(&self.settings.key)).await?;
+        match answer.metadata.response_code {
+            ResponseCode::NoError => Ok(UpdateAnswer::Applied),
+            ResponseCode::NXRRSet | ResponseCode::YXRRSet => Ok(UpdateAnswer::PrerequisiteFailed),
+            ResponseCode::NotAuth => Err(TargetError::NotAuth { server, zone: self.settings.dns_zone.clone() }),
+            ResponseCode::Refused => {
+                Err(TargetError::Refused { server, zone: self.settings.dns_zone.clone(), key: self.settings.key.name().to_string() })
+            }
+            other => Err(TargetError::Rcode { server, endpoint: endpoint.clone(), rcode: other.to_string() }),
+        }
+    }
+
+    fn tsig_error(&self, source: TsigFailure) -> TargetError {
+        let s = &self.settings;
+        TargetError::Tsig { server: s.server, zone: s.dns_zone.clone(), key: s.key.name().to_string(), source: Box::new(source) }
+    }
+
+    /// One exchange over TCP, signed with `key` when given (and its answer verified), retried
+    /// on timeouts and I/O errors up to `attempts` times. Resending an UPDATE is safe: see the
+    /// module's docs.
+    async fn exchange(&self, message: &Message, key: Option<&TsigKey>) -> Result<Message, TargetError> {
+        let server = self.settings.server;
+        let attempts = self.settings.attempts.max(1);
+        let mut last = None;
+        for attempt in 1..=attempts {
+            let mut message = message.clone();
+            message.metadata.id = rand::random();
+            let verifier = match key {
+                Some(key) => Some(key.sign_query(&mut message, now_unix_secs()).map_err(|source| self.tsig_error(source))?),
+                None => None,
+            };
+            let packet = message.to_vec().map_err(|e| TargetError::Malformed { server, detail: format!("encoding: {e}") })?;
+            let result = tokio::time::timeout(self.settings.timeout, exchange_tcp(server, &packet)).await;
+            let bytes = match result {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(err)) => {
+                    tracing::warn!(attempt, error = %err, "DNS exchange with the target failed");
+                    last = Some(err);
+                    continue;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        attempt,
+                        timeout_ms = self.settings.timeout.as_millis() as u64,
+                        "DNS exchange with the target timed out"
+                    );
+                    continue;
+                }
+            };
+            let answer = match verifier {
+                Some(mut verifier) => verifier.verify(&bytes).map_err(|source| self.tsig_error(source))?,
+                None => Message::from_vec(&bytes).map_err(|e| TargetError::Malformed { server, detail: e.to_string() })?,
+            };
+            if answer.metadata.id != message.metadata.id
+                || answer.metadata.message_type != MessageType::Response
+                || answer.queries != message.queries
+            {
+                return Err(TargetError::Malformed {
+                    server,
+                    detail: "the answer is not to our message (id, QR or question differ)".into(),
+                });
+            }
+            return Ok(answer);
+        }
+        Err(last.unwrap_or(TargetError::Timeout { server, timeout: self.settings.timeout, attempts }))
+    }
+}
+
+/// One length-prefixed message out and one back on a fresh TCP connection.
+async fn exchange_tcp(server: SocketAddr, packet: &[u8]) -> Result<Vec<u8>, TargetError> {
+    let io = |source| TargetError::Io { server, source };
+    let len = u16::try_from(packet.len()).map_err(|_| TargetError::Malformed { server, detail: "message over 65,535 bytes".into() })?;
+    let mut stream = TcpStream::connect(server).await.map_err(io)?;
+    let mut out = Vec::with_capacity(packet.len() + 2);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(packet);
+    stream.write_all(&out).await.map_err(io)?;
+    let len = usize::from(stream.read_u16().await.map_err(io)?);
+    debug_assert!(len <= ANSWER_BYTES_MAX);
+    let mut buf = vec![0u8; len];
+    stream.read_exact(&mut buf).await.map_err(io)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnsplan_common::plan::Target;
+    use dnsplan_common::tsig::Algorithm;
+
+    fn settings() -> Rfc2136Settings {
+        Rfc2136Settings {
+            server: SocketAddr::from(([127, 0, 0, 1], 53)),
+            dns_zone: DnsName::parse("example.test.").expect("name"),
+            key: TsigKey::new("dnsplan.", Algorithm::HmacSha256, vec![7; 32]).expect("key"),
+            timeout: Duration::from_secs(1),
+            attempts: 1,
+            fence: Fence::Prerequisites,
+        }
+    }
+
+    fn endpoint(targets: &[(&str, u32)]) -> Endpoint {
+        Endpoint {
+            ttl_secs: 30,
+            targets: targets
+                .iter()
+                .map(|(a, w)| Target { address: a.parse().expect("address"), zone: "a".parse().expect("zone"), weight: *w })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn decisions_follow_the_marker() {
+        let g = Generation(5);
+        assert_eq!(decide(g, Marker::Absent), Decision::Write { expect: Marker::Absent });
+        assert_eq!(decide(g, Marker::At(Generation(4))), Decision::Write { expect: Marker::At(Generation(4)) });
+        assert_eq!(decide(g, Marker::At(g)), Decision::Unchanged);
+        assert_eq!(decide(g, Marker::At(Generation(6))), Decision::Stale { active: Generation(6) });
+    }
+
+    #[test]
+    fn markers_are_fixed_width() {
+        assert_eq!(marker_text(Generation(42)), "00000000000000000042");
+        assert_eq!(marker_text(Generation(u64::MAX)).len(), MARKER_DIGITS);
+        assert_eq!(parse_marker(marker_text(Generation(u64::MAX)).as_bytes()), Some(Generation(u64::MAX)));
+        for bad in ["42", "0000000000000000004x", "000000000000000000042", "99999999999999999999"] {
+            assert_eq!(parse_marker(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
+    /// The UPDATE's sections, as text: one prerequisite on the marker, then delete A, AAAA
+    /// and the marker, add the weighted addresses and the new marker.
+    #[test]
+    fn an_update_replaces_the_addresses_and_the_marker_under_a_prerequisite() {
+        let name = EndpointName::parse("api.example.test.").expect("name");
+        let records = endpoint(&[("192.0.2.1", 1), ("192.0.2.2", 0), ("2001:db8::1", 0)]);
+        let show = |m: &Message| {
+            let line = |r: &Record| format!("{} {} {} {} {}", r.name, r.ttl, r.dns_class, r.record_type(), r.data);
+            let pre: Vec<String> = m.prerequisites().iter().map(line).collect();
+            let up: Vec<String> = m.updates().iter().map(line).collect();
+            format!("pre: {}\nupdate: {}", pre.join("; "), up.join("; "))
+        };
+        let first = update_message(&settings(), &name, Generation(3), Some(&records), Marker::Absent).expect("message");
+        assert_eq!(
+            show(&first),
+            "pre: _dnsplan.api.example.test. 0 NONE TXT UPDATE\n\
+             update: api.example.test. 0 ANY A UPDATE; api.example.test. 0 ANY AAAA UPDATE; _dnsplan.api.example.test. 0 ANY TXT UPDATE; \
+             api.example.test. 30 IN A 192.0.2.1; api.example.test. 30 IN AAAA 2001:db8::1; \
+             _dnsplan.api.example.test. 30 IN TXT 00000000000000000003"
+        );
+        let next = update_message(&settings(), &name, Generation(4), Some(&records), Marker::At(Generation(3))).expect("message");
+        assert!(show(&next).starts_with("pre: _dnsplan.api.example.test. 0 IN TXT 00000000000000000003\n"), "{}", show(&next));
+    }
+
+    /// Never empty: an endpoint without targets is refused before anything is built.
+    #[test]
+    fn an_empty_endpoint_is_never_sent() {
+        let name = EndpointName::parse("api.example.test.").expect("name");
+        let got = update_message(&settings(), &name, Generation(3), Some(&endpoint(&[])), Marker::Absent);
+        assert!(matches!(got, Err(TargetError::Invalid(ValidationError::EmptyEndpoint { .. }))), "{got:?}");
+        let outside = EndpointName::parse("api.other.test.").expect("name");
+        let got = update_message(&settings(), &outside, Generation(3), Some(&endpoint(&[("192.0.2.1", 1)])), Marker::Absent);
+        assert!(matches!(got, Err(TargetError::OutsideZone { .. })), "{got:?}");
+    }
+}

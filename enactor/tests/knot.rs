@@ -1,0 +1,517 @@
+//! Enactors with an RFC 2136 target against a real Knot DNS server (`knotd`, started by the
+//! test on a loopback port with a TSIG key allowed to update the zone): plans enacted onto
+//! Knot as `dig` sees them, TSIG and ACL failures as clear errors with nothing written, and
+//! the October 2025 race with Knot's update prerequisites as the fence.
+//!
+//! The race runs three enactors in this process on one embedded store; enactor A is held by
+//! a hook between reading the markers and sending its UPDATEs (an in-process pause at the
+//! exact point, standing in for SIGSTOP, whose timing a test cannot aim at that window).
+
+use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::tsig::{TsigKey, TsigKeyConfig};
+use dnsplan_common::{DnsName, EndpointName, Generation, SledStore, Store, ZoneId};
+use dnsplan_enactor::config::{Target, VerifySettings};
+use dnsplan_enactor::hooks::{Event, HookFuture, Hooks};
+use dnsplan_enactor::metrics::ReasonLabels;
+use dnsplan_enactor::rfc2136::{Fence, Marker, Rfc2136, Rfc2136Settings, TargetError};
+use dnsplan_enactor::{Enactor, Families, Metrics, Settings};
+use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
+use dnsplan_tests::knot::{KeyAction, Knot, KnotSpec, KnotZone, TsigKey as KnotKey};
+use prometheus_client::registry::Registry;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+const KEY_NAME: &str = "dnsplan-enactor.";
+/// 32 bytes, base64.
+const SECRET_B64: &str = "ZG5zcGxhbi1lbmFjdG9yLWtub3QtdGVzdC1zZWNyZXQ=";
+/// A key Knot knows that may only transfer, not update.
+const TRANSFER_KEY: &str = "transfer-only.";
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// A key from its TOML form, as an operator writes it (the secret in base64).
+fn key(name: &str, secret_base64: &str) -> TsigKey {
+    let config: TsigKeyConfig = serde_json::from_value(serde_json::json!({ "name": name, "secret": secret_base64 })).expect("a key config");
+    TsigKey::from_config(&config, std::path::Path::new(".")).expect("a valid key")
+}
+
+/// Another 32-byte secret than Knot's.
+const WRONG_SECRET_B64: &str = "d3Jvbmctd3Jvbmctd3Jvbmctd3Jvbmctd3Jvbmctd3I=";
+
+async fn start_knot() -> anyhow::Result<Knot> {
+    let zone = format!(
+        "$ORIGIN {z}\n@ 300 IN SOA ns1 hostmaster 1 3600 600 604800 30\n@ 300 IN NS ns1\nns1 300 IN A 192.0.2.53\n",
+        z = fixtures::DNS_ZONE
+    );
+    let spec = KnotSpec {
+        zones: vec![KnotZone { origin: fixtures::DNS_ZONE.into(), text: Some(zone), zone_extra: Vec::new() }],
+        keys: vec![
+            KnotKey {
+                name: KEY_NAME.into(),
+                algorithm: "hmac-sha256".into(),
+                secret_base64: SECRET_B64.into(),
+                actions: vec![KeyAction::Update],
+            },
+            KnotKey {
+                name: TRANSFER_KEY.into(),
+                algorithm: "hmac-sha256".into(),
+                secret_base64: SECRET_B64.into(),
+                actions: vec![KeyAction::Transfer],
+            },
+        ],
+        extra_config: String::new(),
+    };
+    Knot::start(&spec).await
+}
+
+fn target(knot: SocketAddr, key: TsigKey, fence: Fence) -> Rfc2136Settings {
+    Rfc2136Settings {
+        server: knot,
+        dns_zone: DnsName::parse(fixtures::DNS_ZONE).expect("zone"),
+        key,
+        timeout: Duration::from_secs(2),
+        attempts: 2,
+        fence,
+    }
+}
+
+fn good_key() -> TsigKey {
+    key(KEY_NAME, SECRET_B64)
+}
+
+fn settings(id: &str, knot: SocketAddr, fence: Fence) -> anyhow::Result<Settings> {
+    let mut settings = Settings::new(id, ZoneId::parse(id)?);
+    settings.cleanup_retain = Some(5);
+    // Each fixture plan replaces every address (so answers tell generations apart); the
+    // removal guard has its own tests.
+    settings.max_removal_fraction = 1.0;
+    // No reconcile during a story: the sequence, not the timer, decides.
+    settings.reconcile_interval = Duration::from_secs(3_600);
+    settings.verify = Some(VerifySettings { dns_server: knot, timeout: Duration::from_secs(5), endpoints_max: 100 });
+    settings.target = Target::Rfc2136(target(knot, good_key(), fence));
+    Ok(settings)
+}
+
+/// What Knot answers for `name`'s A records: the generation its addresses encode
+/// (`endpoint_for`), `None` for an answer without addresses, or an error text.
+async fn served(knot: SocketAddr, name: &EndpointName) -> Result<Option<Generation>, String> {
+    let answer = dns_probe::query(knot, name.as_str(), RecordType::A, Duration::from_secs(1)).await.map_err(|e| e.to_string())?;
+    if !answer.has_addresses() {
+        return Ok(None);
+    }
+    let generation = answer.addresses.iter().next().and_then(|a| match a {
+        IpAddr::V4(v4) => {
+            let [_, hi, lo, _] = v4.octets();
+            Some(Generation(u64::from(hi) << 8 | u64::from(lo)))
+        }
+        IpAddr::V6(_) => None,
+    });
+    match generation {
+        Some(g) if endpoint_for(g).targets.iter().map(|t| t.address).collect::<BTreeSet<_>>() == answer.addresses => Ok(Some(g)),
+        _ => Err(format!("{name} answered {:?}, which is no fixture plan's", answer.addresses)),
+    }
+}
+
+/// `dig` against Knot: the answer section's data for `name` and `qtype`, sorted.
+fn dig(knot: SocketAddr, name: &str, qtype: &str) -> anyhow::Result<Vec<String>> {
+    let output = Command::new("dig")
+        .args([format!("@{}", knot.ip()), "-p".into(), knot.port().to_string(), name.into(), qtype.into(), "+short".into(), "+tcp".into()])
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run dig ({e}); install it with `apt-get install -y dnsutils` (.ci/run does)"))?;
+    anyhow::ensure!(output.status.success(), "dig failed: {}", String::from_utf8_lossy(&output.stderr));
+    let mut lines: Vec<String> = String::from_utf8(output.stdout)?.lines().map(str::to_owned).collect();
+    lines.sort();
+    Ok(lines)
+}
+
+/// Forwards every enactor event, and holds enactor `a` before its first write of plan
+/// `hold` (after it read the markers) until released; after that, before its first write of
+/// a newer plan until released again, so the state its stale writes left is checked first.
+struct Gate {
+    hold: Generation,
+    reached: Mutex<Option<oneshot::Sender<()>>>,
+    a_holding: tokio::sync::watch::Sender<bool>,
+    release: Notify,
+    released: AtomicBool,
+    next: Mutex<Option<oneshot::Sender<Generation>>>,
+    release_next: Notify,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Hooks for Gate {
+    fn before_write<'a>(&'a self, enactor: &'a str, generation: Generation, _: &'a EndpointName) -> HookFuture<'a> {
+        Box::pin(async move {
+            if enactor != "a" {
+                if generation == self.hold {
+                    // The others write plan N only once A holds its read of it, as in the story.
+                    let _ = self.a_holding.subscribe().wait_for(|holding| *holding).await;
+                }
+                return;
+            }
+            if generation == self.hold {
+                let first = self.reached.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(reached) = first {
+                    let _ = reached.send(());
+                    self.a_holding.send_replace(true);
+                    self.release.notified().await;
+                }
+            } else if generation > self.hold && self.released.load(Ordering::SeqCst) {
+                let first = self.next.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(next) = first {
+                    let _ = next.send(generation);
+                    self.release_next.notified().await;
+                }
+            }
+        })
+    }
+
+    fn before_cleanup<'a>(&'a self, _: &'a str, _: Generation) -> HookFuture<'a> {
+        Box::pin(async {})
+    }
+
+    fn event(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+}
+
+async fn wait_done(events: &mut mpsc::UnboundedReceiver<Event>, enactors: &[&str], generation: Generation) -> anyhow::Result<()> {
+    let mut waiting: Vec<&str> = enactors.to_vec();
+    let wait = async {
+        while let Some(event) = events.recv().await {
+            if let Event::PlanDone { enactor, generation: g } = event
+                && g == generation
+            {
+                waiting.retain(|e| *e != enactor);
+                if waiting.is_empty() {
+                    return Ok(());
+                }
+            }
+        }
+        anyhow::bail!("event stream ended")
+    };
+    tokio::time::timeout(WITHIN, wait).await.map_err(|_| anyhow::anyhow!("enactors {enactors:?} did not finish plan {generation}"))?
+}
+
+/// Asks Knot for every name in turn until stopped, judging each answer as it comes: never
+/// an empty or unknown answer, never an older plan than that name answered before.
+struct Prober {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl Prober {
+    fn start(knot: SocketAddr, names: Vec<EndpointName>) -> Prober {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut newest: BTreeMap<EndpointName, Generation> = BTreeMap::new();
+            let mut violations = Vec::new();
+            let mut answers = 0;
+            while !stopping.load(Ordering::SeqCst) {
+                for name in &names {
+                    answers += 1;
+                    judge(&mut newest, &mut violations, name, served(knot, name).await);
+                }
+            }
+            (answers, violations)
+        });
+        Prober { stop, task }
+    }
+
+    async fn stop(self) -> anyhow::Result<(usize, Vec<String>)> {
+        self.stop.store(true, Ordering::SeqCst);
+        Ok(self.task.await?)
+    }
+}
+
+fn judge(
+    newest: &mut BTreeMap<EndpointName, Generation>,
+    violations: &mut Vec<String>,
+    name: &EndpointName,
+    answer: Result<Option<Generation>, String>,
+) {
+    match answer {
+        Ok(Some(g)) => {
+            let before = newest.entry(name.clone()).or_insert(g);
+            if g < *before {
+                violations.push(format!("{name} went back from plan {before} to plan {g}"));
+            }
+            *before = (*before).max(g);
+        }
+        Ok(None) => violations.push(format!("{name} answered with no address")),
+        Err(err) => violations.push(err),
+    }
+}
+
+/// What one run of the race on Knot saw.
+struct Outcome {
+    violations: Vec<String>,
+    answers: usize,
+    /// UPDATEs of enactor A that Knot refused on their prerequisite.
+    a_refused: u64,
+    /// UPDATEs of enactor A that Knot applied after it resumed.
+    a_applied_after: u64,
+}
+
+/// The 2025 race on Knot. Plan N is read by A (markers at plan 1) and A is held before its
+/// first UPDATE; B and C apply N..N+10 onto Knot and clean up (plan N is deleted from the
+/// store); A resumes and sends its UPDATEs for plan N. Before A writes anything newer, what
+/// Knot serves is checked for certain, and a prober judged every answer throughout.
+async fn race_on_knot(a_fence: Fence) -> anyhow::Result<Outcome> {
+    const N: u64 = 2;
+    const NEWER: u64 = 10;
+    let knot = start_knot().await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let names: Vec<EndpointName> = (0..4).map(|i| name(&format!("e{i}"))).collect();
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (reached_tx, reached) = oneshot::channel();
+    let (next_tx, next) = oneshot::channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(N),
+        reached: Mutex::new(Some(reached_tx)),
+        a_holding: tokio::sync::watch::Sender::new(false),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(Some(next_tx)),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let families = Families::register(&mut Registry::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    let a_metrics = Arc::new(families.enactor("a"));
+    for id in ["a", "b", "c"] {
+        let fence = if id == "a" { a_fence } else { Fence::Prerequisites };
+        let metrics = if id == "a" { a_metrics.clone() } else { Arc::new(families.enactor(id)) };
+        let enactor = Enactor::new(store.clone(), settings(id, knot.addr(), fence)?, metrics).with_hooks(gate.clone());
+        let mut stop = stop_rx.clone();
+        tasks.push(tokio::spawn(enactor.run(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+    }
+    wait_done(&mut events, &["a", "b", "c"], Generation(1)).await?;
+    let prober = Prober::start(knot.addr(), names.clone());
+
+    store.publish(&fixtures::plan(N, &names, planner())).await?;
+    tokio::time::timeout(WITHIN, reached).await.map_err(|_| anyhow::anyhow!("enactor a never took plan {N}"))??;
+    wait_done(&mut events, &["b", "c"], Generation(N)).await?;
+    let last = Generation(N + NEWER);
+    for g in N + 1..=last.0 {
+        store.publish(&fixtures::plan(g, &names, planner())).await?;
+    }
+    wait_done(&mut events, &["b", "c"], last).await?;
+    anyhow::ensure!(store.plan(Generation(N)).await.is_err(), "the story needs plan {N} cleaned up before A resumes");
+
+    let applied_before = a_metrics.target_updates("applied");
+    // Plan 1's first writes may have met each other's markers; count only from here.
+    let refused_before = a_metrics.target_updates("prerequisite_failed");
+    gate.released.store(true, Ordering::SeqCst);
+    gate.release.notify_one();
+    let a_next = tokio::time::timeout(WITHIN, next).await.map_err(|_| anyhow::anyhow!("enactor a never went on to a newer plan"))??;
+    let a_applied_after = a_metrics.target_updates("applied") - applied_before;
+    // A's writes of plan N are over and it has written nothing newer: judge Knot now.
+    let mut violations = Vec::new();
+    let oldest_stored = store.list(Generation::NONE, 1).await?.first().map(|p| p.generation).unwrap_or_default();
+    for name in &names {
+        let answer = served(knot.addr(), name).await;
+        if let Ok(Some(g)) = answer
+            && g < oldest_stored
+        {
+            violations.push(format!("{name} serves plan {g}, which cleanup deleted (oldest stored: {oldest_stored})"));
+        }
+        if let Ok(Some(g)) = answer
+            && g < last
+        {
+            violations.push(format!("{name} serves plan {g} after plan {last} was enacted"));
+        }
+        if !matches!(answer, Ok(Some(_))) {
+            violations.push(format!("{name}: {answer:?}"));
+        }
+    }
+    gate.release_next.notify_one();
+    anyhow::ensure!(a_next == last, "A went on to plan {a_next}, not {last}");
+    wait_done(&mut events, &["a"], last).await?;
+    for name in &names {
+        if served(knot.addr(), name).await != Ok(Some(last)) {
+            violations.push(format!("{name} did not converge to plan {last}"));
+        }
+    }
+    let (answers, seen) = prober.stop().await?;
+    violations.extend(seen);
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        task.await?;
+    }
+    Ok(Outcome { violations, answers, a_refused: a_metrics.target_updates("prerequisite_failed") - refused_before, a_applied_after })
+}
+
+/// Plans enacted onto Knot: after each, `dig` shows exactly its addresses and its marker, a
+/// name the plan adds appears, and the store records the generations Knot acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_are_enacted_onto_knot() -> anyhow::Result<()> {
+    let knot = start_knot().await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(u64::MAX),
+        reached: Mutex::new(None),
+        a_holding: tokio::sync::watch::Sender::new(true),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(None),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
+    let enactor = Enactor::new(store.clone(), settings("a", knot.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(enactor.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let mut names = vec![name("api"), name("www")];
+    for g in 1..=3u64 {
+        if g == 3 {
+            names.push(name("new"));
+        }
+        store.publish(&fixtures::plan(g, &names, planner())).await?;
+        wait_done(&mut events, &["a"], Generation(g)).await?;
+        let want: Vec<String> = {
+            let mut v: Vec<String> = endpoint_for(Generation(g)).targets.iter().map(|t| t.address.to_string()).collect();
+            v.sort();
+            v
+        };
+        for n in &names {
+            assert_eq!(dig(knot.addr(), n.as_str(), "A")?, want, "plan {g}: {n}");
+            assert_eq!(dig(knot.addr(), &format!("_dnsplan.{n}"), "TXT")?, vec![format!("\"{:020}\"", g)], "plan {g}: marker of {n}");
+            let recorded = store.active(n).await?.map(|r| r.generation);
+            assert_eq!(recorded, Some(Generation(g)), "the store records what Knot acknowledged");
+        }
+    }
+    assert_eq!(metrics.target_updates("prerequisite_failed"), 0);
+    assert_eq!(metrics.target_updates("applied"), 7, "2 + 2 + 3 names written");
+    let _ = stop_tx.send(true);
+    task.await?;
+    Ok(())
+}
+
+/// A key Knot does not know, a wrong secret and a key without update rights are clear
+/// errors, and none writes anything; nor does an endpoint without addresses, which is
+/// refused before it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tsig_and_acl_failures_are_clear_and_write_nothing() -> anyhow::Result<()> {
+    let knot = start_knot().await?;
+    let metrics = Metrics::register(&mut Registry::default(), "a");
+    let api = name("api");
+    let records = endpoint_for(Generation(1));
+    let cases: [(TsigKey, &str); 3] = [
+        (key("unknown-key.", SECRET_B64), "BADKEY"),
+        (key(KEY_NAME, WRONG_SECRET_B64), "BADSIG"),
+        (key(TRANSFER_KEY, SECRET_B64), "BADKEY"),
+    ];
+    for (key, want) in cases {
+        let target = Rfc2136::new(target(knot.addr(), key, Fence::Prerequisites));
+        let got = target.write(&api, Generation(1), Some(&records), Marker::Absent, &metrics).await;
+        let err = match got {
+            Err(err) => format!("{:#}", anyhow::Error::from(err)),
+            Ok(written) => anyhow::bail!("the update was accepted: {written:?}"),
+        };
+        assert!(err.contains(want), "want {want:?} in {err:?}");
+        assert!(err.contains("let it update DNS zone example.test."), "the error says what to fix: {err:?}");
+        assert_eq!(served(knot.addr(), &api).await, Ok(None), "nothing written after {want}");
+    }
+    assert_eq!(metrics.target_updates("error"), 3);
+
+    // Never empty: refused before anything is sent.
+    let target = Rfc2136::new(target(knot.addr(), good_key(), Fence::Prerequisites));
+    let mut empty = records.clone();
+    empty.targets.clear();
+    let got = target.write(&api, Generation(1), Some(&empty), Marker::Absent, &metrics).await;
+    assert!(matches!(got, Err(TargetError::Invalid(_))), "{got:?}");
+    assert_eq!(metrics.target_updates("error"), 3, "nothing was sent");
+
+    // The enactor with a wrong secret: the plan is abandoned as a target error and Knot
+    // still serves nothing for the name.
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let mut wrong = settings("a", knot.addr(), Fence::Prerequisites)?;
+    wrong.target = Target::Rfc2136(target_with_key(knot.addr(), key(KEY_NAME, WRONG_SECRET_B64)));
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(u64::MAX),
+        reached: Mutex::new(None),
+        a_holding: tokio::sync::watch::Sender::new(true),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(None),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let enactor_metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
+    let enactor = Enactor::new(store.clone(), wrong, enactor_metrics.clone()).with_hooks(gate);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(enactor.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    store.publish(&fixtures::plan(1, std::slice::from_ref(&api), planner())).await?;
+    let abandoned = tokio::time::timeout(WITHIN, async {
+        while let Some(event) = events.recv().await {
+            if let Event::PlanAbandoned { generation, .. } = event {
+                return Some(generation);
+            }
+        }
+        None
+    })
+    .await?;
+    assert_eq!(abandoned, Some(Generation(1)));
+    assert_eq!(enactor_metrics.plans_abandoned.get_or_create(&ReasonLabels { reason: "target_error" }).get(), 1);
+    assert_eq!(served(knot.addr(), &api).await, Ok(None), "nothing written by the enactor");
+    assert_eq!(store.active(&api).await?, None, "nothing recorded in the store");
+    let _ = stop_tx.send(true);
+    task.await?;
+    Ok(())
+}
+
+fn target_with_key(knot: SocketAddr, key: TsigKey) -> Rfc2136Settings {
+    target(knot, key, Fence::Prerequisites)
+}
+
+/// The 2025 race on Knot with its prerequisites as the fence: A's four stale UPDATEs (one
+/// per name, each prepared from markers at plan 1) are refused by Knot, Knot never serves an
+/// older plan than it served nor an empty answer, and everything converges.
+///
+/// Its teeth: `the_race_without_prerequisites_overwrites_newer_plans` runs the same story
+/// with A sending no prerequisite, and the same checks catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn knot_refuses_the_stale_writes_of_the_2025_race() -> anyhow::Result<()> {
+    let outcome = race_on_knot(Fence::Prerequisites).await?;
+    assert!(outcome.violations.is_empty(), "violations: {:#?}", outcome.violations);
+    assert!(outcome.answers > 4, "the prober must have watched the story ({} answers)", outcome.answers);
+    assert_eq!(outcome.a_refused, 4, "Knot refuses each of A's four stale UPDATEs on its prerequisite");
+    assert_eq!(outcome.a_applied_after, 0, "none of A's stale UPDATEs was applied");
+    eprintln!("refused stale writes: {}; answers judged: {}", outcome.a_refused, outcome.answers);
+    Ok(())
+}
+
+/// Teeth: the same story with A's UPDATEs sent without their prerequisite (feature
+/// `testing` only) overwrites the newer plan on Knot: Knot serves plan 2, which cleanup
+/// deleted, after plan 12.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_race_without_prerequisites_overwrites_newer_plans() -> anyhow::Result<()> {
+    let outcome = race_on_knot(Fence::Off).await?;
+    let v = &outcome.violations;
+    assert_eq!(outcome.a_refused, 0);
+    assert_eq!(outcome.a_applied_after, 4, "every stale UPDATE went through");
+    assert!(v.iter().any(|v| v.contains("which cleanup deleted")), "the check must see a deleted plan served: {v:#?}");
+    assert!(v.iter().any(|v| v.contains("after plan 12 was enacted")), "the check must see an older plan served: {v:#?}");
+    assert!(v.iter().any(|v| v.contains("went back")), "the prober must see an answer going back: {v:#?}");
+    eprintln!("violations seen without prerequisites ({} in all): {:#?}", v.len(), &v[..v.len().min(10)]);
+    Ok(())
+}
