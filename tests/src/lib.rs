@@ -5,6 +5,8 @@
 //! things: a real store has none, and the naive store (check-then-act apply, age-only
 //! cleanup, unfenced publish) has some. A suite that passes the naive store is broken.
 //!
+//! `etcd` starts a real etcd cluster on loopback for the store on etcd.
+//!
 //! `daemon` starts real daemon processes and follows their JSON logs; `stack` runs an
 //! authority in-process over any store; `watch` probes it over DNS, observes
 //! the store, and checks the invariants over what was seen. `knot` runs a real Knot DNS server
@@ -12,6 +14,7 @@
 
 pub mod conformance;
 pub mod daemon;
+pub mod etcd;
 pub mod fixtures;
 pub mod knot;
 pub mod naive;

@@ -1,0 +1,172 @@
+//! The key layout of one store under its prefix, and the fixed-width encodings compared in
+//! transactions.
+//!
+//! Every generation and counter is 8 bytes big-endian, in keys and in values, so etcd's byte
+//! comparison (`Compare::value` with `Less`) is numeric comparison and a key range over
+//! generations is a numeric range. An endpoint name is always the last part of its key, so
+//! no separator has to follow it.
+
+use dnsplan_common::Generation;
+use dnsplan_common::names::EndpointName;
+
+/// The keys of one store. Every key starts with the store's prefix, so one cluster holds
+/// several independent stores.
+#[derive(Clone, Debug)]
+pub(crate) struct Keys {
+    prefix: Vec<u8>,
+}
+
+fn join(parts: &[&[u8]]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        key.extend_from_slice(p);
+    }
+    key
+}
+
+/// The first key after every key that starts with `prefix` (etcd's range end of a prefix).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Only an all-0xff prefix gets here; our prefixes are text ending in `/`.
+    vec![0]
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Keys {
+        Keys { prefix: prefix.as_bytes().to_vec() }
+    }
+
+    fn k(&self, parts: &[&[u8]]) -> Vec<u8> {
+        let mut all = vec![self.prefix.as_slice()];
+        all.extend_from_slice(parts);
+        join(&all)
+    }
+
+    // meta/: the counters and flags a `wait_for_change` waiter watches.
+    pub(crate) fn meta(&self) -> Vec<u8> {
+        self.k(&[b"meta/"])
+    }
+    pub(crate) fn latest(&self) -> Vec<u8> {
+        self.k(&[b"meta/latest"])
+    }
+    pub(crate) fn applied(&self) -> Vec<u8> {
+        self.k(&[b"meta/applied"])
+    }
+    pub(crate) fn control(&self) -> Vec<u8> {
+        self.k(&[b"meta/control"])
+    }
+    pub(crate) fn horizon(&self) -> Vec<u8> {
+        self.k(&[b"state/horizon"])
+    }
+    pub(crate) fn dns_zone(&self) -> Vec<u8> {
+        self.k(&[b"state/dns_zone"])
+    }
+    pub(crate) fn pause(&self) -> Vec<u8> {
+        self.k(&[b"state/pause"])
+    }
+    pub(crate) fn heartbeat_count(&self) -> Vec<u8> {
+        self.k(&[b"state/heartbeats"])
+    }
+
+    // Plans: written by publish's transaction, removed by cleanup's.
+    pub(crate) fn plan(&self, g: Generation) -> Vec<u8> {
+        self.k(&[b"plans/", &g.to_be_bytes()])
+    }
+    pub(crate) fn summaries(&self) -> Vec<u8> {
+        self.k(&[b"summaries/"])
+    }
+    pub(crate) fn summary(&self, g: Generation) -> Vec<u8> {
+        self.k(&[b"summaries/", &g.to_be_bytes()])
+    }
+    pub(crate) fn changes(&self) -> Vec<u8> {
+        self.k(&[b"changes/"])
+    }
+    pub(crate) fn plan_changes(&self, g: Generation) -> Vec<u8> {
+        self.k(&[b"changes/", &g.to_be_bytes()])
+    }
+    /// Chunks of large plans and plan changes: `blobs/ g nonce kind index`.
+    pub(crate) fn blobs(&self) -> Vec<u8> {
+        self.k(&[b"blobs/"])
+    }
+    pub(crate) fn blob_set(&self, g: Generation, nonce: u64) -> Vec<u8> {
+        self.k(&[b"blobs/", &g.to_be_bytes(), &nonce.to_be_bytes()])
+    }
+    pub(crate) fn blob_chunk(&self, g: Generation, nonce: u64, kind: u8, index: u32) -> Vec<u8> {
+        self.k(&[b"blobs/", &g.to_be_bytes(), &nonce.to_be_bytes(), &[kind], &index.to_be_bytes()])
+    }
+    /// A publish in progress that has written chunks: `staging/ g nonce` → start time.
+    pub(crate) fn staging_all(&self) -> Vec<u8> {
+        self.k(&[b"staging/"])
+    }
+    pub(crate) fn staging(&self, g: Generation, nonce: u64) -> Vec<u8> {
+        self.k(&[b"staging/", &g.to_be_bytes(), &nonce.to_be_bytes()])
+    }
+
+    // Endpoints: written by apply's transactions.
+    pub(crate) fn active_all(&self) -> Vec<u8> {
+        self.k(&[b"active/"])
+    }
+    pub(crate) fn active(&self, name: &EndpointName) -> Vec<u8> {
+        self.k(&[b"active/", name.as_str().as_bytes()])
+    }
+    /// The fence: the endpoint's active generation, 8 bytes big-endian.
+    pub(crate) fn fence(&self, name: &EndpointName) -> Vec<u8> {
+        self.k(&[b"fence/", name.as_str().as_bytes()])
+    }
+    /// The index of serving endpoints by generation: `serving/ g name` → empty. Its first key
+    /// is the oldest active generation.
+    pub(crate) fn serving_all(&self) -> Vec<u8> {
+        self.k(&[b"serving/"])
+    }
+    pub(crate) fn serving(&self, g: Generation, name: &EndpointName) -> Vec<u8> {
+        self.k(&[b"serving/", &g.to_be_bytes(), name.as_str().as_bytes()])
+    }
+    pub(crate) fn serving_below(&self, g: Generation) -> Vec<u8> {
+        self.k(&[b"serving/", &g.to_be_bytes()])
+    }
+
+    // The planner lease.
+    pub(crate) fn lease_record(&self) -> Vec<u8> {
+        self.k(&[b"lease/record"])
+    }
+    /// Attached to an etcd lease: exists exactly while the planner lease is live.
+    pub(crate) fn lease_live(&self) -> Vec<u8> {
+        self.k(&[b"lease/live"])
+    }
+
+    pub(crate) fn heartbeats(&self) -> Vec<u8> {
+        self.k(&[b"heartbeats/"])
+    }
+    pub(crate) fn heartbeat(&self, id: &str) -> Vec<u8> {
+        self.k(&[b"heartbeats/", id.as_bytes()])
+    }
+
+    /// The part of `key` after `prefix`, if it starts with it.
+    pub(crate) fn strip<'a>(key: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+        key.strip_prefix(prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_endian_keys_sort_numerically() {
+        let keys = Keys::new("/p/");
+        let mut gens: Vec<u64> = vec![1, 255, 256, 65_536, 2, 1 << 40, 0];
+        let mut encoded: Vec<Vec<u8>> = gens.iter().map(|g| keys.plan(Generation(*g))).collect();
+        gens.sort();
+        encoded.sort();
+        let back: Vec<u64> = encoded.iter().map(|k| u64::from_be_bytes(k[k.len() - 8..].try_into().expect("8 bytes"))).collect();
+        assert_eq!(back, gens);
+        assert_eq!(prefix_end(b"/p/"), b"/p0");
+        assert!(keys.serving_below(Generation(3)) > keys.serving(Generation(2), &EndpointName::parse("zz.example.").expect("name")));
+    }
+}

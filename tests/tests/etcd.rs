@@ -1,0 +1,245 @@
+//! The store on etcd against a real three-member cluster on loopback: the whole conformance
+//! suite, publishes larger than etcd's request limit, and followers across a compaction.
+//!
+//! Each test starts its own cluster (a second or two), so the tests run in parallel without
+//! sharing state; inside one cluster every store gets its own key prefix.
+
+use dnsplan_common::store::{ApplyItem, Store};
+use dnsplan_common::{Endpoint, Generation, Plan, Target, ValidatedPlan, ZoneId};
+use dnsplan_etcd::EtcdStore;
+use dnsplan_tests::conformance::{Harness, run_all};
+use dnsplan_tests::etcd::EtcdCluster;
+use dnsplan_tests::fixtures::{dns_zone, endpoint_for, name, operator, plan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+struct Etcd {
+    cluster: EtcdCluster,
+    stores: AtomicU64,
+}
+
+impl Harness for Etcd {
+    type S = EtcdStore;
+    async fn fresh(&self) -> anyhow::Result<EtcdStore> {
+        let n = self.stores.fetch_add(1, Ordering::Relaxed);
+        self.cluster.store(&format!("/conformance-{n}/")).await
+    }
+}
+
+/// The whole `Store` conformance suite on a three-member cluster, one key prefix per check.
+///
+/// Teeth, checked once by hand: without the `latest` compare in publish's transaction this
+/// fails `racing_publishes_have_no_gaps`; without the endpoint compares (fence and counter) in
+/// apply's transaction it fails `racing_applies_are_monotonic`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcd_store_passes_the_suite() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let cluster = EtcdCluster::start(3, &[]).await?;
+    println!("cluster up in {:?}", started.elapsed());
+    let report = run_all(&Etcd { cluster, stores: AtomicU64::new(0) }).await?;
+    println!("{report}suite done in {:?}", started.elapsed());
+    assert!(report.is_clean(), "EtcdStore violates the Store contract:\n{report}");
+    Ok(())
+}
+
+/// Plan `g` with `endpoints` endpoints whose records all change with `g`: large enough that
+/// its encoding exceeds a small request limit.
+fn large_plan(g: u64, endpoints: usize) -> ValidatedPlan {
+    let records = |i: usize| Endpoint {
+        ttl_secs: 30,
+        targets: (0..4u8)
+            .map(|t| Target {
+                address: [10, (i >> 8) as u8, i as u8, (g as u8).wrapping_mul(4).wrapping_add(t)].into(),
+                zone: ZoneId::parse(["a", "b", "c", "d"][usize::from(t)]).expect("zone"),
+                weight: 1 + u32::from(t),
+            })
+            .collect(),
+    };
+    ValidatedPlan::new(Plan {
+        generation: Generation(g),
+        parent_generation: Generation(g - 1),
+        created_at_unix_ms: 1_700_000_000_000 + g,
+        author: operator(),
+        reason: format!("large plan {g}"),
+        dns_zone: dns_zone(),
+        endpoints: (0..endpoints).map(|i| (name(&format!("endpoint-{i:05}")), records(i))).collect::<BTreeMap<_, _>>(),
+        retired: BTreeSet::new(),
+        rollback_of: None,
+        provenance: vec![],
+    })
+    .expect("valid")
+}
+
+const SMALL_REQUEST_BYTES: usize = 64 * 1024;
+
+/// A plan larger than etcd's request limit is written in chunks and becomes visible whole, at
+/// once: readers polling `latest` and `plan` while plans are published never see a plan that
+/// fails to decode or is not the one published, and no staging is left behind (also not from
+/// a publish that lost the race or a publisher that died after writing chunks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plan_larger_than_a_request_is_published_whole() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let limit = SMALL_REQUEST_BYTES.to_string();
+    let cluster = EtcdCluster::start(3, &["--max-request-bytes", &limit]).await?;
+    let mut config = cluster.config("/chunked/");
+    config.request_bytes_max = SMALL_REQUEST_BYTES;
+    let store = EtcdStore::connect(config.clone()).await?;
+    const ENDPOINTS: usize = 3_000;
+    const PLANS: u64 = 12;
+    let first = large_plan(1, ENDPOINTS);
+    let bytes = dnsplan_common::codec::encode_plan(&first).len();
+    assert!(bytes > 2 * SMALL_REQUEST_BYTES, "the plan is {bytes} bytes: too small to need chunks");
+    // The limit is real: etcd refuses the plan in one request.
+    let mut client = cluster.client().await?;
+    let refused = client.put("/chunked-raw", vec![0u8; bytes], None).await;
+    assert!(refused.is_err(), "etcd took a {bytes}-byte request over a {SMALL_REQUEST_BYTES}-byte limit");
+
+    let done = Arc::new(AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let (store, done) = (EtcdStore::connect(config.clone()).await?, done.clone());
+        readers.push(tokio::spawn(async move {
+            let mut whole = 0u64;
+            while !done.load(Ordering::Acquire) {
+                let latest = store.latest().await?;
+                if latest.is_none() {
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+                let read = store.plan(latest).await?;
+                anyhow::ensure!(read == large_plan(latest.0, ENDPOINTS), "plan {latest} read back different from what was published");
+                whole += 1;
+            }
+            anyhow::Ok(whole)
+        }));
+    }
+    // Two publishers race for every generation: the loser's chunks must go.
+    for g in 1..=PLANS {
+        let rival = EtcdStore::connect(config.clone()).await?;
+        let p = large_plan(g, ENDPOINTS);
+        let (a, b) = tokio::join!(store.publish(&p), rival.publish(&p));
+        assert!(a.is_ok() || b.is_ok(), "plan {g}: neither publisher won: {a:?} {b:?}");
+        assert!(a.is_err() || b.is_err(), "plan {g}: both publishers were acknowledged");
+    }
+    done.store(true, Ordering::Release);
+    for reader in readers {
+        let whole = reader.await??;
+        assert!(whole > 0, "a reader read no plan at all");
+    }
+    assert_eq!(store.latest().await?, Generation(PLANS));
+    assert_eq!(store.staging_keys().await?, 0, "staging left behind by publishes that lost");
+    let chunks = store.chunk_keys().await?;
+    let per_plan = bytes.div_ceil(SMALL_REQUEST_BYTES / 2);
+    assert!(chunks <= PLANS as usize * (per_plan + 1) * 2, "{chunks} chunk keys for {PLANS} plans of about {per_plan} chunks");
+
+    // A publisher that died between its chunks and its commit: the next publish removes them.
+    let mut key = b"/chunked/staging/".to_vec();
+    key.extend_from_slice(&PLANS.to_be_bytes());
+    key.extend_from_slice(&7u64.to_be_bytes());
+    client.put(key, 0u64.to_be_bytes().to_vec(), None).await?;
+    let mut chunk = b"/chunked/blobs/".to_vec();
+    chunk.extend_from_slice(&PLANS.to_be_bytes());
+    chunk.extend_from_slice(&7u64.to_be_bytes());
+    chunk.extend_from_slice(b"p\0\0\0\0");
+    client.put(chunk.clone(), vec![1u8; 100], None).await?;
+    assert_eq!(store.staging_keys().await?, 1);
+    store.publish(&large_plan(PLANS + 1, ENDPOINTS)).await?;
+    assert_eq!(store.staging_keys().await?, 0, "an abandoned staging area survived the next publish");
+    assert!(client.get(chunk, None).await?.kvs().is_empty(), "the abandoned chunk is still there");
+
+    // Applies, cleanup and plan changes work on chunked plans too.
+    let plan = store.plan(Generation(PLANS + 1)).await?;
+    let items: Vec<ApplyItem> =
+        plan.plan().endpoints.iter().take(200).map(|(n, r)| ApplyItem { endpoint: n.clone(), records: r.clone() }).collect();
+    for r in store.apply_many(Generation(PLANS + 1), &items).await? {
+        r?;
+    }
+    let changes = store.plan_changes(Generation(PLANS), Generation(PLANS + 1)).await?.expect("recorded changes");
+    assert_eq!(changes.changes.len(), ENDPOINTS, "every endpoint's records change with the generation");
+    let report = store.cleanup(2).await?;
+    assert_eq!(report.deleted(), Some((Generation(1), Generation(PLANS - 1))));
+    assert!(store.chunk_keys().await? <= 2 * (per_plan + 1) * 2, "chunks of cleaned-up plans are left");
+    println!("chunked publish test took {:?}", started.elapsed());
+    Ok(())
+}
+
+/// A follower that asks `active_since` from its last answer gets a delta through etcd's
+/// watch; after the cluster compacted that history it gets the whole state, marked `full`,
+/// and still holds exactly what the store holds. A waiter still wakes after the compaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_a_compaction_reads_the_whole_state() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let cluster = EtcdCluster::start(3, &[]).await?;
+    let store = cluster.store("/follower/").await?;
+    let labels = ["a", "b", "c", "d"];
+    let names: Vec<_> = labels.iter().map(|l| name(l)).collect();
+    for g in 1..=4 {
+        store.publish(&plan(g, &names, operator())).await?;
+    }
+    let apply = async |label: &str, g: u64| store.apply(&name(label), Generation(g), &endpoint_for(Generation(g))).await;
+    let mut held = BTreeMap::new();
+    let follow = async |held: &mut BTreeMap<_, _>, since: u64| -> anyhow::Result<(u64, bool)> {
+        let delta = store.active_since(since).await?;
+        if delta.full {
+            held.clear();
+        }
+        held.extend(delta.endpoints);
+        Ok((delta.applied_changes, delta.full))
+    };
+    for l in labels {
+        apply(l, 1).await?;
+    }
+    let (seen, full) = follow(&mut held, 0).await?;
+    assert!(full, "a follower that starts from nothing gets the whole state");
+    apply("b", 2).await?;
+    apply("d", 2).await?;
+    let before = store.active_all().await?;
+    let delta = store.active_since(seen).await?;
+    assert!(!delta.full, "the history is there: want a delta");
+    assert_eq!(delta.endpoints.keys().cloned().collect::<Vec<_>>(), [name("b"), name("d")]);
+    let (seen, _) = follow(&mut held, seen).await?;
+    assert_eq!(held, before.endpoints);
+
+    apply("a", 3).await?;
+    apply("c", 4).await?;
+    let mut client = cluster.client().await?;
+    let revision = client.get("/follower/", None).await?.header().map(|h| h.revision()).expect("a header");
+    client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+    let delta = store.active_since(seen).await?;
+    assert!(delta.full, "the history after the follower's revision was compacted: want the whole state");
+    let (_, _) = follow(&mut held, seen).await?;
+    let truth = store.active_all().await?;
+    assert_eq!(held, truth.endpoints, "the follower does not hold what the store holds");
+    assert_eq!(delta.applied_changes, truth.applied_changes);
+
+    // A waiter still wakes on a change after the compaction.
+    let seen = store.version().await?;
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move { store.wait_for_change(seen, Duration::from_secs(30)).await })
+    };
+    apply("b", 4).await?;
+    let woke = tokio::time::timeout(Duration::from_secs(30), waiter).await???;
+    assert_ne!(woke, seen);
+    println!("follower test took {:?}", started.elapsed());
+    Ok(())
+}
+
+/// A store on a cluster that is gone says so within its request timeout, as `Unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_is_a_clear_error() -> anyhow::Result<()> {
+    let mut cluster = EtcdCluster::start(1, &[]).await?;
+    let mut config = cluster.config("/gone/");
+    config.request_timeout = Duration::from_millis(500);
+    let store = EtcdStore::connect(config).await?;
+    store.latest().await?;
+    cluster.kill(0)?;
+    let started = Instant::now();
+    let err = store.latest().await.expect_err("the cluster is gone");
+    assert!(matches!(err, dnsplan_common::StoreError::Unavailable(_)), "want Unavailable, got {err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    println!("{err}");
+    Ok(())
+}
