@@ -20,6 +20,47 @@ fn the_example_config_loads() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The example's commented `[target]` section, uncommented, loads as an RFC 2136 target with
+/// its key read from the file next to the config; broken variants of it are clear errors.
+#[test]
+fn the_example_rfc2136_target_loads() -> anyhow::Result<()> {
+    use dnsplan_enactor::config::Target;
+    let example = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/enactor.toml"))?;
+    let start = example.find("# [target]").ok_or_else(|| anyhow::anyhow!("the example documents no [target]"))?;
+    let end = start + example[start..].find("\n\n").ok_or_else(|| anyhow::anyhow!("the [target] section does not end"))?;
+    let section: String = example[start..end].lines().map(|l| format!("{}\n", l.strip_prefix("# ").unwrap_or(l))).collect();
+    let uncommented = format!("{}{section}{}", &example[..start], &example[end..]);
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("enactor.toml");
+    std::fs::write(&config, &uncommented)?;
+    std::fs::write(dir.path().join("dnsplan-enactor.key"), "ZG5zcGxhbi1lbmFjdG9yLWtub3QtdGVzdC1zZWNyZXQ=\n")?;
+    let loaded = dnsplan_enactor::EnactorConfig::load(&config, None, None)?;
+    match loaded.settings().target {
+        Target::Rfc2136(t) => {
+            assert_eq!(t.server.to_string(), "192.0.2.53:53");
+            assert_eq!(t.dns_zone.as_str(), "example.test.");
+            assert_eq!(t.key.name().to_string(), "dnsplan-enactor.");
+            assert_eq!((t.timeout.as_millis(), t.attempts), (2_000, 3));
+        }
+        Target::Store => anyhow::bail!("the example's target loaded as the store"),
+    }
+    let cases = [
+        (uncommented.replace("secret_file = \"dnsplan-enactor.key\"", ""), "target.key: TSIG key dnsplan-enactor: no secret"),
+        (uncommented.replace("dnsplan-enactor.key", "missing.key"), "cannot read secret_file"),
+        (uncommented.replace("kind = \"rfc2136\"", "kind = \"nsupdate\""), "unknown variant `nsupdate`"),
+        (uncommented.replace("attempts = 3", "attempts = 0"), "target.attempts"),
+    ];
+    for (text, want) in cases {
+        std::fs::write(&config, &text)?;
+        let out = enactor(&config).output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{want}: the enactor started");
+        assert!(stderr.contains(want), "{want:?} not in: {stderr}");
+        assert!(!stderr.contains("ZG5zcGxh"), "the secret is never printed: {stderr}");
+    }
+    Ok(())
+}
+
 #[test]
 fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
