@@ -146,13 +146,22 @@ impl TsigKey {
                 (text, format!(" in {}", path.display()))
             }
         };
+        TsigKey::from_base64_at(&config.name, config.algorithm, &text, &where_)
+    }
+
+    /// A key from its secret in base64 (as `dig -y` and `tsig-keygen` write it).
+    pub fn from_base64(name: &str, algorithm: Algorithm, secret_base64: &str) -> Result<TsigKey, TsigKeyError> {
+        TsigKey::from_base64_at(name, algorithm, secret_base64, "")
+    }
+
+    fn from_base64_at(name: &str, algorithm: Algorithm, text: &str, where_: &str) -> Result<TsigKey, TsigKeyError> {
         let secret = data_encoding::BASE64
             .decode(text.trim().as_bytes())
-            .map_err(|_| TsigKeyError::NotBase64 { name: display.clone(), where_: where_.clone() })?;
+            .map_err(|_| TsigKeyError::NotBase64 { name: name.into(), where_: where_.into() })?;
         if secret.len() < SECRET_BYTES_MIN {
-            return Err(TsigKeyError::TooShort { name: display, where_, bytes: secret.len(), min: SECRET_BYTES_MIN });
+            return Err(TsigKeyError::TooShort { name: name.into(), where_: where_.into(), bytes: secret.len(), min: SECRET_BYTES_MIN });
         }
-        TsigKey::new(&config.name, config.algorithm, secret)
+        TsigKey::new(name, algorithm, secret)
     }
 
     /// A key from its parts (`secret` in raw bytes).
