@@ -6,6 +6,7 @@ use crate::dns_zone::DnsZoneConfig;
 use crate::rrl::{self, IpPrefix, RrlSettings};
 use dnsplan_common::daemon;
 use dnsplan_common::store::WAIT_TIMEOUT_MAX;
+use dnsplan_common::tsig::TsigKeyConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,9 @@ pub struct DnsConfig {
     /// Response-rate limiting of UDP answers (`[dns.rrl]`).
     #[serde(default)]
     pub rrl: RrlConfig,
+    /// Zone transfers to secondaries (`[dns.transfer]`); by default nobody may transfer.
+    #[serde(default)]
+    pub transfer: TransferConfig,
 }
 
 impl Default for DnsConfig {
@@ -53,8 +57,93 @@ impl Default for DnsConfig {
             tcp_idle_timeout_secs: default_tcp_idle(),
             tcp_connections_max: default_tcp_max(),
             rrl: RrlConfig::default(),
+            transfer: TransferConfig::default(),
         }
     }
+}
+
+/// `[dns.transfer]`: who may transfer the zone (AXFR, IXFR) and with which TSIG key. Nobody
+/// by default. A client outside every `secondaries` prefix, or without a signature when one
+/// is required, is REFUSED; see `transfer`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferConfig {
+    /// Every secondary must sign its requests with its key (RFC 8945). Off only on a network
+    /// where an address cannot be spoofed and nothing else can reach the port.
+    #[serde(default = "default_tsig_required")]
+    pub tsig_required: bool,
+    /// The TSIG keys (`[[dns.transfer.keys]]`: name, algorithm, secret or secret_file).
+    #[serde(default)]
+    pub keys: Vec<TsigKeyConfig>,
+    /// The secondaries allowed (`[[dns.transfer.secondaries]]`: address, key).
+    #[serde(default)]
+    pub secondaries: Vec<SecondaryConfig>,
+    /// Zone transfers encoded at once; more wait (up to `dns.tcp_idle_timeout_secs`, then
+    /// REFUSED). Each takes a core while it encodes.
+    #[serde(default = "default_transfers_max")]
+    pub transfers_max: usize,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig { tsig_required: true, keys: Vec::new(), secondaries: Vec::new(), transfers_max: default_transfers_max() }
+    }
+}
+
+fn default_tsig_required() -> bool {
+    true
+}
+/// Two: a secondary or two refreshing at once transfer at full speed, and a fleet told by
+/// NOTIFY takes turns instead of taking every core from the control API.
+fn default_transfers_max() -> usize {
+    2
+}
+
+/// One allowed secondary: an address or prefix, and the name of the key it signs with.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecondaryConfig {
+    /// An address (`192.0.2.53`) or a prefix (`192.0.2.0/24`).
+    pub address: IpPrefix,
+    /// The name of one of `dns.transfer.keys`; required while `tsig_required`.
+    pub key: Option<String>,
+}
+
+impl TransferConfig {
+    /// Every value in range, with a message naming the key (below `dns.transfer`). Keys are
+    /// built (and their secrets read) by `transfer::TransferPolicy::from_config`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.transfers_max == 0 {
+            return Err("dns.transfer.transfers_max must be above 0".into());
+        }
+        let key_names: Vec<String> = self.keys.iter().map(|k| normal_key_name(&k.name)).collect();
+        for (i, secondary) in self.secondaries.iter().enumerate() {
+            match &secondary.key {
+                None if self.tsig_required => {
+                    return Err(format!(
+                        "dns.transfer.secondaries[{i}] ({}): no key, and dns.transfer.tsig_required is true; give the name of one \
+                         of dns.transfer.keys, or set tsig_required = false",
+                        secondary.address
+                    ));
+                }
+                None => {}
+                Some(name) if !key_names.contains(&normal_key_name(name)) => {
+                    return Err(format!(
+                        "dns.transfer.secondaries[{i}] ({}): key {name:?} is not one of dns.transfer.keys (by name)",
+                        secondary.address
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A key name as compared: lower case, with the final dot.
+pub fn normal_key_name(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    if lower.ends_with('.') { lower } else { format!("{lower}.") }
 }
 
 /// `[dns.rrl]`: response-rate limiting of UDP answers (see `rrl`). On by default: without it
@@ -301,6 +390,7 @@ impl AuthorityConfig {
             return Err("dns.listen: give at least one address".into());
         }
         dns.rrl.check()?;
+        dns.transfer.check()?;
         if dns.edns_udp_payload_bytes < 512 {
             return Err(format!("dns.edns_udp_payload_bytes: {} is below the DNS minimum of 512", dns.edns_udp_payload_bytes));
         }
@@ -397,6 +487,27 @@ mod tests {
         }
         let err = load_control("request_timeout_secs = 3601").expect_err("above the maximum");
         assert!(err.contains("control.request_timeout_secs") && err.contains("3600"), "{err}");
+    }
+
+    #[test]
+    fn transfer_is_closed_by_default_and_its_errors_name_their_key() {
+        let config = load("").expect("loads");
+        assert!(config.dns.transfer.secondaries.is_empty() && config.dns.transfer.tsig_required);
+        let key = "[[dns.transfer.keys]]\nname = \"xfr\"\nsecret = \"c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTEyMzQ=\"\n";
+        let ok = load(&format!("{key}[[dns.transfer.secondaries]]\naddress = \"192.0.2.0/24\"\nkey = \"XFR.\"\n")).expect("loads");
+        assert_eq!(ok.dns.transfer.secondaries.len(), 1);
+        for (extra, want) in [
+            ("[[dns.transfer.secondaries]]\naddress = \"192.0.2.1\"\n".to_string(), "no key, and dns.transfer.tsig_required"),
+            (format!("{key}[[dns.transfer.secondaries]]\naddress = \"192.0.2.1\"\nkey = \"other\"\n"), "\"other\" is not one of"),
+            ("[[dns.transfer.secondaries]]\naddress = \"nowhere\"\nkey = \"x\"\n".to_string(), "not an address"),
+            ("[dns.transfer]\ntransfers_max = 0\n".to_string(), "dns.transfer.transfers_max"),
+        ] {
+            let err = load(&extra).expect_err(&extra);
+            assert!(err.contains(want), "{extra:?}: want {want:?} in {err}");
+            assert!(!err.contains("c2VjcmV0"), "{err} shows a secret");
+        }
+        let open = load("[dns.transfer]\ntsig_required = false\n[[dns.transfer.secondaries]]\naddress = \"192.0.2.1\"\n");
+        assert!(open.is_ok(), "{open:?}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::dns_zone::StaticZone;
 use crate::metrics::Metrics;
 use crate::rrl::Rrl;
 use crate::snapshot::Snapshot;
+use crate::transfer::TransferPolicy;
 use arc_swap::ArcSwap;
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, Store, StoreError, StoreResult, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
@@ -64,6 +65,8 @@ pub struct Serving {
     pub limits: AnswerLimits,
     /// Response-rate limiting of UDP answers; `None` when it is off.
     pub rrl: Option<Rrl>,
+    /// Who may transfer the zone, and the TSIG keys signed queries are checked against.
+    pub transfer: TransferPolicy,
     pub metrics: Arc<Metrics>,
 }
 
@@ -75,12 +78,17 @@ impl Serving {
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
-        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, rrl: None, metrics })
+        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, rrl: None, transfer: TransferPolicy::closed(), metrics })
     }
 
     /// With UDP answers limited by `rrl` (`None`: not limited).
     pub fn with_rrl(self, rrl: Option<Rrl>) -> Serving {
         Serving { rrl, ..self }
+    }
+
+    /// With zone transfers allowed as `transfer` says (closed by default).
+    pub fn with_transfer(self, transfer: TransferPolicy) -> Serving {
+        Serving { transfer, ..self }
     }
 
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the

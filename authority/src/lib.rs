@@ -6,7 +6,7 @@
 //! hand), and `rrl` limits UDP answers per client; `snapshot` the immutable state they read;
 //! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
 //! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
-//! `accept` and `budget` keep both listeners within the process's descriptors; `run` the
+//! `transfer` feeds secondaries (AXFR, IXFR, TSIG); `accept` and `budget` keep both listeners within the process's descriptors; `run` the
 //! wiring of one authority process.
 
 pub mod accept;
@@ -25,6 +25,7 @@ pub mod rrl;
 pub mod run;
 pub mod server;
 pub mod snapshot;
+pub mod transfer;
 pub mod udp;
 pub mod ui;
 pub mod wire;

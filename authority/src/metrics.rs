@@ -306,7 +306,16 @@ pub struct Metrics {
     malformed: [Counter; Malformed::ALL.len()],
     rrl_dropped: Counter,
     rrl_slipped: Counter,
+    transfers: Family<TransferLabels, Counter>,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransferLabels {
+    pub result: &'static str,
+}
+
+/// Every `result` of `dnsplan_dns_transfers_total`, created at 0 at start.
+pub const TRANSFER_RESULTS: [&str; 7] = ["sent", "current", "refused", "tsig_failed", "not_auth", "busy", "failed"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MalformedLabels {
@@ -356,6 +365,16 @@ impl Metrics {
         );
         let rrl_dropped = rrl_family.get_or_create(&RrlLabels { action: "dropped" }).clone();
         let rrl_slipped = rrl_family.get_or_create(&RrlLabels { action: "slipped" }).clone();
+        let transfers = Family::<TransferLabels, Counter>::default();
+        registry.register(
+            "dns_transfers",
+            "Zone transfer requests (AXFR, IXFR over TCP), by result: sent, current (IXFR, SOA alone), refused (address or \
+             no signature), tsig_failed, not_auth (not our zone), busy (transfers_max), failed (stopped midway)",
+            transfers.clone(),
+        );
+        for result in TRANSFER_RESULTS {
+            let _ = transfers.get_or_create(&TransferLabels { result });
+        }
         let applies = Family::<ApplyLabels, Counter>::default();
         registry.register("store_applies", "Applies received through the control API, by outcome", applies.clone());
         let snapshot_swap_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
@@ -397,7 +416,14 @@ impl Metrics {
             malformed,
             rrl_dropped,
             rrl_slipped,
+            transfers,
         }
+    }
+
+    /// A zone transfer request ended with `result`, one of `TRANSFER_RESULTS`.
+    pub fn observe_transfer(&self, result: &'static str) {
+        assert!(TRANSFER_RESULTS.contains(&result), "transfer result {result:?} is not in TRANSFER_RESULTS");
+        self.transfers.get_or_create(&TransferLabels { result }).inc();
     }
 
     /// An answer was sent. A slip (`rrl::slip`) counts here too, with its own size, and in

@@ -11,6 +11,7 @@ use crate::follower::Serving;
 use crate::metrics::{Metrics, StoreReading};
 use crate::rrl::Rrl;
 use crate::server::{TcpLimits, serve_tcp};
+use crate::transfer::TransferPolicy;
 use crate::udp::{UdpServers, bind_udp};
 use crate::ui;
 use anyhow::Context;
@@ -115,7 +116,8 @@ pub async fn run_with_extras<S: Store>(
         AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
     // Static stability: serve the last applied state from our own disk before anything else.
     let rrl = config.dns.rrl.settings().map(|settings| Rrl::new(&settings));
-    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?.with_rrl(rrl));
+    let transfer = TransferPolicy::from_config(&config.dns.transfer, config_dir)?;
+    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?.with_rrl(rrl).with_transfer(transfer));
 
     let mut tasks = tokio::task::JoinSet::new();
     let mut dns = Vec::new();

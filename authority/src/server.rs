@@ -1,15 +1,18 @@
-//! The DNS TCP listener, answering from the current snapshot (`follower::Serving`). UDP is
+//! The DNS TCP listener, answering from the current snapshot (`follower::Serving`); zone
+//! transfers and signed queries go to `transfer`. UDP is
 //! served by threads of its own (`udp::UdpServers`); building the snapshot and following the
 //! store is `follower`'s job.
 
 use crate::accept::{Acceptor, LogLimiter};
-use crate::answer::{Malformed, TCP_MESSAGE_BYTES_MAX, Transport, respond};
+use crate::answer::{Malformed, TCP_MESSAGE_BYTES_MAX, Transport};
 use crate::follower::Serving;
+use crate::transfer::{self, Kind};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
@@ -47,7 +50,7 @@ pub async fn serve_tcp(listener: TcpListener, serving: Arc<Serving>, limits: Tcp
         let open = metrics.dns_tcp_open.clone();
         open.inc();
         tokio::spawn(async move {
-            if let Err(err) = tcp_connection(stream, &serving, limits.idle_timeout).await {
+            if let Err(err) = tcp_connection(stream, peer.ip(), &serving, limits.idle_timeout).await {
                 tracing::debug!(%err, %peer, "TCP connection ended");
             }
             open.dec();
@@ -56,7 +59,7 @@ pub async fn serve_tcp(listener: TcpListener, serving: Arc<Serving>, limits: Tcp
     }
 }
 
-async fn tcp_connection(mut stream: TcpStream, serving: &Serving, idle: Duration) -> std::io::Result<()> {
+async fn tcp_connection(mut stream: TcpStream, peer: IpAddr, serving: &Arc<Serving>, idle: Duration) -> std::io::Result<()> {
     let mut rng = SmallRng::from_rng(&mut rand::rng());
     let mut buf = vec![0u8; TCP_MESSAGE_BYTES_MAX];
     for _ in 0..TCP_QUERIES_PER_CONNECTION_MAX {
@@ -70,16 +73,19 @@ async fn tcp_connection(mut stream: TcpStream, serving: &Serving, idle: Duration
             Ok(r) => r?,
             Err(_) => return Ok(()),
         };
+        let packet = &buf[..len];
+        if matches!(transfer::kind(packet), Kind::Axfr | Kind::Ixfr) {
+            transfer::transfer_tcp(&mut stream, packet, peer, serving, idle).await?;
+            continue;
+        }
         let snapshot = serving.snapshot.load();
-        let Some((bytes, outcome)) = respond(&buf[..len], &snapshot, Transport::Tcp, &serving.limits, &mut rng) else {
+        let Some((bytes, outcome)) = transfer::respond_one(packet, Some(peer), &snapshot, serving, Transport::Tcp, &mut rng) else {
             // Not a query (too short, or a response): no answer, counted as over UDP.
             serving.metrics.observe_malformed(Malformed::of_dropped(&buf[..len]));
             continue;
         };
-        let mut framed = Vec::with_capacity(bytes.len() + 2);
-        framed.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
-        framed.extend_from_slice(&bytes);
-        tokio::time::timeout(idle, stream.write_all(&framed)).await.map_err(|_| std::io::ErrorKind::TimedOut)??;
+        drop(snapshot);
+        transfer::write_framed(&mut stream, &bytes, idle).await?;
         serving.metrics.observe_query(&outcome, Transport::Tcp);
     }
     Ok(())

@@ -218,6 +218,24 @@ impl Entry {
         self.managed.is_some() || !self.statics.is_empty()
     }
 
+    /// The owner name, from the lower-case wire form. `None` only if the key is not a name,
+    /// which `wire_key` never makes.
+    pub fn name(&self) -> Option<Name> {
+        let mut labels = Vec::new();
+        let mut rest = &self.key[..];
+        while let Some((&len, tail)) = rest.split_first() {
+            if len == 0 {
+                break;
+            }
+            let (label, tail) = tail.split_at_checked(usize::from(len))?;
+            labels.push(label);
+            rest = tail;
+        }
+        let mut name = Name::from_labels(labels).ok()?;
+        name.set_fqdn(true);
+        Some(name)
+    }
+
     /// The endpoint name in text form.
     pub fn endpoint(&self) -> Option<EndpointName> {
         let mut text = String::with_capacity(self.key.len());
@@ -475,6 +493,12 @@ impl Snapshot {
     /// The oldest and newest generation any managed endpoint serves.
     pub fn generation_range(&self) -> Option<(Generation, Generation)> {
         Some((*self.generations.first_key_value()?.0, *self.generations.last_key_value()?.0))
+    }
+
+    /// Every entry, in no particular order (the table's). Walks the whole table: for zone
+    /// transfers, which send every name.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.shards.iter().flat_map(|s| s.iter()).map(|e| &**e)
     }
 
     /// Every entry with a managed endpoint. Walks the whole table: for metrics of small zones.

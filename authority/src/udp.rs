@@ -12,10 +12,11 @@
 //! (`send_answers`). Each answer passes the response-rate limiter (`rrl`) before it is queued:
 //! it is sent, dropped, or sent truncated (a slip).
 
-use crate::answer::{Malformed, Outcome, Transport, respond};
+use crate::answer::{Malformed, Outcome, Transport};
 use crate::fast::{Fast, respond_fast};
 use crate::follower::Serving;
 use crate::rrl::{self, Rrl, Verdict};
+use crate::transfer;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
@@ -246,17 +247,19 @@ impl Batch {
                     serving.metrics.observe_malformed(Malformed::of_dropped(query));
                     continue;
                 }
-                Fast::Slow => match respond(query, &snapshot, Transport::Udp, &serving.limits, rng) {
-                    Some((bytes, outcome)) => {
-                        out.clear();
-                        out.extend_from_slice(&bytes);
-                        outcome
+                Fast::Slow => {
+                    match transfer::respond_one(query, self.from[i].as_ref().and_then(peer_ip), &snapshot, serving, Transport::Udp, rng) {
+                        Some((bytes, outcome)) => {
+                            out.clear();
+                            out.extend_from_slice(&bytes);
+                            outcome
+                        }
+                        None => {
+                            serving.metrics.observe_malformed(Malformed::of_dropped(query));
+                            continue;
+                        }
                     }
-                    None => {
-                        serving.metrics.observe_malformed(Malformed::of_dropped(query));
-                        continue;
-                    }
-                },
+                }
             };
             if let (Some(rrl), Some(now), Some(peer)) = (&serving.rrl, now, self.from[i].as_ref().and_then(peer_ip)) {
                 match rrl.decide(peer, query, out, &outcome, now) {

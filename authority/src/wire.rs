@@ -59,6 +59,45 @@ pub fn opt_rdata(p: &[u8]) -> Option<&[u8]> {
     None
 }
 
+/// RR type TSIG (RFC 8945).
+pub const TYPE_TSIG: u16 = 250;
+
+/// The type asked by the first question of `p`, a message of at least a header with one
+/// question or more. `None` when it does not frame.
+pub fn question_type(p: &[u8]) -> Option<u16> {
+    if u16_at(p, 4)? == 0 {
+        return None;
+    }
+    u16_at(p, skip_name(p, 12)?)
+}
+
+/// Whether the last record of `p` is a TSIG record (where RFC 8945 §5.1 puts it): the
+/// message is signed, or claims to be. `false` when the message does not frame.
+pub fn ends_with_tsig(p: &[u8]) -> bool {
+    let count = |at: usize| usize::from(u16_at(p, at).unwrap_or(0));
+    let (questions, records) = (count(4), count(6) + count(8) + count(10));
+    if records == 0 || count(10) == 0 {
+        return false;
+    }
+    let mut at = 12;
+    // As in `opt_rdata`: every question and record takes at least 5 bytes.
+    for _ in 0..questions {
+        let Some(end) = skip_name(p, at) else { return false };
+        at = end + 4;
+    }
+    let mut last = 0;
+    for _ in 0..records {
+        let Some(end) = skip_name(p, at) else { return false };
+        let (Some(rtype), Some(rdlen)) = (u16_at(p, end), u16_at(p, end + 8)) else { return false };
+        last = rtype;
+        at = end + 10 + usize::from(rdlen);
+        if at > p.len() {
+            return false;
+        }
+    }
+    last == TYPE_TSIG
+}
+
 /// Whether an OPT record's RDATA is well formed: each option's length stays inside it and the
 /// last one ends at its end, and a client-subnet option has a known family, prefix lengths
 /// within the family's, exactly the address bytes its source prefix needs and no address bit
@@ -156,5 +195,20 @@ mod tests {
         assert_eq!(opt_rdata(&p), Some(&options[..]));
         p.truncate(p.len() - 1);
         assert_eq!(opt_rdata(&p), None, "an OPT record cut short is hickory's to refuse");
+    }
+
+    #[test]
+    fn a_tsig_record_is_found_last_and_the_question_type_read() {
+        // Header: one question, two additional (an OPT, then a TSIG with empty RDATA).
+        let mut p = vec![0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 2];
+        p.extend_from_slice(&[1, b'a', 0, 0, 252, 0, 1]); // a. AXFR IN
+        p.extend_from_slice(&[0, 0, 41, 4, 0xd0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(question_type(&p), Some(252));
+        assert!(!ends_with_tsig(&p), "counts say two additional records, one is there");
+        p.extend_from_slice(&[3, b'k', b'e', b'y', 0, 0, 250, 0, 255, 0, 0, 0, 0, 0, 0]);
+        assert!(ends_with_tsig(&p));
+        p[11] = 1; // only the OPT record counted: the TSIG is not part of the message
+        assert!(!ends_with_tsig(&p));
+        assert_eq!(question_type(&p[..14]), None);
     }
 }

@@ -1,5 +1,5 @@
 //! Answer sizes against NSD: the same DNS zone served by dnsplan (in-process, real sockets) and
-//! by a real `nsd` (its own process on a free loopback port), the same questions asked of both
+//! by a real `nsd` (its own process on a free loopback port, `dnsplan_tests::nsd`), the same questions asked of both
 //! without and with EDNS, over UDP (dnsplan's fast path where it answers) and TCP (the
 //! reference path). dnsplan's answer must say what NSD's says (rcode, AA, TC, every record of
 //! every section) in no more bytes. NSD runs with `minimal-responses: yes`, its smallest
@@ -23,12 +23,12 @@ mod support;
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_authority::run::{Bound, run_with_store};
 use dnsplan_common::{SledStore, Store};
+use dnsplan_tests::nsd::{self, Nsd, NsdSpec, NsdZone};
 use hickory_proto::op::Message;
 use hickory_proto::rr::{RData, Record, RecordType};
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use support::{build_query, endpoint, exchange_tcp, exchange_udp, plan, publish_and_apply, target};
 
@@ -132,145 +132,6 @@ minimum_secs = 30
     }
 }
 
-/// A running `nsd`, stopped (SIGTERM, then SIGKILL) when dropped, so a failing assert does
-/// not leave it serving.
-struct Nsd {
-    child: Option<Child>,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-impl Nsd {
-    /// Starts NSD on a free loopback port with its config, zone and state in `dir`, and waits
-    /// (bounded) until it answers the apex SOA. A port taken between choosing and binding
-    /// makes NSD exit; then another port is tried.
-    async fn start(dir: &Path, zone_file: &str) -> anyhow::Result<Nsd> {
-        let binary = nsd_binary()?;
-        std::fs::write(dir.join("zone.db"), zone_file)?;
-        let mut exits = Vec::new();
-        for attempt in 0..5 {
-            let port = free_port()?;
-            let config = dir.join("nsd.conf");
-            std::fs::write(&config, nsd_config(dir, port))?;
-            let log = dir.join(format!("nsd-{attempt}.log"));
-            let child = Command::new(&binary)
-                .arg("-d")
-                .arg("-c")
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(std::fs::File::create(&log)?)
-                .stderr(std::fs::File::create(log.with_extension("stderr"))?)
-                .spawn()
-                .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", binary.display()))?;
-            let mut nsd = Nsd { child: Some(child), addr: SocketAddr::from(([127, 0, 0, 1], port)), log };
-            match nsd.wait_ready().await? {
-                None => return Ok(nsd),
-                Some(exit) => exits.push(exit),
-            }
-        }
-        anyhow::bail!("nsd exited before answering, on 5 ports:\n{}", exits.join("\n"))
-    }
-
-    /// Polls the apex SOA until NSD answers it (`None`), exits (`Some` of why), or
-    /// `START_DEADLINE` passes (an error).
-    async fn wait_ready(&mut self) -> anyhow::Result<Option<String>> {
-        let start = Instant::now();
-        let query = build_query(ORIGIN, RecordType::SOA, support::Ask::default());
-        loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().transpose()) {
-                return Ok(Some(format!("nsd exited ({}): {}", status?, self.logs())));
-            }
-            let reply = exchange_udp(self.addr, &query, Duration::from_millis(100)).await?;
-            if reply.is_some_and(|r| Message::from_vec(&r).is_ok_and(|m| !m.answers.is_empty())) {
-                return Ok(None);
-            }
-            if start.elapsed() > START_DEADLINE {
-                anyhow::bail!("nsd did not answer the apex SOA within {START_DEADLINE:?}: {}", self.logs());
-            }
-        }
-    }
-
-    fn logs(&self) -> String {
-        let stderr = self.log.with_extension("stderr");
-        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-        format!("{}{}{}", read(&self.log), read(&stderr), read(&self.log.with_file_name("nsd-log")))
-    }
-}
-
-impl Drop for Nsd {
-    fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else { return };
-        let pid = child.id().to_string();
-        // SIGTERM lets NSD stop its server and xfrd children; SIGKILL would leave them.
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
-            let _ = Command::new("kill").args(["-KILL", &pid]).status();
-        }
-    }
-}
-
-/// `nsd` from PATH or the sbin directories Debian installs it in. Missing is an error, not a
-/// reason to skip: the comparison is the test.
-fn nsd_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
-    for dir in dirs {
-        let candidate = dir.join("nsd");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "the `nsd` binary is not installed (looked in PATH, /usr/sbin, /usr/local/sbin, /sbin); this test compares answer sizes \
-         with NSD and cannot run without it: install it with `apt-get install -y nsd` (.ci/run does)"
-    )
-}
-
-/// A loopback port free for UDP and TCP at this moment.
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..16 {
-        let udp = UdpSocket::bind("127.0.0.1:0")?;
-        let port = udp.local_addr()?.port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no loopback port free for both UDP and TCP in 16 tries")
-}
-
-/// NSD's config: everything it writes inside `dir`, no privilege drop or chroot (it runs as
-/// the test's user), one server process, minimal responses.
-fn nsd_config(dir: &Path, port: u16) -> String {
-    let d = dir.display();
-    format!(
-        r#"server:
-  ip-address: 127.0.0.1@{port}
-  do-ip6: no
-  username: ""
-  chroot: ""
-  zonesdir: "{d}"
-  database: ""
-  pidfile: "{d}/nsd.pid"
-  xfrdfile: "{d}/xfrd.state"
-  xfrdir: "{d}"
-  zonelistfile: "{d}/zone.list"
-  logfile: "{d}/nsd-log"
-  server-count: 1
-  minimal-responses: yes
-  verbosity: 1
-remote-control:
-  control-enable: no
-zone:
-  name: "{ORIGIN}"
-  zonefile: "zone.db"
-"#
-    )
-}
-
 /// A running dnsplan authority, stopped when dropped (its task is aborted).
 struct Dnsplan {
     dns: SocketAddr,
@@ -352,12 +213,10 @@ async fn glue_that_does_not_fit_is_left_out_as_nsd_does() -> anyhow::Result<()> 
 /// payload (`None`: no EDNS) over UDP and TCP, prints the sizes and fails on any difference
 /// in what the answers say, or on a dnsplan answer larger than NSD's.
 async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payloads: &[Option<u16>]) -> anyhow::Result<()> {
-    let binary = nsd_binary()?; // first, so a missing NSD says so before anything else
+    let binary = nsd::nsd_binary()?; // first, so a missing NSD says so before anything else
     let dir = tempfile::tempdir()?;
     let dnsplan_dir = dir.path().join("dnsplan");
-    let nsd_dir = dir.path().join("nsd");
     std::fs::create_dir_all(&dnsplan_dir)?;
-    std::fs::create_dir_all(&nsd_dir)?;
 
     let dnsplan = Dnsplan::start(&dnsplan_dir, zone).await?;
     let endpoints: Vec<_> = ENDPOINTS
@@ -382,8 +241,14 @@ async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payload
         tokio::task::yield_now().await;
     }
 
-    let nsd = Nsd::start(&nsd_dir, &zone.nsd_zone_file(serial)).await?;
-    eprintln!("nsd: {} on {}; {} name servers", binary.display(), nsd.addr, zone.servers);
+    let nsd = Nsd::start(&NsdSpec {
+        zones: vec![NsdZone { origin: ORIGIN.into(), text: Some(zone.nsd_zone_file(serial)), zone_extra: Vec::new() }],
+        keys: Vec::new(),
+        // NSD's smallest answers: no NS RRset in the authority section of positive answers.
+        server_extra: vec!["minimal-responses: yes".into()],
+    })
+    .await?;
+    eprintln!("nsd: {} on {}; {} name servers", binary.display(), nsd.addr(), zone.servers);
 
     let mut table =
         String::from("| question | EDNS | dnsplan UDP | NSD UDP | dnsplan TCP | NSD TCP |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
@@ -396,7 +261,7 @@ async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payload
                 let ask = support::Ask { edns, tcp, ..support::Ask::default() };
                 let query = build_query(name, *qtype, ask);
                 let ours_raw = exchange(dnsplan.dns, &query, tcp).await?;
-                let theirs_raw = exchange(nsd.addr, &query, tcp).await?;
+                let theirs_raw = exchange(nsd.addr(), &query, tcp).await?;
                 write!(table, " {} | {} |", ours_raw.len(), theirs_raw.len())?;
                 let ours = Message::from_vec(&ours_raw)?;
                 let theirs = Message::from_vec(&theirs_raw)?;

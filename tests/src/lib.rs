@@ -10,7 +10,8 @@
 //! `daemon` starts real daemon processes and follows their JSON logs; `stack` runs an
 //! authority in-process over any store; `watch` probes it over DNS, observes
 //! the store, and checks the invariants over what was seen. `knot` runs a real Knot DNS server
-//! (`knotd`) on a loopback port for the tests of RFC 2136 targets and secondaries.
+//! (`knotd`) on a loopback port for the tests of RFC 2136 targets and secondaries, `nsd` a real
+//! NSD for answer sizes and secondaries.
 
 pub mod conformance;
 pub mod daemon;
@@ -18,5 +19,6 @@ pub mod etcd;
 pub mod fixtures;
 pub mod knot;
 pub mod naive;
+pub mod nsd;
 pub mod stack;
 pub mod watch;

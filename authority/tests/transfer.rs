@@ -1,0 +1,420 @@
+//! Zone transfers to real secondaries: a dnsplan authority (in-process, real sockets) with
+//! `[dns.transfer]` allowing loopback with a TSIG key, serving 4,000 managed endpoints (the
+//! transfer spans several messages, each signed) with weights of 0 among them and one
+//! endpoint whose IPv4 weights are all 0 (fail-open); `knotd` and `nsd` (real processes on free
+//! loopback ports, `tests/src/knot.rs` and `tests/src/nsd.rs`) as its secondaries with the
+//! key. After their first transfer each must answer every managed name with exactly the
+//! addresses dnsplan serves (every target of weight above 0, all of them when all are 0; the
+//! weights themselves are not carried).
+//!
+//! Refusals are checked over the wire with our own signed client and with `dig`: no key,
+//! a wrong key, an address outside the ACL, AXFR over UDP. `dig AXFR -y` must verify every
+//! message's TSIG and count the records the zone has.
+//!
+//! `knotd`, `nsd` and `dig` must be installed (`.ci/run` installs them): a missing binary
+//! fails the test, saying how to install it.
+
+mod support;
+
+use dnsplan_common::Store;
+use dnsplan_common::store::ApplyItem;
+use dnsplan_common::tsig::{Algorithm, TsigFailure, TsigKey};
+use dnsplan_tests::knot::{KeyAction, Knot, KnotSpec, KnotZone, TsigKey as KnotKey};
+use dnsplan_tests::nsd::{Nsd, NsdKey, NsdSpec, NsdZone};
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::rdata::SOA;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::{Ask, TestAuthority, build_query, endpoint, exchange_udp, plan, target};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ORIGIN: &str = "example.test.";
+const KEY_NAME: &str = "dnsplan-xfr.";
+/// 32 bytes, base64.
+const SECRET: &str = "ZG5zcGxhbi10cmFuc2Zlci10ZXN0LXNlY3JldC0zMmI=";
+/// Managed endpoints: enough that the zone spans several 64 KiB messages.
+const ENDPOINTS: usize = 4_000;
+/// How long a secondary may take for its first transfer: Knot and NSD ask at once on start;
+/// 20 s covers a loaded test machine.
+const TRANSFER_DEADLINE: Duration = Duration::from_secs(20);
+/// How long a client waits for one answer on loopback.
+const REPLY_WAIT: Duration = Duration::from_secs(5);
+/// One UDP question to a secondary: asked again after `UDP_WAIT`, at most `UDP_TRIES` times
+/// (a datagram can be lost on a loaded machine, as with any resolver).
+const UDP_WAIT: Duration = Duration::from_millis(500);
+const UDP_TRIES: usize = 3;
+
+/// `[dns.transfer]` allowing `prefix` with the test key.
+fn transfer_config(prefix: &str) -> String {
+    format!(
+        "[[dns.transfer.keys]]\nname = \"{KEY_NAME}\"\nsecret = \"{SECRET}\"\n[[dns.transfer.secondaries]]\naddress = \"{prefix}\"\nkey = \
+         \"{KEY_NAME}\"\n"
+    )
+}
+
+fn key() -> TsigKey {
+    TsigKey::from_base64(KEY_NAME, Algorithm::HmacSha256, SECRET).expect("test key")
+}
+
+/// The name of endpoint `i`.
+fn endpoint_name(i: usize) -> String {
+    format!("ep{i}.{ORIGIN}")
+}
+
+/// What every managed name serves: its eligible addresses. Endpoint `i` has a target of
+/// weight 1 and one of weight 0 (not served), every tenth an IPv6 target of weight 2 too;
+/// `failopen`'s IPv4 targets all weigh 0 (a plan may not make them all 0, so its IPv6 target
+/// weighs 1), so every IPv4 target is served: fail-open, per family, as answers do.
+fn served() -> BTreeMap<String, BTreeSet<IpAddr>> {
+    let mut out = BTreeMap::new();
+    for i in 0..ENDPOINTS {
+        let mut addresses: BTreeSet<IpAddr> = [format!("10.{}.{}.1", i / 256, i % 256).parse().expect("address")].into();
+        if i % 10 == 0 {
+            addresses.insert(format!("2001:db8::{i:x}").parse().expect("address"));
+        }
+        out.insert(endpoint_name(i), addresses);
+    }
+    let failopen = ["10.255.0.1", "10.255.0.2", "2001:db8::ffff"].map(|a| a.parse().expect("address"));
+    out.insert(format!("failopen.{ORIGIN}"), failopen.into());
+    out
+}
+
+/// Publishes and applies plan 1 with every endpoint of `served` (in batches of the store's).
+async fn populate(authority: &TestAuthority) -> anyhow::Result<()> {
+    let mut endpoints = Vec::new();
+    for i in 0..ENDPOINTS {
+        let mut targets =
+            vec![target(&format!("10.{}.{}.1", i / 256, i % 256), "a", 1), target(&format!("10.{}.{}.2", i / 256, i % 256), "b", 0)];
+        if i % 10 == 0 {
+            targets.push(target(&format!("2001:db8::{i:x}"), "c", 2));
+        }
+        endpoints.push((endpoint_name(i), endpoint(60, targets)));
+    }
+    endpoints.push((
+        format!("failopen.{ORIGIN}"),
+        endpoint(60, vec![target("10.255.0.1", "a", 0), target("10.255.0.2", "b", 0), target("2001:db8::ffff", "c", 1)]),
+    ));
+    let named: Vec<(&str, _)> = endpoints.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
+    let plan = plan(1, &named);
+    authority.store.publish(&plan).await?;
+    let items: Vec<ApplyItem> =
+        plan.plan().endpoints.iter().map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() }).collect();
+    for batch in items.chunks(1_000) {
+        for result in authority.store.apply_many(plan.generation(), batch).await? {
+            result?;
+        }
+    }
+    Ok(())
+}
+
+/// Starts the primary with `prefix` allowed, serving every endpoint, and waits until DNS
+/// serves the last one.
+async fn primary(dir: &std::path::Path, prefix: &str) -> anyhow::Result<TestAuthority> {
+    let authority = TestAuthority::start_with(dir, 8, &transfer_config(prefix)).await?;
+    populate(&authority).await?;
+    support::until(authority.dns, &format!("failopen.{ORIGIN}"), RecordType::A, Duration::from_secs(10), |m| {
+        !support::addresses(m).is_empty()
+    })
+    .await?;
+    Ok(authority)
+}
+
+/// Asks `server` for every managed name's A and AAAA over UDP and returns what differs
+/// from `want`, as lines.
+async fn differences(server: SocketAddr, want: &BTreeMap<String, BTreeSet<IpAddr>>) -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (name, addresses) in want {
+        let mut got = BTreeSet::new();
+        for qtype in [RecordType::A, RecordType::AAAA] {
+            let query = build_query(name, qtype, Ask::default());
+            let mut reply = None;
+            for _ in 0..UDP_TRIES {
+                reply = exchange_udp(server, &query, UDP_WAIT).await?;
+                if reply.is_some() {
+                    break;
+                }
+            }
+            let Some(reply) = reply else { anyhow::bail!("{server}: no answer to {name} {qtype} in {UDP_TRIES} tries") };
+            let reply = Message::from_vec(&reply)?;
+            if reply.metadata.response_code != ResponseCode::NoError {
+                out.push(format!("{name} {qtype}: {}", reply.metadata.response_code));
+            }
+            got.extend(support::addresses(&reply));
+        }
+        if &got != addresses {
+            out.push(format!("{name}: served {got:?}, want {addresses:?}"));
+        }
+    }
+    Ok(out)
+}
+
+/// One AXFR (or IXFR) exchange over TCP from `source`, signed with `key` when given: every
+/// message up to the closing SOA (or the first, if it is an error or a lone SOA), with the
+/// TSIG of each checked in order.
+async fn transfer(
+    server: SocketAddr,
+    source: IpAddr,
+    qtype: RecordType,
+    ixfr_serial: Option<u32>,
+    key: Option<&TsigKey>,
+) -> anyhow::Result<Result<Vec<Message>, TsigFailure>> {
+    let mut query = Message::query();
+    query.add_query(Query::query(Name::from_ascii(ORIGIN)?, qtype));
+    if let Some(serial) = ixfr_serial {
+        let soa = SOA::new(Name::from_ascii("ns1.example.test.")?, Name::from_ascii("hostmaster.example.test.")?, serial, 0, 0, 0, 0);
+        query.add_authority(Record::from_rdata(Name::from_ascii(ORIGIN)?, 0, RData::SOA(soa)));
+    }
+    let mut verifier = match key {
+        Some(key) => Some(key.sign_query(&mut query, dnsplan_common::tsig::now_unix_secs())?),
+        None => None,
+    };
+    let bytes = query.to_vec()?;
+    let socket = if source.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.bind(SocketAddr::new(source, 0))?;
+    let mut stream = tokio::time::timeout(REPLY_WAIT, socket.connect(server)).await??;
+    let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&bytes);
+    stream.write_all(&framed).await?;
+    let mut messages = Vec::new();
+    let mut soas = 0;
+    loop {
+        let len = tokio::time::timeout(REPLY_WAIT, stream.read_u16()).await??;
+        let mut buf = vec![0u8; usize::from(len)];
+        tokio::time::timeout(REPLY_WAIT, stream.read_exact(&mut buf)).await??;
+        let message = match verifier.as_mut() {
+            Some(v) => match v.verify(&buf) {
+                Ok(m) => m,
+                // A refusal that looked at no key is not signed (see `transfer`): read it as is.
+                Err(TsigFailure::Unverified { .. })
+                    if Message::from_vec(&buf)
+                        .is_ok_and(|m| m.signature().is_none() && m.metadata.response_code == ResponseCode::Refused) =>
+                {
+                    Message::from_vec(&buf)?
+                }
+                Err(failure) => return Ok(Err(failure)),
+            },
+            None => Message::from_vec(&buf)?,
+        };
+        soas += message.answers.iter().filter(|r| r.record_type() == RecordType::SOA).count();
+        let done = message.metadata.response_code != ResponseCode::NoError || soas >= 2 || message.answers.len() == 1 && soas == 1;
+        messages.push(message);
+        if done {
+            return Ok(Ok(messages));
+        }
+    }
+}
+
+fn rcode(messages: &[Message]) -> ResponseCode {
+    messages[0].metadata.response_code
+}
+
+/// Knot and NSD, each a secondary with the key, serve every managed name as dnsplan does
+/// after their first transfer, at dnsplan's serial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn knot_and_nsd_serve_every_managed_name_after_their_first_transfer() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let authority = primary(dir.path(), "127.0.0.1/32").await?;
+    let want = served();
+    let own = differences(authority.dns, &want).await?;
+    assert!(own.is_empty(), "dnsplan itself does not serve the expectation: {own:?}");
+    let serial = support::ask(authority.dns, ORIGIN, RecordType::SOA, Ask::default()).await?.0.answers.iter().find_map(|r| match &r.data {
+        RData::SOA(soa) => Some(soa.serial),
+        _ => None,
+    });
+
+    let started = Instant::now();
+    let knot = Knot::start(&KnotSpec {
+        zones: vec![KnotZone { origin: ORIGIN.into(), text: None, zone_extra: vec!["master: primary".into()] }],
+        keys: vec![KnotKey {
+            name: KEY_NAME.into(),
+            algorithm: "hmac-sha256".into(),
+            secret_base64: SECRET.into(),
+            actions: vec![KeyAction::Notify],
+        }],
+        extra_config: format!(
+            "remote:\n  - id: primary\n    address: {}@{}\n    key: {KEY_NAME}\n",
+            authority.dns.ip(),
+            authority.dns.port()
+        ),
+    })
+    .await?;
+    let nsd = Nsd::start(&NsdSpec {
+        zones: vec![NsdZone {
+            origin: ORIGIN.into(),
+            text: None,
+            zone_extra: vec![
+                format!("request-xfr: {}@{} {KEY_NAME}", authority.dns.ip(), authority.dns.port()),
+                format!("allow-notify: {} {KEY_NAME}", authority.dns.ip()),
+            ],
+        }],
+        keys: vec![NsdKey { name: KEY_NAME.into(), algorithm: "hmac-sha256".into(), secret_base64: SECRET.into() }],
+        // NSD limits answers per client by default; the test asks thousands from one address.
+        server_extra: vec!["rrl-ratelimit: 0".into(), "rrl-whitelist-ratelimit: 0".into()],
+    })
+    .await?;
+    let knot_serial = knot.wait_zone(ORIGIN, TRANSFER_DEADLINE).await?;
+    let knot_after = started.elapsed();
+    let nsd_serial = nsd.wait_zone(ORIGIN, TRANSFER_DEADLINE).await?;
+    let nsd_after = started.elapsed();
+    eprintln!("first transfer served: knot after {knot_after:?}, nsd after {nsd_after:?} (both started at 0)");
+    assert_eq!(Some(knot_serial), serial, "{}", knot.logs());
+    assert_eq!(Some(nsd_serial), serial, "{}", nsd.logs());
+    let knot_wrong = differences(knot.addr(), &want).await?;
+    assert!(
+        knot_wrong.is_empty(),
+        "knot serves {} names differently: {:?}\n{}",
+        knot_wrong.len(),
+        &knot_wrong[..knot_wrong.len().min(10)],
+        knot.logs()
+    );
+    let nsd_wrong = differences(nsd.addr(), &want).await?;
+    assert!(
+        nsd_wrong.is_empty(),
+        "nsd serves {} names differently: {:?}\n{}",
+        nsd_wrong.len(),
+        &nsd_wrong[..nsd_wrong.len().min(10)],
+        nsd.logs()
+    );
+    drop((knot, nsd));
+    authority.stop().await
+}
+
+/// A signed AXFR from an allowed address gets the whole zone, SOA first and last, every
+/// message at most 64 KiB and signed in a chain that verifies. Without a key, with a wrong
+/// one, from outside the ACL, or over UDP, it is refused, and the refusal says nothing of
+/// our keys.
+///
+/// Teeth: with `TransferPolicy::access` made to skip the address check, the request from
+/// 127.0.0.2 got the zone and the test failed at "outside the ACL"; with an unsigned request
+/// let through (`Unsigned` treated as allowed), it failed at "without a key".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_are_signed_whole_and_refused_without_the_key_or_outside_the_acl() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let authority = primary(dir.path(), "127.0.0.1/32").await?;
+    let server = authority.dns;
+    let here: IpAddr = "127.0.0.1".parse()?;
+    let key = key();
+
+    let messages = transfer(server, here, RecordType::AXFR, None, Some(&key)).await?.expect("the signed chain verifies");
+    assert_eq!(rcode(&messages), ResponseCode::NoError);
+    let records: Vec<&Record> = messages.iter().flat_map(|m| m.answers.iter()).collect();
+    assert!(messages.len() >= 2, "{ENDPOINTS} endpoints fit in {} message(s)", messages.len());
+    assert_eq!(records.first().map(|r| r.record_type()), Some(RecordType::SOA));
+    assert_eq!(records.last().map(|r| r.record_type()), Some(RecordType::SOA));
+    assert_eq!(records.iter().filter(|r| r.record_type() == RecordType::SOA).count(), 2);
+    let mut by_name: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+    for r in &records {
+        match &r.data {
+            RData::A(a) => by_name.entry(r.name.to_string()).or_default().insert(IpAddr::V4(a.0)),
+            RData::AAAA(a) => by_name.entry(r.name.to_string()).or_default().insert(IpAddr::V6(a.0)),
+            _ => continue,
+        };
+    }
+    let mut want = served();
+    want.insert(format!("ns1.{ORIGIN}"), ["127.0.0.1".parse()?].into());
+    want.insert(format!("sip.{ORIGIN}"), ["192.0.2.53".parse()?].into());
+    assert_eq!(by_name.len(), want.len(), "names with addresses");
+    assert!(by_name == want, "the transfer's addresses differ from what is served");
+    for static_type in [RecordType::NS, RecordType::TXT, RecordType::CNAME, RecordType::SRV] {
+        assert!(records.iter().any(|r| r.record_type() == static_type), "no {static_type} in the transfer");
+    }
+    let bytes: Vec<usize> = messages.iter().map(|m| m.to_vec().map_or(0, |b| b.len())).collect();
+    eprintln!("AXFR of {} records: {} messages, re-encoded sizes {bytes:?}", records.len(), messages.len());
+
+    // Without a key: REFUSED, unsigned.
+    let unsigned = transfer(server, here, RecordType::AXFR, None, None).await?.expect("unsigned");
+    assert_eq!(rcode(&unsigned), ResponseCode::Refused, "without a key");
+    assert!(unsigned[0].answers.is_empty() && unsigned[0].signature().is_none());
+    // A key of the right name with another secret: NOTAUTH, BADSIG.
+    let wrong = TsigKey::new(KEY_NAME, Algorithm::HmacSha256, b"another-secret-of-32-bytes-long!".to_vec())?;
+    let failure = transfer(server, here, RecordType::AXFR, None, Some(&wrong)).await?.expect_err("a wrong key");
+    assert_eq!(failure, TsigFailure::BadSig { key: KEY_NAME.into() });
+    // A key we do not have: NOTAUTH, BADKEY, naming only the client's key.
+    let unknown = TsigKey::new("stranger.", Algorithm::HmacSha256, b"another-secret-of-32-bytes-long!".to_vec())?;
+    let failure = transfer(server, here, RecordType::AXFR, None, Some(&unknown)).await?.expect_err("an unknown key");
+    assert_eq!(failure, TsigFailure::BadKey { key: "stranger.".into() });
+    // The right key from outside the ACL: REFUSED, before any key is looked at.
+    let outside = transfer(server, "127.0.0.2".parse()?, RecordType::AXFR, None, Some(&key)).await?;
+    let outside = match outside {
+        Ok(messages) => messages,
+        Err(failure) => panic!("outside the ACL: the answer was read as {failure:?}, want an unsigned REFUSED"),
+    };
+    assert_eq!(rcode(&outside), ResponseCode::Refused, "outside the ACL");
+    // IXFR outside the ACL too.
+    let outside = transfer(server, "127.0.0.2".parse()?, RecordType::IXFR, Some(1), None).await?.expect("unsigned");
+    assert_eq!(rcode(&outside), ResponseCode::Refused, "IXFR outside the ACL");
+
+    // AXFR over UDP: REFUSED (RFC 5936 defines none). IXFR over UDP, signed: the SOA alone.
+    let axfr_udp = exchange_udp(server, &build_query(ORIGIN, RecordType::AXFR, Ask::default()), REPLY_WAIT).await?.expect("an answer");
+    assert_eq!(Message::from_vec(&axfr_udp)?.metadata.response_code, ResponseCode::Refused);
+    let mut ixfr = Message::query();
+    ixfr.add_query(Query::query(Name::from_ascii(ORIGIN)?, RecordType::IXFR));
+    let soa = SOA::new(Name::from_ascii("ns1.example.test.")?, Name::from_ascii("hostmaster.example.test.")?, 1, 0, 0, 0, 0);
+    ixfr.add_authority(Record::from_rdata(Name::from_ascii(ORIGIN)?, 0, RData::SOA(soa)));
+    let mut verifier = key.sign_query(&mut ixfr, dnsplan_common::tsig::now_unix_secs())?;
+    let reply = exchange_udp(server, &ixfr.to_vec()?, REPLY_WAIT).await?.expect("an answer");
+    let reply = verifier.verify(&reply).expect("a signed answer");
+    assert_eq!(reply.answers.len(), 1, "the SOA alone over UDP");
+    assert_eq!(reply.answers[0].record_type(), RecordType::SOA);
+
+    // IXFR over TCP from the current serial: the SOA alone; from an older one: the whole zone.
+    let current = records[0].data.clone();
+    let RData::SOA(current) = current else { unreachable!("checked above") };
+    let lone = transfer(server, here, RecordType::IXFR, Some(current.serial), Some(&key)).await?.expect("verifies");
+    assert_eq!((lone.len(), lone[0].answers.len()), (1, 1), "an IXFR from the current serial is answered with the SOA");
+    let full = transfer(server, here, RecordType::IXFR, Some(current.serial.wrapping_sub(1)), Some(&key)).await?.expect("verifies");
+    assert_eq!(full.iter().map(|m| m.answers.len()).sum::<usize>(), records.len(), "an IXFR from behind gets the whole zone");
+    authority.stop().await
+}
+
+/// `dig AXFR -y` verifies every message's TSIG and counts the zone's records; `dig` without
+/// the key is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dig_axfr_with_the_key_is_well_formed() -> anyhow::Result<()> {
+    let dig = which("dig", "bind9-dnsutils")?;
+    let dir = tempfile::tempdir()?;
+    let authority = primary(dir.path(), "127.0.0.0/8").await?;
+    let port = authority.dns.port().to_string();
+    let run = |args: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new(&dig).args(["-p", &port, "@127.0.0.1", ORIGIN, "AXFR", "+time=5", "+tries=1"]).args(args).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let started = Instant::now();
+    let text = run(&["-y", &format!("hmac-sha256:{KEY_NAME}:{SECRET}")])?;
+    let elapsed = started.elapsed();
+    assert!(!text.contains("failed") && !text.contains("tsig"), "dig reports a failure:\n{}", &text[text.len().saturating_sub(2_000)..]);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with(';') && !l.trim().is_empty()).collect();
+    let rtype = |l: &&str| l.split_whitespace().nth(3).map(str::to_owned);
+    // dig prints each message's TSIG record among the records.
+    let (tsigs, records): (Vec<&str>, Vec<&str>) = lines.iter().partition(|l| rtype(l).as_deref() == Some("TSIG"));
+    let soas = records.iter().filter(|l| rtype(l).as_deref() == Some("SOA")).count();
+    assert_eq!(soas, 2, "the SOA first and last");
+    let (first, last) = (records.first().copied().unwrap_or_default(), records.last().copied().unwrap_or_default());
+    assert!(first.contains("SOA") && last.contains("SOA"), "first {first:?}, last {last:?}");
+    let size_line = text.lines().find(|l| l.starts_with(";; XFR size:")).unwrap_or_default().to_owned();
+    let counted: usize = size_line.split_whitespace().nth(3).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert_eq!(counted, records.len(), "dig's count: {size_line}");
+    let messages: usize = size_line.split("messages ").nth(1).and_then(|m| m.split(',').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(messages >= 2, "{size_line}");
+    assert_eq!(tsigs.len(), messages, "one TSIG record per message");
+    eprintln!("dig AXFR -y: {size_line} in {elapsed:?}");
+    let unsigned = run(&[])?;
+    assert!(unsigned.contains("Transfer failed"), "without the key:\n{unsigned}");
+    authority.stop().await
+}
+
+/// `name` from PATH or Debian's sbin directories; missing is a failing test saying what to
+/// install.
+fn which(name: &str, package: &str) -> anyhow::Result<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/bin", "/sbin"].map(std::path::PathBuf::from));
+    for dir in dirs {
+        if dir.join(name).is_file() {
+            return Ok(dir.join(name));
+        }
+    }
+    anyhow::bail!("`{name}` is not installed; install it with `apt-get install -y {package}` (.ci/run does)")
+}
