@@ -18,7 +18,9 @@
 //! Teeth: with the `latest` compare taken out of publish's transaction, the conformance suite
 //! fails `racing_publishes_have_no_gaps` (two publishers acknowledged the same generation);
 //! with the endpoint compares (fence and applied-change counter) taken out of apply's
-//! transaction, it fails `racing_applies_are_monotonic`. The fence compare alone is
+//! transaction, it fails `racing_applies_are_monotonic` and `race_2025_concurrent`; without
+//! the `serving/` range compare in cleanup's transaction, the etcd test
+//! `cleanup_never_deletes_a_plan_an_endpoint_just_switched_to` fails. The fence compare alone is
 //! redundant while every switch also compares the applied-change counter (which serialises
 //! switches); it stays so that the fence holds even if the counter ever stops being compared.
 
@@ -418,7 +420,7 @@ impl EtcdStore {
     /// A stored value, inline or in chunks. Chunks are immutable while their manifest exists
     /// (cleanup removes both in one transaction), so a missing chunk under a present manifest
     /// is corruption; under a removed one, the plan was cleaned up meanwhile.
-    async fn read_blob(&self, g: Generation, value: &[u8], what: &str) -> StoreResult<Vec<u8>> {
+    async fn read_blob(&self, g: Generation, key: &[u8], value: &[u8], what: &str) -> StoreResult<Vec<u8>> {
         match value.split_first() {
             Some((&BLOB_INLINE, rest)) => Ok(rest.to_vec()),
             Some((&BLOB_CHUNKED, rest)) if rest.len() == 8 + 1 + 4 + 8 => {
@@ -431,10 +433,14 @@ impl EtcdStore {
                 }
                 let mut bytes = Vec::with_capacity(len as usize);
                 for index in 0..chunks {
-                    let key = self.inner.keys.blob_chunk(g, nonce, kind, index);
-                    let (_, r) = self.read(what, vec![get(key)]).await?;
+                    let chunk = self.inner.keys.blob_chunk(g, nonce, kind, index);
+                    let (_, r) = self.read(what, vec![get(chunk)]).await?;
                     let Some(kv) = first(&r[0]) else {
-                        return Err(StoreError::PlanNotFound(g));
+                        let (_, r) = self.read(what, vec![get(key.to_vec())]).await?;
+                        if r[0].kvs().is_empty() {
+                            return Err(StoreError::PlanNotFound(g));
+                        }
+                        return Err(corrupt(what, format!("chunk {index} of {chunks} is missing")));
                     };
                     bytes.extend_from_slice(kv.value());
                 }
@@ -461,7 +467,7 @@ impl EtcdStore {
         let what = format!("plan {g}");
         let (_, r) = self.read(&what, vec![get(self.inner.keys.plan(g))]).await?;
         let Some(kv) = first(&r[0]) else { return Err(StoreError::PlanNotFound(g)) };
-        let bytes = self.read_blob(g, kv.value(), &what).await?;
+        let bytes = self.read_blob(g, kv.key(), kv.value(), &what).await?;
         let plan = codec::decode_plan(&bytes).map_err(|e| StoreError::Corrupt { what: what.clone(), source: e })?;
         if plan.generation() != g {
             return Err(corrupt(what, format!("holds plan {}", plan.generation())));
@@ -1052,7 +1058,7 @@ impl Store for EtcdStore {
         if let Some(plan) = self.cached_plan(generation) {
             return Ok((*plan).clone());
         }
-        let bytes = self.read_blob(generation, kv.value(), &what).await?;
+        let bytes = self.read_blob(generation, kv.key(), kv.value(), &what).await?;
         let plan = codec::decode_plan(&bytes).map_err(|e| StoreError::Corrupt { what: what.clone(), source: e })?;
         if plan.generation() != generation {
             return Err(corrupt(what, format!("holds plan {}", plan.generation())));
@@ -1092,7 +1098,7 @@ impl Store for EtcdStore {
                 .and_then(|rest| <[u8; 8]>::try_from(rest).ok())
                 .map(Generation::from_be_bytes)
                 .ok_or_else(|| corrupt("plan changes key", "not a generation"))?;
-            let bytes = match self.read_blob(g, kv.value(), "plan changes").await {
+            let bytes = match self.read_blob(g, kv.key(), kv.value(), "plan changes").await {
                 Ok(bytes) => bytes,
                 // Cleaned up meanwhile: the caller reads the plan whole (and finds it gone).
                 Err(StoreError::PlanNotFound(_)) => return Ok(None),
