@@ -49,6 +49,11 @@ pub struct SoaConfig {
     /// Negative-caching TTL (RFC 2308). Short, because health-steered names change.
     #[serde(default = "default_minimum")]
     pub minimum_secs: u32,
+    /// Added (mod 2^32) to the store's applied-change count to make the SOA serial. 0 unless
+    /// the store was replaced by an empty one while secondaries hold a higher serial: then
+    /// set it to their serial + 1, so the new serials are newer to them (RFC 1982).
+    #[serde(default)]
+    pub serial_base: u32,
 }
 
 fn default_soa_ttl() -> u32 {
@@ -96,6 +101,9 @@ pub struct StaticZone {
     pub origin: Name,
     /// The SOA with serial 0; the served serial comes from the store's change counter.
     pub soa: SOA,
+    /// The serial of applied-change count 0: `dns_zone.soa.serial_base`, or the master file's
+    /// SOA serial. The served serial is `serial_base + applied_changes` mod 2^32.
+    pub serial_base: u32,
     pub soa_ttl_secs: u32,
     pub ns: Vec<Record>,
     /// Every other static record (not SOA, not apex NS), class IN.
@@ -154,13 +162,13 @@ impl StaticZone {
                 }
             }
         }
-        let soa = match (&config.soa, soa) {
+        let (soa, serial_base) = match (&config.soa, soa) {
             (Some(_), Some(_)) => return Err(DnsZoneError::TwoSoas),
             (None, None) => return Err(DnsZoneError::NoSoa),
-            (None, Some(s)) => s,
+            (None, Some(s)) => (SOA::new(s.mname, s.rname, 0, s.refresh, s.retry, s.expire, s.minimum), s.serial),
             (Some(c), None) => {
                 soa_ttl = c.ttl_secs;
-                SOA::new(
+                let soa = SOA::new(
                     parse_name("soa.mname", &c.mname)?,
                     parse_name("soa.rname", &c.rname)?,
                     0,
@@ -168,7 +176,8 @@ impl StaticZone {
                     c.retry_secs,
                     c.expire_secs,
                     c.minimum_secs,
-                )
+                );
+                (soa, c.serial_base)
             }
         };
         for n in &config.ns {
@@ -177,7 +186,7 @@ impl StaticZone {
         if ns.is_empty() {
             return Err(DnsZoneError::NoNs);
         }
-        Ok(StaticZone { origin, soa, soa_ttl_secs: soa_ttl, ns, records })
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records })
     }
 
     /// The TTL of the SOA in negative answers: min(SOA TTL, SOA MINIMUM) (RFC 2308 §3).
@@ -207,6 +216,7 @@ mod tests {
                 retry_secs: default_retry(),
                 expire_secs: default_expire(),
                 minimum_secs: default_minimum(),
+                serial_base: 0,
             }),
             ns: vec!["ns1.example.test.".into()],
             ns_ttl_secs: default_ns_ttl(),

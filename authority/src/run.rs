@@ -243,7 +243,7 @@ async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery
     Ok(Json(Status {
         latest: store.latest().await?,
         paused: store.paused().await?,
-        serial: snapshot.applied_changes as u32,
+        serial: snapshot.serial,
         applied_changes: snapshot.applied_changes,
         managed_endpoints: snapshot.managed_count(),
         heartbeats: store.heartbeats().await?,

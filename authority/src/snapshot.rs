@@ -51,6 +51,23 @@ pub fn wire_key(name: &Name) -> Vec<u8> {
     key
 }
 
+/// The SOA serial of applied-change count `applied_changes`: `serial_base + applied_changes`
+/// mod 2^32. The count only grows (every fence switch adds one, in the store's own
+/// transaction, on disk or in etcd), so each new state has a serial newer in RFC 1982
+/// arithmetic than the one before, across the wrap from 2^32 - 1 to 0 too, as long as a
+/// secondary does not miss 2^31 changes at once.
+pub fn serial_of(serial_base: u32, applied_changes: u64) -> u32 {
+    serial_base.wrapping_add(applied_changes as u32)
+}
+
+/// Whether serial `a` is newer than `b` in RFC 1982 arithmetic (§3.2, SERIAL_BITS 32): what
+/// a secondary decides before it transfers. Neither is newer when they are equal or exactly
+/// 2^31 apart (undefined in the RFC).
+pub fn serial_newer(a: u32, b: u32) -> bool {
+    let d = a.wrapping_sub(b);
+    d != 0 && d < 1 << 31
+}
+
 /// SOA RDATA after MNAME and RNAME: five 32-bit numbers.
 pub const SOA_TAIL_BYTES: usize = 20;
 
@@ -258,8 +275,8 @@ type Shard = HashTable<Arc<Entry>>;
 #[derive(Clone)]
 pub struct Snapshot {
     pub zone: Arc<StaticZone>,
-    /// SOA serial: the store's applied-change counter mod 2^32 (RFC 1982 arithmetic is the
-    /// secondaries' business; safety never compares serials).
+    /// SOA serial: `serial_of(zone.serial_base, applied_changes)` (safety never compares
+    /// serials; secondaries do, in RFC 1982 arithmetic).
     pub serial: u32,
     pub applied_changes: u64,
     /// The origin in lower-case wire form.
@@ -386,7 +403,7 @@ impl Snapshot {
 
     fn set_serial(&mut self, applied_changes: u64) {
         self.applied_changes = applied_changes;
-        self.serial = applied_changes as u32; // mod 2^32 by truncation, as documented
+        self.serial = serial_of(self.zone.serial_base, applied_changes);
         let soa = &self.zone.soa;
         let [refresh, retry, expire] = [soa.refresh, soa.retry, soa.expire].map(i32::to_be_bytes);
         let fields = [self.serial.to_be_bytes(), refresh, retry, expire, soa.minimum.to_be_bytes()];

@@ -36,7 +36,7 @@ use crate::answer::{Outcome, Transport, respond};
 use crate::config::{TransferConfig, normal_key_name};
 use crate::follower::Serving;
 use crate::rrl::IpPrefix;
-use crate::snapshot::{Entry, Snapshot};
+use crate::snapshot::{Entry, Snapshot, serial_newer};
 use crate::wire;
 use dnsplan_common::tsig::{self, RequestError, ResponseSigner, TSIG_RECORD_BYTES_MAX, TsigKey, TsigKeyError, VerifiedRequest};
 use hickory_proto::ProtoError;
@@ -416,7 +416,9 @@ pub async fn transfer_tcp(
             let answer = answer.to_vec().ok().and_then(|b| finish_one(b, signer, qtype, ResponseCode::FormErr));
             return write_one(stream, answer, serving, idle).await;
         };
-        if client_serial == snapshot.serial {
+        // Current, or ahead of this authority (one behind the store, or a store replaced
+        // without `serial_base`): nothing newer to send.
+        if !serial_newer(snapshot.serial, client_serial) {
             serving.metrics.observe_transfer("current");
             let answer =
                 soa_only(&request, &snapshot, ResponseCode::NoError).ok().and_then(|b| finish_one(b, signer, qtype, ResponseCode::NoError));
@@ -482,4 +484,33 @@ pub async fn write_framed(stream: &mut TcpStream, message: &[u8], idle: Duration
     framed.extend_from_slice(&(message.len() as u16).to_be_bytes());
     framed.extend_from_slice(message);
     tokio::time::timeout(idle, stream.write_all(&framed)).await.map_err(|_| std::io::ErrorKind::TimedOut)?
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::snapshot::{serial_newer, serial_of};
+
+    /// Each applied change gives a serial newer than the last one in RFC 1982 arithmetic,
+    /// across the wrap from 2^32 - 1 to 0 and from any `serial_base`; a store that starts
+    /// over at 0 is older to the secondaries unless `serial_base` is set past their serial.
+    #[test]
+    fn serials_increase_in_rfc_1982_arithmetic_across_the_wrap() {
+        let counts =
+            [0u64, 1, 2, (1 << 31) - 1, 1 << 31, u64::from(u32::MAX) - 1, u64::from(u32::MAX), 1 << 32, (1 << 32) + 1, (1 << 33) + 7];
+        for base in [0, 7, u32::MAX - 3, 1 << 31] {
+            for pair in counts.windows(2) {
+                let (before, after) = (serial_of(base, pair[0]), serial_of(base, pair[1]));
+                if pair[1] - pair[0] < 1 << 31 {
+                    assert!(serial_newer(after, before), "base {base}: count {} -> {}: serial {before} -> {after}", pair[0], pair[1]);
+                    assert!(!serial_newer(before, after));
+                }
+            }
+        }
+        assert_eq!(serial_of(0, u64::from(u32::MAX) + 1), 0, "the wrap");
+        assert!(serial_newer(0, u32::MAX) && serial_newer(3, u32::MAX - 3));
+        assert!(!serial_newer(5, 5) && !serial_newer(0, 1 << 31) && !serial_newer(1 << 31, 0), "equal, or 2^31 apart: undefined");
+        let held = serial_of(0, 123_456);
+        assert!(!serial_newer(serial_of(0, 1), held), "a new, empty store's serials are older than the secondaries'");
+        assert!(serial_newer(serial_of(held.wrapping_add(1), 0), held), "serial_base = their serial + 1 puts it right");
+    }
 }

@@ -23,6 +23,7 @@ pub fn dns_zone_config(master_file: Option<&str>) -> DnsZoneConfig {
             retry_secs: 600,
             expire_secs: 604_800,
             minimum_secs: 30,
+            serial_base: 0,
         }),
         ns: vec!["ns1.example.test.".into()],
         ns_ttl_secs: 3600,
