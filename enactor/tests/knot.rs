@@ -3,11 +3,14 @@
 //! Knot as `dig` sees them, TSIG and ACL failures as clear errors with nothing written, and
 //! the October 2025 race with Knot's update prerequisites as the fence.
 //!
-//! The race runs three enactors in this process on one embedded store; enactor A is held by
-//! a hook between reading the markers and sending its UPDATEs (an in-process pause at the
-//! exact point, standing in for SIGSTOP, whose timing a test cannot aim at that window).
+//! The race runs twice. In process: three enactors on one embedded store, enactor A held by a
+//! hook between reading the markers and sending its UPDATEs, with its counterfactual (no
+//! prerequisites, feature `testing`) as the teeth. As processes: three `dnsplan-enactor`
+//! binaries through an authority's control API, A frozen with SIGSTOP while a proxy holds its
+//! first UPDATE, so the freeze lands in that window every time.
 
-use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::dns_probe::{self, RecordType, ResponseCode};
+use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::tsig::{TsigKey, TsigKeyConfig};
 use dnsplan_common::{DnsName, EndpointName, Generation, SledStore, Store, ZoneId};
 use dnsplan_enactor::config::{Target, VerifySettings};
@@ -15,11 +18,15 @@ use dnsplan_enactor::hooks::{Event, HookFuture, Hooks};
 use dnsplan_enactor::metrics::ReasonLabels;
 use dnsplan_enactor::rfc2136::{Fence, Marker, Rfc2136, Rfc2136Settings, TargetError};
 use dnsplan_enactor::{Enactor, Families, Metrics, Settings};
+use dnsplan_tests::daemon::{self, Daemon, LogLine};
 use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
 use dnsplan_tests::knot::{KeyAction, Knot, KnotSpec, KnotZone, TsigKey as KnotKey};
+use dnsplan_tests::stack::{Authority, TOKEN};
+use hickory_proto::op::{Message, OpCode};
 use prometheus_client::registry::Registry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -404,7 +411,8 @@ async fn plans_are_enacted_onto_knot() -> anyhow::Result<()> {
 
 /// A key Knot does not know, a wrong secret and a key without update rights are clear
 /// errors, and none writes anything; nor does an endpoint without addresses, which is
-/// refused before it is sent.
+/// refused before it is sent (without that check, this test and the unit test
+/// `an_empty_endpoint_is_never_sent` failed, checked once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tsig_and_acl_failures_are_clear_and_write_nothing() -> anyhow::Result<()> {
     let knot = start_knot().await?;
@@ -488,7 +496,9 @@ fn target_with_key(knot: SocketAddr, key: TsigKey) -> Rfc2136Settings {
 /// older plan than it served nor an empty answer, and everything converges.
 ///
 /// Its teeth: `the_race_without_prerequisites_overwrites_newer_plans` runs the same story
-/// with A sending no prerequisite, and the same checks catch it.
+/// with A sending no prerequisite, and the same checks catch it. Building the UPDATE without
+/// its prerequisite in the production mode made this test and the process one fail ("serves
+/// plan 2, which cleanup deleted"; Knot answered the held UPDATE NOERROR) (checked once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn knot_refuses_the_stale_writes_of_the_2025_race() -> anyhow::Result<()> {
     let outcome = race_on_knot(Fence::Prerequisites).await?;
@@ -513,5 +523,292 @@ async fn the_race_without_prerequisites_overwrites_newer_plans() -> anyhow::Resu
     assert!(v.iter().any(|v| v.contains("after plan 12 was enacted")), "the check must see an older plan served: {v:#?}");
     assert!(v.iter().any(|v| v.contains("went back")), "the prober must see an answer going back: {v:#?}");
     eprintln!("violations seen without prerequisites ({} in all): {:#?}", v.len(), &v[..v.len().min(10)]);
+    Ok(())
+}
+
+/// A TCP DNS proxy in front of Knot for one enactor process: while `open` is false it holds
+/// each UPDATE (reporting it once on `held`) and forwards it when opened; it reports the
+/// response code of every UPDATE it forwarded. Everything else passes at once.
+struct UpdateGate {
+    addr: SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UpdateGate {
+    async fn start(
+        knot: SocketAddr,
+        held: mpsc::UnboundedSender<()>,
+        answered: mpsc::UnboundedSender<ResponseCode>,
+    ) -> anyhow::Result<UpdateGate> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let open = tokio::sync::watch::Sender::new(true);
+        let gate = open.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (gate, held, answered) = (gate.subscribe(), held.clone(), answered.clone());
+                tokio::spawn(async move {
+                    let _ = relay(client, knot, gate, held, answered).await;
+                });
+            }
+        });
+        Ok(UpdateGate { addr, open, task })
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+}
+
+impl Drop for UpdateGate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One client connection: each length-prefixed message to Knot on a connection of its own,
+/// and the answer back.
+async fn relay(
+    mut client: tokio::net::TcpStream,
+    knot: SocketAddr,
+    mut open: tokio::sync::watch::Receiver<bool>,
+    held: mpsc::UnboundedSender<()>,
+    answered: mpsc::UnboundedSender<ResponseCode>,
+) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let len = match client.read_u16().await {
+            Ok(len) => usize::from(len),
+            Err(_) => return Ok(()),
+        };
+        let mut message = vec![0u8; len];
+        client.read_exact(&mut message).await?;
+        let update = Message::from_vec(&message).is_ok_and(|m| m.metadata.op_code == OpCode::Update);
+        if update && !*open.borrow() {
+            let _ = held.send(());
+            open.wait_for(|open| *open).await?;
+        }
+        let mut upstream = tokio::net::TcpStream::connect(knot).await?;
+        upstream.write_all(&(len as u16).to_be_bytes()).await?;
+        upstream.write_all(&message).await?;
+        let len = usize::from(upstream.read_u16().await?);
+        let mut answer = vec![0u8; len];
+        upstream.read_exact(&mut answer).await?;
+        if update && let Ok(reply) = Message::from_vec(&answer) {
+            let _ = answered.send(reply.metadata.response_code);
+        }
+        client.write_all(&(len as u16).to_be_bytes()).await?;
+        client.write_all(&answer).await?;
+    }
+}
+
+fn process_config(
+    control: &str,
+    target: SocketAddr,
+    knot: SocketAddr,
+    dir: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    std::fs::write(dir.join("enactor.key"), format!("{SECRET_B64}\n"))?;
+    let path = dir.join(name);
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+id = "overridden"
+zone = "overridden"
+[store]
+url = "{control}"
+token = "{TOKEN}"
+[target]
+kind = "rfc2136"
+server = "{target}"
+dns_zone = "{zone}"
+# Long enough that the held UPDATE's answer, not a timeout, is what A reads when it resumes.
+timeout_ms = 30000
+[target.key]
+name = "{KEY_NAME}"
+secret_file = "enactor.key"
+[apply]
+# No reconcile during the story: the sequence, not the timer, decides.
+reconcile_interval_secs = 3600
+retry_base_ms = 5
+retry_max_ms = 100
+# Fixture plans replace every address (so answers tell generations apart).
+max_removal_fraction = 1.0
+[cleanup]
+retain_plans = 5
+[verify]
+enabled = true
+dns_server = "{knot}"
+[metrics]
+listen = "127.0.0.1:0"
+"#,
+            zone = fixtures::DNS_ZONE,
+        ),
+    )?;
+    Ok(path)
+}
+
+/// Waits until every enactor in `who` logged "plan applied" for generation `g`.
+async fn until_applied(lines: &mut mpsc::UnboundedReceiver<LogLine>, who: &[&str], g: u64) -> anyhow::Result<()> {
+    let mut waiting: Vec<&str> = who.to_vec();
+    daemon::until(
+        lines,
+        WITHIN,
+        |_| {},
+        |line| {
+            if line.message == "plan applied" && line.generation == Some(g) {
+                waiting.retain(|w| *w != line.who);
+            }
+            waiting.is_empty()
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{who:?} did not apply plan {g}: {e}"))?;
+    Ok(())
+}
+
+/// The 2025 race on Knot with three `dnsplan-enactor` processes and SIGSTOP. A's UPDATEs go
+/// through a proxy the test controls, so that A can be frozen at the exact moment: after it
+/// read the markers at plan 1 and sent its first UPDATE for plan 2, which the proxy holds.
+/// B and C (whose plan 2 UPDATEs wait until A is frozen) apply plans 2..12 and clean up;
+/// then the held UPDATE reaches Knot, which refuses it, and A is resumed (SIGCONT): every
+/// UPDATE it still sends for plan 2 is refused too, Knot never serves an older plan or an
+/// empty answer, and all three end at plan 12.
+///
+/// Without the prerequisite in the UPDATE (checked once) Knot applied the held UPDATE
+/// (NOERROR) and the test failed; production binaries have no way to switch it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn knot_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
+    const NAMES: usize = 4;
+    let knot = start_knot().await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path().join("store"))?;
+    let names: Vec<EndpointName> = (0..NAMES).map(|i| name(&format!("p{i}"))).collect();
+    let authority = Authority::start(store.clone(), dir.path()).await?;
+    let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    remote.publish(&fixtures::plan(1, &names, planner())).await?;
+
+    let (a_held_tx, mut a_held) = mpsc::unbounded_channel();
+    let (a_answers_tx, mut a_answers) = mpsc::unbounded_channel();
+    let (others_held_tx, _others_held) = mpsc::unbounded_channel();
+    let (others_answers_tx, _others_answers) = mpsc::unbounded_channel();
+    let a_gate = UpdateGate::start(knot.addr(), a_held_tx, a_answers_tx).await?;
+    let others_gate = UpdateGate::start(knot.addr(), others_held_tx, others_answers_tx).await?;
+    let a_config = process_config(&authority.control, a_gate.addr, knot.addr(), dir.path(), "a.toml")?;
+    let others_config = process_config(&authority.control, others_gate.addr, knot.addr(), dir.path(), "others.toml")?;
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let spawn = |id: &str, config: &std::path::Path| {
+        let config = config.display().to_string();
+        Daemon::spawn(Path::new(env!("CARGO_BIN_EXE_dnsplan-enactor")), &["--config", &config, "--id", id, "--zone", id], id, tx.clone())
+    };
+    let a = spawn("a", &a_config)?;
+    let b = spawn("b", &others_config)?;
+    let c = spawn("c", &others_config)?;
+    until_applied(&mut lines, &["a", "b", "c"], 1).await?;
+    while a_answers.try_recv().is_ok() {}
+    let prober = Prober::start(knot.addr(), names.clone());
+
+    // Plan 2: A reads the markers (plan 1) and sends its first UPDATE, held; A is frozen.
+    a_gate.set_open(false);
+    others_gate.set_open(false);
+    remote.publish(&fixtures::plan(2, &names, planner())).await?;
+    tokio::time::timeout(WITHIN, a_held.recv()).await.map_err(|_| anyhow::anyhow!("A sent no UPDATE for plan 2"))?;
+    a.signal("-STOP")?;
+    others_gate.set_open(true);
+
+    // Ten newer plans while A is frozen; B and C apply the last and clean up plan 2.
+    for g in 3..=12 {
+        remote.publish(&fixtures::plan(g, &names, planner())).await?;
+    }
+    until_applied(&mut lines, &["b", "c"], 12).await?;
+    let cleaned = async {
+        loop {
+            let version = remote.version().await?;
+            let horizon = remote.list(Generation::NONE, 1).await?.first().map(|p| p.generation).unwrap_or_default();
+            if horizon > Generation(2) {
+                return anyhow::Ok(());
+            }
+            remote.wait_for_change(version, WITHIN).await?;
+        }
+    };
+    tokio::time::timeout(WITHIN, cleaned).await.map_err(|_| anyhow::anyhow!("cleanup never deleted plan 2"))??;
+
+    // A's held UPDATE reaches Knot while A is still frozen: refused on its prerequisite.
+    a_gate.set_open(true);
+    let first = tokio::time::timeout(WITHIN, a_answers.recv()).await?.ok_or_else(|| anyhow::anyhow!("the proxy stopped"))?;
+    assert_eq!(first, ResponseCode::NXRRSet, "Knot must refuse A's held UPDATE on its prerequisite");
+    a.signal("-CONT")?;
+    until_applied(&mut lines, &["a"], 12).await?;
+
+    let (answers, mut violations) = prober.stop().await?;
+    for name in &names {
+        if served(knot.addr(), name).await != Ok(Some(Generation(12))) {
+            violations.push(format!("{name} did not converge to plan 12"));
+        }
+    }
+    let mut refused = 1;
+    let mut applied = 0;
+    while let Ok(code) = a_answers.try_recv() {
+        match code {
+            ResponseCode::NXRRSet | ResponseCode::YXRRSet => refused += 1,
+            ResponseCode::NoError => applied += 1,
+            other => violations.push(format!("A's UPDATE got {other}")),
+        }
+    }
+    assert!(violations.is_empty(), "violations: {violations:#?}");
+    assert_eq!((refused, applied), (NAMES, 0), "Knot refuses every one of A's stale UPDATEs and applies none");
+    assert!(answers > NAMES, "the prober must have watched the story ({answers} answers)");
+    eprintln!("stale UPDATEs of the frozen process refused by Knot: {refused}; answers judged: {answers}");
+    drop((a, b, c));
+    authority.stop().await?;
+    Ok(())
+}
+
+/// The cleanup floor follows what Knot serves: a name no plan after plan 1 changes keeps its
+/// plan 1 records and marker on Knot (only changed names are written between full writes),
+/// so plan 1 must survive cleanup however many plans follow. Without the enactor recording
+/// Knot's acknowledged writes in the store, cleanup deleted plan 1 while Knot served it
+/// (checked once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
+    let knot = start_knot().await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let (steady, moving) = (name("steady"), name("moving"));
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(u64::MAX),
+        reached: Mutex::new(None),
+        a_holding: tokio::sync::watch::Sender::new(true),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(None),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let mut settings = settings("a", knot.addr(), Fence::Prerequisites)?;
+    settings.cleanup_retain = Some(2);
+    let enactor = Enactor::new(store.clone(), settings, Arc::new(Metrics::register(&mut Registry::default(), "a"))).with_hooks(gate);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(enactor.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    const LAST: u64 = 8;
+    for g in 1..=LAST {
+        let mut plan = fixtures::plan(g, &[steady.clone(), moving.clone()], planner()).into_plan();
+        plan.endpoints.insert(steady.clone(), endpoint_for(Generation(1)));
+        store.publish(&dnsplan_common::ValidatedPlan::new(plan)?).await?;
+        wait_done(&mut events, &["a"], Generation(g)).await?;
+    }
+    assert_eq!(served(knot.addr(), &moving).await, Ok(Some(Generation(LAST))));
+    assert_eq!(served(knot.addr(), &steady).await, Ok(Some(Generation(1))));
+    assert_eq!(dig(knot.addr(), &format!("_dnsplan.{steady}"), "TXT")?, vec![format!("\"{:020}\"", 1)], "steady was not rewritten");
+    let oldest = store.list(Generation::NONE, 1).await?.first().map(|p| p.generation);
+    assert_eq!(oldest, Some(Generation(1)), "plan 1 is what Knot serves for {steady}: cleanup must keep it");
+    let _ = stop_tx.send(true);
+    task.await?;
     Ok(())
 }
