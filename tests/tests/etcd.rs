@@ -334,3 +334,78 @@ async fn bad_data_in_etcd_is_a_clear_error() -> anyhow::Result<()> {
 fn is_corrupt<T>(r: &dnsplan_common::StoreResult<T>, what: &str) -> bool {
     matches!(r, Err(dnsplan_common::StoreError::Corrupt { what: w, .. }) if w.contains(what))
 }
+
+/// Heartbeats are bounded like the embedded store's: enactors registering at once store
+/// exactly `HEARTBEATS_MAX`, one more id is refused, and a known id still reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeats_are_bounded() -> anyhow::Result<()> {
+    use dnsplan_common::store::HEARTBEATS_MAX;
+    use dnsplan_common::{Heartbeat, StoreError};
+    const WRITERS: usize = 4;
+    let started = Instant::now();
+    let cluster = EtcdCluster::start(3, &[]).await?;
+    let store = cluster.store("/heartbeats/").await?;
+    let beat = |id: String| Heartbeat {
+        enactor_id: id,
+        zone: ZoneId::parse("a").expect("zone"),
+        last_applied: Generation(1),
+        latest_seen: Generation(1),
+        at_unix_ms: 0,
+        state: "idle".into(),
+    };
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let store = store.clone();
+        writers.push(tokio::spawn(async move {
+            for i in (w..HEARTBEATS_MAX).step_by(WRITERS) {
+                store.heartbeat(beat(format!("enactor-{i}"))).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for w in writers {
+        w.await??;
+    }
+    let r = store.heartbeat(beat("one-too-many".into())).await;
+    assert!(matches!(r, Err(StoreError::TooManyHeartbeats)), "{r:?}");
+    store.heartbeat(beat("enactor-7".into())).await?;
+    assert_eq!(store.heartbeats().await?.len(), HEARTBEATS_MAX);
+    println!("heartbeats test took {:?}", started.elapsed());
+    Ok(())
+}
+
+/// A batch larger than etcd's `--max-txn-ops` is split into transactions that fit: every
+/// endpoint switches once, the applied-change count moves by exactly the switches, and the
+/// outcomes are per endpoint (a stale one among them included).
+///
+/// Teeth, checked once by hand: configured for etcd's default of 128 operations against this
+/// cluster of 16, the store sends transactions etcd refuses, and the test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_larger_than_a_transaction_is_split() -> anyhow::Result<()> {
+    const TXN_OPS: usize = 16;
+    const ENDPOINTS: usize = 100;
+    let ops = TXN_OPS.to_string();
+    let cluster = EtcdCluster::start(1, &["--max-txn-ops", &ops]).await?;
+    let mut config = cluster.config("/split/");
+    config.txn_ops_max = TXN_OPS;
+    let store = EtcdStore::connect(config).await?;
+    let names: Vec<_> = (0..ENDPOINTS).map(|i| name(&format!("e{i:03}"))).collect();
+    store.publish(&plan(1, &names, operator())).await?;
+    store.publish(&plan(2, &names, operator())).await?;
+    store.apply(&names[50], Generation(2), &endpoint_for(Generation(2))).await?;
+    let before = store.version().await?.applied_changes;
+    let items: Vec<_> = names.iter().map(|n| ApplyItem { endpoint: n.clone(), records: endpoint_for(Generation(1)) }).collect();
+    let results = store.apply_many(Generation(1), &items).await?;
+    assert_eq!(results.len(), ENDPOINTS);
+    for (i, r) in results.iter().enumerate() {
+        if i == 50 {
+            assert!(matches!(r, Err(dnsplan_common::StoreError::Stale { .. })), "e050 is at 2: {r:?}");
+        } else {
+            assert!(matches!(r, Ok(dnsplan_common::ApplyOutcome::Switched { .. })), "e{i:03}: {r:?}");
+        }
+    }
+    let after = store.active_all().await?;
+    assert_eq!(after.applied_changes, before + ENDPOINTS as u64 - 1);
+    assert_eq!(after.endpoints.len(), ENDPOINTS);
+    Ok(())
+}
