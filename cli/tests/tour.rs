@@ -103,7 +103,8 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
 /// The planner says what it holds back: three of api's six backends fail (one per zone, so
 /// no zone is impaired); the velocity limits let two go and keep serving the third, and
 /// `dnsplan status` names it in a HELD BACK line with the rule, the numbers and when it is
-/// reconsidered, as do `--output json` and `plans explain` of the latest plan. Without the
+/// reconsidered, as do `--output json`, `plans explain` of the latest plan and the status
+/// page. Without the
 /// planner's deferrals, status said only "no change (latest plan N)" and this failed waiting
 /// for the line (seen once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,5 +143,11 @@ async fn status_says_which_dead_backend_is_held_back() -> anyhow::Result<()> {
 
     let explain = ok(&dnsplan(&up, &["plans", "explain", &store.latest().await?.to_string()])?);
     assert!(explain.contains("held back now") && explain.contains(third), "{explain}");
+
+    // The status page lists it under "Held back" (server-rendered: the HTML says it).
+    let page = reqwest::get(format!("{}/ui", up.control)).await?.text().await?;
+    let held = page.split("<h2>Held back</h2>").nth(1).ok_or_else(|| anyhow::anyhow!("no Held back section:\n{page}"))?;
+    let held = held.split("<h2>").next().unwrap_or_default();
+    assert!(held.contains(third) && held.contains("removal_per_"), "{held}");
     Ok(())
 }
