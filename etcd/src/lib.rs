@@ -69,6 +69,9 @@ const PLAN_CACHE_MAX: usize = 8;
 /// Applied-change counts remembered with the revision they were read at, so `active_since`
 /// can watch from that revision. A follower asks about the count of its last answer.
 const REVISIONS_KEPT: usize = 1_024;
+/// Versions remembered with the revision they were read at, so that a waiter that passes one
+/// back watches from there without reading first. Waiters pass the version they read last.
+const VERSIONS_KEPT: usize = 64;
 /// Abandoned staging areas removed per publish (see `sweep_staging`): garbage goes a little
 /// at a time, and never delays a publish much.
 const STAGING_SWEEP_MAX: i64 = 16;
@@ -166,6 +169,8 @@ struct Inner {
     plans: Mutex<VecDeque<Arc<ValidatedPlan>>>,
     /// Applied-change count → an etcd revision at which the store had that count.
     revisions: Mutex<BTreeMap<u64, i64>>,
+    /// Versions this store read, with the revision of the read, newest last.
+    versions: Mutex<VecDeque<(StoreVersion, i64)>>,
 }
 
 fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> StoreError {
@@ -323,6 +328,7 @@ impl EtcdStore {
                 config,
                 plans: Mutex::new(VecDeque::new()),
                 revisions: Mutex::new(BTreeMap::new()),
+                versions: Mutex::new(VecDeque::new()),
             }),
         })
     }
@@ -871,6 +877,12 @@ impl EtcdStore {
             control_changes: be_u64(first(&r[2]), "control count")?.unwrap_or(0),
         };
         self.note_revision(version.applied_changes, revision);
+        if let Ok(mut versions) = self.inner.versions.lock() {
+            versions.push_back((version, revision));
+            while versions.len() > VERSIONS_KEPT {
+                versions.pop_front();
+            }
+        }
         Ok((version, revision))
     }
 
@@ -1342,12 +1354,19 @@ impl Store for EtcdStore {
     async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         let deadline = tokio::time::Instant::now() + timeout.min(WAIT_TIMEOUT_MAX);
         let meta = self.inner.keys.meta();
+        // A version this store read is the version at that read's revision (every part of it
+        // only grows, so it held over one stretch of revisions): watching from there misses
+        // nothing and saves a read.
+        let mut known = self.inner.versions.lock().ok().and_then(|v| v.iter().rev().find(|(v, _)| *v == seen).map(|(_, r)| *r));
         loop {
-            let (current, revision) = self.read_version().await?;
+            let (current, revision) = match known.take() {
+                Some(revision) => (seen, revision),
+                None => self.read_version().await?,
+            };
             if current != seen {
                 return Ok(current);
             }
-            // Watch from the revision just read: a change after the read cannot be missed.
+            // Watch from the revision read: a change after the read cannot be missed.
             let mut wc = self.inner.client.watch_client();
             let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
             let mut stream = self.call("watch", wc.watch(meta.clone(), Some(options))).await?;
@@ -1359,8 +1378,7 @@ impl Store for EtcdStore {
                     Ok(Ok(Some(m))) => m,
                 };
                 if message.compact_revision() > 0 || message.canceled() {
-                    // The revision was compacted: read again (a full read of the version) and
-                    // watch from there.
+                    // The revision was compacted: read the version again and watch from there.
                     tracing::info!(revision, "etcd compacted the watched revision; reading the version again");
                     break;
                 }

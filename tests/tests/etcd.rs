@@ -214,8 +214,28 @@ async fn a_follower_behind_a_compaction_reads_the_whole_state() -> anyhow::Resul
     assert_eq!(held, truth.endpoints, "the follower does not hold what the store holds");
     assert_eq!(delta.applied_changes, truth.applied_changes);
 
-    // A waiter still wakes on a change after the compaction.
+    // A waiter whose version was read at a revision since compacted reads again and keeps
+    // waiting: it neither fails nor takes the compaction for a change.
     let seen = store.version().await?;
+    for i in 0..3 {
+        let beat = dnsplan_common::Heartbeat {
+            enactor_id: format!("en-{i}"),
+            zone: ZoneId::parse("a")?,
+            last_applied: Generation(1),
+            latest_seen: Generation(1),
+            at_unix_ms: 0,
+            state: "idle".into(),
+        };
+        store.heartbeat(beat).await?;
+    }
+    let revision = client.get("/follower/", None).await?.header().map(|h| h.revision()).expect("a header");
+    client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+    let waited = Instant::now();
+    let quiet = store.wait_for_change(seen, Duration::from_millis(300)).await?;
+    assert_eq!(quiet, seen, "nothing changed");
+    assert!(waited.elapsed() >= Duration::from_millis(300), "returned after {:?}, before its timeout", waited.elapsed());
+
+    // A waiter still wakes on a change after the compaction.
     let waiter = {
         let store = store.clone();
         tokio::spawn(async move { store.wait_for_change(seen, Duration::from_secs(30)).await })
