@@ -1,7 +1,9 @@
-//! Enactors with an RFC 2136 target against a real Knot DNS server (`knotd`, started by the
-//! test on a loopback port with a TSIG key allowed to update the zone): plans enacted onto
-//! Knot as `dig` sees them, TSIG and ACL failures as clear errors with nothing written, and
-//! the October 2025 race with Knot's update prerequisites as the fence.
+//! Enactors with an RFC 2136 target against real DNS primaries, Knot (`knotd`) and BIND 9
+//! (`named`), each started by the test on a loopback port with a TSIG key allowed to update
+//! the zone: plans enacted as `dig` sees them, TSIG and ACL failures as clear errors with
+//! nothing written, and the October 2025 race with the server's update prerequisites as the
+//! fence. Most stories run on both servers; the messages are the same, the servers differ
+//! only in how they refuse a key without update rights (Knot BADKEY, BIND REFUSED).
 //!
 //! The race runs twice. In process: three enactors on one embedded store, enactor A held by a
 //! hook between reading the markers and sending its UPDATEs, with its counterfactual (no
@@ -18,6 +20,7 @@ use dnsplan_enactor::hooks::{Event, HookFuture, Hooks};
 use dnsplan_enactor::metrics::ReasonLabels;
 use dnsplan_enactor::rfc2136::{Fence, Marker, Rfc2136, Rfc2136Settings, TargetError};
 use dnsplan_enactor::{Enactor, Families, Metrics, Settings};
+use dnsplan_tests::bind::{Bind, BindSpec, BindZone};
 use dnsplan_tests::daemon::{self, Daemon, LogLine};
 use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
 use dnsplan_tests::knot::{KeyAction, Knot, KnotSpec, KnotZone, TsigKey as KnotKey};
@@ -49,27 +52,73 @@ fn key(name: &str, secret_base64: &str) -> TsigKey {
 /// Another 32-byte secret than Knot's.
 const WRONG_SECRET_B64: &str = "d3Jvbmctd3Jvbmctd3Jvbmctd3Jvbmctd3Jvbmctd3I=";
 
-async fn start_knot() -> anyhow::Result<Knot> {
-    let zone = format!(
+/// Which DNS primary a test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Knot,
+    Bind,
+}
+
+/// A running primary with the test zone and keys: [`KEY_NAME`] may update it,
+/// [`TRANSFER_KEY`] may only transfer it.
+enum Primary {
+    Knot(Knot),
+    Bind(Bind),
+}
+
+impl Primary {
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Primary::Knot(k) => k.addr(),
+            Primary::Bind(b) => b.addr(),
+        }
+    }
+}
+
+async fn start_primary(kind: Kind) -> anyhow::Result<Primary> {
+    Ok(match kind {
+        Kind::Knot => Primary::Knot(start_knot().await?),
+        Kind::Bind => Primary::Bind(start_bind().await?),
+    })
+}
+
+fn zone_text() -> String {
+    format!(
         "$ORIGIN {z}\n@ 300 IN SOA ns1 hostmaster 1 3600 600 604800 30\n@ 300 IN NS ns1\nns1 300 IN A 192.0.2.53\n",
         z = fixtures::DNS_ZONE
-    );
+    )
+}
+
+fn primary_keys() -> Vec<KnotKey> {
+    vec![
+        KnotKey {
+            name: KEY_NAME.into(),
+            algorithm: "hmac-sha256".into(),
+            secret_base64: SECRET_B64.into(),
+            actions: vec![KeyAction::Update],
+        },
+        KnotKey {
+            name: TRANSFER_KEY.into(),
+            algorithm: "hmac-sha256".into(),
+            secret_base64: SECRET_B64.into(),
+            actions: vec![KeyAction::Transfer],
+        },
+    ]
+}
+
+async fn start_bind() -> anyhow::Result<Bind> {
+    let spec = BindSpec {
+        zones: vec![BindZone { origin: fixtures::DNS_ZONE.into(), text: Some(zone_text()), zone_extra: Vec::new() }],
+        keys: primary_keys(),
+        extra_config: String::new(),
+    };
+    Bind::start(&spec).await
+}
+
+async fn start_knot() -> anyhow::Result<Knot> {
     let spec = KnotSpec {
-        zones: vec![KnotZone { origin: fixtures::DNS_ZONE.into(), text: Some(zone), zone_extra: Vec::new() }],
-        keys: vec![
-            KnotKey {
-                name: KEY_NAME.into(),
-                algorithm: "hmac-sha256".into(),
-                secret_base64: SECRET_B64.into(),
-                actions: vec![KeyAction::Update],
-            },
-            KnotKey {
-                name: TRANSFER_KEY.into(),
-                algorithm: "hmac-sha256".into(),
-                secret_base64: SECRET_B64.into(),
-                actions: vec![KeyAction::Transfer],
-            },
-        ],
+        zones: vec![KnotZone { origin: fixtures::DNS_ZONE.into(), text: Some(zone_text()), zone_extra: Vec::new() }],
+        keys: primary_keys(),
         extra_config: String::new(),
     };
     Knot::start(&spec).await
@@ -268,10 +317,10 @@ struct Outcome {
 /// first UPDATE; B and C apply N..N+10 onto Knot and clean up (plan N is deleted from the
 /// store); A resumes and sends its UPDATEs for plan N. Before A writes anything newer, what
 /// Knot serves is checked for certain, and a prober judged every answer throughout.
-async fn race_on_knot(a_fence: Fence) -> anyhow::Result<Outcome> {
+async fn race_on(kind: Kind, a_fence: Fence) -> anyhow::Result<Outcome> {
     const N: u64 = 2;
     const NEWER: u64 = 10;
-    let knot = start_knot().await?;
+    let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
     let names: Vec<EndpointName> = (0..4).map(|i| name(&format!("e{i}"))).collect();
@@ -297,14 +346,14 @@ async fn race_on_knot(a_fence: Fence) -> anyhow::Result<Outcome> {
     for id in ["a", "b", "c"] {
         let fence = if id == "a" { a_fence } else { Fence::Prerequisites };
         let metrics = if id == "a" { a_metrics.clone() } else { Arc::new(families.enactor(id)) };
-        let enactor = Enactor::new(store.clone(), settings(id, knot.addr(), fence)?, metrics).with_hooks(gate.clone());
+        let enactor = Enactor::new(store.clone(), settings(id, server.addr(), fence)?, metrics).with_hooks(gate.clone());
         let mut stop = stop_rx.clone();
         tasks.push(tokio::spawn(enactor.run(async move {
             let _ = stop.wait_for(|s| *s).await;
         })));
     }
     wait_done(&mut events, &["a", "b", "c"], Generation(1)).await?;
-    let prober = Prober::start(knot.addr(), names.clone());
+    let prober = Prober::start(server.addr(), names.clone());
 
     store.publish(&fixtures::plan(N, &names, planner())).await?;
     tokio::time::timeout(WITHIN, reached).await.map_err(|_| anyhow::anyhow!("enactor a never took plan {N}"))??;
@@ -327,7 +376,7 @@ async fn race_on_knot(a_fence: Fence) -> anyhow::Result<Outcome> {
     let mut violations = Vec::new();
     let oldest_stored = store.list(Generation::NONE, 1).await?.first().map(|p| p.generation).unwrap_or_default();
     for name in &names {
-        let answer = served(knot.addr(), name).await;
+        let answer = served(server.addr(), name).await;
         if let Ok(Some(g)) = answer
             && g < oldest_stored
         {
@@ -346,7 +395,7 @@ async fn race_on_knot(a_fence: Fence) -> anyhow::Result<Outcome> {
     anyhow::ensure!(a_next == last, "A went on to plan {a_next}, not {last}");
     wait_done(&mut events, &["a"], last).await?;
     for name in &names {
-        if served(knot.addr(), name).await != Ok(Some(last)) {
+        if served(server.addr(), name).await != Ok(Some(last)) {
             violations.push(format!("{name} did not converge to plan {last}"));
         }
     }
@@ -363,7 +412,17 @@ async fn race_on_knot(a_fence: Fence) -> anyhow::Result<Outcome> {
 /// name the plan adds appears, and the store records the generations Knot acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plans_are_enacted_onto_knot() -> anyhow::Result<()> {
-    let knot = start_knot().await?;
+    plans_are_enacted(Kind::Knot).await
+}
+
+/// The same onto BIND 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_are_enacted_onto_bind() -> anyhow::Result<()> {
+    plans_are_enacted(Kind::Bind).await
+}
+
+async fn plans_are_enacted(kind: Kind) -> anyhow::Result<()> {
+    let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -378,7 +437,7 @@ async fn plans_are_enacted_onto_knot() -> anyhow::Result<()> {
         events: events_tx,
     });
     let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
-    let enactor = Enactor::new(store.clone(), settings("a", knot.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate);
+    let enactor = Enactor::new(store.clone(), settings("a", server.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(enactor.run(async move {
         let _ = stop_rx.wait_for(|s| *s).await;
@@ -396,8 +455,8 @@ async fn plans_are_enacted_onto_knot() -> anyhow::Result<()> {
             v
         };
         for n in &names {
-            assert_eq!(dig(knot.addr(), n.as_str(), "A")?, want, "plan {g}: {n}");
-            assert_eq!(dig(knot.addr(), &format!("_dnsplan.{n}"), "TXT")?, vec![format!("\"{:020}\"", g)], "plan {g}: marker of {n}");
+            assert_eq!(dig(server.addr(), n.as_str(), "A")?, want, "plan {g}: {n}");
+            assert_eq!(dig(server.addr(), &format!("_dnsplan.{n}"), "TXT")?, vec![format!("\"{:020}\"", g)], "plan {g}: marker of {n}");
             let recorded = store.active(n).await?.map(|r| r.generation);
             assert_eq!(recorded, Some(Generation(g)), "the store records what Knot acknowledged");
         }
@@ -414,31 +473,43 @@ async fn plans_are_enacted_onto_knot() -> anyhow::Result<()> {
 /// refused before it is sent (without that check, this test and the unit test
 /// `an_empty_endpoint_is_never_sent` failed, checked once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tsig_and_acl_failures_are_clear_and_write_nothing() -> anyhow::Result<()> {
-    let knot = start_knot().await?;
+async fn tsig_and_acl_failures_are_clear_and_write_nothing_on_knot() -> anyhow::Result<()> {
+    tsig_and_acl_failures(Kind::Knot).await
+}
+
+/// The same on BIND 9, which refuses a known key without update rights with REFUSED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tsig_and_acl_failures_are_clear_and_write_nothing_on_bind() -> anyhow::Result<()> {
+    tsig_and_acl_failures(Kind::Bind).await
+}
+
+async fn tsig_and_acl_failures(kind: Kind) -> anyhow::Result<()> {
+    let server = start_primary(kind).await?;
     let metrics = Metrics::register(&mut Registry::default(), "a");
     let api = name("api");
     let records = endpoint_for(Generation(1));
     let cases: [(TsigKey, &str); 3] = [
         (key("unknown-key.", SECRET_B64), "BADKEY"),
         (key(KEY_NAME, WRONG_SECRET_B64), "BADSIG"),
-        (key(TRANSFER_KEY, SECRET_B64), "BADKEY"),
+        // Knot answers BADKEY when no ACL lets a key update; BIND answers REFUSED.
+        (key(TRANSFER_KEY, SECRET_B64), if kind == Kind::Knot { "BADKEY" } else { "REFUSED" }),
     ];
     for (key, want) in cases {
-        let target = Rfc2136::new(target(knot.addr(), key, Fence::Prerequisites));
+        let target = Rfc2136::new(target(server.addr(), key, Fence::Prerequisites));
         let got = target.write(&api, Generation(1), Some(&records), Marker::Absent, &metrics).await;
         let err = match got {
             Err(err) => format!("{:#}", anyhow::Error::from(err)),
             Ok(written) => anyhow::bail!("the update was accepted: {written:?}"),
         };
         assert!(err.contains(want), "want {want:?} in {err:?}");
-        assert!(err.contains("let it update DNS zone example.test."), "the error says what to fix: {err:?}");
-        assert_eq!(served(knot.addr(), &api).await, Ok(None), "nothing written after {want}");
+        let fix = ["let it update DNS zone example.test.", "allow TSIG key transfer-only. to update it"];
+        assert!(fix.iter().any(|f| err.contains(f)), "the error says what to fix: {err:?}");
+        assert_eq!(served(server.addr(), &api).await, Ok(None), "nothing written after {want}");
     }
     assert_eq!(metrics.target_updates("error"), 3);
 
     // Never empty: refused before anything is sent.
-    let target = Rfc2136::new(target(knot.addr(), good_key(), Fence::Prerequisites));
+    let target = Rfc2136::new(target(server.addr(), good_key(), Fence::Prerequisites));
     let mut empty = records.clone();
     empty.targets.clear();
     let got = target.write(&api, Generation(1), Some(&empty), Marker::Absent, &metrics).await;
@@ -449,8 +520,8 @@ async fn tsig_and_acl_failures_are_clear_and_write_nothing() -> anyhow::Result<(
     // still serves nothing for the name.
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
-    let mut wrong = settings("a", knot.addr(), Fence::Prerequisites)?;
-    wrong.target = Target::Rfc2136(target_with_key(knot.addr(), key(KEY_NAME, WRONG_SECRET_B64)));
+    let mut wrong = settings("a", server.addr(), Fence::Prerequisites)?;
+    wrong.target = Target::Rfc2136(target_with_key(server.addr(), key(KEY_NAME, WRONG_SECRET_B64)));
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let gate = Arc::new(Gate {
         hold: Generation(u64::MAX),
@@ -480,7 +551,7 @@ async fn tsig_and_acl_failures_are_clear_and_write_nothing() -> anyhow::Result<(
     .await?;
     assert_eq!(abandoned, Some(Generation(1)));
     assert_eq!(enactor_metrics.plans_abandoned.get_or_create(&ReasonLabels { reason: "target_error" }).get(), 1);
-    assert_eq!(served(knot.addr(), &api).await, Ok(None), "nothing written by the enactor");
+    assert_eq!(served(server.addr(), &api).await, Ok(None), "nothing written by the enactor");
     assert_eq!(store.active(&api).await?, None, "nothing recorded in the store");
     let _ = stop_tx.send(true);
     task.await?;
@@ -495,13 +566,23 @@ fn target_with_key(knot: SocketAddr, key: TsigKey) -> Rfc2136Settings {
 /// per name, each prepared from markers at plan 1) are refused by Knot, Knot never serves an
 /// older plan than it served nor an empty answer, and everything converges.
 ///
-/// Its teeth: `the_race_without_prerequisites_overwrites_newer_plans` runs the same story
+/// Its teeth: `the_race_without_prerequisites_overwrites_newer_plans_on_knot` runs the same story
 /// with A sending no prerequisite, and the same checks catch it. Building the UPDATE without
 /// its prerequisite in the production mode made this test and the process one fail ("serves
 /// plan 2, which cleanup deleted"; Knot answered the held UPDATE NOERROR) (checked once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn knot_refuses_the_stale_writes_of_the_2025_race() -> anyhow::Result<()> {
-    let outcome = race_on_knot(Fence::Prerequisites).await?;
+    fenced_race(Kind::Knot).await
+}
+
+/// The same race on BIND 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bind_refuses_the_stale_writes_of_the_2025_race() -> anyhow::Result<()> {
+    fenced_race(Kind::Bind).await
+}
+
+async fn fenced_race(kind: Kind) -> anyhow::Result<()> {
+    let outcome = race_on(kind, Fence::Prerequisites).await?;
     assert!(outcome.violations.is_empty(), "violations: {:#?}", outcome.violations);
     assert!(outcome.answers > 4, "the prober must have watched the story ({} answers)", outcome.answers);
     assert_eq!(outcome.a_refused, 4, "Knot refuses each of A's four stale UPDATEs on its prerequisite");
@@ -514,8 +595,18 @@ async fn knot_refuses_the_stale_writes_of_the_2025_race() -> anyhow::Result<()> 
 /// `testing` only) overwrites the newer plan on Knot: Knot serves plan 2, which cleanup
 /// deleted, after plan 12.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_race_without_prerequisites_overwrites_newer_plans() -> anyhow::Result<()> {
-    let outcome = race_on_knot(Fence::Off).await?;
+async fn the_race_without_prerequisites_overwrites_newer_plans_on_knot() -> anyhow::Result<()> {
+    unfenced_race(Kind::Knot).await
+}
+
+/// The same teeth on BIND 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_race_without_prerequisites_overwrites_newer_plans_on_bind() -> anyhow::Result<()> {
+    unfenced_race(Kind::Bind).await
+}
+
+async fn unfenced_race(kind: Kind) -> anyhow::Result<()> {
+    let outcome = race_on(kind, Fence::Off).await?;
     let v = &outcome.violations;
     assert_eq!(outcome.a_refused, 0);
     assert_eq!(outcome.a_applied_after, 4, "every stale UPDATE went through");
@@ -682,8 +773,18 @@ async fn until_applied(lines: &mut mpsc::UnboundedReceiver<LogLine>, who: &[&str
 /// (NOERROR) and the test failed; production binaries have no way to switch it off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn knot_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
+    sigstopped_process(Kind::Knot).await
+}
+
+/// The same with BIND 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bind_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
+    sigstopped_process(Kind::Bind).await
+}
+
+async fn sigstopped_process(kind: Kind) -> anyhow::Result<()> {
     const NAMES: usize = 4;
-    let knot = start_knot().await?;
+    let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path().join("store"))?;
     let names: Vec<EndpointName> = (0..NAMES).map(|i| name(&format!("p{i}"))).collect();
@@ -695,10 +796,10 @@ async fn knot_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
     let (a_answers_tx, mut a_answers) = mpsc::unbounded_channel();
     let (others_held_tx, _others_held) = mpsc::unbounded_channel();
     let (others_answers_tx, _others_answers) = mpsc::unbounded_channel();
-    let a_gate = UpdateGate::start(knot.addr(), a_held_tx, a_answers_tx).await?;
-    let others_gate = UpdateGate::start(knot.addr(), others_held_tx, others_answers_tx).await?;
-    let a_config = process_config(&authority.control, a_gate.addr, knot.addr(), dir.path(), "a.toml")?;
-    let others_config = process_config(&authority.control, others_gate.addr, knot.addr(), dir.path(), "others.toml")?;
+    let a_gate = UpdateGate::start(server.addr(), a_held_tx, a_answers_tx).await?;
+    let others_gate = UpdateGate::start(server.addr(), others_held_tx, others_answers_tx).await?;
+    let a_config = process_config(&authority.control, a_gate.addr, server.addr(), dir.path(), "a.toml")?;
+    let others_config = process_config(&authority.control, others_gate.addr, server.addr(), dir.path(), "others.toml")?;
     let (tx, mut lines) = mpsc::unbounded_channel();
     let spawn = |id: &str, config: &std::path::Path| {
         let config = config.display().to_string();
@@ -709,7 +810,7 @@ async fn knot_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
     let c = spawn("c", &others_config)?;
     until_applied(&mut lines, &["a", "b", "c"], 1).await?;
     while a_answers.try_recv().is_ok() {}
-    let prober = Prober::start(knot.addr(), names.clone());
+    let prober = Prober::start(server.addr(), names.clone());
 
     // Plan 2: A reads the markers (plan 1) and sends its first UPDATE, held; A is frozen.
     a_gate.set_open(false);
@@ -745,7 +846,7 @@ async fn knot_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
 
     let (answers, mut violations) = prober.stop().await?;
     for name in &names {
-        if served(knot.addr(), name).await != Ok(Some(Generation(12))) {
+        if served(server.addr(), name).await != Ok(Some(Generation(12))) {
             violations.push(format!("{name} did not converge to plan 12"));
         }
     }
@@ -774,7 +875,8 @@ async fn knot_refuses_a_sigstopped_enactor_process() -> anyhow::Result<()> {
 /// (checked once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
-    let knot = start_knot().await?;
+    let kind = Kind::Knot;
+    let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
     let (steady, moving) = (name("steady"), name("moving"));
@@ -789,7 +891,7 @@ async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
         release_next: Notify::new(),
         events: events_tx,
     });
-    let mut settings = settings("a", knot.addr(), Fence::Prerequisites)?;
+    let mut settings = settings("a", server.addr(), Fence::Prerequisites)?;
     settings.cleanup_retain = Some(2);
     let enactor = Enactor::new(store.clone(), settings, Arc::new(Metrics::register(&mut Registry::default(), "a"))).with_hooks(gate);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -803,9 +905,9 @@ async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
         store.publish(&dnsplan_common::ValidatedPlan::new(plan)?).await?;
         wait_done(&mut events, &["a"], Generation(g)).await?;
     }
-    assert_eq!(served(knot.addr(), &moving).await, Ok(Some(Generation(LAST))));
-    assert_eq!(served(knot.addr(), &steady).await, Ok(Some(Generation(1))));
-    assert_eq!(dig(knot.addr(), &format!("_dnsplan.{steady}"), "TXT")?, vec![format!("\"{:020}\"", 1)], "steady was not rewritten");
+    assert_eq!(served(server.addr(), &moving).await, Ok(Some(Generation(LAST))));
+    assert_eq!(served(server.addr(), &steady).await, Ok(Some(Generation(1))));
+    assert_eq!(dig(server.addr(), &format!("_dnsplan.{steady}"), "TXT")?, vec![format!("\"{:020}\"", 1)], "steady was not rewritten");
     let oldest = store.list(Generation::NONE, 1).await?.first().map(|p| p.generation);
     assert_eq!(oldest, Some(Generation(1)), "plan 1 is what Knot serves for {steady}: cleanup must keep it");
     let _ = stop_tx.send(true);

@@ -10,9 +10,10 @@
 //! `daemon` starts real daemon processes and follows their JSON logs; `stack` runs an
 //! authority in-process over any store; `watch` probes it over DNS, observes
 //! the store, and checks the invariants over what was seen. `knot` runs a real Knot DNS server
-//! (`knotd`) on a loopback port for the tests of RFC 2136 targets and secondaries, `nsd` a real
-//! NSD for answer sizes and secondaries.
+//! (`knotd`) on a loopback port for the tests of RFC 2136 targets and secondaries, `bind` a real
+//! BIND 9 (`named`) the same way, `nsd` a real NSD for answer sizes and secondaries.
 
+pub mod bind;
 pub mod conformance;
 pub mod daemon;
 pub mod etcd;
