@@ -682,7 +682,9 @@ impl EtcdStore {
         result
     }
 
-    /// The fenced write of `apply`, `retire` and `apply_many`.
+    /// The fenced write of `apply`, `retire` and `apply_many`. A batch larger than one
+    /// transaction commits part by part; one refused part-way (`Pruned`, `Unavailable`) keeps
+    /// the parts before it, which a retry finds `Unchanged`.
     async fn switch_many(&self, g: Generation, items: Vec<(EndpointName, ActiveState)>) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
         let keys = &self.inner.keys;
         let (_, r) = self.read("apply", vec![get(keys.latest()), get(keys.horizon())]).await?;
