@@ -107,6 +107,9 @@ pub struct SecondaryConfig {
     pub address: IpPrefix,
     /// The name of one of `dns.transfer.keys`; required while `tsig_required`.
     pub key: Option<String>,
+    /// Where this secondary takes NOTIFY (address and port), sent after every change and
+    /// signed with `key`; none when unset (it then refreshes on the SOA's schedule).
+    pub notify: Option<SocketAddr>,
 }
 
 impl TransferConfig {
@@ -134,6 +137,15 @@ impl TransferConfig {
                     ));
                 }
                 Some(_) => {}
+            }
+            if let Some(notify) = secondary.notify
+                && !secondary.address.contains(notify.ip())
+            {
+                return Err(format!(
+                    "dns.transfer.secondaries[{i}]: notify {notify} is outside its address {}; a secondary is told to transfer \
+                     from where it may",
+                    secondary.address
+                ));
             }
         }
         Ok(())
@@ -501,6 +513,10 @@ mod tests {
             (format!("{key}[[dns.transfer.secondaries]]\naddress = \"192.0.2.1\"\nkey = \"other\"\n"), "\"other\" is not one of"),
             ("[[dns.transfer.secondaries]]\naddress = \"nowhere\"\nkey = \"x\"\n".to_string(), "not an address"),
             ("[dns.transfer]\ntransfers_max = 0\n".to_string(), "dns.transfer.transfers_max"),
+            (
+                format!("{key}[[dns.transfer.secondaries]]\naddress = \"127.0.0.1\"\nkey = \"xfr\"\nnotify = \"192.0.2.9:53\"\n"),
+                "notify 192.0.2.9:53 is outside its address",
+            ),
         ] {
             let err = load(&extra).expect_err(&extra);
             assert!(err.contains(want), "{extra:?}: want {want:?} in {err}");

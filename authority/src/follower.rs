@@ -7,6 +7,7 @@
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;
 use crate::metrics::Metrics;
+use crate::notify::Statuses;
 use crate::rrl::Rrl;
 use crate::snapshot::Snapshot;
 use crate::transfer::TransferPolicy;
@@ -68,6 +69,10 @@ pub struct Serving {
     /// Who may transfer the zone, and the TSIG keys signed queries are checked against.
     pub transfer: TransferPolicy,
     pub metrics: Arc<Metrics>,
+    /// The SOA serial served, sent after each swap: what `notify` tells secondaries about.
+    pub served_serial: tokio::sync::watch::Sender<u32>,
+    /// What `notify` knows of each secondary it notifies.
+    pub secondaries: Statuses,
 }
 
 impl Serving {
@@ -78,7 +83,17 @@ impl Serving {
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
-        Ok(Serving { snapshot: ArcSwap::from_pointee(snapshot), zone, limits, rrl: None, transfer: TransferPolicy::closed(), metrics })
+        let served_serial = tokio::sync::watch::Sender::new(snapshot.serial);
+        Ok(Serving {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            zone,
+            limits,
+            rrl: None,
+            transfer: TransferPolicy::closed(),
+            metrics,
+            served_serial,
+            secondaries: Statuses::default(),
+        })
     }
 
     /// With UDP answers limited by `rrl` (`None`: not limited).
@@ -121,8 +136,10 @@ impl Serving {
         let delta = store.active_since(current.applied_changes).await?;
         let (snapshot, delta) = tokio::task::spawn_blocking(move || (current.apply(&delta), delta)).await?;
         let applied = snapshot.applied_changes;
+        let serial = snapshot.serial;
         self.metrics.observe_snapshot(&snapshot, Some(&delta), started.elapsed().as_secs_f64());
         self.snapshot.store(Arc::new(snapshot));
+        self.served_serial.send_replace(serial);
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)
     }

@@ -6,7 +6,7 @@
 //! hand), and `rrl` limits UDP answers per client; `snapshot` the immutable state they read;
 //! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
 //! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
-//! `transfer` feeds secondaries (AXFR, IXFR, TSIG); `accept` and `budget` keep both listeners within the process's descriptors; `run` the
+//! `transfer` feeds secondaries (AXFR, IXFR, TSIG) and `notify` tells them of changes; `accept` and `budget` keep both listeners within the process's descriptors; `run` the
 //! wiring of one authority process.
 
 pub mod accept;
@@ -21,6 +21,7 @@ pub mod dns_zone;
 pub mod fast;
 pub mod follower;
 pub mod metrics;
+pub mod notify;
 pub mod rrl;
 pub mod run;
 pub mod server;

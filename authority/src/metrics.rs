@@ -307,6 +307,7 @@ pub struct Metrics {
     rrl_dropped: Counter,
     rrl_slipped: Counter,
     transfers: Family<TransferLabels, Counter>,
+    notify_failed: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -375,6 +376,12 @@ impl Metrics {
         for result in TRANSFER_RESULTS {
             let _ = transfers.get_or_create(&TransferLabels { result });
         }
+        let notify_failed = Counter::default();
+        registry.register(
+            "dns_notify_failed",
+            "NOTIFY messages to secondaries not acknowledged in time (each is tried again)",
+            notify_failed.clone(),
+        );
         let applies = Family::<ApplyLabels, Counter>::default();
         registry.register("store_applies", "Applies received through the control API, by outcome", applies.clone());
         let snapshot_swap_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
@@ -417,7 +424,13 @@ impl Metrics {
             rrl_dropped,
             rrl_slipped,
             transfers,
+            notify_failed,
         }
+    }
+
+    /// A NOTIFY went unacknowledged.
+    pub fn observe_notify_failed(&self) {
+        self.notify_failed.inc();
     }
 
     /// A zone transfer request ended with `result`, one of `TRANSFER_RESULTS`.

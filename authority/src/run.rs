@@ -56,6 +56,9 @@ struct Status {
     endpoints: std::collections::BTreeMap<dnsplan_common::EndpointName, dnsplan_common::ActiveRecord>,
     /// More endpoints follow the last one listed (page on with `after`).
     endpoints_more: bool,
+    /// Each secondary notified (`[[dns.transfer.secondaries]]` with `notify`): the serial it
+    /// was last seen serving and whether it is behind.
+    secondaries: Vec<crate::notify::SecondaryStatus>,
 }
 
 /// Query of `/v1/status`.
@@ -133,6 +136,7 @@ pub async fn run_with_extras<S: Store>(
     // Threads of their own, stopped and joined when dropped (below, or on an early return).
     let udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
     tasks.spawn(serving.clone().follow(store.clone()));
+    crate::notify::spawn(&mut tasks, &serving);
 
     let connection_metrics = metrics.connections.clone();
     let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
@@ -249,6 +253,7 @@ async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery
         heartbeats: store.heartbeats().await?,
         endpoints,
         endpoints_more,
+        secondaries: serving.secondaries.lock().map(|s| s.clone()).unwrap_or_default(),
     }))
 }
 

@@ -30,11 +30,12 @@
 //! Encoding runs on a blocking thread (a 1,000,000-name zone takes a core for a while), at
 //! most `dns.transfer.transfers_max` at once, handing each message to the connection through
 //! a channel of `MESSAGES_QUEUED` so that a slow secondary holds at most that many messages
-//! in memory. NOTIFY and IXFR from history are not built yet.
+//! in memory. IXFR from the store's history is not built yet (`notify` sends NOTIFY).
 
 use crate::answer::{Outcome, Transport, respond};
 use crate::config::{TransferConfig, normal_key_name};
 use crate::follower::Serving;
+use crate::notify::NotifyTarget;
 use crate::rrl::IpPrefix;
 use crate::snapshot::{Entry, Snapshot, serial_newer};
 use crate::wire;
@@ -73,6 +74,8 @@ pub struct TransferPolicy {
     tsig_required: bool,
     /// Transfers being encoded (`dns.transfer.transfers_max`).
     permits: Arc<Semaphore>,
+    /// The secondaries to NOTIFY after each change, with their keys.
+    notify: Vec<NotifyTarget>,
 }
 
 /// What a transfer request may do.
@@ -89,14 +92,20 @@ pub enum Access {
 impl TransferPolicy {
     /// Nobody may transfer; signed queries are checked against no key (BADKEY).
     pub fn closed() -> TransferPolicy {
-        TransferPolicy { keys: Vec::new(), secondaries: Vec::new(), tsig_required: true, permits: Arc::new(Semaphore::new(1)) }
+        TransferPolicy {
+            keys: Vec::new(),
+            secondaries: Vec::new(),
+            tsig_required: true,
+            permits: Arc::new(Semaphore::new(1)),
+            notify: Vec::new(),
+        }
     }
 
     /// The policy of `[dns.transfer]` (checked by `TransferConfig::check`); reads secret files
     /// relative to `config_dir`.
     pub fn from_config(config: &TransferConfig, config_dir: &Path) -> Result<TransferPolicy, TsigKeyError> {
         let keys = tsig::keys_from_config(&config.keys, config_dir)?;
-        let secondaries = config
+        let secondaries: Vec<(IpPrefix, Option<usize>)> = config
             .secondaries
             .iter()
             .map(|s| {
@@ -107,12 +116,24 @@ impl TransferPolicy {
                 (s.address, key)
             })
             .collect();
+        let notify = config
+            .secondaries
+            .iter()
+            .zip(&secondaries)
+            .filter_map(|(s, (_, key))| s.notify.map(|addr| NotifyTarget { addr, key: key.map(|i| keys[i].clone()) }))
+            .collect();
         Ok(TransferPolicy {
             keys,
             secondaries,
             tsig_required: config.tsig_required,
             permits: Arc::new(Semaphore::new(config.transfers_max.max(1))),
+            notify,
         })
+    }
+
+    /// The secondaries to NOTIFY after each change.
+    pub fn notify_targets(&self) -> &[NotifyTarget] {
+        &self.notify
     }
 
     /// Every configured key.

@@ -58,9 +58,14 @@ impl TestAuthority {
 
     /// As `start`, with `extra` (TOML tables such as `[dns.rrl]`) at the end of the config.
     pub async fn start_with(dir: &Path, answer_addresses_max: usize, extra: &str) -> anyhow::Result<TestAuthority> {
+        TestAuthority::start_text(dir, &(config_text(&dir.join("data"), answer_addresses_max) + extra)).await
+    }
+
+    /// Starts an authority with the config `text` (`config_text` changed as the test needs).
+    pub async fn start_text(dir: &Path, text: &str) -> anyhow::Result<TestAuthority> {
         std::fs::write(dir.join("zone.db"), ZONE_FILE)?;
         let config_path = dir.join("authority.toml");
-        std::fs::write(&config_path, config_text(&dir.join("data"), answer_addresses_max) + extra)?;
+        std::fs::write(&config_path, text)?;
         let config = AuthorityConfig::load(&config_path)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();

@@ -1,0 +1,224 @@
+//! NOTIFY (RFC 1996) to the secondaries that asked for it (`notify` in
+//! `[[dns.transfer.secondaries]]`), after every change of the served serial, and what each
+//! secondary is known to serve.
+//!
+//! One task per secondary waits for the served serial to move (`Serving::served_serial`, sent
+//! by the follower after each swap), lets a burst of swaps settle for `COALESCE`, then sends
+//! one NOTIFY for the serial served then, signed with the secondary's key when it has one,
+//! and waits `NOTIFY_TIMEOUT` for the acknowledgement. Unacknowledged, it tries again after a
+//! backoff that doubles up to `RETRY_MAX`, for as long as it takes, always for the serial
+//! served at the time (a newer change replaces the one being retried). Once acknowledged, it
+//! asks the secondary's SOA (signed) until the secondary serves that serial or
+//! `CONVERGE_WATCH` passes, so `/v1/status` says which serial each secondary serves and
+//! whether it is behind. No NOTIFY is sent for the serial served at start: a secondary asks
+//! on its own refresh schedule, and a restart changes nothing it holds.
+//!
+//! Answering transfers is `transfer`'s business; a secondary's reaction to a NOTIFY is its own.
+
+use crate::follower::Serving;
+use crate::snapshot::serial_newer;
+use dnsplan_common::tsig::{self, TsigKey};
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
+use serde::Serialize;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::UdpSocket;
+
+/// How long one NOTIFY or SOA query waits for its answer. Secondaries answer a NOTIFY at once
+/// (they transfer afterwards); one that takes a second is busy or gone, and is asked again.
+pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest wait between two tries for one secondary: RFC 1996 §3.6 leaves the schedule to the
+/// primary; a minute keeps a dead secondary cheap and a recovered one current soon.
+pub const RETRY_MAX: Duration = Duration::from_secs(60);
+/// Swaps this close together go out as one NOTIFY. The follower already merges what changed
+/// during a merge; this catches swaps a few milliseconds apart under a burst of applies.
+pub const COALESCE: Duration = Duration::from_millis(20);
+/// How long after an acknowledgement the secondary's SOA is watched for the new serial, and
+/// how often it is asked meanwhile.
+pub const CONVERGE_WATCH: Duration = Duration::from_secs(10);
+const CONVERGE_POLL: Duration = Duration::from_millis(100);
+/// Largest answer read: a UDP datagram.
+const DATAGRAM_BYTES_MAX: usize = 65_535;
+
+/// A secondary to notify: where it takes NOTIFY, with its key.
+#[derive(Clone, Debug)]
+pub struct NotifyTarget {
+    pub addr: SocketAddr,
+    pub key: Option<TsigKey>,
+}
+
+/// What is known of one secondary, for `/v1/status`.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SecondaryStatus {
+    pub address: SocketAddr,
+    /// The last serial it acknowledged a NOTIFY for.
+    pub notified_serial: Option<u32>,
+    /// The serial its SOA showed when last asked.
+    pub serial: Option<u32>,
+    /// Its serial is older (RFC 1982) than the one served here, or unknown.
+    pub behind: bool,
+    /// Why the last NOTIFY or SOA query failed, until one succeeds.
+    pub last_error: Option<String>,
+}
+
+/// Every notified secondary's status, shared by the tasks and `/v1/status`.
+pub type Statuses = Arc<Mutex<Vec<SecondaryStatus>>>;
+
+/// Starts one task per secondary of `serving.transfer` with a `notify` address, on `tasks`,
+/// and lists them in `serving.secondaries`.
+pub fn spawn(tasks: &mut tokio::task::JoinSet<()>, serving: &Arc<Serving>) {
+    let targets = serving.transfer.notify_targets().to_vec();
+    {
+        let mut statuses = serving.secondaries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *statuses = targets
+            .iter()
+            .map(|t| SecondaryStatus { address: t.addr, notified_serial: None, serial: None, behind: true, last_error: None })
+            .collect();
+    }
+    for (index, target) in targets.into_iter().enumerate() {
+        tasks.spawn(notify_loop(index, target, serving.clone(), serving.secondaries.clone()));
+    }
+}
+
+fn update(statuses: &Statuses, index: usize, change: impl FnOnce(&mut SecondaryStatus)) {
+    // A poisoned lock means a task panicked mid-update; the status is still worth showing.
+    let mut all = statuses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(status) = all.get_mut(index) {
+        change(status);
+    }
+}
+
+async fn notify_loop(index: usize, target: NotifyTarget, serving: Arc<Serving>, statuses: Statuses) {
+    let origin = serving.zone.origin.clone();
+    let mut changes = serving.served_serial.subscribe();
+    let mut acked = Some(*changes.borrow_and_update()); // nothing to say about the start
+    let mut backoff = NOTIFY_TIMEOUT;
+    let mut warned = false;
+    loop {
+        let serial = serving.snapshot.load().serial;
+        if acked == Some(serial) {
+            if changes.changed().await.is_err() {
+                return; // the serving state is gone: shutting down
+            }
+            tokio::time::sleep(COALESCE).await;
+            changes.borrow_and_update();
+            continue;
+        }
+        match notify(&target, &origin).await {
+            Ok(()) => {
+                acked = Some(serial);
+                backoff = NOTIFY_TIMEOUT;
+                warned = false;
+                update(&statuses, index, |s| {
+                    s.notified_serial = Some(serial);
+                    s.last_error = None;
+                });
+                tracing::debug!(secondary = %target.addr, serial, "NOTIFY acknowledged");
+                watch_serial(index, &target, &origin, &serving, &statuses, &mut changes).await;
+            }
+            Err(err) => {
+                if !warned {
+                    tracing::warn!(secondary = %target.addr, serial, error = %err, "NOTIFY not acknowledged; trying again until it is");
+                    warned = true;
+                }
+                update(&statuses, index, |s| s.last_error = Some(err));
+                serving.metrics.observe_notify_failed();
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    changed = changes.changed() => if changed.is_err() { return },
+                }
+                backoff = (backoff * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Asks the secondary's SOA until it serves the serial served here, a newer change arrives,
+/// or `CONVERGE_WATCH` passes.
+async fn watch_serial(
+    index: usize,
+    target: &NotifyTarget,
+    origin: &Name,
+    serving: &Serving,
+    statuses: &Statuses,
+    changes: &mut tokio::sync::watch::Receiver<u32>,
+) {
+    let deadline = tokio::time::Instant::now() + CONVERGE_WATCH;
+    loop {
+        let ours = serving.snapshot.load().serial;
+        let mut query = Message::query();
+        query.add_query(Query::query(origin.clone(), RecordType::SOA));
+        match exchange(target, query).await {
+            Ok(answer) => {
+                let theirs = answer.answers.iter().find_map(|r| match &r.data {
+                    RData::SOA(soa) => Some(soa.serial),
+                    _ => None,
+                });
+                let behind = theirs.is_none_or(|t| serial_newer(ours, t));
+                update(statuses, index, |s| {
+                    s.serial = theirs;
+                    s.behind = behind;
+                });
+                if !behind {
+                    return;
+                }
+            }
+            Err(err) => update(statuses, index, |s| s.last_error = Some(err)),
+        }
+        if tokio::time::Instant::now() >= deadline || changes.has_changed().unwrap_or(true) {
+            return;
+        }
+        tokio::time::sleep(CONVERGE_POLL).await;
+    }
+}
+
+/// One NOTIFY for the zone, acknowledged. (No SOA in the answer section: RFC 1996 §3.7 makes
+/// it optional, and secondaries ask the SOA themselves.)
+async fn notify(target: &NotifyTarget, origin: &Name) -> Result<(), String> {
+    let mut message = Message::new(rand::random(), MessageType::Query, OpCode::Notify);
+    message.metadata.authoritative = true;
+    message.add_query(Query::query(origin.clone(), RecordType::SOA));
+    let answer = exchange(target, message).await?;
+    if answer.metadata.op_code != OpCode::Notify {
+        return Err(format!("the answer's opcode is {:?}, not NOTIFY", answer.metadata.op_code));
+    }
+    Ok(())
+}
+
+/// Sends `message` (signed with the target's key, if any) over UDP and returns the answer
+/// that matches it, verified; NOERROR only.
+async fn exchange(target: &NotifyTarget, mut message: Message) -> Result<Message, String> {
+    let mut verifier = match &target.key {
+        Some(key) => Some(key.sign_query(&mut message, tsig::now_unix_secs()).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let bytes = message.to_vec().map_err(|e| format!("encoding: {e}"))?;
+    let local: IpAddr = if target.addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    let socket = UdpSocket::bind((local, 0)).await.map_err(|e| format!("binding a UDP socket: {e}"))?;
+    socket.send_to(&bytes, target.addr).await.map_err(|e| format!("sending: {e}"))?;
+    let mut buf = vec![0u8; DATAGRAM_BYTES_MAX];
+    let deadline = tokio::time::Instant::now() + NOTIFY_TIMEOUT;
+    loop {
+        let received = tokio::time::timeout_at(deadline, socket.recv_from(&mut buf)).await;
+        let (len, from) = match received {
+            Err(_) => return Err(format!("no answer within {NOTIFY_TIMEOUT:?}")),
+            Ok(Err(e)) => return Err(format!("receiving: {e}")),
+            Ok(Ok(got)) => got,
+        };
+        let answer = &buf[..len];
+        // Only the target's answer to this message: same id, a response.
+        if from != target.addr || answer.len() < 12 || answer[0..2] != message.metadata.id.to_be_bytes() || answer[2] & 0x80 == 0 {
+            continue;
+        }
+        let decoded = match verifier.as_mut() {
+            Some(v) => v.verify(answer).map_err(|e| e.to_string())?,
+            None => Message::from_vec(answer).map_err(|e| format!("the answer does not decode: {e}"))?,
+        };
+        if decoded.metadata.response_code != ResponseCode::NoError {
+            return Err(format!("answered {}", decoded.metadata.response_code));
+        }
+        return Ok(decoded);
+    }
+}
