@@ -1,5 +1,6 @@
 //! The `Store` contract: the one interface every plan store implements (the embedded sled
-//! store here; a remote client over the control API and etcd later), and the types it speaks.
+//! store and the remote client over the control API here; etcd v3 in `dnsplan-etcd`), and
+//! the types it speaks.
 //!
 //! The guarantees (each is checked by the conformance suite in `dnsplan-tests`):
 //! - `publish` is a compare-and-swap on the latest generation: plan `latest + 1` with parent
