@@ -526,6 +526,37 @@ mod tests {
         assert!(open.is_ok(), "{open:?}");
     }
 
+    /// The example's commented `[dns.transfer]` section, uncommented, loads and allows what it
+    /// says; its errors never show the secret.
+    #[test]
+    fn the_examples_transfer_section_loads_uncommented() {
+        let example = include_str!("../../examples/authority.toml");
+        let mut text = String::new();
+        let mut inside = false;
+        for line in example.lines() {
+            inside |= line.starts_with("# [dns.transfer]");
+            match line.strip_prefix("# ") {
+                Some(rest) if inside && (rest.starts_with('[') || rest.contains(" = ")) => text.push_str(rest),
+                _ => text.push_str(line),
+            }
+            text.push('\n');
+            inside &= !line.trim().is_empty() || text.ends_with("#\n");
+        }
+        let text = text.replace("change-me-to-a-long-random-token", "0123456789abcdef0123");
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("dnsplan-xfr.key"), "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LTEyMzQ=\n").expect("write");
+        let path = dir.path().join("authority.toml");
+        std::fs::write(&path, &text).expect("write");
+        let config = AuthorityConfig::load(&path).expect("the uncommented example loads");
+        let transfer = &config.dns.transfer;
+        assert_eq!((transfer.keys.len(), transfer.secondaries.len(), transfer.transfers_max), (1, 1, 2), "{text}");
+        let policy = crate::transfer::TransferPolicy::from_config(transfer, dir.path()).expect("the key file is read");
+        assert_eq!(policy.notify_targets().len(), 1);
+        std::fs::write(dir.path().join("dnsplan-xfr.key"), "short").expect("write");
+        let err = crate::transfer::TransferPolicy::from_config(transfer, dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("dnsplan-xfr.key") && !err.contains("short"), "{err}");
+    }
+
     #[test]
     fn rrl_values_out_of_range_name_their_key() {
         for (extra, want) in [
