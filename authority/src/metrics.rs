@@ -6,14 +6,16 @@
 //! that, the min and max gauges remain.
 //!
 //! The `dnsplan_store_*`, `dnsplan_automation_*` and `dnsplan_lease_*` gauges are what the
-//! store itself says (latest plan, applied changes, pause, planner lease), read at each
-//! scrape (`StoreReading`) rather than from the follower, so a stuck follower shows as the
-//! served `dnsplan_applied_changes` falling behind `dnsplan_store_applied_changes`.
+//! store itself says (latest plan, applied changes, pause, planner lease, each enactor's last
+//! heartbeat), read at each scrape (`StoreReading`) rather than from the follower, so a stuck
+//! follower shows as the served `dnsplan_applied_changes` falling behind
+//! `dnsplan_store_applied_changes`, and an enactor that stopped reporting (hung, or its
+//! process gone with nothing left to scrape) as an old heartbeat.
 
 use crate::answer::{Malformed, Outcome, Transport};
 use crate::snapshot::Snapshot;
 use dnsplan_common::store::ActiveDelta;
-use dnsplan_common::{Lease, PauseState, Store, StoreError, StoreResult, StoreVersion};
+use dnsplan_common::{Heartbeat, Lease, PauseState, Store, StoreError, StoreResult, StoreVersion};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
@@ -23,8 +25,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Most per-endpoint series. Ten thousand series is what one scrape target can carry
@@ -217,20 +220,28 @@ impl ConnectionMetrics {
     }
 }
 
-/// What the store says at one scrape: its version (latest plan, applied changes), the pause
-/// and the planner lease. Three small reads; the version needs no lock.
+/// What the store says at one scrape: its version (latest plan, applied changes), the pause,
+/// the planner lease and the enactors' heartbeats. Four small reads (at most
+/// `HEARTBEATS_MAX` heartbeats); the version needs no lock.
 #[derive(Clone, Debug, Default)]
 pub struct StoreReading {
     pub version: StoreVersion,
     pub paused: Option<PauseState>,
     pub lease: Option<Lease>,
+    pub heartbeats: Vec<Heartbeat>,
 }
 
 impl StoreReading {
-    /// Reads `store`, within `STORE_READ_TIMEOUT` for the three reads together.
+    /// Reads `store`, within `STORE_READ_TIMEOUT` for the four reads together.
     pub async fn read<S: Store>(store: &S) -> StoreResult<StoreReading> {
-        let read =
-            async { Ok(StoreReading { version: store.version().await?, paused: store.paused().await?, lease: store.lease().await? }) };
+        let read = async {
+            Ok(StoreReading {
+                version: store.version().await?,
+                paused: store.paused().await?,
+                lease: store.lease().await?,
+                heartbeats: store.heartbeats().await?,
+            })
+        };
         tokio::time::timeout(STORE_READ_TIMEOUT, read)
             .await
             .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("store reads took over {STORE_READ_TIMEOUT:?}"))))
@@ -242,9 +253,20 @@ pub struct HolderLabels {
     pub holder: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct EnactorLabels {
+    pub enactor: String,
+    pub zone: String,
+}
+
 /// The store's own figures (see the module comment), set from a `StoreReading`.
 #[derive(Clone, Debug, Default)]
 struct StoreGauges {
+    /// Each enactor's last heartbeat, in Unix seconds: one series per heartbeat the store
+    /// keeps (at most `HEARTBEATS_MAX`), removed when the store no longer lists it.
+    heartbeat_seconds: Family<EnactorLabels, Gauge>,
+    /// The series `heartbeat_seconds` holds now, to remove the ones gone from the store.
+    heartbeat_series: Arc<Mutex<BTreeSet<EnactorLabels>>>,
     latest_generation: Gauge,
     applied_changes: Gauge,
     read_errors: Counter,
@@ -282,6 +304,11 @@ impl StoreGauges {
         registry.register("lease_held", "1 while a planner holds a live lease in the store", self.lease_held.clone());
         registry.register("lease_epoch", "Epoch of the store's planner lease (moves on every takeover)", self.lease_epoch.clone());
         registry.register("lease_holder", "The planner holding the live lease (1), by holder id", self.lease_holder.clone());
+        registry.register(
+            "store_enactor_heartbeat_timestamp_seconds",
+            "When each enactor last reported to the store, in Unix seconds",
+            self.heartbeat_seconds.clone(),
+        );
     }
 }
 
@@ -531,6 +558,21 @@ impl Metrics {
         g.paused_since_seconds.set(reading.paused.as_ref().map_or(0, |p| (p.since_unix_ms / 1_000) as i64));
         let live = reading.lease.as_ref().filter(|l| l.is_live(now_unix_ms));
         g.lease_held.set(i64::from(live.is_some()));
+        let listed: BTreeSet<EnactorLabels> = reading
+            .heartbeats
+            .iter()
+            .map(|h| {
+                let labels = EnactorLabels { enactor: h.enactor_id.clone(), zone: h.zone.to_string() };
+                g.heartbeat_seconds.get_or_create(&labels).set((h.at_unix_ms / 1_000) as i64);
+                labels
+            })
+            .collect();
+        if let Ok(mut series) = g.heartbeat_series.lock() {
+            for gone in series.difference(&listed) {
+                g.heartbeat_seconds.remove(gone);
+            }
+            *series = listed;
+        }
         if let Some(lease) = &reading.lease {
             g.lease_epoch.set(lease.epoch as i64);
         }
@@ -573,7 +615,41 @@ mod tests {
             version: StoreVersion { latest: Generation(7), applied_changes: 42, control_changes: 3 },
             paused: paused.map(|since_unix_ms| PauseState { reason: "drill".into(), by: "planner:p".into(), since_unix_ms }),
             lease: lease.map(|(holder, epoch, expires_at_unix_ms)| Lease { holder: holder.into(), epoch, expires_at_unix_ms }),
+            heartbeats: Vec::new(),
         }
+    }
+
+    fn heartbeat(enactor: &str, zone: &str, at_unix_ms: u64) -> Heartbeat {
+        Heartbeat {
+            enactor_id: enactor.into(),
+            zone: dnsplan_common::ZoneId::parse(zone).expect("zone"),
+            last_applied: Generation(7),
+            latest_seen: Generation(7),
+            at_unix_ms,
+            state: "idle".into(),
+        }
+    }
+
+    /// Each enactor's last heartbeat is a series of its own, and one the store no longer
+    /// lists (evicted) is removed rather than left at its last value.
+    #[test]
+    fn heartbeats_are_series_that_follow_the_store() {
+        let metrics = Metrics::new();
+        let mut now = reading(None, None);
+        now.heartbeats = vec![heartbeat("enactor-a", "a", 1_700_000_001_500), heartbeat("enactor-b", "b", 1_700_000_002_000)];
+        metrics.observe_store(&now, 10_000);
+        let got = lines(&metrics);
+        for want in [
+            "dnsplan_store_enactor_heartbeat_timestamp_seconds{enactor=\"enactor-a\",zone=\"a\"} 1700000001",
+            "dnsplan_store_enactor_heartbeat_timestamp_seconds{enactor=\"enactor-b\",zone=\"b\"} 1700000002",
+        ] {
+            assert!(has(&got, want), "want {want:?} in {got:#?}");
+        }
+        now.heartbeats = vec![heartbeat("enactor-b", "b", 1_700_000_012_000)];
+        metrics.observe_store(&now, 10_000);
+        let got = lines(&metrics);
+        assert!(has(&got, "dnsplan_store_enactor_heartbeat_timestamp_seconds{enactor=\"enactor-b\",zone=\"b\"} 1700000012"), "{got:#?}");
+        assert!(!got.iter().any(|l| l.contains("enactor-a")), "a heartbeat gone from the store is still exported: {got:#?}");
     }
 
     fn lines(metrics: &Metrics) -> Vec<String> {
