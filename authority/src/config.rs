@@ -82,11 +82,21 @@ pub struct TransferConfig {
     /// REFUSED). Each takes a core while it encodes.
     #[serde(default = "default_transfers_max")]
     pub transfers_max: usize,
+    /// Changed names kept in memory for IXFR, over all changes; a secondary further behind
+    /// gets the whole zone.
+    #[serde(default = "default_ixfr_history_names_max")]
+    pub ixfr_history_names_max: usize,
 }
 
 impl Default for TransferConfig {
     fn default() -> Self {
-        TransferConfig { tsig_required: true, keys: Vec::new(), secondaries: Vec::new(), transfers_max: default_transfers_max() }
+        TransferConfig {
+            tsig_required: true,
+            keys: Vec::new(),
+            secondaries: Vec::new(),
+            transfers_max: default_transfers_max(),
+            ixfr_history_names_max: default_ixfr_history_names_max(),
+        }
     }
 }
 
@@ -97,6 +107,11 @@ fn default_tsig_required() -> bool {
 /// NOTIFY takes turns instead of taking every core from the control API.
 fn default_transfers_max() -> usize {
     2
+}
+/// 100,000 changed names: two entry pointers each, and the replaced entries they keep alive
+/// (a few hundred bytes each), tens of MB at most; a day of changes at a change a second.
+fn default_ixfr_history_names_max() -> usize {
+    crate::transfer::IXFR_HISTORY_NAMES_DEFAULT
 }
 
 /// One allowed secondary: an address or prefix, and the name of the key it signs with.

@@ -6,16 +6,18 @@
 
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;
+use crate::journal::{Journal, JournalChange};
 use crate::metrics::Metrics;
 use crate::notify::Statuses;
 use crate::rrl::Rrl;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, wire_key};
+use crate::transfer::IXFR_HISTORY_NAMES_DEFAULT;
 use crate::transfer::TransferPolicy;
 use arc_swap::ArcSwap;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, Store, StoreError, StoreResult, StoreVersion};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, Store, StoreError, StoreResult, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
 use hickory_proto::rr::Name;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -73,6 +75,9 @@ pub struct Serving {
     pub served_serial: tokio::sync::watch::Sender<u32>,
     /// What `notify` knows of each secondary it notifies.
     pub secondaries: Statuses,
+    /// The history IXFR answers from. The follower appends each swap and swaps the snapshot
+    /// while holding it, so a transfer that loads the snapshot under it sees both at once.
+    pub journal: Mutex<Journal>,
 }
 
 impl Serving {
@@ -83,7 +88,8 @@ impl Serving {
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
-        let served_serial = tokio::sync::watch::Sender::new(snapshot.serial);
+        let serial = snapshot.serial;
+        let served_serial = tokio::sync::watch::Sender::new(serial);
         Ok(Serving {
             snapshot: ArcSwap::from_pointee(snapshot),
             zone,
@@ -93,6 +99,7 @@ impl Serving {
             metrics,
             served_serial,
             secondaries: Statuses::default(),
+            journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
         })
     }
 
@@ -101,9 +108,11 @@ impl Serving {
         Serving { rrl, ..self }
     }
 
-    /// With zone transfers allowed as `transfer` says (closed by default).
+    /// With zone transfers allowed as `transfer` says (closed by default), and its IXFR
+    /// history size.
     pub fn with_transfer(self, transfer: TransferPolicy) -> Serving {
-        Serving { transfer, ..self }
+        let journal = Mutex::new(Journal::new(self.snapshot.load().serial, transfer.ixfr_history_names_max()));
+        Serving { transfer, journal, ..self }
     }
 
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the
@@ -133,16 +142,41 @@ impl Serving {
     async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
         let started = Instant::now();
         let current = self.snapshot.load_full();
+        let from = current.serial;
         let delta = store.active_since(current.applied_changes).await?;
-        let (snapshot, delta) = tokio::task::spawn_blocking(move || (current.apply(&delta), delta)).await?;
+        let (snapshot, delta, changes) = tokio::task::spawn_blocking(move || {
+            let next = current.apply(&delta);
+            let changes = (!delta.full).then(|| changed_entries(&current, &next, &delta));
+            (next, delta, changes)
+        })
+        .await?;
         let applied = snapshot.applied_changes;
         let serial = snapshot.serial;
         self.metrics.observe_snapshot(&snapshot, Some(&delta), started.elapsed().as_secs_f64());
-        self.snapshot.store(Arc::new(snapshot));
+        {
+            let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match changes {
+                Some(changes) => journal.push(from, serial, changes),
+                None => journal.reset(serial),
+            }
+            self.snapshot.store(Arc::new(snapshot));
+        }
         self.served_serial.send_replace(serial);
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)
     }
+}
+
+/// Each endpoint of `delta` with its entry in `before` and in `after`, for the IXFR history.
+fn changed_entries(before: &Snapshot, after: &Snapshot, delta: &ActiveDelta) -> Vec<JournalChange> {
+    delta
+        .endpoints
+        .keys()
+        .filter_map(|endpoint| {
+            let key = wire_key(&Name::from_ascii(endpoint.as_str()).ok()?);
+            Some((key.clone().into_boxed_slice(), before.entry_arc(&key), after.entry_arc(&key)))
+        })
+        .collect()
 }
 
 /// Builds the first snapshot from the store a page at a time (`Store::active_page`), so a

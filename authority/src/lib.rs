@@ -6,7 +6,8 @@
 //! hand), and `rrl` limits UDP answers per client; `snapshot` the immutable state they read;
 //! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
 //! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
-//! `transfer` feeds secondaries (AXFR, IXFR, TSIG) and `notify` tells them of changes; `accept` and `budget` keep both listeners within the process's descriptors; `run` the
+//! `transfer` feeds secondaries (AXFR, IXFR from `journal`, TSIG) and `notify` tells them of
+//! changes; `accept` and `budget` keep both listeners within the process's descriptors; `run` the
 //! wiring of one authority process.
 
 pub mod accept;
@@ -20,6 +21,7 @@ pub mod control_server;
 pub mod dns_zone;
 pub mod fast;
 pub mod follower;
+pub mod journal;
 pub mod metrics;
 pub mod notify;
 pub mod rrl;

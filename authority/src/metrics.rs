@@ -343,7 +343,7 @@ pub struct TransferLabels {
 }
 
 /// Every `result` of `dnsplan_dns_transfers_total`, created at 0 at start.
-pub const TRANSFER_RESULTS: [&str; 7] = ["sent", "current", "refused", "tsig_failed", "not_auth", "busy", "failed"];
+pub const TRANSFER_RESULTS: [&str; 8] = ["sent", "incremental", "current", "refused", "tsig_failed", "not_auth", "busy", "failed"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MalformedLabels {
@@ -396,8 +396,9 @@ impl Metrics {
         let transfers = Family::<TransferLabels, Counter>::default();
         registry.register(
             "dns_transfers",
-            "Zone transfer requests (AXFR, IXFR over TCP), by result: sent, current (IXFR, SOA alone), refused (address or \
-             no signature), tsig_failed, not_auth (not our zone), busy (transfers_max), failed (stopped midway)",
+            "Zone transfer requests (AXFR, IXFR over TCP), by result: sent (the whole zone), incremental (IXFR from the \
+             history), current (IXFR, SOA alone), refused (address or no signature), tsig_failed, not_auth (not our zone), \
+             busy (transfers_max), failed (stopped midway)",
             transfers.clone(),
         );
         for result in TRANSFER_RESULTS {

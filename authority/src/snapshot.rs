@@ -488,6 +488,11 @@ impl Snapshot {
         self.shards[shard_of(hash)].find(hash, |e| &*e.key == key).map(|e| &**e)
     }
 
+    /// The entry at a lower-case wire-form name, shared (for the IXFR history).
+    pub fn entry_arc(&self, key: &[u8]) -> Option<Arc<Entry>> {
+        self.shards[shard_of(hash_key(key))].find(hash_key(key), |e| &*e.key == key).cloned()
+    }
+
     /// The data at `name`, if it has any.
     pub fn get(&self, name: &Name) -> Option<&Entry> {
         self.get_key(&wire_key(name)).filter(|e| e.has_data())

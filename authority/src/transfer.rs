@@ -11,7 +11,9 @@
 //! their TSIG record, names compressed (hickory's encoder).
 //!
 //! IXFR (RFC 1995) is answered with the SOA alone when the secondary already has the current
-//! serial, and otherwise with the whole zone in AXFR form (RFC 1995 §4 allows it; every
+//! serial, with one condensed difference from its serial (`journal`: each changed name once,
+//! its old records deleted and its new ones added) when the in-memory history reaches back
+//! to it, and otherwise with the whole zone in AXFR form (RFC 1995 §4 allows it; every
 //! secondary accepts it). Over UDP an allowed IXFR gets the current SOA alone, so a secondary
 //! that is behind asks again over TCP (RFC 1995 §2). AXFR over UDP is REFUSED (RFC 5936 §4.2
 //! does not define it).
@@ -30,7 +32,7 @@
 //! Encoding runs on a blocking thread (a 1,000,000-name zone takes a core for a while), at
 //! most `dns.transfer.transfers_max` at once, handing each message to the connection through
 //! a channel of `MESSAGES_QUEUED` so that a slow secondary holds at most that many messages
-//! in memory. IXFR from the store's history is not built yet (`notify` sends NOTIFY).
+//! in memory. `notify` sends NOTIFY.
 
 use crate::answer::{Outcome, Transport, respond};
 use crate::config::{TransferConfig, normal_key_name};
@@ -58,6 +60,8 @@ use tokio::sync::Semaphore;
 /// Largest message of a transfer, its TSIG record included: what the 2-byte TCP length prefix
 /// can say (RFC 5936 §2.2).
 pub const MESSAGE_BYTES_MAX: usize = 65_535;
+/// Changed names the IXFR history keeps by default (`dns.transfer.ixfr_history_names_max`).
+pub const IXFR_HISTORY_NAMES_DEFAULT: usize = 100_000;
 /// Messages encoded ahead of the connection: enough to keep the socket busy while the next is
 /// encoded, few enough (at most 128 KiB) that a stalled secondary holds little memory.
 pub const MESSAGES_QUEUED: usize = 2;
@@ -76,6 +80,7 @@ pub struct TransferPolicy {
     permits: Arc<Semaphore>,
     /// The secondaries to NOTIFY after each change, with their keys.
     notify: Vec<NotifyTarget>,
+    ixfr_history_names_max: usize,
 }
 
 /// What a transfer request may do.
@@ -98,6 +103,7 @@ impl TransferPolicy {
             tsig_required: true,
             permits: Arc::new(Semaphore::new(1)),
             notify: Vec::new(),
+            ixfr_history_names_max: IXFR_HISTORY_NAMES_DEFAULT,
         }
     }
 
@@ -128,7 +134,13 @@ impl TransferPolicy {
             tsig_required: config.tsig_required,
             permits: Arc::new(Semaphore::new(config.transfers_max.max(1))),
             notify,
+            ixfr_history_names_max: config.ixfr_history_names_max,
         })
+    }
+
+    /// Changed names the IXFR history keeps.
+    pub fn ixfr_history_names_max(&self) -> usize {
+        self.ixfr_history_names_max
     }
 
     /// The secondaries to NOTIFY after each change.
@@ -311,7 +323,7 @@ pub fn zone_records(snapshot: &Snapshot) -> impl Iterator<Item = Record> + '_ {
 /// The records of one name as a secondary should serve them: what `answer::collect` serves
 /// for each type, every eligible target (weights are not carried), no SOA (it frames the
 /// transfer).
-fn entry_records(entry: &Entry) -> Vec<Record> {
+pub fn entry_records(entry: &Entry) -> Vec<Record> {
     let mut out = Vec::new();
     if let Some(m) = &entry.managed
         && let Some(name) = entry.name()
@@ -330,12 +342,40 @@ fn entry_records(entry: &Entry) -> Vec<Record> {
 pub fn zone_messages(
     snapshot: &Snapshot,
     request: &Message,
+    signer: Option<ResponseSigner>,
+    send: impl FnMut(Vec<u8>) -> bool,
+) -> Result<Sent, TransferError> {
+    encode_messages(zone_records(snapshot), request, signer, send)
+}
+
+/// An IXFR answer from `diff` (records gone, records new) between serial `from` and the
+/// serial of `snapshot`: the new SOA, the old SOA, what is gone, the new SOA, what is new,
+/// the new SOA (RFC 1995 §4, one condensed difference).
+pub fn ixfr_records(snapshot: &Snapshot, from: u32, diff: (Vec<Record>, Vec<Record>)) -> Vec<Record> {
+    let zone = &snapshot.zone;
+    let now = zone.soa_record(snapshot.serial, zone.soa_ttl_secs);
+    let (gone, new) = diff;
+    let mut out = Vec::with_capacity(gone.len() + new.len() + 4);
+    out.push(now.clone());
+    out.push(zone.soa_record(from, zone.soa_ttl_secs));
+    out.extend(gone);
+    out.push(now.clone());
+    out.extend(new);
+    out.push(now);
+    out
+}
+
+/// Encodes `records` as the answer to `request` in as many messages as they need (see
+/// `zone_messages`).
+pub fn encode_messages(
+    records: impl Iterator<Item = Record>,
+    request: &Message,
     mut signer: Option<ResponseSigner>,
     mut send: impl FnMut(Vec<u8>) -> bool,
 ) -> Result<Sent, TransferError> {
     let budget = MESSAGE_BYTES_MAX - if signer.is_some() { TSIG_RECORD_BYTES_MAX } else { 0 };
     let question: &Query = &request.queries[0];
-    let mut records = zone_records(snapshot).peekable();
+    let mut records = records.peekable();
     let mut carry: Option<Record> = None;
     let mut sent = Sent::default();
     loop {
@@ -426,6 +466,8 @@ pub async fn transfer_tcp(
             soa_only(&request, &snapshot, ResponseCode::NotAuth).ok().and_then(|b| finish_one(b, signer, qtype, ResponseCode::NotAuth));
         return write_one(stream, answer, serving, idle).await;
     }
+    let mut snapshot = snapshot;
+    let mut diff = None;
     if qtype == RecordType::IXFR {
         let Some(client_serial) = request.authorities.iter().find_map(|r| match &r.data {
             RData::SOA(soa) => Some(soa.serial),
@@ -437,6 +479,14 @@ pub async fn transfer_tcp(
             let answer = answer.to_vec().ok().and_then(|b| finish_one(b, signer, qtype, ResponseCode::FormErr));
             return write_one(stream, answer, serving, idle).await;
         };
+        // The snapshot and the history at one moment (the follower swaps under the lock).
+        {
+            let journal = serving.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            snapshot = serving.snapshot.load_full();
+            if journal.end() == snapshot.serial && serial_newer(snapshot.serial, client_serial) {
+                diff = journal.diff_since(client_serial).map(|d| ixfr_records(&snapshot, client_serial, d));
+            }
+        }
         // Current, or ahead of this authority (one behind the store, or a store replaced
         // without `serial_base`): nothing newer to send.
         if !serial_newer(snapshot.serial, client_serial) {
@@ -446,6 +496,7 @@ pub async fn transfer_tcp(
             return write_one(stream, answer, serving, idle).await;
         }
     }
+    let incremental = diff.is_some();
     let Ok(Ok(permit)) = tokio::time::timeout(idle, serving.transfer.permits.clone().acquire_owned()).await else {
         tracing::warn!(%peer, "zone transfer refused: {} already running for longer than the TCP idle timeout", "transfers_max");
         serving.metrics.observe_transfer("busy");
@@ -456,7 +507,11 @@ pub async fn transfer_tcp(
     let encoding = {
         let snapshot = snapshot.clone();
         tokio::task::spawn_blocking(move || {
-            let result = zone_messages(&snapshot, &request, signer, |message| tx.blocking_send(message).is_ok());
+            let send = |message| tx.blocking_send(message).is_ok();
+            let result = match diff {
+                Some(records) => encode_messages(records.into_iter(), &request, signer, send),
+                None => zone_messages(&snapshot, &request, signer, send),
+            };
             drop(permit);
             result
         })
@@ -472,12 +527,12 @@ pub async fn transfer_tcp(
     let key = verified.as_ref().map(|v| v.key.name().to_string());
     match encoding.await {
         Ok(Ok(sent)) => {
-            serving.metrics.observe_transfer("sent");
+            serving.metrics.observe_transfer(if incremental { "incremental" } else { "sent" });
             serving.metrics.observe_query(
                 &Outcome { qtype: Some(qtype), rcode: ResponseCode::NoError, truncated: false, bytes: sent.bytes, malformed: None },
                 Transport::Tcp,
             );
-            tracing::info!(%peer, ?key, serial = snapshot.serial, %qtype, messages = sent.messages, records = sent.records,
+            tracing::info!(%peer, ?key, serial = snapshot.serial, %qtype, incremental, messages = sent.messages, records = sent.records,
                 bytes = sent.bytes, elapsed_ms = started.elapsed().as_millis() as u64, "zone transferred");
         }
         Ok(Err(err)) => {

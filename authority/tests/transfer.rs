@@ -46,6 +46,9 @@ const REPLY_WAIT: Duration = Duration::from_secs(5);
 /// (a datagram can be lost on a loaded machine, as with any resolver).
 const UDP_WAIT: Duration = Duration::from_millis(500);
 const UDP_TRIES: usize = 3;
+/// One probe while polling a secondary for a change: short, so that a lost datagram costs
+/// the measurement no more than this.
+const PROBE_WAIT: Duration = Duration::from_millis(50);
 
 /// `[dns.transfer]` allowing `prefix` with the test key.
 fn transfer_config(prefix: &str) -> String {
@@ -223,15 +226,14 @@ fn config_on(dir: &std::path::Path, port: u16, extra: &str) -> String {
         + extra
 }
 
-/// The A records `server` answers for `name`, over UDP (asked again if lost).
+/// The A records `server` answers for `name` over UDP, empty when no answer came within
+/// `PROBE_WAIT` (the caller polls: a lost probe must not count as a slow secondary).
 async fn a_records(server: SocketAddr, name: &str) -> anyhow::Result<BTreeSet<IpAddr>> {
     let query = build_query(name, RecordType::A, Ask::default());
-    for _ in 0..UDP_TRIES {
-        if let Some(reply) = exchange_udp(server, &query, UDP_WAIT).await? {
-            return Ok(support::addresses(&Message::from_vec(&reply)?));
-        }
-    }
-    anyhow::bail!("{server}: no answer to {name} A in {UDP_TRIES} tries")
+    Ok(match exchange_udp(server, &query, PROBE_WAIT).await? {
+        Some(reply) => support::addresses(&Message::from_vec(&reply)?),
+        None => BTreeSet::new(),
+    })
 }
 
 /// Knot and NSD, each a secondary with the key, serve every managed name as dnsplan does
@@ -427,13 +429,17 @@ async fn transfers_are_signed_whole_and_refused_without_the_key_or_outside_the_a
     assert_eq!(reply.answers.len(), 1, "the SOA alone over UDP");
     assert_eq!(reply.answers[0].record_type(), RecordType::SOA);
 
-    // IXFR over TCP from the current serial: the SOA alone; from an older one: the whole zone.
+    // IXFR over TCP from the current serial: the SOA alone; from one never served: the zone.
     let current = records[0].data.clone();
     let RData::SOA(current) = current else { unreachable!("checked above") };
     let lone = transfer(server, here, RecordType::IXFR, Some(current.serial), Some(&key)).await?.expect("verifies");
     assert_eq!((lone.len(), lone[0].answers.len()), (1, 1), "an IXFR from the current serial is answered with the SOA");
-    let full = transfer(server, here, RecordType::IXFR, Some(current.serial.wrapping_sub(1)), Some(&key)).await?.expect("verifies");
-    assert_eq!(full.iter().map(|m| m.answers.len()).sum::<usize>(), records.len(), "an IXFR from behind gets the whole zone");
+    let full = transfer(server, here, RecordType::IXFR, Some(current.serial.wrapping_sub(2)), Some(&key)).await?.expect("verifies");
+    assert_eq!(
+        full.iter().map(|m| m.answers.len()).sum::<usize>(),
+        records.len(),
+        "an IXFR from a serial the history does not hold (plan 1 was applied 1,000 endpoints at a time) gets the whole zone"
+    );
     authority.stop().await
 }
 
@@ -492,6 +498,88 @@ async fn the_serial_moves_forward_with_every_change_and_holds_through_cleanup_an
     authority.stop().await
 }
 
+/// Publishes plan `g` (every endpoint as in plan 1, endpoint `i` with the one address
+/// `address`), applies only endpoint `i`, waits until DNS serves it and returns the serial.
+async fn change_one(authority: &TestAuthority, g: u64, i: usize, address: &str) -> anyhow::Result<u32> {
+    let mut all = endpoints();
+    all[i].1 = endpoint(60, vec![target(address, "a", 1)]);
+    let named: Vec<(&str, _)> = all.iter().map(|(n, e)| (n.as_str(), e.clone())).collect();
+    let plan = plan(g, &named);
+    authority.store.publish(&plan).await?;
+    let name = plan.plan().endpoints.keys().find(|n| n.as_str() == all[i].0).cloned().expect("in the plan");
+    authority.store.apply(&name, plan.generation(), &all[i].1).await?;
+    let want: IpAddr = address.parse()?;
+    support::until(authority.dns, &all[i].0, RecordType::A, Duration::from_secs(10), |m| support::addresses(m) == BTreeSet::from([want]))
+        .await?;
+    serial(authority.dns).await
+}
+
+/// The bytes of a transfer's messages as sent (each re-encoded with its TSIG record).
+fn wire_bytes(messages: &[Message]) -> usize {
+    messages.iter().map(|m| m.to_vec().map_or(0, |b| b.len())).sum()
+}
+
+/// IXFR sends one condensed difference when the history reaches back to the client's
+/// serial: for one changed endpoint a single message of a few hundred bytes, against 150 KB
+/// for the zone. A client older than the kept history (`ixfr_history_names_max = 3`) gets
+/// the whole zone in AXFR form, and converges on it.
+///
+/// Teeth: with `Journal::diff_since` always `None`, every IXFR got the whole zone and the
+/// test failed at "one change".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ixfr_sends_the_change_or_the_whole_zone_when_the_history_does_not_reach_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let authority = TestAuthority::start_with(
+        dir.path(),
+        8,
+        &format!("[dns.transfer]\nixfr_history_names_max = 3\n{}", transfer_config("127.0.0.1/32")),
+    )
+    .await?;
+    populate(&authority).await?;
+    support::until(authority.dns, &format!("failopen.{ORIGIN}"), RecordType::A, Duration::from_secs(10), |m| {
+        !support::addresses(m).is_empty()
+    })
+    .await?;
+    let (server, here, key) = (authority.dns, "127.0.0.1".parse()?, key());
+    let axfr = transfer(server, here, RecordType::AXFR, None, Some(&key)).await?.expect("verifies");
+    let zone_records: usize = axfr.iter().map(|m| m.answers.len()).sum();
+    let s0 = serial(server).await?;
+    let s1 = change_one(&authority, 2, 1, "10.254.0.1").await?;
+    let s2 = change_one(&authority, 3, 2, "10.254.0.2").await?;
+
+    let one = transfer(server, here, RecordType::IXFR, Some(s1), Some(&key)).await?.expect("verifies");
+    let records: Vec<&Record> = one.iter().flat_map(|m| m.answers.iter()).collect();
+    let text: Vec<String> = records.iter().map(|r| r.to_string()).collect();
+    assert_eq!(records.len(), 6, "one change: new SOA, old SOA, the old A, new SOA, the new A, new SOA: {text:#?}");
+    let soa_serials: Vec<u32> = records
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::SOA(soa) => Some(soa.serial),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(soa_serials, [s2, s1, s2, s2]);
+    assert!(text[2].contains("ep2.example.test.") && text[2].contains("10.0.2.1"), "deleted: {}", text[2]);
+    assert!(text[4].contains("ep2.example.test.") && text[4].contains("10.254.0.2"), "added: {}", text[4]);
+    let (ixfr_bytes, axfr_bytes) = (wire_bytes(&one), wire_bytes(&axfr));
+    eprintln!("IXFR of one changed endpoint: {ixfr_bytes} bytes in {} message(s); AXFR: {axfr_bytes} bytes", one.len());
+    assert!(ixfr_bytes < 1_000 && ixfr_bytes * 100 < axfr_bytes, "IXFR {ixfr_bytes} bytes, AXFR {axfr_bytes}");
+
+    let two = transfer(server, here, RecordType::IXFR, Some(s0), Some(&key)).await?.expect("verifies");
+    assert_eq!(two.iter().map(|m| m.answers.len()).sum::<usize>(), 8, "two changes condensed into one difference");
+
+    // Two more changes push the first out of the three names kept: from s0 there is no
+    // history, and the answer is the zone.
+    change_one(&authority, 4, 3, "10.254.0.3").await?;
+    change_one(&authority, 5, 4, "10.254.0.4").await?;
+    let full = transfer(server, here, RecordType::IXFR, Some(s0), Some(&key)).await?.expect("verifies");
+    let full_records: Vec<&Record> = full.iter().flat_map(|m| m.answers.iter()).collect();
+    assert_eq!(full_records.len(), zone_records, "older than the history: the whole zone");
+    let changed = full_records.iter().filter(|r| r.to_string().contains("10.254.0.")).count();
+    assert_eq!(changed, 4, "the zone as it is now");
+    authority.stop().await
+}
+
 /// `dig AXFR -y` verifies every message's TSIG and counts the zone's records; `dig` without
 /// the key is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,6 +613,22 @@ async fn dig_axfr_with_the_key_is_well_formed() -> anyhow::Result<()> {
     eprintln!("dig AXFR -y: {size_line} in {elapsed:?}");
     let unsigned = run(&[])?;
     assert!(unsigned.contains("Transfer failed"), "without the key:\n{unsigned}");
+    // IXFR=N with the key: the difference of one change, SOA first and last, every message
+    // verified.
+    let before = serial(authority.dns).await?;
+    let after = change_one(&authority, 2, 5, "10.254.0.5").await?;
+    let out = Command::new(&dig)
+        .args(["-p", &port, "@127.0.0.1", ORIGIN, &format!("IXFR={before}"), "+time=5", "+tries=1", "-y"])
+        .arg(format!("hmac-sha256:{KEY_NAME}:{SECRET}"))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!text.contains("failed") && !text.contains("tsig"), "dig IXFR reports a failure:\n{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with(';') && !l.trim().is_empty()).collect();
+    let (tsigs, records): (Vec<&str>, Vec<&str>) = lines.iter().partition(|l| rtype(l).as_deref() == Some("TSIG"));
+    let soas: Vec<&str> = records.iter().filter(|l| rtype(l).as_deref() == Some("SOA")).copied().collect();
+    assert_eq!((records.len(), soas.len(), tsigs.len()), (6, 4, 1), "dig IXFR={before}:\n{text}");
+    assert!(soas[0].contains(&format!(" {after} ")) && soas[1].contains(&format!(" {before} ")), "{soas:#?}");
+    eprintln!("dig IXFR={before}: {}", text.lines().find(|l| l.starts_with(";; XFR size:")).unwrap_or_default());
     authority.stop().await
 }
 

@@ -1,0 +1,151 @@
+//! The history IXFR answers from: for each snapshot swap, the serial before and after and,
+//! for every name the swap changed, its entry before and after (shared `Arc`s of the
+//! snapshots' own entries, no copy of records).
+//!
+//! `diff_since(serial)` condenses every swap after `serial` into one difference (RFC 1995
+//! §4: each changed name once): the records a name had at `serial` that it no longer has,
+//! and the records it has now that it did not have then; a name changed and changed back is
+//! left out. `None` when the history does not reach back to `serial` (the authority started
+//! later, the follower rebuilt from the whole state, or `names_max` pushed it out): the
+//! caller sends the whole zone.
+//!
+//! Kept in memory only, at most `names_max` changed names over all swaps: a restart starts
+//! it empty, and a secondary further behind gets an AXFR. The follower appends under the
+//! lock and swaps the snapshot inside it, and a transfer loads the snapshot inside it, so a
+//! difference always ends at the snapshot the transfer sends.
+
+use crate::snapshot::{Entry, serial_newer};
+use crate::transfer::entry_records;
+use hickory_proto::rr::Record;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+/// One changed name: its lower-case wire form, its entry before the swap and after.
+pub type JournalChange = (Box<[u8]>, Option<Arc<Entry>>, Option<Arc<Entry>>);
+
+/// A name's entry at the client's serial and now.
+type BeforeAfter<'a> = (Option<&'a Arc<Entry>>, Option<&'a Arc<Entry>>);
+
+/// One swap: the serial after it (the one before is the previous swap's, or the start), and
+/// each changed name.
+struct Swap {
+    to: u32,
+    changes: Vec<JournalChange>,
+}
+
+/// The swaps since the oldest serial IXFR can still answer from.
+pub struct Journal {
+    swaps: VecDeque<Swap>,
+    /// The serial served when the history starts (the first swap's `from`).
+    start: u32,
+    /// The serial after the last swap.
+    end: u32,
+    names: usize,
+    /// Most changed names kept over all swaps (`dns.transfer.ixfr_history_names_max`).
+    names_max: usize,
+}
+
+impl Journal {
+    /// An empty history at `serial`.
+    pub fn new(serial: u32, names_max: usize) -> Journal {
+        Journal { swaps: VecDeque::new(), start: serial, end: serial, names: 0, names_max }
+    }
+
+    /// Forgets everything: the next swap was a rebuild from the whole state, whose changes
+    /// are not known name by name.
+    pub fn reset(&mut self, serial: u32) {
+        self.swaps.clear();
+        self.names = 0;
+        self.start = serial;
+        self.end = serial;
+    }
+
+    /// Records a swap from `from` to `to` that changed `changes` (key, before, after). A swap
+    /// that does not follow the last one restarts the history.
+    pub fn push(&mut self, from: u32, to: u32, changes: Vec<JournalChange>) {
+        if from != self.end || changes.len() > self.names_max {
+            self.reset(to);
+            return;
+        }
+        self.names += changes.len();
+        self.swaps.push_back(Swap { to, changes });
+        self.end = to;
+        while self.names > self.names_max {
+            let Some(oldest) = self.swaps.pop_front() else { break };
+            self.names -= oldest.changes.len();
+            self.start = oldest.to;
+        }
+    }
+
+    /// The serial after the last swap.
+    pub fn end(&self) -> u32 {
+        self.end
+    }
+
+    /// What changed from `serial` to `end()`, condensed: (records gone, records new), or
+    /// `None` when the history does not start at or before `serial` on a swap boundary.
+    pub fn diff_since(&self, serial: u32) -> Option<(Vec<Record>, Vec<Record>)> {
+        if serial == self.end {
+            return Some((Vec::new(), Vec::new()));
+        }
+        let first = if serial == self.start {
+            0
+        } else {
+            // `serial` must be where one of the kept swaps ends.
+            if serial_newer(self.start, serial) {
+                return None;
+            }
+            self.swaps.iter().position(|s| s.to == serial)? + 1
+        };
+        // Each name: its entry at `serial` (the first time it changed after it) and now.
+        let mut names: BTreeMap<&[u8], BeforeAfter<'_>> = BTreeMap::new();
+        for swap in self.swaps.iter().skip(first) {
+            for (key, before, after) in &swap.changes {
+                names.entry(&key[..]).and_modify(|e| e.1 = after.as_ref()).or_insert((before.as_ref(), after.as_ref()));
+            }
+        }
+        let mut gone = Vec::new();
+        let mut new = Vec::new();
+        for (before, after) in names.values() {
+            let old = before.map(|e| entry_records(e)).unwrap_or_default();
+            let now = after.map(|e| entry_records(e)).unwrap_or_default();
+            gone.extend(old.iter().filter(|r| !now.contains(r)).cloned());
+            new.extend(now.iter().filter(|r| !old.contains(r)).cloned());
+        }
+        Some((gone, new))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(n: usize) -> Vec<JournalChange> {
+        (0..n).map(|i| (vec![1, b'a' + i as u8, 0].into_boxed_slice(), None, None)).collect()
+    }
+
+    /// The history answers from the serials it holds on a swap boundary, forgets the oldest
+    /// swaps past `names_max`, and starts over after a gap or a rebuild.
+    #[test]
+    fn the_history_reaches_back_to_what_it_holds_and_no_further() {
+        let mut journal = Journal::new(10, 3);
+        journal.push(10, 11, changes(1));
+        journal.push(11, 13, changes(2));
+        assert_eq!(journal.end(), 13);
+        for (serial, reaches) in [(10, true), (11, true), (12, false), (13, true), (9, false), (14, false)] {
+            assert_eq!(journal.diff_since(serial).is_some(), reaches, "from {serial}");
+        }
+        journal.push(13, 14, changes(1)); // four names: the first swap goes
+        assert!(journal.diff_since(10).is_none() && journal.diff_since(11).is_some());
+        journal.push(20, 21, changes(1)); // not from 14: a gap
+        assert!(journal.diff_since(14).is_none() && journal.diff_since(21).is_some());
+        journal.push(21, 22, changes(4)); // more than names_max in one swap
+        assert!(journal.diff_since(21).is_none() && journal.diff_since(22).is_some());
+        journal.reset(30);
+        assert!(journal.diff_since(22).is_none() && journal.diff_since(30).is_some());
+        // Across the wrap of the serial.
+        let mut journal = Journal::new(u32::MAX, 10);
+        journal.push(u32::MAX, 1, changes(1));
+        assert!(journal.diff_since(u32::MAX).is_some() && journal.diff_since(0).is_none());
+    }
+}
