@@ -61,6 +61,9 @@ pub struct Rfc2136Config {
     /// Attempts of one exchange on a timeout or a connection error.
     #[serde(default = "Rfc2136Config::default_attempts")]
     pub attempts: u32,
+    /// Marker reads and UPDATEs in flight at once (1..=64).
+    #[serde(default = "Rfc2136Config::default_in_flight")]
+    pub in_flight: usize,
     /// The key, built by `EnactorConfig::load` (secret files are read relative to the config).
     #[serde(skip)]
     pub resolved_key: Option<TsigKey>,
@@ -72,6 +75,9 @@ impl Rfc2136Config {
     }
     fn default_attempts() -> u32 {
         3
+    }
+    fn default_in_flight() -> usize {
+        crate::rfc2136::IN_FLIGHT_DEFAULT
     }
 }
 
@@ -230,6 +236,10 @@ impl EnactorConfig {
             if !(1..=10).contains(&target.attempts) {
                 return Err(format!("target.attempts: {} must be in 1..=10", target.attempts));
             }
+            let in_flight_max = crate::rfc2136::IN_FLIGHT_MAX;
+            if !(1..=in_flight_max).contains(&target.in_flight) {
+                return Err(format!("target.in_flight: {} must be in 1..={in_flight_max}", target.in_flight));
+            }
         }
         if self.cleanup.retain_plans == 0 {
             return Err("cleanup.retain_plans must be at least 1 (keep something to roll back to)".into());
@@ -265,6 +275,7 @@ impl EnactorConfig {
                     key: t.resolved_key.clone().expect("an RFC 2136 target's key is loaded before its settings are built"),
                     timeout: Duration::from_millis(t.timeout_ms),
                     attempts: t.attempts,
+                    in_flight: t.in_flight,
                     fence: Fence::Prerequisites,
                 }),
             },

@@ -396,8 +396,9 @@ impl<S: Store> Enactor<S> {
     }
 
     /// Writes one batch onto the RFC 2136 target: every marker of the batch is read first
-    /// (the decisions), then each endpoint gets its fenced UPDATE (the hook point
-    /// `before_write` sits between the two, where a slow writer holds a stale read). The
+    /// (the decisions), then each endpoint gets its fenced UPDATE (the hook points
+    /// `before_write` sit between the two, where a slow writer holds a stale read), reads
+    /// and UPDATEs `in_flight` at a time (a target setting). The
     /// writes the target acknowledged are then recorded in the store through its own fence,
     /// so that the store's fences, and the cleanup floor behind them, never run ahead of
     /// what the target serves. Results are the store's words for the same outcomes.
@@ -407,20 +408,17 @@ impl<S: Store> Enactor<S> {
         generation: Generation,
         batch: &[ApplyItem],
     ) -> Result<Vec<StoreResult<ApplyOutcome>>, Step> {
-        let mut markers = Vec::with_capacity(batch.len());
+        let names: Vec<EndpointName> = batch.iter().map(|item| item.endpoint.clone()).collect();
+        let markers = target.read_markers(&names).await.map_err(Step::TargetFailed)?;
+        // As for the store, every write of the batch waits for its hook before any is sent.
         for item in batch {
-            markers.push(target.read_marker(&item.endpoint).await.map_err(Step::TargetFailed)?);
+            self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
         }
+        let writes = batch.iter().zip(markers).map(|(item, marker)| (item.endpoint.clone(), item.records.clone(), marker)).collect();
+        let written = target.write_many(generation, writes, self.metrics.clone()).await.map_err(Step::TargetFailed)?;
         let mut results = Vec::with_capacity(batch.len());
         let mut acknowledged = Vec::new();
-        for (item, marker) in batch.iter().zip(markers) {
-            self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
-            let span = tracing::debug_span!("update", endpoint = %item.endpoint);
-            let written = target
-                .write(&item.endpoint, generation, Some(&item.records), marker, &self.metrics)
-                .instrument(span)
-                .await
-                .map_err(Step::TargetFailed)?;
+        for (item, written) in batch.iter().zip(written) {
             if !matches!(written, Written::Stale { .. }) {
                 acknowledged.push(item.clone());
             }

@@ -40,7 +40,7 @@ fn the_example_rfc2136_target_loads() -> anyhow::Result<()> {
             assert_eq!(t.server.to_string(), "192.0.2.53:53");
             assert_eq!(t.dns_zone.as_str(), "example.test.");
             assert_eq!(t.key.name().to_string(), "dnsplan-enactor.");
-            assert_eq!((t.timeout.as_millis(), t.attempts), (2_000, 3));
+            assert_eq!((t.timeout.as_millis(), t.attempts, t.in_flight), (2_000, 3, 8));
         }
         Target::Store => anyhow::bail!("the example's target loaded as the store"),
     }
@@ -49,6 +49,7 @@ fn the_example_rfc2136_target_loads() -> anyhow::Result<()> {
         (uncommented.replace("dnsplan-enactor.key", "missing.key"), "cannot read secret_file"),
         (uncommented.replace("kind = \"rfc2136\"", "kind = \"nsupdate\""), "unknown variant `nsupdate`"),
         (uncommented.replace("attempts = 3", "attempts = 0"), "target.attempts"),
+        (uncommented.replace("in_flight = 8", "in_flight = 65"), "target.in_flight: 65 must be in 1..=64"),
     ];
     for (text, want) in cases {
         std::fs::write(&config, &text)?;

@@ -131,6 +131,7 @@ fn target(knot: SocketAddr, key: TsigKey, fence: Fence) -> Rfc2136Settings {
         key,
         timeout: Duration::from_secs(2),
         attempts: 2,
+        in_flight: dnsplan_enactor::rfc2136::IN_FLIGHT_DEFAULT,
         fence,
     }
 }
@@ -862,7 +863,18 @@ async fn sigstopped_process(kind: Kind) -> anyhow::Result<()> {
     assert!(violations.is_empty(), "violations: {violations:#?}");
     assert_eq!((refused, applied), (NAMES, 0), "Knot refuses every one of A's stale UPDATEs and applies none");
     assert!(answers > NAMES, "the prober must have watched the story ({answers} answers)");
-    eprintln!("stale UPDATEs of the frozen process refused by Knot: {refused}; answers judged: {answers}");
+    // Heartbeats go to the store as with the store target.
+    // (Each is sent right after the plan, so poll for it, bounded.)
+    let start = std::time::Instant::now();
+    loop {
+        let beats = remote.heartbeats().await?;
+        if beats.len() == 3 && beats.iter().all(|b| b.last_applied == Generation(12)) {
+            break;
+        }
+        anyhow::ensure!(start.elapsed() < WITHIN, "heartbeats do not show plan 12 everywhere: {beats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("{kind:?}: stale UPDATEs of the frozen process refused: {refused}; answers judged: {answers}");
     drop((a, b, c));
     authority.stop().await?;
     Ok(())
