@@ -171,6 +171,10 @@ struct Inner {
     revisions: Mutex<BTreeMap<u64, i64>>,
     /// Versions this store read, with the revision of the read, newest last.
     versions: Mutex<VecDeque<(StoreVersion, i64)>>,
+    /// Test-only: the write transaction whose committed reply is lost next (see
+    /// `lose_next_reply`).
+    #[cfg(feature = "testing")]
+    lose_reply: Mutex<Option<&'static str>>,
 }
 
 fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> StoreError {
@@ -252,6 +256,12 @@ fn lease_view(record: Option<Lease>, live: Option<&[u8]>, now_unix_ms: u64) -> S
     Ok(Some(lease))
 }
 
+/// What etcd holds of a publish that failed (see `settle`).
+enum Settled {
+    Committed,
+    NotCommitted,
+}
+
 /// A publish's large values live in chunks; these are what its transaction writes.
 struct Staged {
     /// The staging key and nonce, when anything was chunked.
@@ -329,8 +339,20 @@ impl EtcdStore {
                 plans: Mutex::new(VecDeque::new()),
                 revisions: Mutex::new(BTreeMap::new()),
                 versions: Mutex::new(VecDeque::new()),
+                #[cfg(feature = "testing")]
+                lose_reply: Mutex::new(None),
             }),
         })
+    }
+
+    /// Test-only: the next write transaction named `what` (`"publish"`, `"apply"`, ...) that
+    /// etcd commits is reported as `Unavailable`, as if its reply had been lost to a timeout
+    /// after etcd committed it: an ambiguous commit, on demand.
+    #[cfg(feature = "testing")]
+    pub fn lose_next_reply(&self, what: &'static str) {
+        if let Ok(mut lose) = self.inner.lose_reply.lock() {
+            *lose = Some(what);
+        }
     }
 
     /// The etcd client this store uses (for tools and tests: compaction, inspection).
@@ -377,7 +399,17 @@ impl EtcdStore {
 
     async fn txn(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
         let mut kv = self.inner.client.kv_client().max_decoding_message_size(RESPONSE_BYTES_MAX);
-        self.call(what, kv.txn(txn)).await
+        let response = self.call(what, kv.txn(txn)).await?;
+        #[cfg(feature = "testing")]
+        if response.succeeded() && response.op_responses().iter().any(|r| matches!(r, TxnOpResponse::Put(_))) {
+            let lost = self.inner.lose_reply.lock().ok().and_then(|mut lose| lose.take_if(|w| *w == what)).is_some();
+            if lost {
+                return Err(StoreError::Unavailable(format!(
+                    "etcd did not answer {what} (its reply was lost on purpose, after the commit)"
+                )));
+            }
+        }
+        Ok(response)
     }
 
     /// One read transaction: every get at one revision, returned with that revision.
@@ -584,6 +616,9 @@ impl EtcdStore {
         let (g, parent, zone, is_operator) = (p.generation, p.parent_generation, p.dns_zone.clone(), p.author.is_operator());
         let keys = &self.inner.keys;
         let mut staged: Option<Staged> = None;
+        // Whether the error ending the publish came from its own transaction: etcd may have
+        // committed it (a timeout after the commit), so it is settled against what etcd holds.
+        let mut ambiguous = false;
         let result = async {
             for attempt in 0..ATTEMPTS_MAX {
                 let (_, r) = self
@@ -657,7 +692,13 @@ impl EtcdStore {
                     compares.push(Compare::version(staging.clone(), CompareOp::Greater, 0));
                     ops.push(TxnOp::delete(staging.clone(), None));
                 }
-                let response = self.txn("publish", Txn::new().when(compares).and_then(ops)).await?;
+                let response = match self.txn("publish", Txn::new().when(compares).and_then(ops)).await {
+                    Ok(response) => response,
+                    Err(err) => {
+                        ambiguous = true;
+                        return Err(err);
+                    }
+                };
                 if response.succeeded() {
                     return Ok(());
                 }
@@ -666,20 +707,55 @@ impl EtcdStore {
             Err(contention("publish"))
         }
         .await;
-        match &result {
-            Ok(()) => {
-                self.cache_plan(Arc::new(plan.clone()));
-                if let Err(err) = self.sweep_staging(g).await {
-                    tracing::warn!(error = %err, "could not look for abandoned publishes");
+        let result = match (result, &staged) {
+            (Err(err), Some(s)) => match self.settle(g, s, ambiguous).await {
+                Settled::Committed => {
+                    tracing::info!(generation = %g, error = %err, "the publish's reply was lost, but etcd committed it");
+                    Ok(())
                 }
-            }
-            Err(_) => {
-                if let Some(Staged { staging: Some((_, nonce)), .. }) = staged {
-                    self.discard(g, nonce).await;
-                }
+                Settled::NotCommitted => Err(err),
+            },
+            (result, _) => result,
+        };
+        if result.is_ok() {
+            self.cache_plan(Arc::new(plan.clone()));
+            if let Err(err) = self.sweep_staging(g).await {
+                tracing::warn!(error = %err, "could not look for abandoned publishes");
             }
         }
         result
+    }
+
+    /// After a publish that failed: whether etcd holds this publish's own plan `g` (its
+    /// transaction committed and only the reply was lost, when `ambiguous`), and otherwise the
+    /// removal of its chunks and staging key. One transaction does both, so the chunks of a
+    /// committed plan are never removed, and a commit still in flight finds its staging key gone
+    /// and fails. A plan that is not chunked has nothing to remove: only an ambiguous error is
+    /// settled, and one still in flight may yet commit (the caller is told `Unavailable`).
+    async fn settle(&self, g: Generation, s: &Staged, ambiguous: bool) -> Settled {
+        let keys = &self.inner.keys;
+        let mut ours = vec![Compare::value(keys.plan(g), CompareOp::Equal, s.plan.clone())];
+        if let Some(changes) = &s.changes {
+            ours.push(Compare::value(keys.plan_changes(g), CompareOp::Equal, changes.clone()));
+        }
+        let remove = match &s.staging {
+            Some((staging, nonce)) => {
+                let set = keys.blob_set(g, *nonce);
+                vec![delete_range(set.clone(), prefix_end(&set)), TxnOp::delete(staging.clone(), None)]
+            }
+            None if ambiguous => Vec::new(),
+            None => return Settled::NotCommitted,
+        };
+        match self.txn("publish settle", Txn::new().when(ours).or_else(remove)).await {
+            // A chunked plan's manifest names this publish's nonce: only its own commit put it
+            // there. An inline plan with the same bytes is the same plan.
+            Ok(r) if r.succeeded() && ambiguous => Settled::Committed,
+            Ok(_) => Settled::NotCommitted,
+            Err(err) => {
+                tracing::warn!(generation = %g, error = %err, "could not settle a failed publish; a later publish or cleanup removes its chunks");
+                Settled::NotCommitted
+            }
+        }
     }
 
     /// The fenced write of `apply`, `retire` and `apply_many`. A batch larger than one
@@ -1093,7 +1169,11 @@ impl Store for EtcdStore {
                 vec![
                     get(keys.latest()),
                     get(keys.horizon()),
-                    get_range(keys.plan_changes(Generation(from.0 + 1)), keys.plan_changes(Generation(to.0 + 1)), 0),
+                    get_range(
+                        keys.plan_changes(Generation(from.0 + 1)),
+                        to.next().map_or_else(|| prefix_end(&keys.changes()), |n| keys.plan_changes(n)),
+                        0,
+                    ),
                 ],
             )
             .await?;

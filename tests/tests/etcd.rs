@@ -429,3 +429,68 @@ async fn a_batch_larger_than_a_transaction_is_split() -> anyhow::Result<()> {
     assert_eq!(after.endpoints.len(), ENDPOINTS);
     Ok(())
 }
+
+/// A publish that etcd committed but whose reply was lost (a request timeout after the commit:
+/// an ambiguous commit) is reported as published, and its plan stays whole: the store neither
+/// removes the chunks of the plan it just made latest (which left plan 1 unreadable and its
+/// endpoints unappliable) nor tells the planner that the plan it published was not. An apply
+/// whose reply is lost is counted once; its retry finds it `Unchanged`.
+///
+/// Teeth: before the store settled a failed publish against what etcd holds, the chunked
+/// publish returned `Unavailable` and a fresh store read plan 1 as `Corrupt` (chunk missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_whose_reply_is_lost_keeps_the_plan_it_committed() -> anyhow::Result<()> {
+    use dnsplan_common::{ApplyOutcome, StoreError};
+    let started = Instant::now();
+    let limit = SMALL_REQUEST_BYTES.to_string();
+    let cluster = EtcdCluster::start(1, &["--max-request-bytes", &limit]).await?;
+    let mut config = cluster.config("/lost-reply/");
+    config.request_bytes_max = SMALL_REQUEST_BYTES;
+    let store = EtcdStore::connect(config.clone()).await?;
+
+    // Chunked: plan 1 is larger than a request.
+    let first = large_plan(1, 3_000);
+    store.lose_next_reply("publish");
+    let published = store.publish(&first).await;
+    let fresh = EtcdStore::connect(config.clone()).await?;
+    let read = fresh.plan(Generation(1)).await;
+    assert!(matches!(&read, Ok(p) if *p == first), "plan 1 does not read back whole: {:?}", read.as_ref().err());
+    assert!(published.is_ok(), "etcd committed plan 1, yet its publish reported {published:?}");
+    let (endpoint, records) = first.plan().endpoints.iter().next().expect("an endpoint");
+    fresh.apply(endpoint, Generation(1), records).await?;
+    assert_eq!(store.staging_keys().await?, 0, "staging left behind");
+
+    // Inline: the outcome is reported right there too.
+    let small = EtcdStore::connect(cluster.config("/lost-reply-inline/")).await?;
+    let x = name("x");
+    small.lose_next_reply("publish");
+    let published = small.publish(&plan(1, std::slice::from_ref(&x), operator())).await;
+    assert!(published.is_ok(), "etcd committed plan 1, yet its publish reported {published:?}");
+    assert_eq!(small.latest().await?, Generation(1));
+
+    small.lose_next_reply("apply");
+    let lost = small.apply(&x, Generation(1), &endpoint_for(Generation(1))).await;
+    assert!(matches!(lost, Err(StoreError::Unavailable(_))), "a lost apply reply: {lost:?}");
+    let again = small.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?;
+    assert_eq!(again, ApplyOutcome::Unchanged, "the retry of a committed apply");
+    assert_eq!(small.version().await?.applied_changes, 1, "a committed apply and its retry count once");
+    println!("lost reply test took {:?}", started.elapsed());
+    Ok(())
+}
+
+/// Generations at the end of the space from a caller are answered, never a panic: the changes
+/// up to plan `u64::MAX` are `PlanNotFound` as on the embedded store.
+///
+/// Teeth: the range end of the changes read was `to + 1`, which overflowed (a panic in builds
+/// with overflow checks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_generation_is_not_found_rather_than_a_panic() -> anyhow::Result<()> {
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let store = cluster.store("/far/").await?;
+    store.publish(&plan(1, &[name("x")], operator())).await?;
+    let r = store.plan_changes(Generation(u64::MAX - 1), Generation(u64::MAX)).await;
+    assert!(matches!(r, Err(dnsplan_common::StoreError::PlanNotFound(Generation(u64::MAX)))), "{r:?}");
+    let r = store.plan(Generation(u64::MAX)).await;
+    assert!(matches!(r, Err(dnsplan_common::StoreError::PlanNotFound(_))), "{r:?}");
+    Ok(())
+}
