@@ -926,3 +926,53 @@ async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
     task.await?;
     Ok(())
 }
+
+/// An operator's plan that retires a name removes its addresses from the primary and moves
+/// its marker on (so no older plan can bring them back); the other names keep answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_name_leaves_knot_and_stays_fenced() -> anyhow::Result<()> {
+    let kind = Kind::Knot;
+    let server = start_primary(kind).await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(u64::MAX),
+        reached: Mutex::new(None),
+        a_holding: tokio::sync::watch::Sender::new(true),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(None),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
+    let enactor = Enactor::new(store.clone(), settings("a", server.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(enactor.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let (keep, old) = (name("keep"), name("old"));
+    store.publish(&fixtures::plan(1, &[keep.clone(), old.clone()], planner())).await?;
+    wait_done(&mut events, &["a"], Generation(1)).await?;
+    let mut retire = fixtures::plan(2, std::slice::from_ref(&keep), fixtures::operator()).into_plan();
+    retire.retired.insert(old.clone());
+    store.publish(&dnsplan_common::ValidatedPlan::new(retire)?).await?;
+    wait_done(&mut events, &["a"], Generation(2)).await?;
+
+    assert_eq!(served(server.addr(), &keep).await, Ok(Some(Generation(2))));
+    assert_eq!(served(server.addr(), &old).await, Ok(None), "the retired name has no address");
+    assert_eq!(dig(server.addr(), old.as_str(), "A")?, Vec::<String>::new());
+    assert_eq!(dig(server.addr(), &format!("_dnsplan.{old}"), "TXT")?, vec![format!("\"{:020}\"", 2)], "its marker moved on");
+    // A writer of plan 1 that read the marker before plan 1 was written (none then) is
+    // refused by the marker (YXRRSET), reads it again and finds the retirement: stale.
+    let target = Rfc2136::new(target(server.addr(), good_key(), Fence::Prerequisites));
+    let stale = target.write(&old, Generation(1), Some(&endpoint_for(Generation(1))), Marker::Absent, &metrics).await?;
+    assert_eq!(stale, dnsplan_enactor::rfc2136::Written::Stale { active: Generation(2) });
+    assert_eq!(metrics.target_updates("prerequisite_failed"), 1, "the target refused it");
+    assert_eq!(served(server.addr(), &old).await, Ok(None), "still retired");
+    assert!(matches!(store.active(&old).await?.map(|r| r.state), Some(dnsplan_common::store::ActiveState::Retired)));
+    let _ = stop_tx.send(true);
+    task.await?;
+    Ok(())
+}
