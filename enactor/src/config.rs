@@ -240,6 +240,16 @@ impl EnactorConfig {
             if !(1..=in_flight_max).contains(&target.in_flight) {
                 return Err(format!("target.in_flight: {} must be in 1..={in_flight_max}", target.in_flight));
             }
+            // Verifying against the authority's default address while the records go to
+            // another server fails every time, and a failed verification skips cleanup.
+            let default_dns = VerifyConfig::default().dns_server;
+            if self.verify.enabled && self.verify.dns_server == default_dns && target.server != default_dns {
+                return Err(format!(
+                    "verify.dns_server: with target.kind = \"rfc2136\" verification asks the server the records go to; set it to {} \
+                     (or one of its secondaries)",
+                    target.server
+                ));
+            }
         }
         if self.cleanup.retain_plans == 0 {
             return Err("cleanup.retain_plans must be at least 1 (keep something to roll back to)".into());

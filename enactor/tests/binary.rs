@@ -50,6 +50,7 @@ fn the_example_rfc2136_target_loads() -> anyhow::Result<()> {
         (uncommented.replace("kind = \"rfc2136\"", "kind = \"nsupdate\""), "unknown variant `nsupdate`"),
         (uncommented.replace("attempts = 3", "attempts = 0"), "target.attempts"),
         (uncommented.replace("in_flight = 8", "in_flight = 65"), "target.in_flight: 65 must be in 1..=64"),
+        (uncommented.replace("enabled = false\ndns_server = \"127.0.0.1:5353\"", "enabled = true"), "verify.dns_server: with"),
     ];
     for (text, want) in cases {
         std::fs::write(&config, &text)?;
