@@ -1454,7 +1454,9 @@ impl Store for EtcdStore {
             let mut stream = self.call("watch", wc.watch(meta.clone(), Some(options))).await?;
             loop {
                 let message = match tokio::time::timeout_at(deadline, stream.message()).await {
-                    Err(_elapsed) => return Ok(current),
+                    // The current version, read: a change may have committed that the watch
+                    // has not delivered yet, and `current` may be a version only remembered.
+                    Err(_elapsed) => return self.version().await,
                     Ok(Err(err)) => return Err(etcd_error("watch", err)),
                     Ok(Ok(None)) => return Err(StoreError::Unavailable("etcd closed the watch".into())),
                     Ok(Ok(Some(m))) => m,

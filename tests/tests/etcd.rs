@@ -494,3 +494,27 @@ async fn the_last_generation_is_not_found_rather_than_a_panic() -> anyhow::Resul
     assert!(matches!(r, Err(dnsplan_common::StoreError::PlanNotFound(_))), "{r:?}");
     Ok(())
 }
+
+/// A waiter whose timeout runs out returns the current version, as the embedded store does,
+/// even when the change it was waiting for has not reached its watch yet: a waiter with no time
+/// left (timeout zero) after a change answers the new version, not the one it was given.
+///
+/// Teeth: the waiter returned the version it was given at its deadline, without reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_out_of_time_answers_the_current_version() -> anyhow::Result<()> {
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let store = cluster.store("/waiter/").await?;
+    let x = name("x");
+    store.publish(&plan(1, std::slice::from_ref(&x), operator())).await?;
+    for round in 0..20u64 {
+        let seen = store.version().await?;
+        if round % 2 == 0 {
+            store.pause(dnsplan_common::PauseState { reason: "r".into(), by: "b".into(), since_unix_ms: 0 }).await?;
+        } else {
+            store.resume().await?;
+        }
+        let now = store.wait_for_change(seen, Duration::ZERO).await?;
+        assert_eq!(now, store.version().await?, "round {round}: a waiter out of time answered {now:?}, not the current version");
+    }
+    Ok(())
+}
