@@ -162,7 +162,7 @@ impl TransferPolicy {
             return Access::Refused;
         }
         let keys = allowed.iter().flatten().map(|&i| &self.keys[i]);
-        match tsig::verify_request(keys, packet, now_unix_secs) {
+        match quiet(|| tsig::verify_request(keys, packet, now_unix_secs)) {
             Ok(verified) => Access::Allowed(Some(verified)),
             Err(RequestError::Unsigned) if !self.tsig_required && allowed.contains(&None) => Access::Allowed(None),
             Err(RequestError::Unsigned | RequestError::Malformed) => Access::Refused,
@@ -230,7 +230,7 @@ pub fn respond_one(
 /// `respond` and signed; NOTAUTH with the TSIG error when the signature fails.
 fn signed(packet: &[u8], snapshot: &Snapshot, serving: &Serving, transport: Transport, rng: &mut impl Rng) -> Option<(Vec<u8>, Outcome)> {
     let now = tsig::now_unix_secs();
-    match tsig::verify_request(serving.transfer.keys(), packet, now) {
+    match quiet(|| tsig::verify_request(serving.transfer.keys(), packet, now)) {
         Ok(verified) => {
             let (bytes, mut outcome) = respond(packet, snapshot, transport, &serving.limits, rng)?;
             let signed = verified.signer(now).sign(&bytes).ok()?;
@@ -252,7 +252,7 @@ fn tsig_error(
     rng: &mut impl Rng,
     snapshot: &Snapshot,
 ) -> Option<(Vec<u8>, Outcome)> {
-    match tsig::error_response(packet, error, serving.transfer.keys(), now) {
+    match quiet(|| tsig::error_response(packet, error, serving.transfer.keys(), now)) {
         Some(bytes) => {
             let qtype = wire::question_type(packet).map(RecordType::from);
             let outcome = Outcome { qtype, rcode: ResponseCode::NotAuth, truncated: false, bytes: bytes.len(), malformed: None };
@@ -270,10 +270,15 @@ fn finish_one(bytes: Vec<u8>, signer: Option<ResponseSigner>, qtype: RecordType,
     Some((bytes.clone(), Outcome { qtype: Some(qtype), rcode, truncated: false, bytes: bytes.len(), malformed: None }))
 }
 
-/// Decodes a request with no tracing subscriber (see `answer`: hickory logs client-chosen
-/// text at WARN for some malformed options).
+/// Runs `f` with no tracing subscriber: hickory's decoder logs client-chosen text at WARN for
+/// some malformed options (see `answer`), and every TSIG check decodes the client's message.
+fn quiet<T>(f: impl FnOnce() -> T) -> T {
+    tracing::dispatcher::with_default(&tracing::Dispatch::none(), f)
+}
+
+/// Decodes a request quietly (`quiet`).
 fn decode(packet: &[u8]) -> Option<Message> {
-    tracing::dispatcher::with_default(&tracing::Dispatch::none(), || Message::from_vec(packet)).ok()
+    quiet(|| Message::from_vec(packet)).ok()
 }
 
 /// The answer with the question and, for NOERROR, the current SOA alone (an IXFR client
