@@ -180,7 +180,7 @@ impl Stack {
         let planner = PlannerConfig {
             id: "planner".into(),
             dns_zone,
-            store: dnsplan_planner::config::StoreConfig { url: "embedded".into(), token: None },
+            store: dnsplan_planner::config::StoreConfig::control("http://embedded", None),
             planner: up.planner.planner,
             policy: up.planner.policy,
             metrics: MetricsConfig::default(),
@@ -196,7 +196,7 @@ impl Stack {
             let config = EnactorConfig {
                 id: format!("enactor-{zone}"),
                 zone,
-                store: StoreConfig { url: "http://embedded".into(), token: None },
+                store: StoreConfig::control("http://embedded", None),
                 // The one-process stack enacts onto its own store.
                 target: Default::default(),
                 apply: up.enactors.apply.clone(),

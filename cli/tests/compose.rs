@@ -188,13 +188,13 @@ fn compose_and_dockerfile_match_the_binaries() -> anyhow::Result<()> {
     let ids: BTreeSet<&str> = enactors.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids.len(), 3, "enactor ids must differ");
     for e in &enactors {
-        assert_eq!(e.store.url, store_url, "{}: store.url", e.id);
+        assert_eq!(e.store.control_url(), Some(store_url.as_str()), "{}: store.url", e.id);
         assert!(e.verify.enabled);
         assert_eq!(e.verify.dns_server.ip(), IpAddr::V4(authority_ip), "{}: verify.dns_server is the authority", e.id);
         assert!(authority.dns.listen.iter().any(|a| a.port() == e.verify.dns_server.port()), "{}: verify port", e.id);
     }
     let planner = &planners[0];
-    assert_eq!(planner.store.url, store_url);
+    assert_eq!(planner.store.control_url(), Some(store_url.as_str()));
     assert_eq!(planner.dns_zone.to_string(), authority.dns_zone.origin);
     for ep in planner.endpoints() {
         for t in &ep.targets {

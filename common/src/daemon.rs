@@ -19,26 +19,8 @@ pub fn is_placeholder_token(token: &str) -> bool {
     PLACEHOLDER_TOKENS.contains(&token)
 }
 
-/// The `[store]` table of every daemon that reaches the store through the control API.
-#[derive(Clone, Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreConfig {
-    /// The control API of the authority that holds the store, e.g. `http://127.0.0.1:8053`.
-    pub url: String,
-    /// Bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
-    pub token: Option<String>,
-}
-
-impl StoreConfig {
-    /// The URL is one an HTTP client can use, with a message naming the key.
-    pub fn check(&self) -> Result<(), String> {
-        if self.url.starts_with("http://") || self.url.starts_with("https://") {
-            Ok(())
-        } else {
-            Err(format!("store.url: {:?} must start with http:// or https://", self.url))
-        }
-    }
-}
+/// The `[store]` table of the planner and the enactor (see [`crate::store_config`]).
+pub use crate::store_config::StoreConfig;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -99,6 +81,107 @@ pub fn metrics_text_of(registries: &[&prometheus_client::registry::Registry]) ->
 /// The control token: `DNSPLAN_TOKEN` if set, else the configured one.
 pub fn token_from_env_or(configured: Option<String>) -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()).or(configured)
+}
+
+/// First wait of a daemon that cannot reach its store at start; it doubles up to
+/// [`START_RETRY_MAX`]. Short, so a daemon started together with its store starts at once.
+pub const START_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(200);
+/// Longest wait between attempts at start: an operator fixing the store sees the daemon
+/// follow within this long, and a daemon that waits for hours costs nothing.
+pub const START_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Why one attempt to reach the store at start failed.
+#[derive(Debug)]
+pub enum StartFailure {
+    /// Waiting will not help (a bad setting): the daemon exits with this.
+    Fatal(String),
+    /// The store did not answer or refused for now: try again.
+    Retry(String),
+}
+
+/// Runs `attempt` until it succeeds, waiting [`START_RETRY_MIN`] doubling to
+/// [`START_RETRY_MAX`] between attempts, or until `shutdown` (then `Ok(None)`). The first
+/// failure is a WARN line saying that the daemon waits and why; later ones are logged again
+/// only when the reason changes (else at debug), and success after a failure is an INFO line.
+/// A `Fatal` failure ends it with that error.
+pub async fn start_with_retry<T, F, Fut>(
+    what: &str,
+    mut attempt: F,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<Option<T>, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StartFailure>>,
+{
+    let mut wait = START_RETRY_MIN;
+    let mut last: Option<String> = None;
+    let mut attempts = 0u64;
+    loop {
+        attempts += 1;
+        let result = tokio::select! {
+            _ = shutdown.as_mut() => return Ok(None),
+            result = attempt() => result,
+        };
+        match result {
+            Ok(value) => {
+                if last.is_some() {
+                    tracing::info!(attempts, "reached {what}");
+                }
+                return Ok(Some(value));
+            }
+            Err(StartFailure::Fatal(err)) => return Err(err),
+            Err(StartFailure::Retry(err)) => {
+                if last.as_deref() != Some(err.as_str()) {
+                    tracing::warn!(error = %err, attempts, retry_max_secs = START_RETRY_MAX.as_secs(), "cannot reach {what} at start; waiting for it, retrying with backoff");
+                } else {
+                    tracing::debug!(error = %err, attempts, wait_ms = wait.as_millis() as u64, "{what} still unreachable");
+                }
+                last = Some(err);
+            }
+        }
+        tokio::select! {
+            _ = shutdown.as_mut() => return Ok(None),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(START_RETRY_MAX);
+    }
+}
+
+/// Whether a running daemon's store answers, so that an outage is logged once when it begins
+/// (WARN) and once when it ends (INFO), not on every failed call.
+#[derive(Debug)]
+pub struct Reachability {
+    what: &'static str,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Reachability {
+    pub const fn new(what: &'static str) -> Reachability {
+        Reachability { what, down: std::sync::atomic::AtomicBool::new(false) }
+    }
+
+    /// A call failed because the store did not answer: WARN if it answered until now.
+    /// Returns whether this failure began the outage.
+    pub fn failed(&self, err: &dyn std::fmt::Display) -> bool {
+        let began = !self.down.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if began {
+            tracing::warn!(error = %err, "{} unreachable; retrying quietly until it answers", self.what);
+        } else {
+            tracing::debug!(error = %err, "{} still unreachable", self.what);
+        }
+        began
+    }
+
+    /// A call got an answer: INFO if the store was unreachable until now.
+    pub fn answered(&self) {
+        if self.down.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!("{} reachable again", self.what);
+        }
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// How a daemon writes its log lines (on stderr): `--log-format`, the same flag on every

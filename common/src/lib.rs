@@ -31,6 +31,8 @@ pub use plan::{
     target_list, validate_endpoint,
 };
 pub mod store;
+#[cfg(feature = "daemon")]
+pub mod store_config;
 
 pub use changes::{PlanChanges, PlanEntry};
 

@@ -180,7 +180,7 @@ impl EnactorConfig {
         if let Some(zone) = zone {
             config.zone = zone;
         }
-        config.store.token = daemon::token_from_env_or(config.store.token.take());
+        config.store.resolve(path).map_err(|detail| ConfigError::invalid(path, detail))?;
         if let TargetConfig::Rfc2136(target) = &mut config.target {
             let dir = path.parent().unwrap_or(Path::new("."));
             let key = TsigKey::from_config(&target.key, dir).map_err(|e| ConfigError::invalid(path, format!("target.key: {e}")))?;
@@ -349,7 +349,7 @@ impl Settings {
         let config = EnactorConfig {
             id: id.into(),
             zone,
-            store: StoreConfig { url: "http://127.0.0.1:8053".into(), token: None },
+            store: StoreConfig::control("http://127.0.0.1:8053", None),
             target: TargetConfig::Store,
             apply: ApplyConfig::default(),
             cleanup: CleanupConfig::default(),

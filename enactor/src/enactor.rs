@@ -20,6 +20,7 @@ use crate::hooks::{Behaviour, Event, Hooks, NoHooks};
 use crate::metrics::Metrics;
 use crate::rfc2136::{Rfc2136, TargetError, Written};
 use crate::{guard, verify};
+use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
 use dnsplan_common::{
     ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
@@ -98,6 +99,8 @@ pub struct Enactor<S: Store> {
     behaviour: Behaviour,
     /// `Some` when plans are enacted onto an RFC 2136 primary rather than the store.
     rfc2136: Option<Rfc2136>,
+    /// Whether the store answers: an outage is logged when it begins and ends, not per call.
+    reach: Reachability,
 }
 
 impl<S: Store> Enactor<S> {
@@ -120,6 +123,7 @@ impl<S: Store> Enactor<S> {
             state: "starting".into(),
             hooks: Arc::new(NoHooks),
             behaviour: Behaviour::Fenced,
+            reach: Reachability::new("the store"),
         }
     }
 
@@ -194,7 +198,9 @@ impl<S: Store> Enactor<S> {
                 }
             }
             Err(err) => {
-                tracing::error!(enactor = %self.settings.id, error = %err, "cannot read the latest plan; retrying");
+                if !is_transient(&err) {
+                    tracing::error!(enactor = %self.settings.id, error = %err, "cannot read the latest plan; retrying");
+                }
                 self.state = "store-unreachable".into();
                 wake = wake.min(Instant::now() + STORE_DOWN_RETRY);
             }
@@ -287,7 +293,12 @@ impl<S: Store> Enactor<S> {
                 }
                 Step::Failed(err) => {
                     self.metrics.abandoned("store_error");
-                    tracing::error!(parent: &span, error = %err, "plan application failed; starting again from the latest plan");
+                    if is_transient(&err) {
+                        // `call` reported the outage when it began.
+                        tracing::info!(parent: &span, error = %err, "store unreachable during the plan; starting again from the latest plan once it answers");
+                    } else {
+                        tracing::error!(parent: &span, error = %err, "plan application failed; starting again from the latest plan");
+                    }
                     self.state = "store-unreachable".into();
                     self.event_abandoned(generation);
                     return;
@@ -661,9 +672,14 @@ impl<S: Store> Enactor<S> {
         };
         // One attempt: a missed heartbeat is reported again at the next interval.
         match tokio::time::timeout(self.settings.call_timeout, self.store.heartbeat(beat)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => self.reach.answered(),
+            Ok(Err(err)) if is_transient(&err) => {
+                self.reach.failed(&format_args!("heartbeat: {err}"));
+            }
             Ok(Err(err)) => tracing::warn!(error = %err, "heartbeat failed"),
-            Err(_) => tracing::warn!("heartbeat timed out"),
+            Err(_) => {
+                self.reach.failed(&format_args!("heartbeat timed out after {:?}", self.settings.call_timeout));
+            }
         }
     }
 
@@ -683,15 +699,20 @@ impl<S: Store> Enactor<S> {
                 Err(err) if is_transient(&err) => {
                     if attempt >= self.settings.retry.attempts {
                         self.metrics.store_errors.inc();
+                        // Logged once per outage (and once when it ends), not per attempt.
+                        self.reach.failed(&format_args!("{what}: {err}"));
                         return Err(err);
                     }
                     self.metrics.store_retries.inc();
                     let wait = backoff(self.settings.retry, attempt);
-                    tracing::warn!(call = what, attempt, wait_ms = wait.as_millis() as u64, error = %err, "store call failed; retrying");
+                    tracing::debug!(call = what, attempt, wait_ms = wait.as_millis() as u64, error = %err, "store call failed; retrying");
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }
-                other => return other,
+                other => {
+                    self.reach.answered();
+                    return other;
+                }
             }
         }
     }

@@ -1,13 +1,18 @@
 //! `dnsplan-enactor --config enactor.toml [--id ID] [--zone ZONE]`: applies the newest plan
-//! through the authority's control API, and serves its metrics.
+//! in the store `[store]` names, an authority's control API or etcd directly, and serves its
+//! metrics.
 
 use anyhow::Context;
 use clap::Parser;
-use dnsplan_common::daemon;
+use dnsplan_common::Store;
+use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_enactor::args::Args;
 use dnsplan_enactor::{Enactor, EnactorConfig, Metrics, http};
+use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore};
 use prometheus_client::registry::Registry;
+use std::future::Future;
 use std::sync::Arc;
 
 #[tokio::main]
@@ -18,8 +23,45 @@ async fn main() -> anyhow::Result<()> {
     dnsplan_common::open_files::raise_to_hard();
     // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.
     let shutdown = daemon::shutdown_signal();
+    tokio::pin!(shutdown);
     let config = EnactorConfig::load(&args.config, args.id, args.zone)?;
-    let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
+    // `Store` returns `impl Future`s, so each store is a concrete type: `run` is generic and
+    // each arm calls it with its own store.
+    match &config.store {
+        StoreConfig::Control(c) => {
+            let store = RemoteStore::new(&c.url, c.token.clone()).context("setting up the store client")?;
+            run(store, &config, shutdown).await
+        }
+        StoreConfig::Etcd(etcd) => {
+            let connect = || connect_etcd(etcd);
+            match daemon::start_with_retry("the store on etcd", connect, shutdown.as_mut()).await {
+                Ok(Some(store)) => run(store, &config, shutdown).await,
+                Ok(None) => Ok(()),
+                Err(err) => Err(anyhow::anyhow!(err)),
+            }
+        }
+    }
+}
+
+/// Connects to etcd and reads the store's version once, so that the daemon starts only once
+/// etcd answers. Connecting is always retried: the settings were checked when the config was
+/// loaded, and `ConnectError::Config` also reports a cluster that did not answer in time. A
+/// store that answers with something other than an outage (bad data under the prefix) is fatal.
+async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
+    let mut config = EtcdConfig::new(settings.endpoints.clone(), settings.prefix.clone());
+    config.user = settings.credentials().map(|(user, password)| (user, password.expose().to_string()));
+    let store =
+        EtcdStore::connect(config).await.map_err(|err: ConnectError| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
+    match store.version().await {
+        Ok(_) => Ok(store),
+        Err(err @ (dnsplan_common::StoreError::Unavailable(_) | dnsplan_common::StoreError::Io(_))) => {
+            Err(StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))
+        }
+        Err(err) => Err(StartFailure::Fatal(format!("{:#}", anyhow::Error::new(err)))),
+    }
+}
+
+async fn run<S: Store>(store: S, config: &EnactorConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
 
@@ -31,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
         let id = config.id.clone();
         tokio::spawn(async move { http::serve(listener, registry, &id, std::future::pending()).await });
     }
-    daemon::announce(&format!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.url));
+    daemon::announce(&format!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.describe()));
     Enactor::new(store, config.settings(), metrics).run(shutdown).await;
     Ok(())
 }

@@ -3,8 +3,8 @@
 //! that name the key and the line: ranges are checked while parsing (the `Fraction`,
 //! `Positive` and `NonZeroU32` types), and each endpoint is checked as a whole with its span.
 
+use dnsplan_common::daemon::ConfigError;
 pub use dnsplan_common::daemon::StoreConfig;
-use dnsplan_common::daemon::{self, ConfigError};
 use dnsplan_common::plan::{TARGET_WEIGHT_MAX, TARGETS_PER_ENDPOINT_MAX, TTL_SECS_MAX, TTL_SECS_MIN};
 use dnsplan_common::{DnsName, EndpointName, ZoneId};
 use serde::Deserialize;
@@ -342,7 +342,7 @@ impl PlannerConfig {
     pub fn load(path: &Path) -> Result<PlannerConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         let mut config = PlannerConfig::parse(&text).map_err(|detail| ConfigError::invalid(path, detail))?;
-        config.store.token = daemon::token_from_env_or(config.store.token.take());
+        config.store.resolve(path).map_err(|detail| ConfigError::invalid(path, detail))?;
         Ok(config)
     }
 

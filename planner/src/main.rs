@@ -1,16 +1,21 @@
 //! `dnsplan-planner --config planner.toml [--id ID]`: health-checks the targets and publishes
-//! plans through the authority's control API; serves `/metrics`, `/healthz` and `/v1/status`.
+//! plans to the store `[store]` names, an authority's control API or etcd directly; serves
+//! `/metrics`, `/healthz` and `/v1/status`.
 
 use anyhow::Context;
 use clap::Parser;
-use dnsplan_common::daemon;
+use dnsplan_common::Store;
+use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
+use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore};
 use dnsplan_planner::args::Args;
 use dnsplan_planner::health::{HealthBook, spawn_checks};
 use dnsplan_planner::http;
 use dnsplan_planner::metrics::Metrics;
 use dnsplan_planner::{Planner, PlannerConfig};
 use prometheus_client::registry::Registry;
+use std::future::Future;
 use std::sync::Arc;
 
 #[tokio::main]
@@ -20,13 +25,50 @@ async fn main() -> anyhow::Result<()> {
     // Before any socket or file is opened: connections come out of this limit.
     dnsplan_common::open_files::raise_to_hard();
     let shutdown = daemon::shutdown_signal();
+    tokio::pin!(shutdown);
     let mut config = PlannerConfig::load(&args.config)?;
     if let Some(id) = args.id {
         anyhow::ensure!(!id.is_empty() && id.len() <= dnsplan_common::plan::AUTHOR_BYTES_MAX, "--id: give 1..=128 bytes");
         config.id = id;
     }
     let config = Arc::new(config);
-    let store = RemoteStore::new(&config.store.url, config.store.token.clone()).context("setting up the store client")?;
+    // `Store` returns `impl Future`s, so each store is a concrete type: `run` is generic and
+    // each arm calls it with its own store.
+    match &config.store {
+        StoreConfig::Control(c) => {
+            let store = RemoteStore::new(&c.url, c.token.clone()).context("setting up the store client")?;
+            run(store, config.clone(), shutdown).await
+        }
+        StoreConfig::Etcd(etcd) => {
+            let connect = || connect_etcd(etcd);
+            match daemon::start_with_retry("the store on etcd", connect, shutdown.as_mut()).await {
+                Ok(Some(store)) => run(store, config.clone(), shutdown).await,
+                Ok(None) => Ok(()),
+                Err(err) => Err(anyhow::anyhow!(err)),
+            }
+        }
+    }
+}
+
+/// Connects to etcd and reads the store's version once, so that the daemon starts only once
+/// etcd answers. Connecting is always retried: the settings were checked when the config was
+/// loaded, and `ConnectError::Config` also reports a cluster that did not answer in time. A
+/// store that answers with something other than an outage (bad data under the prefix) is fatal.
+async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
+    let mut config = EtcdConfig::new(settings.endpoints.clone(), settings.prefix.clone());
+    config.user = settings.credentials().map(|(user, password)| (user, password.expose().to_string()));
+    let store =
+        EtcdStore::connect(config).await.map_err(|err: ConnectError| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
+    match store.version().await {
+        Ok(_) => Ok(store),
+        Err(err @ (dnsplan_common::StoreError::Unavailable(_) | dnsplan_common::StoreError::Io(_))) => {
+            Err(StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))
+        }
+        Err(err) => Err(StartFailure::Fatal(format!("{:#}", anyhow::Error::new(err)))),
+    }
+}
+
+async fn run<S: Store>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
     let book = Arc::new(HealthBook::default());
@@ -42,7 +84,7 @@ async fn main() -> anyhow::Result<()> {
         let id = config.id.clone();
         tokio::spawn(async move { http::serve(listener, registry, &id, status, std::future::pending()).await });
     }
-    daemon::announce(&format!("planner  {} for {} against {}", config.id, config.dns_zone, config.store.url));
+    daemon::announce(&format!("planner  {} for {} against {}", config.id, config.dns_zone, config.store.describe()));
     planner.run(shutdown).await;
     Ok(())
 }

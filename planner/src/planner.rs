@@ -23,6 +23,7 @@ use crate::config::PlannerConfig;
 use crate::decide::{Decision, Deferred, Health, PlannerState, UNMANAGED_RULE, decide, summarize};
 use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
+use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX};
 use dnsplan_common::{
@@ -75,6 +76,8 @@ pub struct Planner<S: Store> {
     rng: SmallRng,
     /// The latest plan whose endpoints were last compared with the active state.
     adoption_checked: Option<Generation>,
+    /// Whether the store answers: an outage is logged when it begins and ends, not per tick.
+    reach: Reachability,
 }
 
 impl<S: Store> Planner<S> {
@@ -90,6 +93,7 @@ impl<S: Store> Planner<S> {
             lease: None,
             rng: SmallRng::from_rng(&mut rand::rng()),
             adoption_checked: None,
+            reach: Reachability::new("the store"),
         }
     }
 
@@ -141,12 +145,14 @@ impl<S: Store> Planner<S> {
         let ttl = Duration::from_millis(self.config.planner.lease_ttl_ms.0);
         match self.call(self.store.acquire_lease(&self.config.id, ttl)).await {
             Ok(lease) => {
+                self.reach.answered();
                 if self.lease.as_ref().map(|l| l.epoch) != Some(lease.epoch) {
                     tracing::info!(planner = %self.config.id, epoch = lease.epoch, "holding the planner lease: active");
                 }
                 self.lease = Some(lease);
             }
             Err(StoreError::LeaseHeld { holder, epoch, .. }) => {
+                self.reach.answered();
                 if self.lease.take().is_some() || self.status.lock().map(|s| s.active).unwrap_or(false) {
                     tracing::warn!(planner = %self.config.id, %holder, epoch, "the lease is held elsewhere: standing by");
                 }
@@ -161,7 +167,11 @@ impl<S: Store> Planner<S> {
                 return;
             }
             Err(err) => {
-                tracing::warn!(planner = %self.config.id, error = %err, "cannot reach the store for the lease; not deciding");
+                if is_transient(&err) {
+                    self.reach.failed(&format_args!("acquiring the lease: {err}"));
+                } else {
+                    tracing::warn!(planner = %self.config.id, error = %err, "cannot acquire the lease; not deciding");
+                }
                 self.set_status(|s| s.last_decision = format!("store unreachable: {err}"));
                 return;
             }
@@ -174,6 +184,10 @@ impl<S: Store> Planner<S> {
         });
         let paused = match self.call(self.store.paused()).await {
             Ok(p) => p,
+            Err(err) if is_transient(&err) => {
+                self.reach.failed(&format_args!("reading the pause state: {err}"));
+                return;
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the pause state; not deciding");
                 return;
@@ -212,6 +226,10 @@ impl<S: Store> Planner<S> {
                     return;
                 }
                 Err(StoreError::Paused { .. }) => return,
+                Err(err) if is_transient(&err) => {
+                    self.reach.failed(&format_args!("deciding or publishing: {err}"));
+                    return;
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "deciding or publishing failed; trying again next tick");
                     return;
@@ -396,4 +414,9 @@ impl<S: Store> Planner<S> {
         }
         self.set_status(|s| s.targets = targets);
     }
+}
+
+/// An outage of the store (timeouts, unreachable), as against an answer.
+fn is_transient(err: &StoreError) -> bool {
+    matches!(err, StoreError::Unavailable(_) | StoreError::Io(_))
 }
