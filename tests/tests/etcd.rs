@@ -518,3 +518,80 @@ async fn a_waiter_out_of_time_answers_the_current_version() -> anyhow::Result<()
     }
     Ok(())
 }
+
+/// A follower that asks `active_since` while three enactors switch endpoints at once (batches
+/// split over several transactions) holds exactly the store's state at the end, its count only
+/// grows, and most answers are deltas: no switch is lost between a count, its revision and the
+/// watch of the history after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_keeps_up_with_concurrent_switches() -> anyhow::Result<()> {
+    const ENDPOINTS: usize = 40;
+    const PLANS: u64 = 12;
+    let started = Instant::now();
+    let cluster = EtcdCluster::start(3, &[]).await?;
+    let mut config = cluster.config("/follow-race/");
+    config.txn_ops_max = 16;
+    let store = EtcdStore::connect(config.clone()).await?;
+    let names: Vec<_> = (0..ENDPOINTS).map(|i| name(&format!("f{i:02}"))).collect();
+    for g in 1..=PLANS {
+        store.publish(&plan(g, &names, operator())).await?;
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let mut enactors = Vec::new();
+    for e in 0..3usize {
+        let (store, names) = (EtcdStore::connect(config.clone()).await?, names.clone());
+        enactors.push(tokio::spawn(async move {
+            for g in 1..=PLANS {
+                // Each enactor applies a different share first, then the rest.
+                let mut order: Vec<_> = names.iter().cloned().collect();
+                order.rotate_left(e * ENDPOINTS / 3);
+                for part in order.chunks(ENDPOINTS / 2) {
+                    let items: Vec<_> =
+                        part.iter().map(|n| ApplyItem { endpoint: n.clone(), records: endpoint_for(Generation(g)) }).collect();
+                    for r in store.apply_many(Generation(g), &items).await? {
+                        match r {
+                            Ok(_) | Err(dnsplan_common::StoreError::Stale { .. }) => {}
+                            Err(err) => return Err(anyhow::Error::from(err)),
+                        }
+                    }
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let follower = {
+        let (store, done) = (EtcdStore::connect(config.clone()).await?, done.clone());
+        tokio::spawn(async move {
+            let mut held = BTreeMap::new();
+            let (mut seen, mut deltas, mut fulls) = (0u64, 0u32, 0u32);
+            loop {
+                let finished = done.load(Ordering::Acquire);
+                let delta = store.active_since(seen).await?;
+                anyhow::ensure!(delta.applied_changes >= seen, "the count went back from {seen} to {}", delta.applied_changes);
+                if delta.full {
+                    held.clear();
+                    fulls += 1;
+                } else {
+                    deltas += 1;
+                }
+                held.extend(delta.endpoints);
+                seen = delta.applied_changes;
+                if finished {
+                    return anyhow::Ok((held, seen, deltas, fulls));
+                }
+            }
+        })
+    };
+    for e in enactors {
+        e.await??;
+    }
+    done.store(true, Ordering::Release);
+    let (held, seen, deltas, fulls) = follower.await??;
+    let truth = store.active_all().await?;
+    assert_eq!(seen, truth.applied_changes, "the follower's count");
+    assert_eq!(held, truth.endpoints, "the follower does not hold what the store holds");
+    assert!(truth.endpoints.values().all(|r| r.generation == Generation(PLANS)), "every endpoint ends at the last plan");
+    assert!(deltas > fulls, "{deltas} deltas and {fulls} whole states: the follower should mostly get deltas");
+    println!("follower race: {deltas} deltas, {fulls} whole states, {seen} switches, in {:?}", started.elapsed());
+    Ok(())
+}
