@@ -470,7 +470,13 @@ impl Rfc2136 {
                 }
             };
             let answer = match verifier {
-                Some(mut verifier) => verifier.verify(&bytes).map_err(|source| self.tsig_error(source))?,
+                Some(mut verifier) => match Message::from_vec(&bytes) {
+                    // An error the server could not sign (RFC 8945 §5.3.2; Knot's NOTAUTH for
+                    // a zone it does not serve) is reported as what it says: it can only stop
+                    // a write. Success and failed prerequisites are believed only signed.
+                    Ok(unsigned) if unsigned.signature().is_none() && is_refusal(unsigned.metadata.response_code) => unsigned,
+                    _ => verifier.verify(&bytes).map_err(|source| self.tsig_error(source))?,
+                },
                 None => Message::from_vec(&bytes).map_err(|e| TargetError::Malformed { server, detail: e.to_string() })?,
             };
             if answer.metadata.id != message.metadata.id
@@ -517,6 +523,11 @@ where
     let results: Vec<T> = results.into_iter().flatten().collect();
     assert!(results.len() == total, "every job of the set finished");
     Ok(results)
+}
+
+/// Answers that refuse an update: believed unsigned, since they can only stop a write.
+fn is_refusal(rcode: ResponseCode) -> bool {
+    matches!(rcode, ResponseCode::NotAuth | ResponseCode::Refused | ResponseCode::ServFail | ResponseCode::FormErr | ResponseCode::NotImp)
 }
 
 /// One length-prefixed message out and one back on a fresh TCP connection.

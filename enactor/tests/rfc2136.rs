@@ -509,13 +509,23 @@ async fn tsig_and_acl_failures(kind: Kind) -> anyhow::Result<()> {
     }
     assert_eq!(metrics.target_updates("error"), 3);
 
+    // A DNS zone the server is not primary for: NOTAUTH, naming the setting to fix. Knot
+    // answers it unsigned; read as a TSIG failure it said "missing tsig" (checked once).
+    let mut elsewhere = target(server.addr(), good_key(), Fence::Prerequisites);
+    elsewhere.dns_zone = DnsName::parse("other.test.")?;
+    let other = DnsName::parse("api.other.test.")?;
+    let got = Rfc2136::new(elsewhere).write(&other, Generation(1), Some(&records), Marker::Absent, &metrics).await;
+    let err = format!("{:#}", anyhow::Error::from(got.err().ok_or_else(|| anyhow::anyhow!("an update outside the zone was accepted"))?));
+    assert!(err.contains("NOTAUTH") && err.contains("set target.dns_zone"), "{err}");
+    assert_eq!(metrics.target_updates("error"), 4);
+
     // Never empty: refused before anything is sent.
     let target = Rfc2136::new(target(server.addr(), good_key(), Fence::Prerequisites));
     let mut empty = records.clone();
     empty.targets.clear();
     let got = target.write(&api, Generation(1), Some(&empty), Marker::Absent, &metrics).await;
     assert!(matches!(got, Err(TargetError::Invalid(_))), "{got:?}");
-    assert_eq!(metrics.target_updates("error"), 3, "nothing was sent");
+    assert_eq!(metrics.target_updates("error"), 4, "nothing was sent");
 
     // The enactor with a wrong secret: the plan is abandoned as a target error and Knot
     // still serves nothing for the name.
