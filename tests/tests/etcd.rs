@@ -543,7 +543,7 @@ async fn a_follower_keeps_up_with_concurrent_switches() -> anyhow::Result<()> {
         enactors.push(tokio::spawn(async move {
             for g in 1..=PLANS {
                 // Each enactor applies a different share first, then the rest.
-                let mut order: Vec<_> = names.iter().cloned().collect();
+                let mut order = names.to_vec();
                 order.rotate_left(e * ENDPOINTS / 3);
                 for part in order.chunks(ENDPOINTS / 2) {
                     let items: Vec<_> =
