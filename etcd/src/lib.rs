@@ -23,6 +23,9 @@
 //! `cleanup_never_deletes_a_plan_an_endpoint_just_switched_to` fails. The fence compare alone is
 //! redundant while every switch also compares the applied-change counter (which serialises
 //! switches); it stays so that the fence holds even if the counter ever stops being compared.
+//! Without `settle` (a failed publish checked against what etcd holds before its chunks go),
+//! `a_publish_whose_reply_is_lost_keeps_the_plan_it_committed` fails: a publish etcd committed
+//! but whose reply was lost removed the chunks of the plan it had just made latest.
 
 mod keys;
 
@@ -175,6 +178,17 @@ struct Inner {
     /// `lose_next_reply`).
     #[cfg(feature = "testing")]
     lose_reply: Mutex<Option<&'static str>>,
+    /// Test-only: the write transaction held before it is sent next (see `hold_next_commit`).
+    #[cfg(feature = "testing")]
+    hold: Mutex<Option<Hold>>,
+}
+
+/// Test-only: where a held commit waits, and how it says it got there.
+#[cfg(feature = "testing")]
+struct Hold {
+    what: &'static str,
+    reached: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::oneshot::Receiver<()>,
 }
 
 fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> StoreError {
@@ -341,6 +355,8 @@ impl EtcdStore {
                 versions: Mutex::new(VecDeque::new()),
                 #[cfg(feature = "testing")]
                 lose_reply: Mutex::new(None),
+                #[cfg(feature = "testing")]
+                hold: Mutex::new(None),
             }),
         })
     }
@@ -353,6 +369,34 @@ impl EtcdStore {
         if let Ok(mut lose) = self.inner.lose_reply.lock() {
             *lose = Some(what);
         }
+    }
+
+    /// Test-only: the next conditional write named `what` (`"publish"`, `"apply"`,
+    /// `"cleanup"`, `"pause"`, `"lease"`) stops after its decision, before its transaction is
+    /// sent: the first receiver fires when it gets there, and it goes on when the sender is
+    /// used or dropped. Whatever the test writes meanwhile, the transaction's compares must
+    /// catch: the decision is made, only the write is left.
+    #[cfg(feature = "testing")]
+    pub fn hold_next_commit(&self, what: &'static str) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
+        let (reached, reached_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go) = tokio::sync::oneshot::channel();
+        if let Ok(mut hold) = self.inner.hold.lock() {
+            *hold = Some(Hold { what, reached, go });
+        }
+        (reached_rx, go_tx)
+    }
+
+    /// A conditional write: the transaction of a decision (the test-only hold applies here).
+    async fn commit(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
+        #[cfg(feature = "testing")]
+        {
+            let held = self.inner.hold.lock().ok().and_then(|mut hold| hold.take_if(|h| h.what == what));
+            if let Some(Hold { reached, go, .. }) = held {
+                let _ = reached.send(());
+                let _ = go.await;
+            }
+        }
+        self.txn(what, txn).await
     }
 
     /// The etcd client this store uses (for tools and tests: compaction, inspection).
@@ -692,7 +736,7 @@ impl EtcdStore {
                     compares.push(Compare::version(staging.clone(), CompareOp::Greater, 0));
                     ops.push(TxnOp::delete(staging.clone(), None));
                 }
-                let response = match self.txn("publish", Txn::new().when(compares).and_then(ops)).await {
+                let response = match self.commit("publish", Txn::new().when(compares).and_then(ops)).await {
                     Ok(response) => response,
                     Err(err) => {
                         ambiguous = true;
@@ -883,7 +927,7 @@ impl EtcdStore {
             }
             compares.push(cmp_u64(keys.applied(), applied));
             ops.push(put(keys.applied(), count.to_be_bytes().to_vec()));
-            let response = self.txn("apply", Txn::new().when(compares).and_then(ops)).await?;
+            let response = self.commit("apply", Txn::new().when(compares).and_then(ops)).await?;
             if response.succeeded() {
                 if let Some(h) = response.header() {
                     self.note_revision(count, h.revision());
@@ -938,7 +982,7 @@ impl EtcdStore {
             let txn = Txn::new()
                 .when(vec![cmp_u64(keys.control(), control)])
                 .and_then(vec![write, put(keys.control(), next.to_be_bytes().to_vec())]);
-            if self.txn("pause", txn).await?.succeeded() {
+            if self.commit("pause", txn).await?.succeeded() {
                 return Ok(());
             }
             back_off(attempt).await;
@@ -1075,7 +1119,7 @@ impl Store for EtcdStore {
                     put(keys.lease_record(), codec::encode(&granted)),
                     TxnOp::put(keys.lease_live(), lease_token(&granted), Some(PutOptions::new().with_lease(etcd_lease))),
                 ]);
-            let committed = self.txn("lease", txn).await;
+            let committed = self.commit("lease", txn).await;
             let old = live_kv.map(|kv| kv.lease()).filter(|id| *id != 0);
             // The lease that no longer holds the live key (the new one on failure, the old
             // one on renewal) is revoked; if that fails, etcd expires it at its TTL.
@@ -1365,7 +1409,7 @@ impl Store for EtcdStore {
                 delete_range(keys.blob_set(before, 0), keys.blob_set(after, 0)),
                 delete_range(keys.staging(before, 0), keys.staging(after, 0)),
             ];
-            if self.txn("cleanup", Txn::new().when(compares).and_then(ops)).await?.succeeded() {
+            if self.commit("cleanup", Txn::new().when(compares).and_then(ops)).await?.succeeded() {
                 return Ok(decision);
             }
             back_off(attempt).await;

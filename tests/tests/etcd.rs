@@ -595,3 +595,107 @@ async fn a_follower_keeps_up_with_concurrent_switches() -> anyhow::Result<()> {
     println!("follower race: {deltas} deltas, {fulls} whole states, {seen} switches, in {:?}", started.elapsed());
     Ok(())
 }
+
+/// Every write decides, then commits in a transaction whose compares restate what it decided
+/// on. Here each write is held between its decision and its transaction while the test changes
+/// exactly what the decision depended on, and the write must then be refused (or decide again)
+/// as if it had been made after the change:
+/// - a leased publish whose lease is released and taken over meanwhile: `NotLeaseHolder`;
+/// - an automation publish paused meanwhile: `Paused`;
+/// - an apply of plan 2 overtaken by plan 3 (the 2025 race): `Stale`, the fence stays at 3;
+/// - a first apply at plan 1 while cleanup deletes it: `Pruned`, nothing active at a deleted plan;
+/// - a cleanup while an endpoint switches to the oldest plan: that plan is kept.
+///
+/// Teeth, checked once by hand: without the lease compare in publish's transaction the first
+/// case publishes (the conformance suite did not notice that one: its race rarely lands in the
+/// window on etcd); without the pause compare the second; without the fence and counter compares
+/// the third; without the horizon compare in apply's transaction the fourth; without the
+/// `serving/` range compare in cleanup's the fifth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_overtaken_before_its_commit_is_refused() -> anyhow::Result<()> {
+    use dnsplan_common::{ApplyOutcome, Author, PauseState, StoreError};
+    let started = Instant::now();
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let (x, late) = (name("x"), name("late"));
+    let planner_as = |id: &str| Author::Planner { id: id.into() };
+    const TTL: Duration = Duration::from_secs(30);
+
+    let s = cluster.store("/held-lease/").await?;
+    let a = s.acquire_lease("planner-a", TTL).await?;
+    let (reached, go) = s.hold_next_commit("publish");
+    let publish = {
+        let (s, a, p) = (s.clone(), a.clone(), plan(1, std::slice::from_ref(&x), planner_as("planner-a")));
+        tokio::spawn(async move { s.publish_leased(&p, &a).await })
+    };
+    reached.await?;
+    s.release_lease(&a).await?;
+    let b = s.acquire_lease("planner-b", TTL).await?;
+    drop(go);
+    let r = publish.await?;
+    assert!(matches!(r, Err(StoreError::NotLeaseHolder { .. })), "a publish under a lease taken over before its commit: {r:?}");
+    assert_eq!(s.latest().await?, Generation::NONE, "planner-a published after planner-b took the lease");
+    s.release_lease(&b).await?;
+
+    let s = cluster.store("/held-pause/").await?;
+    let (reached, go) = s.hold_next_commit("publish");
+    let publish = {
+        let (s, p) = (s.clone(), plan(1, std::slice::from_ref(&x), planner_as("planner-a")));
+        tokio::spawn(async move { s.publish(&p).await })
+    };
+    reached.await?;
+    s.pause(PauseState { reason: "incident".into(), by: "alice".into(), since_unix_ms: 0 }).await?;
+    drop(go);
+    let r = publish.await?;
+    assert!(matches!(r, Err(StoreError::Paused { .. })), "an automation publish paused before its commit: {r:?}");
+    assert_eq!(s.latest().await?, Generation::NONE, "published while paused");
+
+    let s = cluster.store("/held-apply/").await?;
+    for g in 1..=3 {
+        s.publish(&plan(g, &[x.clone(), late.clone()], operator())).await?;
+    }
+    s.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?;
+    let (reached, go) = s.hold_next_commit("apply");
+    let slow = {
+        let (s, x) = (s.clone(), x.clone());
+        tokio::spawn(async move { s.apply(&x, Generation(2), &endpoint_for(Generation(2))).await })
+    };
+    reached.await?;
+    let fast = s.apply(&x, Generation(3), &endpoint_for(Generation(3))).await?;
+    assert_eq!(fast, ApplyOutcome::Switched { previous: Generation(1) });
+    drop(go);
+    let r = slow.await?;
+    assert!(matches!(r, Err(StoreError::Stale { active: Generation(3), .. })), "plan 2 after plan 3: {r:?}");
+    assert_eq!(s.active(&x).await?.map(|a| a.generation), Some(Generation(3)), "the fence went back");
+
+    let (reached, go) = s.hold_next_commit("apply");
+    let first = {
+        let (s, late) = (s.clone(), late.clone());
+        tokio::spawn(async move { s.apply(&late, Generation(1), &endpoint_for(Generation(1))).await })
+    };
+    reached.await?;
+    let report = s.cleanup(1).await?;
+    assert_eq!(report.deleted(), Some((Generation(1), Generation(2))));
+    drop(go);
+    let r = first.await?;
+    assert!(matches!(r, Err(StoreError::Pruned { .. })), "a first apply at a plan cleaned up before its commit: {r:?}");
+    assert_eq!(s.active(&late).await?, None, "an endpoint is active at a deleted plan");
+
+    let s = cluster.store("/held-cleanup/").await?;
+    for g in 1..=3 {
+        s.publish(&plan(g, &[x.clone(), late.clone()], operator())).await?;
+    }
+    s.apply(&x, Generation(3), &endpoint_for(Generation(3))).await?;
+    let (reached, go) = s.hold_next_commit("cleanup");
+    let cleanup = {
+        let s = s.clone();
+        tokio::spawn(async move { s.cleanup(1).await })
+    };
+    reached.await?;
+    s.apply(&late, Generation(1), &endpoint_for(Generation(1))).await?;
+    drop(go);
+    let report = cleanup.await??;
+    assert_eq!(report.deleted(), None, "cleanup deleted {:?} though late switched to plan 1 before its commit", report.deleted());
+    assert!(s.plan(Generation(1)).await.is_ok(), "plan 1, active for late, is gone");
+    println!("held decisions test took {:?}", started.elapsed());
+    Ok(())
+}
