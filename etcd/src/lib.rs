@@ -1119,12 +1119,26 @@ impl Store for EtcdStore {
                     put(keys.lease_record(), codec::encode(&granted)),
                     TxnOp::put(keys.lease_live(), lease_token(&granted), Some(PutOptions::new().with_lease(etcd_lease))),
                 ]);
-            let committed = self.commit("lease", txn).await;
+            let committed = match self.commit("lease", txn).await {
+                Ok(r) => Ok(r.succeeded()),
+                // etcd may have committed it and only the reply was lost: then the live key is
+                // on the new etcd lease, and revoking that lease below would take away a lease
+                // the holder had (on renewal, mid-term). Settled by reading the live key.
+                Err(err) => match self.read("lease", vec![get(keys.lease_live())]).await {
+                    Ok((_, r)) if first(&r[0]).is_some_and(|kv| kv.lease() == etcd_lease) => {
+                        tracing::info!(error = %err, "the lease's reply was lost, but etcd committed it");
+                        Ok(true)
+                    }
+                    _ => Err(err),
+                },
+            };
             let old = live_kv.map(|kv| kv.lease()).filter(|id| *id != 0);
             // The lease that no longer holds the live key (the new one on failure, the old
-            // one on renewal) is revoked; if that fails, etcd expires it at its TTL.
+            // one on renewal) is revoked; if that fails, etcd expires it at its TTL. A commit
+            // still in flight after the new one is revoked fails (its put names a lease etcd
+            // no longer has).
             let revoke = match &committed {
-                Ok(r) if r.succeeded() => old,
+                Ok(true) => old,
                 _ => Some(etcd_lease),
             };
             if let Some(id) = revoke {
@@ -1133,7 +1147,7 @@ impl Store for EtcdStore {
                     tracing::debug!(error = %err, "could not revoke an unused etcd lease; it expires at its TTL");
                 }
             }
-            if committed?.succeeded() {
+            if committed? {
                 return Ok(granted);
             }
             back_off(attempt).await;

@@ -699,3 +699,29 @@ async fn a_decision_overtaken_before_its_commit_is_refused() -> anyhow::Result<(
     println!("held decisions test took {:?}", started.elapsed());
     Ok(())
 }
+
+/// A lease renewal that etcd committed but whose reply was lost leaves the planner holding its
+/// lease (the renewal is reported as done, under the same epoch), as a renewal that failed
+/// outright leaves the lease as it was; it does not hand the lease to a standby mid-term.
+///
+/// Teeth: the store revoked the etcd lease it had just moved the live key to, so the planner's
+/// next publish was `NotLeaseHolder` and a standby took the lease at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_whose_reply_is_lost_keeps_the_lease() -> anyhow::Result<()> {
+    use dnsplan_common::{Author, StoreError};
+    const TTL: Duration = Duration::from_secs(30);
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let s = cluster.store("/lost-renewal/").await?;
+    let a = s.acquire_lease("planner-a", TTL).await?;
+    s.lose_next_reply("lease");
+    let renewed = s.acquire_lease("planner-a", TTL).await;
+    if let Ok(renewed) = &renewed {
+        assert_eq!(renewed.epoch, a.epoch, "a renewal changed the epoch");
+    }
+    let standby = s.acquire_lease("planner-b", TTL).await;
+    assert!(matches!(standby, Err(StoreError::LeaseHeld { .. })), "a standby took the lease after a lost renewal reply: {standby:?}");
+    let p = plan(1, &[name("x")], Author::Planner { id: "planner-a".into() });
+    let r = s.publish_leased(&p, &a).await;
+    assert!(r.is_ok(), "planner-a lost its lease to a lost renewal reply: {r:?}");
+    Ok(())
+}
