@@ -1,19 +1,21 @@
 //! Three `dnsplan-enactor` processes on a real three-member etcd cluster, with no authority in
-//! their write path (`[store] kind = "etcd"`), apply the plans published to it: one is frozen
-//! (SIGSTOP) right after plan 2 is published, another is killed (SIGKILL) and restarted during
-//! ten more plans, cleanup deletes plan 2, then the frozen one resumes. An observer follows the
-//! store's change feed the whole time (every active record is exactly what its plan says), and
-//! afterwards every write of every fence is read back from etcd's history: none ever went
-//! back. All three end at the latest plan.
+//! their write path (`[store] kind = "etcd"`), apply the plans published to it, through the
+//! 2025 race: enactor A reaches etcd through a proxy that holds A's transaction writing plan 2
+//! (sent after A read the fences it compares: the exact window of the race) and A is frozen
+//! (SIGSTOP); B is killed (SIGKILL) and restarted during ten more plans; cleanup deletes plan
+//! 2; then A's held write reaches etcd and A resumes. An observer follows the store's change
+//! feed the whole time (every active record is exactly what its plan says), and afterwards
+//! every write of every fence is read back from etcd's history: none ever went back. All three
+//! end at the latest plan.
 //!
 //! The processes are followed through their JSON logs and the store through `wait_for_change`;
 //! nothing sleeps to synchronise.
 //!
-//! What this does not prove: the freeze lands wherever the enactor is, and a resumed enactor
-//! that sees the newer plan before its next write writes nothing stale. With etcd's apply
-//! fence, horizon guard and stale decision all taken out, this test still passed (checked
-//! once): the fences on etcd are proved by the conformance suite's races and by
-//! `tests/tests/etcd.rs`, which aim at the window; this test proves the daemons on etcd.
+//! Teeth, checked once by hand: with the fence, applied-change counter and horizon compares
+//! taken out of etcd's apply transaction, A's held write landed after plan 12: the observer
+//! saw all eight endpoints go back from 12 to 2, and the test failed. (With A only frozen
+//! by SIGSTOP and no held write, the same removal went unnoticed: a resumed enactor that sees
+//! the newer plan first writes nothing stale, hence the proxy.)
 
 use dnsplan_common::{ActiveState, Generation, Store, ValidatedPlan};
 use dnsplan_etcd::EtcdStore;
@@ -167,15 +169,30 @@ async fn enactors_on_etcd_apply_every_plan_through_a_freeze_and_a_kill() -> anyh
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("enactor.toml");
     std::fs::write(&config, config_text(&cluster.endpoints()))?;
+    // A talks to etcd through a proxy that will hold its first write of plan 2.
+    let through = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let mut proxy = Proxy::start(through, cluster.members[0].client_url.trim_start_matches("http://").to_string()).await?;
+    let config_a = dir.path().join("enactor-a.toml");
+    std::fs::write(&config_a, config_text(&[format!("http://{through}")]))?;
     let (tx, mut lines) = mpsc::unbounded_channel();
-    let a = spawn("a", &config, tx.clone())?;
+    let a = spawn("a", &config_a, tx.clone())?;
+    until_all(&mut lines, &["a"], "plan applied", 1).await?;
+
+    // Plan 2. A's transaction that writes it (the only request with its records and an
+    // `active/` key) is held, after A read the fences it compares. A is alone, so the write
+    // is A's to make (an enactor that finds a fence already at 2 sends nothing).
+    let plan_2_record = dnsplan_common::codec::encode(&dnsplan_common::ActiveRecord {
+        generation: Generation(2),
+        state: ActiveState::Serving(endpoint_for(Generation(2))),
+    });
+    let active_key = format!("{PREFIX}active/");
+    proxy.hold_first(&[active_key.as_bytes(), &plan_2_record]);
+    publish(2).await?;
+    tokio::time::timeout(WITHIN, proxy.held.wait_for(|h| *h)).await.map_err(|_| anyhow::anyhow!("A never wrote plan 2"))??;
+    // Also frozen, so that nothing it does meanwhile moves it on. B and C start.
+    a.signal("-STOP")?;
     let mut b = spawn("b", &config, tx.clone())?;
     let c = spawn("c", &config, tx.clone())?;
-    until_all(&mut lines, &["a", "b", "c"], "plan applied", 1).await?;
-
-    // Plan 2, and A frozen wherever it is in applying it.
-    publish(2).await?;
-    a.signal("-STOP")?;
     for g in 3..=6 {
         publish(g).await?;
     }
@@ -200,7 +217,8 @@ async fn enactors_on_etcd_apply_every_plan_through_a_freeze_and_a_kill() -> anyh
     };
     tokio::time::timeout(WITHIN, cleaned).await.map_err(|_| anyhow::anyhow!("cleanup never deleted plan 2"))??;
 
-    // A resumes with whatever it held and must end at plan 12 like the others.
+    // A's held write of plan 2 reaches etcd after plan 12 and plan 2's deletion; A resumes.
+    proxy.release.send_replace(true);
     a.signal("-CONT")?;
     until_all(&mut lines, &["a"], "plan applied", 12).await?;
     stop.store(true, Ordering::Relaxed);
@@ -223,11 +241,16 @@ async fn enactors_on_etcd_apply_every_plan_through_a_freeze_and_a_kill() -> anyh
 }
 
 /// A TCP proxy in front of one etcd member that the test can turn off (it then accepts and
-/// closes every connection, and cuts those it forwarded) and on again.
+/// closes every connection, and cuts those it forwarded) and on again, and that can hold a
+/// client's request: once armed with byte patterns, the first read from a client holding all
+/// of them is kept (with everything that client sends after it) until `release`.
 struct Proxy {
     forwarding: Arc<AtomicBool>,
     refused: tokio::sync::watch::Receiver<usize>,
     pipes: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    hold: Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>>,
+    held: tokio::sync::watch::Receiver<bool>,
+    release: tokio::sync::watch::Sender<bool>,
     _accept: tokio::task::JoinHandle<()>,
 }
 
@@ -236,24 +259,60 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let forwarding = Arc::new(AtomicBool::new(true));
         let (count, refused) = tokio::sync::watch::channel(0);
+        let (held_tx, held) = tokio::sync::watch::channel(false);
+        let (release, released) = tokio::sync::watch::channel(false);
+        let held_tx = Arc::new(held_tx);
         let pipes: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
-        let (on, held) = (forwarding.clone(), pipes.clone());
+        let hold: Arc<std::sync::Mutex<Option<Vec<Vec<u8>>>>> = Arc::default();
+        let (on, kept, armed) = (forwarding.clone(), pipes.clone(), hold.clone());
         let accept = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
                 if !on.load(Ordering::Relaxed) {
                     count.send_modify(|n| *n += 1);
                     continue;
                 }
-                let upstream = upstream.clone();
+                let (upstream, armed, held_tx, mut released) = (upstream.clone(), armed.clone(), held_tx.clone(), released.clone());
                 let pipe = tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else { return };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let back = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    });
+                    let _back = AbortOnDrop(back);
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let Ok(n) = client_read.read(&mut buf).await else { return };
+                        if n == 0 {
+                            return;
+                        }
+                        let chunk = &buf[..n];
+                        let matched = {
+                            let mut armed = armed.lock().unwrap_or_else(|p| p.into_inner());
+                            let all = armed
+                                .as_ref()
+                                .is_some_and(|patterns| patterns.iter().all(|p| chunk.windows(p.len()).any(|w| w == p.as_slice())));
+                            if all {
+                                *armed = None;
+                            }
+                            all
+                        };
+                        if matched {
+                            held_tx.send_replace(true);
+                            if released.wait_for(|r| *r).await.is_err() {
+                                return;
+                            }
+                        }
+                        if server_write.write_all(chunk).await.is_err() {
+                            return;
+                        }
                     }
                 });
-                held.lock().unwrap_or_else(|p| p.into_inner()).push(pipe);
+                kept.lock().unwrap_or_else(|p| p.into_inner()).push(pipe);
             }
         });
-        Ok(Proxy { forwarding, refused, pipes, _accept: accept })
+        Ok(Proxy { forwarding, refused, pipes, hold, held, release, _accept: accept })
     }
 
     fn cut(&self) {
@@ -265,6 +324,19 @@ impl Proxy {
 
     fn restore(&self) {
         self.forwarding.store(true, Ordering::Relaxed);
+    }
+
+    /// Holds the first client read that contains every one of `patterns`.
+    fn hold_first(&self, patterns: &[&[u8]]) {
+        *self.hold.lock().unwrap_or_else(|p| p.into_inner()) = Some(patterns.iter().map(|p| p.to_vec()).collect());
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
