@@ -278,6 +278,50 @@ mod tests {
         }
     }
 
+    /// An outage begins once and ends once, however many calls fail in between.
+    #[test]
+    fn reachability_changes_state_once_per_outage() {
+        let reach = Reachability::new("the store");
+        assert!(!reach.is_down());
+        assert!(reach.failed(&"refused"), "the first failure begins the outage");
+        assert!(!reach.failed(&"refused"), "later failures are the same outage");
+        assert!(reach.is_down());
+        reach.answered();
+        assert!(!reach.is_down());
+        assert!(reach.failed(&"refused"), "a new outage begins again");
+    }
+
+    /// Retries with backoff until the attempt succeeds; a fatal failure ends it; shutdown
+    /// while waiting is `None`. Time is paused, so the backoff costs nothing here.
+    #[tokio::test(start_paused = true)]
+    async fn start_with_retry_backs_off_until_it_gets_through() {
+        let mut calls = 0;
+        let started = tokio::time::Instant::now();
+        let never = std::future::pending::<()>();
+        tokio::pin!(never);
+        let got = start_with_retry(
+            "the store",
+            || {
+                calls += 1;
+                let n = calls;
+                async move { if n < 4 { Err(StartFailure::Retry("refused".into())) } else { Ok(n) } }
+            },
+            never.as_mut(),
+        )
+        .await;
+        assert_eq!(got, Ok(Some(4)));
+        // 200 + 400 + 800 ms of backoff before the fourth attempt.
+        assert_eq!(started.elapsed(), std::time::Duration::from_millis(1_400));
+
+        let fatal = start_with_retry("the store", || async { Err::<(), _>(StartFailure::Fatal("bad".into())) }, never.as_mut()).await;
+        assert_eq!(fatal, Err("bad".to_string()));
+
+        let stop = tokio::time::sleep(std::time::Duration::from_secs(30));
+        tokio::pin!(stop);
+        let stopped = start_with_retry("the store", || async { Err::<(), _>(StartFailure::Retry("refused".into())) }, stop.as_mut()).await;
+        assert_eq!(stopped, Ok(None));
+    }
+
     /// `--log-format` takes `text` and `json` and nothing else, and defaults to `text`.
     #[test]
     fn log_format_values() {
