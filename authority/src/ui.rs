@@ -8,7 +8,8 @@
 //! permits as `/v1/status` (`control.status_reads_max`).
 //!
 //! What it shows comes from the store (plans, pause and breaker, active records, enactors'
-//! heartbeats, the planner's lease), the serving snapshot (serial), and, where the planner runs
+//! heartbeats, the planner's lease), the serving snapshot (SOA serial), the secondaries the
+//! authority notifies (the serial each serves, `notify`), and, where the planner runs
 //! in the same process (`dnsplan up`), the planner's own status (`Extras::planner_status`):
 //! its last decision, what it is holding back (`deferred`) and each target's health.
 
@@ -131,7 +132,7 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
     let _ = write!(
         body,
         "<div class=\"banner ok\">latest plan <a href=\"/ui/plans/{latest}\">{latest}</a> · SOA serial {} · {} managed endpoints</div>",
-        snapshot.applied_changes as u32,
+        snapshot.serial,
         snapshot.managed_count()
     );
     match &paused {
@@ -266,9 +267,27 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
         })
         .collect();
     table(&mut body, &["ENACTOR", "ZONE", "APPLIED", "LAG", "SEEN", "STATE"], &rows);
+    let secondaries = serving.secondaries.lock().map(|s| s.clone()).unwrap_or_default();
+    if !secondaries.is_empty() {
+        body.push_str("<h2>Secondaries</h2>");
+        let rows: Vec<Vec<String>> = secondaries.iter().map(|s| secondary_row(s, snapshot.serial)).collect();
+        table(&mut body, &["SECONDARY", "SERIAL", "STATE"], &rows);
+    }
     let _ =
         write!(body, "<p class=\"muted\">read-only; reloads every {REFRESH_SECS}s; writes are the CLI's (<code>dnsplan --help</code>)</p>");
     Ok(page("dnsplan status", &body, true))
+}
+
+/// A secondary's row: its address, the serial it serves, and whether that is the one served
+/// here (`served`).
+fn secondary_row(s: &crate::notify::SecondaryStatus, served: u32) -> Vec<String> {
+    let serial = s.serial.map_or_else(|| "?".to_owned(), |n| n.to_string());
+    let state = match (&s.last_error, s.behind) {
+        (Some(err), _) => format!("<span class=\"down\">unreachable: {}</span>", escape(err)),
+        (None, true) => format!("<span class=\"down\">behind ({served} served here)</span>"),
+        (None, false) => "current".to_owned(),
+    };
+    vec![escape(&s.address.to_string()), serial, state]
 }
 
 /// `/ui/plans/{g}`: who, why, the changes against its parent, and each endpoint's provenance.

@@ -363,6 +363,11 @@ async fn knot_and_nsd_serve_every_managed_name_and_follow_changes_through_notify
         assert!(Instant::now() < status_deadline, "/v1/status secondaries: {secondaries:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The status page lists both as current, under the SOA serial served.
+    let page = reqwest::get(format!("{}/ui", authority.control)).await?.text().await?;
+    assert!(page.contains(&format!("SOA serial {now} ")), "the page's serial is not the one served ({now})");
+    let listed = page.split("<h2>Secondaries</h2>").nth(1).and_then(|rest| rest.split("<h2>").next()).unwrap_or_default();
+    assert_eq!(listed.matches("<td>current</td>").count(), 2, "the page's secondaries: {listed:?}");
     drop((knot, nsd));
     authority.stop().await
 }

@@ -288,6 +288,36 @@ struct StatusView {
     /// Endpoints of the latest plan the planner no longer manages (filled in by the CLI).
     #[serde(default)]
     unmanaged: Vec<EndpointName>,
+    /// The secondaries the authority notifies, and the serial each was last seen serving.
+    #[serde(default)]
+    secondaries: Vec<SecondaryView>,
+}
+
+/// One secondary in `/v1/status`.
+#[derive(Debug, Serialize, Deserialize)]
+struct SecondaryView {
+    address: String,
+    #[serde(default)]
+    notified_serial: Option<u32>,
+    #[serde(default)]
+    serial: Option<u32>,
+    behind: bool,
+    #[serde(default)]
+    last_error: Option<String>,
+}
+
+/// A secondary's line: its address, the serial it serves and whether that is current.
+fn secondary_row(s: &SecondaryView) -> Vec<String> {
+    let serial = s.serial.map_or_else(|| "?".to_owned(), |n| n.to_string());
+    let state = match (&s.last_error, s.behind) {
+        (Some(err), _) => format!("UNREACHABLE: {err}"),
+        (None, true) => match s.notified_serial {
+            Some(n) => format!("BEHIND (notified of {n})"),
+            None => "BEHIND".to_owned(),
+        },
+        (None, false) => "current".to_owned(),
+    };
+    vec![s.address.clone(), serial, state]
 }
 
 pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
@@ -344,6 +374,11 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
     };
     crate::out!("automation    {automation}");
     crate::out!("serial        {}", view.serial);
+    if !view.secondaries.is_empty() {
+        let behind = view.secondaries.iter().filter(|s| s.behind).count();
+        let summary = if behind == 0 { "all current".to_owned() } else { format!("{behind} BEHIND") };
+        crate::out!("secondaries   {} notified, {summary}", view.secondaries.len());
+    }
     if let Some(p) = &view.planner {
         let active = if p["active"].as_bool() == Some(true) { "active" } else { "standby" };
         crate::out!("planner       {} ({active}): {}", p["id"].as_str().unwrap_or("?"), p["last_decision"].as_str().unwrap_or(""));
@@ -393,6 +428,11 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         })
         .collect();
     crate::out_raw!("{}", table(&["ENACTOR", "ZONE", "APPLIED", "LAG", "STATE", "SEEN"], &rows));
+    if !view.secondaries.is_empty() {
+        crate::out!();
+        let rows: Vec<Vec<String>> = view.secondaries.iter().map(secondary_row).collect();
+        crate::out_raw!("{}", table(&["SECONDARY", "SERIAL", "STATE"], &rows));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -805,7 +845,9 @@ async fn cleanup(client: &Client, dry_run: bool, retain: u64) -> CliResult<ExitC
 async fn zone_export(client: &Client) -> CliResult<ExitCode> {
     let active = client.store.active_all().await?;
     let latest = client.store.latest().await?;
-    crate::out!("; managed records served by dnsplan, serial {} (plan {latest})", active.applied_changes as u32);
+    // The SOA serial is the authority's (`serial_base` + applied changes); this read is the
+    // store's, so it names the applied-change count it was taken at.
+    crate::out!("; managed records served by dnsplan after {} applied changes (plan {latest})", active.applied_changes);
     crate::out!("; weights as comments; the static records (SOA, NS, master file) are in the authority's config");
     for (name, record) in &active.endpoints {
         let ActiveState::Serving(e) = &record.state else { continue };
@@ -860,5 +902,35 @@ async fn backend(client: &Client, command: BackendCommand) -> CliResult<ExitCode
         401 => Err(CliError::Unauthorized("the stack refused the token; pass --token or set DNSPLAN_TOKEN".into())),
         404 => Err(CliError::Refused(format!("no demo backend on {address} (see `dnsplan backend list`)"))),
         other => Err(CliError::Refused(format!("{url} answered {other}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The secondaries of `/v1/status` read into the status table: current, behind (with the
+    /// serial it was told of), unreachable (with why), and a status without them (an older
+    /// authority) still reads.
+    #[test]
+    fn secondaries_read_and_say_their_state() {
+        let json = serde_json::json!({
+            "latest": 3, "paused": null, "serial": 12, "applied_changes": 12, "heartbeats": [], "endpoints": {},
+            "secondaries": [
+                {"address": "127.0.0.1:5301", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null},
+                {"address": "127.0.0.1:5302", "notified_serial": 12, "serial": 11, "behind": true, "last_error": null},
+                {"address": "127.0.0.1:5303", "notified_serial": null, "serial": null, "behind": true, "last_error": "connection refused"}
+            ]
+        });
+        let view: StatusView = serde_json::from_value(json).expect("reads");
+        let rows: Vec<Vec<String>> = view.secondaries.iter().map(secondary_row).collect();
+        assert_eq!(rows[0], ["127.0.0.1:5301", "12", "current"]);
+        assert_eq!(rows[1], ["127.0.0.1:5302", "11", "BEHIND (notified of 12)"]);
+        assert_eq!(rows[2], ["127.0.0.1:5303", "?", "UNREACHABLE: connection refused"]);
+
+        let older =
+            serde_json::json!({"latest": 3, "paused": null, "serial": 12, "applied_changes": 12, "heartbeats": [], "endpoints": {}});
+        let view: StatusView = serde_json::from_value(older).expect("reads without secondaries");
+        assert!(view.secondaries.is_empty());
     }
 }
