@@ -599,6 +599,93 @@ async fn ixfr_sends_the_change_or_the_whole_zone_when_the_history_does_not_reach
     authority.stop().await
 }
 
+/// A real secondary further behind than the history: Knot takes the zone, is frozen
+/// (SIGSTOP) while four changes go by (`ixfr_history_names_max = 2` keeps two), and resumes.
+/// The NOTIFY retried until it is acknowledged brings its IXFR from the old serial, answered
+/// with the whole zone, and Knot serves every change and the new serial.
+///
+/// Teeth: with the history's limit ignored (`Journal` keeping every change) Knot converged
+/// through an incremental answer and the test failed at "whole zone sent".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secondary_older_than_the_history_gets_the_whole_zone_and_converges() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = dnsplan_tests::knot::free_port()?;
+    let history = "[dns.transfer]\nixfr_history_names_max = 2\n";
+    let authority =
+        TestAuthority::start_text(dir.path(), &config_on(dir.path(), port, &(history.to_owned() + &transfer_config("127.0.0.1/32"))))
+            .await?;
+    populate(&authority).await?;
+    let knot = Knot::start(&KnotSpec {
+        zones: vec![KnotZone { origin: ORIGIN.into(), text: None, zone_extra: vec!["master: primary".into()] }],
+        keys: vec![KnotKey {
+            name: KEY_NAME.into(),
+            algorithm: "hmac-sha256".into(),
+            secret_base64: SECRET.into(),
+            actions: vec![KeyAction::Notify],
+        }],
+        extra_config: format!("remote:\n  - id: primary\n    address: 127.0.0.1@{port}\n    key: {KEY_NAME}\n"),
+    })
+    .await?;
+    let first = knot.wait_zone(ORIGIN, TRANSFER_DEADLINE).await?;
+
+    // The same store and port, now notifying Knot.
+    authority.stop().await?;
+    let notify = format!("[[dns.transfer.secondaries]]\naddress = \"127.0.0.1\"\nkey = \"{KEY_NAME}\"\nnotify = \"{}\"\n", knot.addr());
+    let config = history.to_owned() + &transfer_config("127.0.0.1/32") + &notify;
+    let authority = TestAuthority::start_text(dir.path(), &config_on(dir.path(), port, &config)).await?;
+    assert_eq!(serial(authority.dns).await?, first, "the restart changed nothing");
+
+    let pid = knot.pid().ok_or_else(|| anyhow::anyhow!("knotd has no process"))?.to_string();
+    let signal = |name: &str| -> anyhow::Result<()> {
+        let status = Command::new("kill").args([name, pid.as_str()]).status()?;
+        anyhow::ensure!(status.success(), "kill {name} {pid}: {status}");
+        Ok(())
+    };
+    signal("-STOP")?;
+    let changes = [(1, "10.254.1.1"), (2, "10.254.1.2"), (3, "10.254.1.3"), (4, "10.254.1.4")];
+    let mut last = first;
+    for (g, (i, address)) in (2..).zip(changes) {
+        last = change_one(&authority, g, i, address).await?;
+    }
+    let sent = |metrics: &str, result: &str| -> u64 {
+        let prefix = format!("dnsplan_dns_transfers_total{{result=\"{result}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(prefix.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    };
+    let before = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+    signal("-CONT")?;
+
+    let deadline = Instant::now() + TRANSFER_DEADLINE;
+    loop {
+        let mut served = Vec::new();
+        for (i, address) in changes {
+            served.push(a_records(knot.addr(), &endpoint_name(i)).await? == BTreeSet::from([address.parse::<IpAddr>()?]));
+        }
+        if served.iter().all(|s| *s) && knot.soa_serial(ORIGIN).await == Some(last) {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "Knot did not converge to serial {last} within {TRANSFER_DEADLINE:?}: {served:?}\n{}",
+            knot.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+    assert!(sent(&after, "sent") > sent(&before, "sent"), "whole zone sent: {} -> {}", sent(&before, "sent"), sent(&after, "sent"));
+    assert_eq!(sent(&after, "incremental"), sent(&before, "incremental"), "no incremental answer reaches back that far");
+    let wrong = differences(knot.addr(), &{
+        let mut want = served();
+        for (i, address) in changes {
+            want.insert(endpoint_name(i), BTreeSet::from([address.parse::<IpAddr>()?]));
+        }
+        want
+    })
+    .await?;
+    assert!(wrong.is_empty(), "Knot serves {} names differently: {:?}", wrong.len(), &wrong[..wrong.len().min(10)]);
+    drop(knot);
+    authority.stop().await
+}
+
 /// `dig AXFR -y` verifies every message's TSIG and counts the zone's records; `dig` without
 /// the key is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

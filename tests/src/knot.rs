@@ -130,6 +130,11 @@ impl Knot {
         anyhow::bail!("knotd exited before answering, on {PORT_ATTEMPTS} ports:\n{}", exits.join("\n"))
     }
 
+    /// The `knotd` process's id (to freeze it with SIGSTOP, as a secondary that falls behind).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Where Knot answers DNS (UDP and TCP).
     pub fn addr(&self) -> SocketAddr {
         self.addr
