@@ -85,8 +85,8 @@ const LEASE_EXPIRY_CHECK_MS: u64 = 500;
 /// bound as the codec's.
 const RESPONSE_BYTES_MAX: usize = codec::BODY_BYTES_MAX + 1024 * 1024;
 
-/// Where and how to reach etcd.
-#[derive(Clone, Debug)]
+/// Where and how to reach etcd. Its `Debug` shows the user but never the password.
+#[derive(Clone)]
 pub struct EtcdConfig {
     /// Client URLs of the cluster's members (`http://host:2379`).
     pub endpoints: Vec<String>,
@@ -101,6 +101,19 @@ pub struct EtcdConfig {
     pub txn_ops_max: usize,
     /// User and password, when the cluster has authentication on.
     pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .field("request_bytes_max", &self.request_bytes_max)
+            .field("txn_ops_max", &self.txn_ops_max)
+            .field("user", &self.user.as_ref().map(|(user, _)| (user, "<hidden>")))
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -1542,6 +1555,14 @@ fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_hides_the_password() {
+        let mut config = EtcdConfig::new(vec!["http://127.0.0.1:2379".into()], "/dnsplan/");
+        config.user = Some(("dnsplan".into(), "s3cret-password".into()));
+        let shown = format!("{config:?}");
+        assert!(shown.contains("dnsplan") && !shown.contains("s3cret-password"), "{shown}");
+    }
 
     #[test]
     fn config_is_checked() {
