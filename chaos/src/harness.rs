@@ -94,17 +94,25 @@ impl Report {
             ("unpublished data", "no published plan"),
             ("backwards", "went back"),
             ("active plan deleted", "which was deleted"),
+            ("deleted plan served", "after it was deleted"),
             ("records vanished", "now has none"),
             ("not converged", "did not converge"),
         ];
-        for (kind, marker) in kinds {
-            let found: Vec<&String> = self.violations.iter().filter(|v| v.contains(marker)).collect();
-            if found.is_empty() {
-                continue;
-            }
-            out.push_str(&format!("\n  {kind}: {}", found.len()));
-            for v in found.iter().take(2) {
-                out.push_str(&format!("\n    {v}"));
+        // A secondary's violations (`race::SECONDARY_PREFIX`) apart from the authority's.
+        for (place, on_secondary) in [("", false), (" on the secondary", true)] {
+            for (kind, marker) in kinds {
+                let found: Vec<&String> = self
+                    .violations
+                    .iter()
+                    .filter(|v| v.starts_with(crate::race::SECONDARY_PREFIX) == on_secondary && v.contains(marker))
+                    .collect();
+                if found.is_empty() {
+                    continue;
+                }
+                out.push_str(&format!("\n  {kind}{place}: {}", found.len()));
+                for v in found.iter().take(2) {
+                    out.push_str(&format!("\n    {v}"));
+                }
             }
         }
         out

@@ -30,7 +30,8 @@ enum Cmd {
         /// Fault phase of each process scenario, in seconds.
         #[arg(long, default_value_t = 10)]
         duration: u64,
-        /// Run the 2025 behaviour instead (aws-2025-race only); succeed only if it is caught.
+        /// Run the 2025 behaviour instead (aws-2025-race and aws-2025-race-secondary only);
+        /// succeed only if it is caught.
         /// Needs a build with feature `unsafe-naive`.
         #[arg(long)]
         unsafe_naive: bool,
@@ -48,6 +49,10 @@ enum Scenario {
     /// The incident's exact sequence, deterministic, on the real authority.
     #[value(name = "aws-2025-race")]
     Aws2025Race,
+    /// The same race with a Knot secondary fed by NOTIFY and zone transfer (TSIG), watched
+    /// and judged as the authority is. Needs `knotd` (Debian package knot).
+    #[value(name = "aws-2025-race-secondary")]
+    Aws2025RaceSecondary,
     /// Enactors SIGKILLed and restarted while plans keep coming.
     EnactorKillLoop,
     /// The authority SIGKILLed and restarted on its own data.
@@ -71,19 +76,23 @@ async fn run_one(
 ) -> anyhow::Result<Report> {
     let bins = || bins.clone().ok_or_else(|| anyhow::anyhow!("process scenarios need the binaries (see --bin-dir)"));
     match scenario {
-        Scenario::Aws2025Race => {
+        Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary => {
             let started = Instant::now();
+            let (name, secondaries) = match scenario {
+                Scenario::Aws2025RaceSecondary => ("aws-2025-race-secondary", race::Secondaries::Knot),
+                _ => ("aws-2025-race", race::Secondaries::None),
+            };
             let outcome = if let Some(naive) = naive {
-                race::race(dnsplan_tests::naive::NaiveStore::as_in_2025(), naive).await?
+                race::race_with(dnsplan_tests::naive::NaiveStore::as_in_2025(), naive, secondaries).await?
             } else {
                 let dir = tempfile::tempdir()?;
-                race::race(dnsplan_common::SledStore::open(dir.path())?, Behaviour::Fenced).await?
+                race::race_with(dnsplan_common::SledStore::open(dir.path())?, Behaviour::Fenced, secondaries).await?
             };
             let mut report = Report {
-                scenario: "aws-2025-race".into(),
+                scenario: name.into(),
                 seed,
                 unsafe_naive: naive.is_some(),
-                answers_checked: outcome.answers,
+                answers_checked: outcome.answers + outcome.secondary.as_ref().map_or(0, |s| s.answers),
                 snapshots_checked: outcome.snapshots,
                 plans_published: outcome.plans as u64,
                 converged: outcome.converged.is_ok(),
@@ -93,6 +102,14 @@ async fn run_one(
             report.fault("enactor held before its write");
             if let Err(e) = outcome.converged {
                 report.violations.push(e);
+            }
+            if let Some(secondary) = outcome.secondary {
+                report.fault("secondary following by zone transfer");
+                report.converged &= secondary.converged.is_ok();
+                report.violations.extend(secondary.violations);
+                if let Err(e) = secondary.converged {
+                    report.violations.push(e);
+                }
             }
             report.duration_ms = started.elapsed().as_millis() as u64;
             Ok(report)
@@ -113,17 +130,18 @@ fn unreachable_all() -> anyhow::Result<Report> {
 fn main() -> ExitCode {
     let Cmd::Run { scenario, seed, duration, unsafe_naive, report, bin_dir } = Cli::parse().command;
     let scenarios = match scenario {
-        Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race],
+        Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race, Scenario::Aws2025RaceSecondary],
         Scenario::All => vec![
             Scenario::Aws2025Race,
+            Scenario::Aws2025RaceSecondary,
             Scenario::EnactorKillLoop,
             Scenario::AuthorityKill9,
             Scenario::PlannerStorm,
             Scenario::Partition,
             Scenario::GrayZone,
         ],
-        s if unsafe_naive && s != Scenario::Aws2025Race => {
-            eprintln!("error: --unsafe-naive applies to aws-2025-race only");
+        s if unsafe_naive && !matches!(s, Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary) => {
+            eprintln!("error: --unsafe-naive applies to aws-2025-race and aws-2025-race-secondary only");
             return ExitCode::from(2);
         }
         s => vec![s],

@@ -7,6 +7,14 @@
 //! everything converges to N+10. With the 2025 behaviour (a one-time check, unfenced writes,
 //! records that go with their plan on age-only cleanup) the checker must see violations:
 //! that is the test proving its own teeth.
+//!
+//! `aws-2025-race-secondary` runs the same story with a Knot secondary (`knotd`, a real
+//! process) fed by the authority through NOTIFY and IXFR/AXFR signed with TSIG, and watches it
+//! as the authority is watched: it must never answer without an address, never serve a plan
+//! older than one it served, never a deleted plan's addresses, and must converge to the last
+//! plan. What the authority serves reaches the secondary only by zone transfer, so the 2025
+//! behaviour must be caught on the secondary too. A missing `knotd` fails the run, saying
+//! how to install it.
 
 use dnsplan_common::dns_probe::{self, RecordType};
 use dnsplan_common::{EndpointName, Generation, Store, ValidatedPlan, ZoneId};
@@ -15,7 +23,8 @@ use dnsplan_enactor::hooks::{Behaviour, Event, HookFuture, Hooks};
 use dnsplan_enactor::metrics::ReasonLabels;
 use dnsplan_enactor::{Enactor, Families, Settings};
 use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
-use dnsplan_tests::stack::Authority;
+use dnsplan_tests::knot::{self, KeyAction, Knot, KnotSpec, KnotZone, TsigKey as KnotKey};
+use dnsplan_tests::stack::{Authority, AuthorityOptions};
 use dnsplan_tests::watch::{self, Watcher};
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
@@ -31,6 +40,27 @@ const N: u64 = 2;
 const NEWER: u64 = 10;
 const RETAIN: u64 = 5;
 const CONVERGE_WITHIN: Duration = Duration::from_secs(20);
+/// The TSIG key the authority and its secondary share (32 bytes, base64).
+const XFR_KEY_NAME: &str = "dnsplan-xfr.";
+const XFR_SECRET: &str = "ZG5zcGxhbi10cmFuc2Zlci10ZXN0LXNlY3JldC0zMmI=";
+/// How long the secondary may take for its first transfer once asked: milliseconds for four
+/// names; 20 s leaves room for a loaded machine without hiding a hang.
+const FIRST_TRANSFER_WITHIN: Duration = Duration::from_secs(20);
+/// Ports tried for the authority when the one chosen is taken before it binds.
+const PORT_ATTEMPTS: usize = 3;
+/// How long `knotc` may take to hand Knot a command over its control socket.
+const KNOTC_WITHIN: Duration = Duration::from_secs(10);
+
+/// What starts each violation seen on the secondary.
+pub const SECONDARY_PREFIX: &str = "secondary: ";
+
+/// Who serves the race's DNS zone besides the authority.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Secondaries {
+    None,
+    /// A Knot secondary, fed by zone transfer (TSIG) and told of each change by NOTIFY.
+    Knot,
+}
 
 /// Holds enactor `a` before its write of the first endpoint at plan N until released (and the
 /// others' writes of plan N until `a` is held), and forwards every enactor event.
@@ -104,6 +134,18 @@ pub struct Outcome {
     /// Plans enactor A abandoned because the fence or the cleanup turned it away.
     pub a_abandoned: u64,
     pub converged: Result<(), String>,
+    /// What the secondary was seen to serve, with `Secondaries::Knot`.
+    pub secondary: Option<SecondaryOutcome>,
+}
+
+/// What was seen on the secondary, judged as the authority's answers are.
+#[derive(Debug)]
+pub struct SecondaryOutcome {
+    pub violations: Vec<String>,
+    pub answers: usize,
+    pub converged: Result<(), String>,
+    /// Knot's log, for a failure message.
+    pub logs: String,
 }
 
 /// The managed names of the race.
@@ -146,7 +188,7 @@ async fn wait_any_done(events: &mut mpsc::UnboundedReceiver<Event>, enactor: &st
 }
 
 /// Every endpoint answers with plan `target`'s addresses, over DNS, within the deadline.
-async fn converged(dns: std::net::SocketAddr, target: Generation) -> Result<(), String> {
+async fn wait_converged(dns: std::net::SocketAddr, target: Generation) -> Result<(), String> {
     let want: std::collections::BTreeSet<IpAddr> = endpoint_for(target).targets.iter().map(|t| t.address).collect();
     let start = tokio::time::Instant::now();
     for name in names() {
@@ -164,9 +206,96 @@ async fn converged(dns: std::net::SocketAddr, target: Generation) -> Result<(), 
     Ok(())
 }
 
+/// Starts a Knot secondary of the race's DNS zone and the authority serving `store`, which
+/// allows Knot to transfer with the key and notifies it of each change; returns once Knot
+/// serves the zone at the authority's serial.
+async fn authority_with_knot<S: Store>(store: S, dir: &std::path::Path) -> anyhow::Result<(Authority, Knot)> {
+    // Knot must name its primary and the primary its secondary: the authority's port is
+    // chosen first and Knot started on it, then the authority with Knot's address. The port
+    // is only free when chosen: taken meanwhile (by Knot itself, say), another is tried.
+    let mut failures = Vec::new();
+    for _ in 0..PORT_ATTEMPTS {
+        let port = knot::free_port()?;
+        let knot = knot_secondary(port).await?;
+        if knot.addr().port() == port {
+            failures.push(format!("knot took port {port}"));
+            continue;
+        }
+        let transfer = format!(
+            "[[dns.transfer.keys]]\nname = \"{XFR_KEY_NAME}\"\nsecret = \"{XFR_SECRET}\"\n[[dns.transfer.secondaries]]\naddress = \
+             \"127.0.0.1/32\"\nkey = \"{XFR_KEY_NAME}\"\nnotify = \"{}\"\n",
+            knot.addr()
+        );
+        match Authority::start_with(store.clone(), dir, &AuthorityOptions { dns_port: port, extra_config: transfer }).await {
+            Ok(authority) => {
+                first_transfer(&authority, &knot).await?;
+                return Ok((authority, knot));
+            }
+            Err(err) => failures.push(format!("port {port}: {err:#}")),
+        }
+    }
+    anyhow::bail!("the authority did not start on a port chosen for it in {PORT_ATTEMPTS} tries: {failures:?}")
+}
+
+/// A Knot secondary of the race's DNS zone whose primary is on `port`, allowing NOTIFY with
+/// the key.
+async fn knot_secondary(port: u16) -> anyhow::Result<Knot> {
+    Knot::start(&KnotSpec {
+        zones: vec![KnotZone { origin: fixtures::DNS_ZONE.into(), text: None, zone_extra: vec!["master: primary".into()] }],
+        keys: vec![KnotKey {
+            name: XFR_KEY_NAME.into(),
+            algorithm: "hmac-sha256".into(),
+            secret_base64: XFR_SECRET.into(),
+            actions: vec![KeyAction::Notify],
+        }],
+        extra_config: format!("remote:\n  - id: primary\n    address: 127.0.0.1@{port}\n    key: {XFR_KEY_NAME}\n"),
+    })
+    .await
+}
+
+/// Has Knot transfer the zone now, and waits until it serves the authority's serial.
+async fn first_transfer(authority: &Authority, knot: &Knot) -> anyhow::Result<()> {
+    let origin = fixtures::DNS_ZONE;
+    // Knot tried its first transfer before the authority listened and now waits out a
+    // backoff, and the authority sends no NOTIFY for what it serves at start: ask Knot to
+    // transfer now, through its control socket.
+    let knotc = knot::knotd_binary()?.with_file_name("knotc");
+    let command = tokio::process::Command::new(&knotc)
+        .arg("-s")
+        .arg(knot.dir().join("knot.sock"))
+        .args(["zone-refresh", origin])
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(KNOTC_WITHIN, command)
+        .await
+        .map_err(|_| anyhow::anyhow!("{} zone-refresh took over {KNOTC_WITHIN:?}", knotc.display()))?
+        .map_err(|e| anyhow::anyhow!("cannot run {} (Debian package knot): {e}", knotc.display()))?;
+    anyhow::ensure!(output.status.success(), "knotc zone-refresh failed: {}", String::from_utf8_lossy(&output.stderr));
+    let want = dns_probe::query(authority.dns, origin, RecordType::SOA, Duration::from_secs(1)).await?.soa_serial;
+    let start = tokio::time::Instant::now();
+    loop {
+        let got = knot.wait_zone(origin, FIRST_TRANSFER_WITHIN).await?;
+        if Some(got) == want {
+            break;
+        }
+        anyhow::ensure!(
+            start.elapsed() < FIRST_TRANSFER_WITHIN,
+            "knot serves serial {got}, the authority {want:?}, after {FIRST_TRANSFER_WITHIN:?}: {}",
+            knot.logs()
+        );
+        tokio::task::yield_now().await;
+    }
+    Ok(())
+}
+
 /// Runs the race on `store` with enactors of `behaviour`: `Fenced` on a `SledStore` must see
 /// no violation; `Naive` on `NaiveStore::as_in_2025` must see some.
 pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Outcome> {
+    race_with(store, behaviour, Secondaries::None).await
+}
+
+/// As `race`, with `secondaries` fed by the authority and watched and judged the same way.
+pub async fn race_with<S: Store>(store: S, behaviour: Behaviour, secondaries: Secondaries) -> anyhow::Result<Outcome> {
     let dir = tempfile::tempdir()?;
     let names = names();
     let mut published: BTreeMap<Generation, ValidatedPlan> = BTreeMap::new();
@@ -177,8 +306,23 @@ pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Ou
     }
     published.insert(Generation(1), first);
 
-    let authority = Authority::start(store.clone(), dir.path()).await?;
+    let (authority, knot) = match secondaries {
+        Secondaries::None => (Authority::start(store.clone(), dir.path()).await?, None),
+        Secondaries::Knot => {
+            let (authority, knot) = authority_with_knot(store.clone(), dir.path()).await?;
+            (authority, Some(knot))
+        }
+    };
     let watcher = Watcher::start(authority.dns, fixtures::dns_zone(), names.clone(), store.clone());
+    let secondary_watcher = knot.as_ref().map(|k| Watcher::start_secondary(k.addr(), fixtures::dns_zone(), names.clone(), store.clone()));
+    // The authority's and the secondary's views of the same moment, for certain.
+    let checkpoint = async || -> anyhow::Result<()> {
+        watcher.checkpoint().await?;
+        if let Some(secondary) = &secondary_watcher {
+            secondary.checkpoint().await?;
+        }
+        Ok(())
+    };
 
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (reached_tx, reached) = oneshot::channel();
@@ -236,25 +380,45 @@ pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Ou
     }
     wait_done(&mut events, &["b", "c"], last).await?;
     anyhow::ensure!(store.plan(Generation(N)).await.is_err(), "the story needs plan {N} deleted before A resumes");
+    // Plan N+10 everywhere, seen for certain before A resumes: a secondary, which follows by
+    // transfer, would otherwise skip this state and never be seen to go back from it.
+    checkpoint().await?;
 
     // A resumes and writes; what it left is checked before its cleanup and after.
     gate.released.store(true, Ordering::SeqCst);
     gate.release.notify_one();
     tokio::time::timeout(CONVERGE_WITHIN, at_cleanup).await.map_err(|_| anyhow::anyhow!("enactor a never finished a plan"))??;
-    watcher.checkpoint().await?;
+    checkpoint().await?;
     gate.release_cleanup.notify_one();
     wait_any_done(&mut events, "a").await?;
-    watcher.checkpoint().await?;
+    checkpoint().await?;
     gate.writes_resume.send_replace(true);
-    let converged = if behaviour == Behaviour::Fenced { converged(authority.dns, last).await } else { Ok(()) };
+    let converged = if behaviour == Behaviour::Fenced { wait_converged(authority.dns, last).await } else { Ok(()) };
+    let secondary_converged = match &knot {
+        Some(knot) if behaviour == Behaviour::Fenced => wait_converged(knot.addr(), last).await,
+        _ => Ok(()),
+    };
 
     let history = watcher.stop().await?;
+    let secondary_history = match secondary_watcher {
+        Some(w) => Some(w.stop().await?),
+        None => None,
+    };
     let _ = stop_tx.send(true);
     for task in tasks {
         task.await?;
     }
     authority.stop().await?;
     let violations = watch::check(&history, &published);
+    let secondary = match (secondary_history, knot) {
+        (Some(history), Some(knot)) => Some(SecondaryOutcome {
+            violations: watch::check(&history, &published).into_iter().map(|v| format!("{SECONDARY_PREFIX}{v}")).collect(),
+            answers: history.answers.len(),
+            converged: secondary_converged.map_err(|e| format!("{SECONDARY_PREFIX}{e}")),
+            logs: knot.logs(),
+        }),
+        _ => None,
+    };
     let a_metrics = a_metrics.ok_or_else(|| anyhow::anyhow!("enactor a has metrics"))?;
     let a_abandoned =
         ["pruned", "newer_plan"].iter().map(|&reason| a_metrics.plans_abandoned.get_or_create(&ReasonLabels { reason }).get()).sum();
@@ -265,5 +429,6 @@ pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Ou
         plans: published.len(),
         a_abandoned,
         converged,
+        secondary,
     })
 }

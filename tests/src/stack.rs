@@ -55,6 +55,17 @@ minimum_secs = 30
     )
 }
 
+/// What [`Authority::start_with`] changes in the tests' config.
+#[derive(Clone, Debug, Default)]
+pub struct AuthorityOptions {
+    /// The DNS port on 127.0.0.1; 0 lets the system choose. A secondary configured before
+    /// the authority starts (it must name its primary) needs it known in advance.
+    pub dns_port: u16,
+    /// TOML appended to the config as it is, such as `[dns.transfer]` with its keys and
+    /// secondaries.
+    pub extra_config: String,
+}
+
 pub struct Authority {
     pub dns: SocketAddr,
     /// The control API's base URL.
@@ -66,8 +77,20 @@ pub struct Authority {
 impl Authority {
     /// Serves `store` with a config written into `dir`.
     pub async fn start<S: Store>(store: S, dir: &Path) -> anyhow::Result<Authority> {
+        Authority::start_with(store, dir, &AuthorityOptions::default()).await
+    }
+
+    /// As `start`, with the tests' config changed by `options`.
+    pub async fn start_with<S: Store>(store: S, dir: &Path, options: &AuthorityOptions) -> anyhow::Result<Authority> {
+        let mut text = authority_config_text(&dir.join("data"));
+        if options.dns_port != 0 {
+            let listen = "listen = [\"127.0.0.1:0\"]";
+            assert!(text.contains(listen), "the tests' config has one DNS listen line to change");
+            text = text.replacen(listen, &format!("listen = [\"127.0.0.1:{}\"]", options.dns_port), 1);
+        }
+        text.push_str(&options.extra_config);
         let config_path = dir.join("authority.toml");
-        std::fs::write(&config_path, authority_config_text(&dir.join("data")))?;
+        std::fs::write(&config_path, text)?;
         let config = AuthorityConfig::load(&config_path)?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();

@@ -1,10 +1,11 @@
 //! Watching a running stack the way its users would, and judging what was seen.
 //!
-//! A DNS prober asks the authority for every managed name in turn and records each answer; a
-//! store observer records every active snapshot together with the oldest stored plan read
-//! just before it. [`check`] reads both histories against the plans that were published and
+//! A DNS prober asks the authority (or one of its secondaries) for every managed name in turn
+//! and records each answer; a store observer records every active snapshot together with the
+//! oldest stored plan read just before it. [`check`] reads both histories against the plans that were published and
 //! reports every violation of the invariants: no empty answer, only published data served,
-//! no generation going backwards, no active plan deleted, no endpoint vanishing.
+//! no generation going backwards, no active plan deleted (nor its addresses served after a
+//! checkpoint), no endpoint vanishing.
 
 use dnsplan_common::dns_probe::{self, DnsAnswer, RecordType};
 use dnsplan_common::{ActiveSnapshot, ActiveState, DnsName, EndpointName, Generation, Store, StoreVersion, ValidatedPlan};
@@ -27,6 +28,10 @@ const CATCH_UP_WITHIN: Duration = Duration::from_secs(10);
 pub struct Answer {
     pub name: EndpointName,
     pub result: Result<DnsAnswer, String>,
+    /// For an answer asked at a checkpoint: the oldest stored plan, read before the watched
+    /// server caught up with the store. Plans below it were deleted before this answer, and
+    /// cleanup never deletes an active plan, so an answer only they serve is a deleted plan's.
+    pub deleted_below: Option<Generation>,
 }
 
 #[derive(Clone, Debug)]
@@ -47,7 +52,8 @@ pub struct History {
 pub struct Watcher<S: Store> {
     stop: watch::Sender<bool>,
     prober: JoinHandle<()>,
-    observer: JoinHandle<()>,
+    /// `None` for a watcher of a secondary: the authority's watcher observes the store.
+    observer: Option<JoinHandle<()>>,
     shared: Shared<S>,
 }
 
@@ -81,7 +87,7 @@ impl<S: Store> Shared<S> {
         true
     }
 
-    /// Waits (bounded) until the authority's SOA serial shows at least the store's applied
+    /// Waits (bounded) until the watched server's SOA serial shows at least the store's applied
     /// changes as read now.
     async fn authority_caught_up(&self) -> anyhow::Result<()> {
         let want = self.store.active_all().await?.applied_changes as u32;
@@ -94,7 +100,7 @@ impl<S: Store> Shared<S> {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                anyhow::bail!("the authority did not catch up with the store (serial {want}) within {CATCH_UP_WITHIN:?}: {soa:?}");
+                anyhow::bail!("{} did not catch up with the store (serial {want}) within {CATCH_UP_WITHIN:?}: {soa:?}", self.dns);
             }
             tokio::task::yield_now().await;
         }
@@ -116,18 +122,35 @@ impl<S: Store> Watcher<S> {
         let (stop, stopped) = watch::channel(false);
         let shared = Shared { dns, origin, names, store, history: Arc::default() };
         let prober = tokio::spawn(probe(shared.clone(), stopped.clone()));
-        let observer = tokio::spawn(observe(shared.clone(), stopped));
+        let observer = Some(tokio::spawn(observe(shared.clone(), stopped)));
         Watcher { stop, prober, observer, shared }
+    }
+
+    /// Watches `names` as served at `dns` by a secondary of the authority serving `store`:
+    /// answers only, since the authority's own watcher records the store's snapshots. Its
+    /// checkpoints wait for the secondary's SOA serial, which is the authority's once it has
+    /// transferred the change.
+    pub fn start_secondary(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> Watcher<S> {
+        let (stop, stopped) = watch::channel(false);
+        let shared = Shared { dns, origin, names, store, history: Arc::default() };
+        let prober = tokio::spawn(probe(shared.clone(), stopped));
+        Watcher { stop, prober, observer: None, shared }
     }
 
     /// Once the authority serves what the store holds, records a snapshot and asks every name:
     /// whatever state the stack is in now is judged for certain, not only if the prober
     /// happened to look.
     pub async fn checkpoint(&self) -> anyhow::Result<()> {
+        // Read first: the server then serves a state at least as new as the store's at this
+        // read, whose active plans are all at or above this horizon (both only grow).
+        let horizon = self.shared.store.list(Generation::NONE, 1).await?.first().map(|p| p.generation);
         self.shared.authority_caught_up().await?;
-        self.shared.observe_once().await;
+        if self.observer.is_some() {
+            self.shared.observe_once().await;
+        }
         for name in &self.shared.names {
-            self.shared.push_answer(ask(self.shared.dns, name).await);
+            let answer = ask(self.shared.dns, name).await;
+            self.shared.push_answer(Answer { deleted_below: horizon, ..answer });
         }
         Ok(())
     }
@@ -136,7 +159,9 @@ impl<S: Store> Watcher<S> {
     pub async fn stop(mut self) -> anyhow::Result<History> {
         let _ = self.stop.send(true);
         (&mut self.prober).await?;
-        (&mut self.observer).await?;
+        if let Some(observer) = self.observer.as_mut() {
+            observer.await?;
+        }
         self.checkpoint().await?;
         let mut history = self.shared.history.lock().unwrap_or_else(|p| p.into_inner());
         Ok(std::mem::take(&mut *history))
@@ -145,7 +170,7 @@ impl<S: Store> Watcher<S> {
 
 async fn ask(dns: SocketAddr, name: &EndpointName) -> Answer {
     let result = dns_probe::query(dns, name.as_str(), RecordType::A, QUERY_TIMEOUT).await.map_err(|e| e.to_string());
-    Answer { name: name.clone(), result }
+    Answer { name: name.clone(), result, deleted_below: None }
 }
 
 async fn probe<S: Store>(shared: Shared<S>, stopped: watch::Receiver<bool>) {
@@ -231,6 +256,14 @@ pub fn check_with(history: &History, published: &BTreeMap<Generation, ValidatedP
         if *highest < *previous {
             violations
                 .push(format!("answer {i}: {} went backwards: served plan {highest} after plan {previous} had been served", answer.name));
+        }
+        if let Some(horizon) = answer.deleted_below
+            && *highest < horizon
+        {
+            violations.push(format!(
+                "answer {i}: {} served plan {highest}'s addresses after it was deleted (oldest stored plan {horizon})",
+                answer.name
+            ));
         }
         *previous = (*previous).max(*lowest);
     }
