@@ -6,6 +6,7 @@ use crate::dns_zone::DnsZoneConfig;
 use crate::rrl::{self, IpPrefix, RrlSettings};
 use dnsplan_common::daemon;
 use dnsplan_common::store::WAIT_TIMEOUT_MAX;
+use dnsplan_common::store_config::StoreConfig;
 use dnsplan_common::tsig::TsigKeyConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -18,8 +19,13 @@ pub use dnsplan_common::daemon::{ConfigError, TOKEN_ENV};
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthorityConfig {
-    /// Directory of the embedded store (created if missing).
+    /// Directory of the embedded store (created if missing); on etcd, of the copy of the
+    /// state last served (`local_state`).
     pub data_dir: PathBuf,
+    /// `[store]`: absent, the embedded store in `data_dir`; `kind = "etcd"`, a store on etcd
+    /// that other authorities, planners and enactors share (the same table as theirs).
+    #[serde(default)]
+    pub store: Option<StoreConfig>,
     #[serde(default)]
     pub dns: DnsConfig,
     pub control: ControlConfig,
@@ -396,6 +402,9 @@ impl AuthorityConfig {
     pub fn load(path: &Path) -> Result<AuthorityConfig, ConfigError> {
         let mut config: AuthorityConfig = daemon::load_toml(path)?;
         config.control.token = daemon::token_from_env_or(config.control.token.take());
+        if let Some(store) = &mut config.store {
+            store.resolve(path).map_err(|detail| ConfigError::invalid(path, detail))?;
+        }
         config.check().map_err(|detail| ConfigError::invalid(path, detail))?;
         if daemon::is_placeholder_token(config.token()) {
             return Err(ConfigError::invalid(
@@ -412,6 +421,14 @@ impl AuthorityConfig {
 
     /// Every value in range, with a message naming the key.
     pub fn check(&self) -> Result<(), String> {
+        match &self.store {
+            None | Some(StoreConfig::Etcd(_)) => {}
+            Some(StoreConfig::Control(_)) => {
+                return Err("store.kind: \"control\" is how planners and enactors reach an authority; an authority serves the \
+                            embedded store in data_dir (leave [store] out) or follows etcd (kind = \"etcd\" with endpoints)"
+                    .into());
+            }
+        }
         let dns = &self.dns;
         if dns.listen.is_empty() {
             return Err("dns.listen: give at least one address".into());
@@ -570,6 +587,52 @@ mod tests {
         std::fs::write(dir.path().join("dnsplan-xfr.key"), "short").expect("write");
         let err = crate::transfer::TransferPolicy::from_config(transfer, dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("dnsplan-xfr.key") && !err.contains("short"), "{err}");
+    }
+
+    #[test]
+    fn the_store_is_embedded_by_default_and_etcd_takes_the_planners_table() {
+        assert!(load("").expect("loads").store.is_none());
+        let etcd = load("[store]\nkind = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\n").expect("loads");
+        match etcd.store {
+            Some(StoreConfig::Etcd(e)) => assert_eq!((e.endpoints.len(), e.prefix.as_str()), (1, "/dnsplan/")),
+            other => panic!("want etcd, got {other:?}"),
+        }
+        for (extra, want) in [
+            ("[store]\nkind = \"control\"\nurl = \"http://127.0.0.1:8053\"\n", "store.kind: \"control\""),
+            ("[store]\nkind = \"etcd\"\n", "store.endpoints: missing"),
+            ("[store]\nkind = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n", "store.endpoints"),
+            ("[store]\nkind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nurl = \"http://x\"\n", "store.url: only for kind"),
+            ("[store]\nkind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nusername = \"u\"\n", "has no password"),
+            ("[store]\nkind = \"zookeeper\"\n", "store.kind"),
+        ] {
+            let err = load(extra).expect_err(extra);
+            assert!(err.contains(want), "{extra:?}: want {want:?} in {err}");
+        }
+    }
+
+    /// The example's commented `[store]` block, uncommented (without the credentials), loads as
+    /// etcd.
+    #[test]
+    fn the_examples_store_block_loads_uncommented() {
+        let example = include_str!("../../examples/authority.toml");
+        let mut text = String::new();
+        let mut inside = false;
+        for line in example.lines() {
+            inside |= line == "# [store]";
+            match line.strip_prefix("# ") {
+                Some(rest) if inside && !rest.starts_with("username") && !rest.starts_with("password") => text.push_str(rest),
+                _ => text.push_str(line),
+            }
+            text.push('\n');
+            inside &= !line.trim().is_empty();
+        }
+        assert!(text.contains("\n[store]\nkind = \"etcd\"\n"), "{text}");
+        let text = text.replace("change-me-to-a-long-random-token", "0123456789abcdef0123");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("authority.toml");
+        std::fs::write(&path, &text).expect("write");
+        let config = AuthorityConfig::load(&path).expect("the uncommented example loads");
+        assert!(matches!(config.store, Some(StoreConfig::Etcd(_))), "{:?}", config.store);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;
 use crate::journal::{Journal, JournalChange};
+use crate::local_state::{LocalState, Mirror};
 use crate::metrics::Metrics;
 use crate::notify::Statuses;
 use crate::rrl::Rrl;
@@ -14,9 +15,11 @@ use crate::snapshot::{Snapshot, wire_key};
 use crate::transfer::IXFR_HISTORY_NAMES_DEFAULT;
 use crate::transfer::TransferPolicy;
 use arc_swap::ArcSwap;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, Store, StoreError, StoreResult, StoreVersion};
+use dnsplan_common::daemon::Reachability;
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, ActiveRecord, Store, StoreError, StoreResult, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
 use hickory_proto::rr::Name;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -78,6 +81,9 @@ pub struct Serving {
     /// The history IXFR answers from. The follower appends each swap and swaps the snapshot
     /// while holding it, so a transfer that loads the snapshot under it sees both at once.
     pub journal: Mutex<Journal>,
+    /// The copy of the served state kept on disk (`local_state`), when this authority keeps
+    /// one: the follower records every delta it swaps in.
+    pub local: Option<Arc<Mirror>>,
 }
 
 impl Serving {
@@ -87,10 +93,41 @@ impl Serving {
         check_dns_zone(store, &zone).await?;
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
+        Ok(Serving::from_snapshot(snapshot, zone, limits, metrics, started))
+    }
+
+    /// As `load`, keeping a copy of the state loaded for the file on disk (`local_state`).
+    pub async fn load_keeping<S: Store>(
+        store: &S,
+        zone: Arc<StaticZone>,
+        limits: AnswerLimits,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Serving> {
+        check_dns_zone(store, &zone).await?;
+        let started = Instant::now();
+        let (snapshot, endpoints) = Loader::new(zone.clone()).keeping().finish_keeping(store).await?;
+        let dns_zone = DnsName::parse(&zone.origin.to_ascii())?;
+        let mirror = Mirror::new(LocalState { dns_zone, applied_changes: snapshot.applied_changes, endpoints });
+        let mut serving = Serving::from_snapshot(snapshot, zone, limits, metrics, started);
+        serving.local = Some(Arc::new(mirror));
+        Ok(serving)
+    }
+
+    /// Serves `state`, read from the file on disk, at once; the follower goes on from its
+    /// applied-change count. The caller checked that it is this DNS zone's.
+    pub fn from_local(state: LocalState, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> Serving {
+        let started = Instant::now();
+        let snapshot = Snapshot::build(zone.clone(), &state.active());
+        let mut serving = Serving::from_snapshot(snapshot, zone, limits, metrics, started);
+        serving.local = Some(Arc::new(Mirror::new(state)));
+        serving
+    }
+
+    fn from_snapshot(snapshot: Snapshot, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, started: Instant) -> Serving {
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
         let serial = snapshot.serial;
         let served_serial = tokio::sync::watch::Sender::new(serial);
-        Ok(Serving {
+        Serving {
             snapshot: ArcSwap::from_pointee(snapshot),
             zone,
             limits,
@@ -100,7 +137,8 @@ impl Serving {
             served_serial,
             secondaries: Statuses::default(),
             journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
-        })
+            local: None,
+        }
     }
 
     /// With UDP answers limited by `rrl` (`None`: not limited).
@@ -118,19 +156,28 @@ impl Serving {
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the
     /// task is dropped. Changes that arrive during a rebuild are picked up by the next one.
     pub async fn follow<S: Store>(self: Arc<Self>, store: S) {
+        // An outage is logged when it begins and when it ends, not on every retry: the
+        // authority keeps serving its snapshot meanwhile, which is the point.
+        let reach = Reachability::new("the store");
         let mut seen = StoreVersion { applied_changes: self.snapshot.load().applied_changes, ..StoreVersion::default() };
         loop {
             match store.wait_for_change(seen, FOLLOW_WAIT).await {
                 Ok(now) if now.applied_changes != seen.applied_changes => match self.rebuild(&store).await {
-                    Ok(applied) => seen = StoreVersion { applied_changes: applied, ..now },
+                    Ok(applied) => {
+                        reach.answered();
+                        seen = StoreVersion { applied_changes: applied, ..now };
+                    }
                     Err(err) => {
-                        tracing::warn!(error = %format!("{err:#}"), "could not rebuild the snapshot; still serving the previous one");
+                        reach.failed(&format!("{err:#}; still serving the previous snapshot"));
                         tokio::time::sleep(FOLLOW_RETRY).await;
                     }
                 },
-                Ok(now) => seen = now,
+                Ok(now) => {
+                    reach.answered();
+                    seen = now;
+                }
                 Err(err) => {
-                    tracing::warn!(error = %format!("{err:#}"), "waiting on the store failed; still serving the current snapshot");
+                    reach.failed(&format!("{err:#}; still serving the current snapshot"));
                     tokio::time::sleep(FOLLOW_RETRY).await;
                 }
             }
@@ -160,6 +207,9 @@ impl Serving {
                 None => journal.reset(serial),
             }
             self.snapshot.store(Arc::new(snapshot));
+        }
+        if let Some(local) = &self.local {
+            local.record(&delta);
         }
         self.served_serial.send_replace(serial);
         tracing::debug!(applied_changes = applied, "snapshot swapped");
@@ -193,11 +243,18 @@ pub struct Loader {
     after: Option<EndpointName>,
     since: Option<u64>,
     done: bool,
+    /// Every record loaded, for the file on disk (`keeping`); `None` when not asked.
+    kept: Option<BTreeMap<EndpointName, ActiveRecord>>,
 }
 
 impl Loader {
     pub fn new(zone: Arc<StaticZone>) -> Loader {
-        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false }
+        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false, kept: None }
+    }
+
+    /// Also keeps every record loaded (`finish_keeping` returns them).
+    pub fn keeping(self) -> Loader {
+        Loader { kept: Some(BTreeMap::new()), ..self }
     }
 
     /// Reads and merges the next page. `false` once the last page is in.
@@ -208,6 +265,9 @@ impl Loader {
         let page = store.active_page(self.after.take(), ACTIVE_PAGE_MAX).await?;
         self.since.get_or_insert(page.applied_changes);
         self.snapshot.load_page(&page.endpoints);
+        if let Some(kept) = &mut self.kept {
+            kept.extend(page.endpoints.iter().cloned());
+        }
         self.after = page.endpoints.last().map(|(name, _)| name.clone());
         self.done = !page.more || self.after.is_none();
         Ok(!self.done)
@@ -218,5 +278,18 @@ impl Loader {
         while self.next_page(store).await? {}
         let delta = store.active_since(self.since.unwrap_or_default()).await?;
         Ok(self.snapshot.apply(&delta))
+    }
+
+    /// As `finish`, with the records kept (`keeping`) brought up to the same moment.
+    pub async fn finish_keeping<S: Store>(mut self, store: &S) -> StoreResult<(Snapshot, BTreeMap<EndpointName, ActiveRecord>)> {
+        while self.next_page(store).await? {}
+        let delta = store.active_since(self.since.unwrap_or_default()).await?;
+        let mut kept = self.kept.take().unwrap_or_default();
+        if delta.full {
+            kept = delta.endpoints.clone();
+        } else {
+            kept.extend(delta.endpoints.iter().map(|(name, record)| (name.clone(), record.clone())));
+        }
+        Ok((self.snapshot.apply(&delta), kept))
     }
 }

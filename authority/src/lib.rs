@@ -7,8 +7,9 @@
 //! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
 //! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
 //! `transfer` feeds secondaries (AXFR, IXFR from `journal`, TSIG) and `notify` tells them of
-//! changes; `accept` and `budget` keep both listeners within the process's descriptors; `run` the
-//! wiring of one authority process.
+//! changes; `accept` and `budget` keep both listeners within the process's descriptors;
+//! `local_state` keeps the state served on disk for an authority on etcd; `run` the wiring of
+//! one authority process.
 
 pub mod accept;
 pub mod answer;
@@ -22,6 +23,7 @@ pub mod dns_zone;
 pub mod fast;
 pub mod follower;
 pub mod journal;
+pub mod local_state;
 pub mod metrics;
 pub mod notify;
 pub mod rrl;

@@ -1,5 +1,6 @@
-//! Wiring: opens the store, serves the last applied state at once, binds DNS and the control
-//! API, follows the store, and shuts down cleanly.
+//! Wiring: binds DNS and the control API, serves the last applied state at once (from the
+//! file `local_state` keeps on an authority on etcd, else from the store), reaches the store
+//! (`[store]`: embedded sled, or etcd with retries), follows it, and shuts down cleanly.
 
 use crate::answer::AnswerLimits;
 use crate::budget;
@@ -7,7 +8,8 @@ use crate::config::AuthorityConfig;
 use crate::control::{self, ApiError, Control};
 use crate::control_server::{self, ControlLimits};
 use crate::dns_zone::StaticZone;
-use crate::follower::Serving;
+use crate::follower::{LoadError, Serving, check_dns_zone};
+use crate::local_state;
 use crate::metrics::{Metrics, StoreReading};
 use crate::rrl::Rrl;
 use crate::server::{TcpLimits, serve_tcp};
@@ -20,12 +22,15 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::response::Html;
 use axum::routing::get;
+use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::{Generation, SledStore, Store};
+use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
+use dnsplan_common::{Generation, SledStore, Store, StoreError};
+use dnsplan_etcd::{EtcdConfig, EtcdStore};
 use serde::Serialize;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,16 +75,61 @@ struct StatusQuery {
     after: Option<String>,
 }
 
-/// Runs the authority on the embedded store at `config.data_dir` until `shutdown` resolves.
-/// `on_bound` is told where it listens once everything serves.
+/// Runs the authority until `shutdown` resolves, on the store `config.store` names: the
+/// embedded store at `config.data_dir` by default, or etcd (`[store] kind = "etcd"`), where
+/// the authority keeps the state it serves on its own disk too (`local_state`) and serves it
+/// at once on start, before etcd answers. `on_bound` is told where it listens once DNS
+/// answers.
 pub async fn run(
     config: AuthorityConfig,
     config_dir: &Path,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound),
 ) -> anyhow::Result<()> {
-    let store = SledStore::open(&config.data_dir).with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
-    run_with_store(store, config, config_dir, shutdown, on_bound).await
+    match config.store.clone() {
+        None => {
+            let store = SledStore::open(&config.data_dir).with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
+            run_with_store(store, config, config_dir, shutdown, on_bound).await
+        }
+        Some(StoreConfig::Etcd(etcd)) => {
+            let reach = move |stop: Stop| async move {
+                let stopped = stop.wait();
+                tokio::pin!(stopped);
+                daemon::start_with_retry("the store on etcd", || connect_etcd(&etcd), stopped.as_mut()).await.map_err(anyhow::Error::msg)
+            };
+            let local = local_state::path_in(&config.data_dir);
+            serve(reach, Some(local), config, config_dir, shutdown, on_bound, Extras::default()).await
+        }
+        // `AuthorityConfig::check` refuses it; said again for a config built in code.
+        Some(StoreConfig::Control(_)) => {
+            anyhow::bail!("store.kind: an authority serves the embedded store or follows etcd, not another authority's control API")
+        }
+    }
+}
+
+/// Connects to etcd and reads the store's version once, so that the store answers before the
+/// follower and the control API use it. An outage is retried (`start_with_retry`); a store
+/// that answers with something else than an outage (bad data under the prefix) is fatal.
+async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
+    let mut config = EtcdConfig::new(settings.endpoints.clone(), settings.prefix.clone());
+    config.user = settings.credentials().map(|(user, password)| (user, password.expose().to_string()));
+    let store = EtcdStore::connect(config).await.map_err(|err| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
+    match store.version().await {
+        Ok(_) => Ok(store),
+        Err(err @ (StoreError::Unavailable(_) | StoreError::Io(_))) => Err(StartFailure::Retry(format!("{:#}", anyhow::Error::new(err)))),
+        Err(err) => Err(StartFailure::Fatal(format!("{:#}", anyhow::Error::new(err)))),
+    }
+}
+
+/// Resolves once shutdown was asked for; cloned by everything that stops on it.
+#[derive(Clone)]
+struct Stop(tokio::sync::watch::Receiver<bool>);
+
+impl Stop {
+    async fn wait(mut self) {
+        // An error means the sender is gone, which happens only after it sent.
+        let _ = self.0.wait_for(|stopped| *stopped).await;
+    }
 }
 
 /// What an embedding process adds to the control API: routes, and metrics to serve with the
@@ -112,17 +162,43 @@ pub async fn run_with_extras<S: Store>(
     on_bound: impl FnOnce(Bound),
     extras: Extras,
 ) -> anyhow::Result<()> {
+    serve(|_| async { Ok(Some(store)) }, None, config, config_dir, shutdown, on_bound, extras).await
+}
+
+/// The authority on whichever store `reach` resolves to (`None`: shutdown came first).
+///
+/// With `local` (the file of `local_state`), the state saved there is served at once, before
+/// `reach` resolves, so an unreachable store never stops the answers; a missing or refused
+/// file means waiting for the store, and then the state served is saved there after each
+/// change. DNS and the control API are bound first in any case; DNS answers once a state is
+/// loaded, the control API once the store is reached (until then its connections wait).
+async fn serve<S, R, F>(
+    reach: R,
+    local: Option<PathBuf>,
+    config: AuthorityConfig,
+    config_dir: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(Bound),
+    extras: Extras,
+) -> anyhow::Result<()>
+where
+    S: Store,
+    R: FnOnce(Stop) -> F,
+    F: Future<Output = anyhow::Result<Option<S>>>,
+{
     let zone = Arc::new(StaticZone::load(&config.dns_zone, config_dir)?);
     let metrics = Arc::new(Metrics::new());
-    let serving_metrics = metrics.clone();
     let limits =
         AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
-    // Static stability: serve the last applied state from our own disk before anything else.
     let rrl = config.dns.rrl.settings().map(|settings| Rrl::new(&settings));
     let transfer = TransferPolicy::from_config(&config.dns.transfer, config_dir)?;
-    let serving = Arc::new(Serving::load(&store, zone.clone(), limits, serving_metrics).await?.with_rrl(rrl).with_transfer(transfer));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = Stop(stop_rx);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
 
-    let mut tasks = tokio::task::JoinSet::new();
     let mut dns = Vec::new();
     let mut tcp_listeners = Vec::new();
     let mut udp_sockets = Vec::new();
@@ -133,8 +209,88 @@ pub async fn run_with_extras<S: Store>(
         udp_sockets.extend(udp);
         tcp_listeners.push(tcp);
     }
-    // Threads of their own, stopped and joined when dropped (below, or on an early return).
-    let udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
+    let listener = tokio::net::TcpListener::bind(config.control.listen)
+        .await
+        .with_context(|| format!("binding the control API on {}", config.control.listen))?;
+    let control_addr = listener.local_addr()?;
+    // Every connection holds a descriptor: the caps stay under what the process has left.
+    let wanted = budget::Caps { dns_tcp_per_listener: config.dns.tcp_connections_max, control: config.control.connections_max };
+    let caps = budget::fit_to_process(tcp_listeners.len(), wanted)?;
+    let tcp_limits =
+        TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: caps.dns_tcp_per_listener };
+    let bound = Bound { dns: dns.clone(), control: control_addr };
+    let mut on_bound = Some(on_bound);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    // Static stability: the state saved on our own disk, served before anything else.
+    let mut rrl = Some(rrl);
+    let mut transfer = Some(transfer);
+    let mut dress = |serving: Serving| {
+        Arc::new(serving.with_rrl(rrl.take().flatten()).with_transfer(transfer.take().unwrap_or_else(TransferPolicy::closed)))
+    };
+    let mut serving = None;
+    let mut udp = None;
+    if let Some(path) = &local {
+        match local_state::read(path, &config.dns_zone.origin) {
+            Ok(Some(state)) => {
+                tracing::info!(
+                    applied_changes = state.applied_changes,
+                    endpoints = state.endpoints.len(),
+                    path = %path.display(),
+                    "serving the state saved on disk at once; the store is followed once it answers"
+                );
+                let saved = dress(Serving::from_local(state, zone.clone(), limits, metrics.clone()));
+                udp =
+                    Some(start_dns(std::mem::take(&mut udp_sockets), std::mem::take(&mut tcp_listeners), &saved, tcp_limits, &mut tasks)?);
+                if let Some(on_bound) = on_bound.take() {
+                    on_bound(bound.clone());
+                }
+                tracing::info!(dns = ?dns, origin = %zone.origin, "authority serving its saved state");
+                serving = Some(saved);
+            }
+            Ok(None) => tracing::info!(path = %path.display(), "no saved state yet (first start); DNS answers once the store is read"),
+            Err(err) => tracing::error!(
+                error = %format!("{:#}", anyhow::Error::new(err)),
+                "the saved state is not served; DNS answers once the store is read"
+            ),
+        }
+    }
+
+    let Some(store) = reach(stop.clone()).await? else {
+        tasks.shutdown().await;
+        drop(udp);
+        tracing::info!("authority stopped before the store answered");
+        return Ok(());
+    };
+    let serving = match serving {
+        Some(serving) => {
+            match check_dns_zone(&store, &zone).await {
+                Ok(()) => {}
+                Err(err @ LoadError::DnsZoneMismatch { .. }) => return Err(err.into()),
+                // The follower retries the store and says when it answers again.
+                Err(err @ LoadError::Store(_)) => {
+                    tracing::warn!(error = %format!("{:#}", anyhow::Error::new(err)), "cannot check the store's DNS zone now")
+                }
+            }
+            serving
+        }
+        None => {
+            let serving = match &local {
+                Some(_) => Serving::load_keeping(&store, zone.clone(), limits, metrics.clone()).await?,
+                None => Serving::load(&store, zone.clone(), limits, metrics.clone()).await?,
+            };
+            let serving = dress(serving);
+            udp = Some(start_dns(udp_sockets, tcp_listeners, &serving, tcp_limits, &mut tasks)?);
+            if let Some(mirror) = &serving.local {
+                mirror.touch();
+            }
+            serving
+        }
+    };
+    let saving = local.clone().zip(serving.local.clone());
+    if let Some((path, mirror)) = &saving {
+        tasks.spawn(local_state::keep_saved(mirror.clone(), path.clone()));
+    }
     tasks.spawn(serving.clone().follow(store.clone()));
     crate::notify::spawn(&mut tasks, &serving);
 
@@ -203,33 +359,47 @@ pub async fn run_with_extras<S: Store>(
     if let Some(routes) = extras.routes {
         app = app.merge(routes);
     }
-    let listener = tokio::net::TcpListener::bind(config.control.listen)
-        .await
-        .with_context(|| format!("binding the control API on {}", config.control.listen))?;
-    let control_addr = listener.local_addr()?;
-    // Every connection holds a descriptor: the caps stay under what the process has left.
-    let wanted = budget::Caps { dns_tcp_per_listener: config.dns.tcp_connections_max, control: config.control.connections_max };
-    let caps = budget::fit_to_process(tcp_listeners.len(), wanted)?;
-    let tcp_limits =
-        TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: caps.dns_tcp_per_listener };
-    for tcp in tcp_listeners {
-        tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
-    }
     let control_limits = ControlLimits {
         connections_max: caps.control,
         header_timeout: Duration::from_secs(config.control.header_timeout_secs),
         body_timeout: Duration::from_secs(config.control.body_timeout_secs),
         request_timeout: Duration::from_secs(config.control.request_timeout_secs),
     };
-    on_bound(Bound { dns: dns.clone(), control: control_addr });
-    let _ = serving; // the listeners hold their own references
-    tracing::info!(dns = ?dns, control = %control_addr, origin = %zone.origin, "authority serving");
+    if let Some(on_bound) = on_bound.take() {
+        on_bound(bound);
+        tracing::info!(dns = ?dns, control = %control_addr, origin = %zone.origin, "authority serving");
+    } else {
+        tracing::info!(control = %control_addr, "following the store; the control API serves");
+    }
     // Stop accepting control requests on shutdown, finish those in flight, then stop DNS.
-    control_server::serve(listener, app, control_limits, connection_metrics, shutdown).await;
+    control_server::serve(listener, app, control_limits, connection_metrics, stop.wait()).await;
     tasks.shutdown().await;
     drop(udp);
+    if let Some((path, mirror)) = saving {
+        // The last state served, for the next start; a failure is said, and the next start
+        // serves the one saved before (or waits for the store).
+        if let Err(err) = local_state::save_now(mirror, path).await {
+            tracing::error!(error = %format!("{err:#}"), "cannot save the served state at shutdown");
+        }
+    }
     tracing::info!("authority stopped");
     Ok(())
+}
+
+/// Starts answering DNS on the bound sockets from `serving`: the UDP threads (stopped and
+/// joined when the result is dropped) and one TCP task per listener.
+fn start_dns(
+    udp_sockets: Vec<std::net::UdpSocket>,
+    tcp_listeners: Vec<tokio::net::TcpListener>,
+    serving: &Arc<Serving>,
+    tcp_limits: TcpLimits,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> anyhow::Result<UdpServers> {
+    let udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
+    for tcp in tcp_listeners {
+        tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
+    }
+    Ok(udp)
 }
 
 async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery) -> Result<Json<Status>, ApiError> {

@@ -171,6 +171,7 @@ impl Stack {
         let dns_zone = DnsName::parse(&up.authority.dns_zone.origin).map_err(|e| invalid(format!("authority.dns_zone.origin: {e}")))?;
         let authority = AuthorityConfig {
             data_dir,
+            store: None,
             dns,
             control: ControlConfig { listen: control_listen, token: Some(token.clone()), ..ControlConfig::default() },
             dns_zone: up.authority.dns_zone,

@@ -29,6 +29,8 @@ pub struct Member {
     pub peer_url: String,
     pub log: PathBuf,
     child: Option<Child>,
+    /// The arguments it was started with, to start it again after a kill (`restart_killed`).
+    args: Vec<String>,
 }
 
 /// A running cluster. Dropping it kills every member.
@@ -97,29 +99,24 @@ impl EtcdCluster {
                 peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
                 log: dir.path().join(format!("m{i}.log")),
                 child: None,
+                args: Vec::new(),
             })
             .collect();
         let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
         let initial = initial.join(",");
         for m in &mut members {
-            let log = std::fs::File::create(&m.log)?;
-            let child = Command::new(ETCD_BINARY)
-                .args(["--name", &m.name])
-                .arg("--data-dir")
-                .arg(dir.path().join(&m.name))
-                .args(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url])
-                .args(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url])
-                .args(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", &token])
-                // Faster elections than the defaults (100 ms, 1 s) keep starts short; still
-                // ten heartbeats per election, as etcd recommends.
-                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-                .args(extra_args)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .with_context(|| format!("cannot start `{ETCD_BINARY}`; install Debian's etcd-server"))?;
-            m.child = Some(child);
+            let data_dir = dir.path().join(&m.name);
+            let data_dir = data_dir.to_str().context("the scratch directory's path is not UTF-8")?;
+            let mut args: Vec<&str> = vec!["--name", &m.name, "--data-dir", data_dir];
+            args.extend(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url]);
+            args.extend(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url]);
+            args.extend(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", &token]);
+            // Faster elections than the defaults (100 ms, 1 s) keep starts short; still ten
+            // heartbeats per election, as etcd recommends.
+            args.extend(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+            args.extend(extra_args);
+            m.args = args.into_iter().map(String::from).collect();
+            m.child = Some(spawn_member(m)?);
         }
         let mut cluster = EtcdCluster { members, _dir: dir };
         cluster.wait_healthy().await?;
@@ -171,6 +168,22 @@ impl EtcdCluster {
         Ok(etcd_client::Client::connect(self.endpoints(), None).await?)
     }
 
+    /// Starts again every member that was killed, with its data (a member that finds its data
+    /// directory rejoins the cluster), and waits until every member answers.
+    pub async fn restart_killed(&mut self) -> anyhow::Result<()> {
+        for m in &mut self.members {
+            if m.child.is_none() {
+                m.child = Some(spawn_member(m)?);
+            }
+        }
+        self.wait_healthy().await
+    }
+
+    /// Every member's client URL, killed ones included: what a daemon is configured with.
+    pub fn all_endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
     /// SIGKILLs member `index` (its data stays, it can be inspected in the logs).
     pub fn kill(&mut self, index: usize) -> anyhow::Result<()> {
         let m = self.members.get_mut(index).context("no such member")?;
@@ -180,6 +193,18 @@ impl EtcdCluster {
         }
         Ok(())
     }
+}
+
+/// Starts `m` with its arguments, its output appended to its log.
+fn spawn_member(m: &Member) -> anyhow::Result<Child> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&m.log)?;
+    Command::new(ETCD_BINARY)
+        .args(&m.args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("cannot start `{ETCD_BINARY}`; install Debian's etcd-server"))
 }
 
 /// Whether the member at `url` serves a linearizable read within a second.

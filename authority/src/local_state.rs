@@ -1,0 +1,198 @@
+//! The authority's own copy of the last state it served, on its own disk, for an authority
+//! that follows a store on other machines (etcd): static stability. Read once at start, so the
+//! authority answers at once from it while the store is unreachable; written after swaps
+//! (debounced) so it stays close to what is served. Not the store: nothing else reads it, no
+//! fence is checked against it, and an authority on the embedded store does not keep one (its
+//! store is already on its disk).
+//!
+//! The file is `served-state` in `data_dir`, one envelope of common's codec (magic, format
+//! version, kind [`LOCAL_STATE_KIND`], length, CRC-32 of the body) around a bincode
+//! [`LocalState`]: the DNS zone, the applied-change count and every active record. It is
+//! replaced whole: written to a temporary file beside it, fsynced, renamed over it, and the
+//! directory fsynced, so a crash leaves the old file or the new one, never a mix. A file that
+//! does not decode (torn, corrupt, another version, another DNS zone) is refused whole, with
+//! a log line saying why, and the authority waits for the store instead: it never serves a
+//! part of one. This type lives here rather than in common, which holds the shared on-disk
+//! types, because no other crate reads or writes it.
+
+use dnsplan_common::codec::{self, CodecError, Record};
+use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot};
+use dnsplan_common::{DnsName, EndpointName};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The file's name in `data_dir`.
+pub const FILE_NAME: &str = "served-state";
+/// The envelope kind of a [`LocalState`]; common's kinds are 1..=8, so this stays clear of
+/// theirs.
+pub const LOCAL_STATE_KIND: u8 = 64;
+/// Quiet time after a swap before the file is written, and so the shortest time between two
+/// writes: a storm of swaps writes once per interval (the state is rewritten whole, so writing
+/// on every swap of a large zone would cost more than serving), and a crash loses at most this
+/// much, which the follower fetches again from the store.
+pub const SAVE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What the file holds: the state served at one applied-change count.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalState {
+    /// The DNS zone it was served for; a file of another zone is refused.
+    pub dns_zone: DnsName,
+    pub applied_changes: u64,
+    pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
+}
+
+impl Record for LocalState {
+    const KIND: u8 = LOCAL_STATE_KIND;
+    const KIND_NAME: &'static str = "served state";
+    const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
+}
+
+impl LocalState {
+    pub fn active(&self) -> ActiveSnapshot {
+        ActiveSnapshot { applied_changes: self.applied_changes, endpoints: self.endpoints.clone() }
+    }
+}
+
+/// Why the file was not used.
+#[derive(Debug, Error)]
+pub enum LocalStateError {
+    #[error("cannot read {path}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is {len} bytes, more than any state this build writes; it is not ours")]
+    TooLarge { path: PathBuf, len: u64 },
+    #[error("{path} is corrupt or torn; it is ignored and the state comes from the store")]
+    Corrupt { path: PathBuf, source: CodecError },
+    #[error("{path} holds the DNS zone {found}, but this authority serves {configured}; it is ignored")]
+    OtherDnsZone { path: PathBuf, found: DnsName, configured: String },
+}
+
+/// The file of `data_dir`.
+pub fn path_in(data_dir: &Path) -> PathBuf {
+    data_dir.join(FILE_NAME)
+}
+
+/// The state saved at `path` for `origin` (a DNS name in text form), `Ok(None)` when there is
+/// no file (the first start).
+pub fn read(path: &Path, origin: &str) -> Result<Option<LocalState>, LocalStateError> {
+    let io = |source| LocalStateError::Io { path: path.to_path_buf(), source };
+    let len = match std::fs::metadata(path) {
+        Ok(meta) => meta.len(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(io(err)),
+    };
+    if len > (codec::HEADER_BYTES + codec::BODY_BYTES_MAX) as u64 {
+        return Err(LocalStateError::TooLarge { path: path.to_path_buf(), len });
+    }
+    let bytes = std::fs::read(path).map_err(io)?;
+    let state: LocalState = codec::decode(&bytes).map_err(|source| LocalStateError::Corrupt { path: path.to_path_buf(), source })?;
+    if !state.dns_zone.as_str().eq_ignore_ascii_case(origin) {
+        return Err(LocalStateError::OtherDnsZone { path: path.to_path_buf(), found: state.dns_zone, configured: origin.into() });
+    }
+    Ok(Some(state))
+}
+
+/// Replaces the file at `path` with `bytes` (an encoded [`LocalState`]) atomically: a
+/// temporary file beside it, fsynced, renamed over it, the directory fsynced.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let temp = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&temp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The state last served, kept beside the snapshot for the file (the snapshot holds only what
+/// answers need: eligible targets, not retired records). The follower records each delta it
+/// swapped in; [`keep_saved`] writes it.
+pub struct Mirror {
+    state: Mutex<LocalState>,
+    changed: tokio::sync::Notify,
+}
+
+impl Mirror {
+    pub fn new(state: LocalState) -> Mirror {
+        Mirror { state: Mutex::new(state), changed: tokio::sync::Notify::new() }
+    }
+
+    /// Brings the copy to what the follower swapped in after `delta`.
+    pub fn record(&self, delta: &ActiveDelta) {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if delta.full {
+                state.endpoints = delta.endpoints.clone();
+            } else {
+                state.endpoints.extend(delta.endpoints.iter().map(|(name, record)| (name.clone(), record.clone())));
+            }
+            state.applied_changes = delta.applied_changes;
+        }
+        self.changed.notify_one();
+    }
+
+    /// Asks `keep_saved` to write the copy (after the first load from the store).
+    pub fn touch(&self) {
+        self.changed.notify_one();
+    }
+
+    /// The applied-change count of the copy.
+    pub fn applied_changes(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).applied_changes
+    }
+
+    fn encode(&self) -> (u64, Vec<u8>) {
+        let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        (state.applied_changes, codec::encode(&*state))
+    }
+}
+
+/// Writes `mirror` to `path` after each change, at most once per [`SAVE_INTERVAL`], until the
+/// task is dropped; `save_now` is the same write, for shutdown. A failed write is an ERROR
+/// line once (a person must look: the next start would serve an older state, or none) and
+/// INFO when writing works again.
+pub async fn keep_saved(mirror: Arc<Mirror>, path: PathBuf) {
+    let mut written: Option<u64> = None;
+    let mut failing = false;
+    loop {
+        mirror.changed.notified().await;
+        tokio::time::sleep(SAVE_INTERVAL).await;
+        if written == Some(mirror.applied_changes()) {
+            continue;
+        }
+        match save_now(mirror.clone(), path.clone()).await {
+            Ok(applied) => {
+                if failing {
+                    tracing::info!(path = %path.display(), "the served state is saved again");
+                }
+                failing = false;
+                written = Some(applied);
+            }
+            Err(err) => {
+                if !failing {
+                    tracing::error!(error = %format!("{err:#}"), path = %path.display(), "cannot save the served state; a restart with the store unreachable would serve an older state");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// Encodes and writes the mirror now (on a blocking thread); the applied-change count written.
+pub async fn save_now(mirror: Arc<Mirror>, path: PathBuf) -> anyhow::Result<u64> {
+    let applied = tokio::task::spawn_blocking(move || {
+        let (applied, bytes) = mirror.encode();
+        write_atomic(&path, &bytes).map(|()| applied)
+    })
+    .await??;
+    tracing::debug!(applied_changes = applied, "served state saved");
+    Ok(applied)
+}
