@@ -298,15 +298,20 @@ where
     let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
     let extra_metrics = extras.metrics.clone();
     let metrics_store = store.clone();
+    // A store outage (etcd down) is logged when it begins and ends, not on every scrape.
+    let metrics_reach = Arc::new(daemon::Reachability::new("the store, for metrics,"));
     let render = move || {
-        let (metrics, extra, store) = (metrics.clone(), extra_metrics.clone(), metrics_store.clone());
+        let (metrics, extra, store, reach) = (metrics.clone(), extra_metrics.clone(), metrics_store.clone(), metrics_reach.clone());
         async move {
             // The store's own figures, read now: independent of the follower, which they check.
             match StoreReading::read(&store).await {
-                Ok(reading) => metrics.observe_store(&reading, now_unix_ms()),
+                Ok(reading) => {
+                    reach.answered();
+                    metrics.observe_store(&reading, now_unix_ms());
+                }
                 Err(err) => {
                     metrics.observe_store_read_error();
-                    tracing::warn!(error = %err, "metrics: cannot read the store; its gauges keep their last values");
+                    reach.failed(&format!("{err}; the store's gauges keep their last values"));
                 }
             }
             let body = match &extra {
