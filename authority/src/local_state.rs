@@ -118,11 +118,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub struct Mirror {
     state: Mutex<LocalState>,
     changed: tokio::sync::Notify,
+    /// Held through each write: a write left running by a cancelled `keep_saved` and the one
+    /// at shutdown share the temporary file, so they take turns.
+    writing: Mutex<()>,
 }
 
 impl Mirror {
     pub fn new(state: LocalState) -> Mirror {
-        Mirror { state: Mutex::new(state), changed: tokio::sync::Notify::new() }
+        Mirror { state: Mutex::new(state), changed: tokio::sync::Notify::new(), writing: Mutex::new(()) }
     }
 
     /// Brings the copy to what the follower swapped in after `delta`.
@@ -189,10 +192,68 @@ pub async fn keep_saved(mirror: Arc<Mirror>, path: PathBuf) {
 /// Encodes and writes the mirror now (on a blocking thread); the applied-change count written.
 pub async fn save_now(mirror: Arc<Mirror>, path: PathBuf) -> anyhow::Result<u64> {
     let applied = tokio::task::spawn_blocking(move || {
+        let _writing = mirror.writing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (applied, bytes) = mirror.encode();
         write_atomic(&path, &bytes).map(|()| applied)
     })
     .await??;
     tracing::debug!(applied_changes = applied, "served state saved");
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnsplan_common::Generation;
+    use dnsplan_common::store::ActiveState;
+    use dnsplan_tests::fixtures::{DNS_ZONE, dns_zone, endpoint_for, name};
+
+    fn state() -> LocalState {
+        let record = |g| ActiveRecord { generation: Generation(g), state: ActiveState::Serving(endpoint_for(Generation(g))) };
+        let endpoints = [(name("api"), record(3)), (name("old"), ActiveRecord { generation: Generation(2), state: ActiveState::Retired })];
+        LocalState { dns_zone: dns_zone(), applied_changes: 7, endpoints: endpoints.into_iter().collect() }
+    }
+
+    /// What is written reads back whole; no file is `None`; another DNS zone, another format
+    /// version, a flipped bit and a torn file are refused, each saying which file and why.
+    #[test]
+    fn the_file_reads_back_whole_or_is_refused_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = path_in(dir.path());
+        assert!(read(&path, DNS_ZONE).expect("no file is no error").is_none());
+        write_atomic(&path, &codec::encode(&state())).expect("write");
+        assert_eq!(read(&path, DNS_ZONE).expect("reads").expect("a state"), state());
+        assert!(!path.with_extension("tmp").exists(), "the temporary file was renamed");
+        let err = read(&path, "other.test.").expect_err("another zone");
+        assert!(matches!(err, LocalStateError::OtherDnsZone { .. }) && err.to_string().contains("other.test."), "{err}");
+
+        let good = codec::encode(&state());
+        let mut future = good.clone();
+        future[4] = 9;
+        let mut flipped = good.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x80;
+        for (bytes, want) in [(future, "newer than this build"), (flipped, "checksum"), (good[..good.len() - 3].to_vec(), "truncated")] {
+            write_atomic(&path, &bytes).expect("write");
+            let err = read(&path, DNS_ZONE).expect_err(want);
+            let text = format!("{:#}", anyhow::Error::new(err));
+            assert!(text.contains(want) && text.contains(&path.display().to_string()), "want {want:?} in {text}");
+        }
+    }
+
+    /// The mirror follows deltas: a partial one merges, a full one replaces.
+    #[test]
+    fn the_mirror_merges_partial_deltas_and_replaces_on_full_ones() {
+        let mirror = Mirror::new(state());
+        let record = ActiveRecord { generation: Generation(4), state: ActiveState::Serving(endpoint_for(Generation(4))) };
+        let partial = ActiveDelta { applied_changes: 8, full: false, endpoints: [(name("www"), record.clone())].into_iter().collect() };
+        mirror.record(&partial);
+        let (applied, bytes) = mirror.encode();
+        let saved: LocalState = codec::decode(&bytes).expect("decodes");
+        assert_eq!((applied, saved.endpoints.len()), (8, 3));
+        let full = ActiveDelta { applied_changes: 9, full: true, endpoints: [(name("db"), record)].into_iter().collect() };
+        mirror.record(&full);
+        let saved: LocalState = codec::decode(&mirror.encode().1).expect("decodes");
+        assert_eq!((saved.applied_changes, saved.endpoints.keys().cloned().collect::<Vec<_>>()), (9, vec![name("db")]));
+    }
 }
