@@ -121,6 +121,19 @@ async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFail
     }
 }
 
+/// A failed load from the store at start: an outage is retried, anything else (another DNS
+/// zone, bad data) ends the start.
+fn start_failure(err: anyhow::Error) -> StartFailure {
+    let outage = err.chain().any(|cause| {
+        matches!(cause.downcast_ref::<StoreError>(), Some(StoreError::Unavailable(_) | StoreError::Io(_)))
+            || matches!(cause.downcast_ref::<LoadError>(), Some(LoadError::Store(StoreError::Unavailable(_) | StoreError::Io(_))))
+    });
+    match outage {
+        true => StartFailure::Retry(format!("{err:#}")),
+        false => StartFailure::Fatal(format!("{err:#}")),
+    }
+}
+
 /// Resolves once shutdown was asked for; cloned by everything that stops on it.
 #[derive(Clone)]
 struct Stop(tokio::sync::watch::Receiver<bool>);
@@ -276,7 +289,25 @@ where
         }
         None => {
             let serving = match &local {
-                Some(_) => Serving::load_keeping(&store, zone.clone(), limits, metrics.clone()).await?,
+                // On etcd, a member that answered the first read may not answer the next ones
+                // (a cluster coming back): the load is retried as the connect is.
+                Some(_) => {
+                    let (store, zone, metrics) = (&store, &zone, &metrics);
+                    let load = move || {
+                        let (zone, metrics) = (zone.clone(), metrics.clone());
+                        async move { Serving::load_keeping(store, zone, limits, metrics).await.map_err(start_failure) }
+                    };
+                    let stopped = stop.clone().wait();
+                    tokio::pin!(stopped);
+                    match daemon::start_with_retry("the store's active state", load, stopped.as_mut()).await.map_err(anyhow::Error::msg)? {
+                        Some(serving) => serving,
+                        None => {
+                            tasks.shutdown().await;
+                            tracing::info!("authority stopped before the store's state was read");
+                            return Ok(());
+                        }
+                    }
+                }
                 None => Serving::load(&store, zone.clone(), limits, metrics.clone()).await?,
             };
             let serving = dress(serving);

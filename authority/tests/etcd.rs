@@ -14,12 +14,14 @@ use dnsplan_common::dns_probe::query;
 use dnsplan_common::store::ApplyItem;
 use dnsplan_common::{EndpointName, Generation, Store};
 use dnsplan_etcd::EtcdStore;
+use dnsplan_tests::daemon::Daemon;
 use dnsplan_tests::etcd::EtcdCluster;
 use dnsplan_tests::fixtures::{self, DNS_ZONE, endpoint_for, name, planner};
 use dnsplan_tests::stack::authority_config_text;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use std::collections::BTreeSet;
+use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -256,4 +258,71 @@ async fn a_corrupt_saved_state_is_not_served_and_the_authority_waits_for_etcd() 
     until_serves(authority.dns, &want, CONVERGE).await?;
     until_saved(&data, u64::from(want.1)).await?;
     authority.stop().await
+}
+
+/// A `dnsplan-authority` process on `config_path`; returns once it announces its DNS
+/// address (printed when DNS answers), or fails after `within`. Killed when dropped.
+async fn spawn_binary(config_path: &Path, who: &str, within: Duration) -> anyhow::Result<(Daemon, SocketAddr)> {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dnsplan-authority"))
+        .arg("--config")
+        .arg(config_path)
+        .env_remove("DNSPLAN_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let daemon = Daemon::adopt(who, child);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let announced = async {
+        while let Some(line) = rx.recv().await {
+            if let Some(addr) = line.strip_prefix("dns").and_then(|rest| rest.split_whitespace().next()) {
+                return Ok(addr.parse::<SocketAddr>()?);
+            }
+        }
+        anyhow::bail!("{who} exited before announcing DNS")
+    };
+    let dns =
+        tokio::time::timeout(within, announced).await.map_err(|_| anyhow::anyhow!("{who} did not announce DNS within {within:?}"))??;
+    Ok((daemon, dns))
+}
+
+/// The same with two real `dnsplan-authority` processes: they answer alike with one serial
+/// after each change; one SIGKILLed and started again while every etcd member is down
+/// answers at once from its saved state, and both follow etcd when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_authority_processes_on_etcd_agree_and_one_restarts_with_etcd_down() -> anyhow::Result<()> {
+    let mut cluster = EtcdCluster::start(3, &[]).await?;
+    let store = cluster.store(PREFIX).await?;
+    publish_and_apply(&store, 1).await?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let config_a = write_config(dir_a.path(), &cluster.all_endpoints())?;
+    let (a, dns_a) = spawn_binary(&config_a, "authority-a", CONVERGE).await?;
+    let (_b, dns_b) = spawn_binary(&write_config(dir_b.path(), &cluster.all_endpoints())?, "authority-b", CONVERGE).await?;
+    let mut want = expected(1, 0);
+    for g in 1..=3 {
+        if g > 1 {
+            publish_and_apply(&store, g).await?;
+        }
+        want = expected(g, store.version().await?.applied_changes);
+        until_serves(dns_a, &want, CONVERGE).await?;
+        until_serves(dns_b, &want, CONVERGE).await?;
+    }
+    until_saved(&dir_a.path().join("data"), u64::from(want.1)).await?;
+    drop(a); // SIGKILL: no save at shutdown, the file written after the last change counts
+    for i in 0..cluster.members.len() {
+        cluster.kill(i)?;
+    }
+    let (_a, dns_a) = spawn_binary(&config_a, "authority-a", Duration::from_secs(5)).await?;
+    assert_eq!(served(dns_a).await?, want, "the saved state, at once, with etcd down");
+    assert_eq!(served(dns_b).await?, want, "the running one keeps serving with etcd down");
+    cluster.restart_killed().await?;
+    publish_and_apply(&store, 4).await?;
+    let want = expected(4, store.version().await?.applied_changes);
+    until_serves(dns_a, &want, CONVERGE).await?;
+    until_serves(dns_b, &want, CONVERGE).await
 }
