@@ -2,10 +2,10 @@
 //! cluster: several authorities on one store answer alike with one SOA serial, and an
 //! authority serves the state saved on its own disk while etcd is down.
 //!
-//! Each authority runs in process through `run::run` with the config a user writes (so the
+//! Authorities run in process through `run::run` with the config a user writes (so the
 //! `[store]` table, the connect with retries and the local state file are the ones shipped),
-//! on real sockets; answers are read with our DNS client. Every wait is a poll with a
-//! deadline.
+//! on real sockets, and, in one test, as `dnsplan-authority` processes; answers are read with
+//! our DNS client. Every wait is a poll with a deadline.
 
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_authority::local_state::{self, LocalStateError};
