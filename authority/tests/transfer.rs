@@ -615,6 +615,12 @@ async fn a_secondary_older_than_the_history_gets_the_whole_zone_and_converges() 
         TestAuthority::start_text(dir.path(), &config_on(dir.path(), port, &(history.to_owned() + &transfer_config("127.0.0.1/32"))))
             .await?;
     populate(&authority).await?;
+    // Every endpoint served (failopen is applied last) before Knot takes its first copy.
+    support::until(authority.dns, &format!("failopen.{ORIGIN}"), RecordType::A, Duration::from_secs(10), |m| {
+        !support::addresses(m).is_empty()
+    })
+    .await?;
+    let populated = serial(authority.dns).await?;
     let knot = Knot::start(&KnotSpec {
         zones: vec![KnotZone { origin: ORIGIN.into(), text: None, zone_extra: vec!["master: primary".into()] }],
         keys: vec![KnotKey {
@@ -627,6 +633,7 @@ async fn a_secondary_older_than_the_history_gets_the_whole_zone_and_converges() 
     })
     .await?;
     let first = knot.wait_zone(ORIGIN, TRANSFER_DEADLINE).await?;
+    assert_eq!(first, populated, "Knot's first copy is the whole populated zone");
 
     // The same store and port, now notifying Knot.
     authority.stop().await?;
