@@ -97,6 +97,10 @@ impl Report {
             ("deleted plan served", "after it was deleted"),
             ("records vanished", "now has none"),
             ("not converged", "did not converge"),
+            ("acknowledged write lost", "acknowledged write lost"),
+            ("last state not kept while cut off", "not its last state"),
+            ("no catch-up after the heal", "did not catch up after the heal"),
+            ("storm stalled", "the storm stalled"),
         ];
         // A secondary's violations (`race::SECONDARY_PREFIX`) apart from the authority's.
         for (place, on_secondary) in [("", false), (" on the secondary", true)] {

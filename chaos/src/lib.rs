@@ -2,9 +2,11 @@
 //!
 //! `model` is a stateright model of the plan protocol, checked exhaustively in its fenced form
 //! and shown to fail in its 2025 form. `race` is the deterministic `aws-2025-race` scenario on
-//! the real authority. `harness` runs real authority and enactor processes under faults.
+//! the real authority. `harness` runs real authority and enactor processes under faults; `etcd`
+//! runs them on a real etcd cluster under faults of etcd itself.
 //! The `dnsplan-chaos` binary runs the named scenarios.
 
+pub mod etcd;
 pub mod harness;
 pub mod model;
 pub mod proxy;

@@ -6,7 +6,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use dnsplan_chaos::harness::{self, Bins, Faults, Report};
-use dnsplan_chaos::race;
+use dnsplan_chaos::{etcd, race};
 use dnsplan_enactor::hooks::Behaviour;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,7 +30,8 @@ enum Cmd {
         /// Fault phase of each process scenario, in seconds.
         #[arg(long, default_value_t = 10)]
         duration: u64,
-        /// Run the 2025 behaviour instead (aws-2025-race and aws-2025-race-secondary only);
+        /// Run the 2025 behaviour instead (aws-2025-race, aws-2025-race-secondary and
+        /// aws-2025-race-etcd only; on etcd the 2025 store is written on etcd too);
         /// succeed only if it is caught.
         /// Needs a build with feature `unsafe-naive`.
         #[arg(long)]
@@ -53,6 +54,16 @@ enum Scenario {
     /// and judged as the authority is. Needs `knotd` (Debian package knot).
     #[value(name = "aws-2025-race-secondary")]
     Aws2025RaceSecondary,
+    /// The same race on a three-member etcd cluster (the `etcd` binary, Debian package
+    /// etcd-server).
+    #[value(name = "aws-2025-race-etcd")]
+    Aws2025RaceEtcd,
+    /// Two authorities and three enactors on a three-member etcd cluster: the etcd leader
+    /// SIGKILLed during a plan storm and restarted, again and again.
+    EtcdLeaderKill,
+    /// Two authorities and three enactors on etcd: one authority partitioned from etcd by a
+    /// fault proxy (cut, one way, reset, delayed) keeps its last state and catches up after the heal.
+    EtcdPartition,
     /// Enactors SIGKILLed and restarted while plans keep coming.
     EnactorKillLoop,
     /// The authority SIGKILLed and restarted on its own data.
@@ -76,13 +87,16 @@ async fn run_one(
 ) -> anyhow::Result<Report> {
     let bins = || bins.clone().ok_or_else(|| anyhow::anyhow!("process scenarios need the binaries (see --bin-dir)"));
     match scenario {
-        Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary => {
+        Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary | Scenario::Aws2025RaceEtcd => {
             let started = Instant::now();
             let (name, secondaries) = match scenario {
                 Scenario::Aws2025RaceSecondary => ("aws-2025-race-secondary", race::Secondaries::Knot),
+                Scenario::Aws2025RaceEtcd => ("aws-2025-race-etcd", race::Secondaries::None),
                 _ => ("aws-2025-race", race::Secondaries::None),
             };
-            let outcome = if let Some(naive) = naive {
+            let outcome = if scenario == Scenario::Aws2025RaceEtcd {
+                etcd::run_race(naive).await?
+            } else if let Some(naive) = naive {
                 race::race_with(dnsplan_tests::naive::NaiveStore::as_in_2025(), naive, secondaries).await?
             } else {
                 let dir = tempfile::tempdir()?;
@@ -119,6 +133,8 @@ async fn run_one(
         Scenario::PlannerStorm => harness::run_processes(bins()?, Faults::Storm, "planner-storm", seed, duration).await,
         Scenario::Partition => harness::run_processes(bins()?, Faults::Partition, "partition", seed, duration).await,
         Scenario::GrayZone => harness::run_gray_zone(bins()?, seed, duration).await,
+        Scenario::EtcdLeaderKill => etcd::run_leader_kill(bins()?, seed, duration).await,
+        Scenario::EtcdPartition => etcd::run_partition(bins()?, seed, duration).await,
         Scenario::All => unreachable_all(),
     }
 }
@@ -130,7 +146,7 @@ fn unreachable_all() -> anyhow::Result<Report> {
 fn main() -> ExitCode {
     let Cmd::Run { scenario, seed, duration, unsafe_naive, report, bin_dir } = Cli::parse().command;
     let scenarios = match scenario {
-        Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race, Scenario::Aws2025RaceSecondary],
+        Scenario::All if unsafe_naive => vec![Scenario::Aws2025Race, Scenario::Aws2025RaceSecondary, Scenario::Aws2025RaceEtcd],
         Scenario::All => vec![
             Scenario::Aws2025Race,
             Scenario::Aws2025RaceSecondary,
@@ -139,9 +155,12 @@ fn main() -> ExitCode {
             Scenario::PlannerStorm,
             Scenario::Partition,
             Scenario::GrayZone,
+            Scenario::Aws2025RaceEtcd,
+            Scenario::EtcdLeaderKill,
+            Scenario::EtcdPartition,
         ],
-        s if unsafe_naive && !matches!(s, Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary) => {
-            eprintln!("error: --unsafe-naive applies to aws-2025-race and aws-2025-race-secondary only");
+        s if unsafe_naive && !matches!(s, Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary | Scenario::Aws2025RaceEtcd) => {
+            eprintln!("error: --unsafe-naive applies to aws-2025-race, aws-2025-race-secondary and aws-2025-race-etcd only");
             return ExitCode::from(2);
         }
         s => vec![s],

@@ -28,8 +28,18 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         .expect("the harness runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    let scenarios =
-        ["aws-2025-race", "aws-2025-race-secondary", "enactor-kill-loop", "authority-kill9", "planner-storm", "partition", "gray-zone"];
+    let scenarios = [
+        "aws-2025-race",
+        "aws-2025-race-secondary",
+        "enactor-kill-loop",
+        "authority-kill9",
+        "planner-storm",
+        "partition",
+        "gray-zone",
+        "aws-2025-race-etcd",
+        "etcd-leader-kill",
+        "etcd-partition",
+    ];
     for scenario in scenarios {
         assert!(stdout.contains(&format!("{scenario}: seed 42")), "{scenario} did not run: {stdout}");
     }
@@ -48,6 +58,8 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         ("enactor-kill-loop", "enactor SIGKILL+restart"),
         ("authority-kill9", "authority SIGKILL+restart"),
         ("partition", "partition enactors from the store"),
+        ("etcd-leader-kill", "etcd leader SIGKILL"),
+        ("etcd-partition", "partition authority b from etcd"),
     ] {
         let r = named(scenario);
         assert!(r["faults"][fault].as_u64().unwrap_or(0) > 0, "{r}");

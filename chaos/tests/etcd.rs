@@ -1,0 +1,98 @@
+//! The chaos scenarios on etcd, each as `dnsplan-chaos run` runs it: a real three-member etcd
+//! cluster on loopback (the `etcd` binary, Debian package etcd-server; missing, the scenario
+//! fails saying so), and for the process scenarios two `dnsplan-authority` and three
+//! `dnsplan-enactor` processes on it. Each must find no violation with its faults really
+//! injected, and the 2025 behaviour on etcd must be caught.
+//!
+//! The tests take turns (a lock): each runs a cluster and five daemons, which is what two
+//! cores hold without answers timing out.
+//!
+//! Teeth: `aws-2025-race-etcd --unsafe-naive` must be caught, below.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+
+static TURNS: Mutex<()> = Mutex::new(());
+
+/// The process scenarios start the real daemons, which must be built next to the harness.
+fn build_daemons() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", "dnsplan-authority", "-p", "dnsplan-enactor", "-p", "dnsplan-planner"])
+        .current_dir(root)
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "building the daemons failed");
+}
+
+/// Runs `dnsplan-chaos run ARGS --report FILE`; returns its stdout, exit success and report.
+fn run(args: &[&str]) -> (String, bool, serde_json::Value) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = dir.path().join("report.json");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_dnsplan-chaos")).arg("run").args(args).arg("--report").arg(&report).output().expect("runs");
+    let stdout = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{args:?} in {:?}:\n{stdout}", started.elapsed());
+    let reports = std::fs::read_to_string(&report).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let report = reports.and_then(|r| r.as_array().and_then(|a| a.first().cloned())).unwrap_or(serde_json::Value::Null);
+    (stdout, out.status.success(), report)
+}
+
+fn fault(report: &serde_json::Value, name: &str) -> u64 {
+    report["faults"][name].as_u64().unwrap_or(0)
+}
+
+fn assert_clean(stdout: &str, ok: bool, report: &serde_json::Value) {
+    assert!(ok, "{stdout}");
+    assert_eq!(report["violations"].as_array().map(Vec::len), Some(0), "{report}");
+    assert_eq!(report["converged"], true, "{report}");
+    assert!(report["answers_checked"].as_u64().unwrap_or(0) > 0, "{report}");
+}
+
+#[test]
+fn the_etcd_leader_killed_repeatedly_in_a_plan_storm_loses_nothing() {
+    let _turn = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    build_daemons();
+    let (stdout, ok, report) = run(&["etcd-leader-kill", "--seed", "42", "--duration", "4"]);
+    assert_clean(&stdout, ok, &report);
+    let kills = fault(&report, "etcd leader SIGKILL");
+    assert!(kills >= 2, "the leader must be killed repeatedly: {report}");
+    assert_eq!(fault(&report, "new etcd leader elected"), kills, "{report}");
+    assert_eq!(fault(&report, "etcd member restarted"), kills, "{report}");
+    assert!(report["plans_published"].as_u64().unwrap_or(0) >= 3 * kills, "a storm, not a trickle: {report}");
+}
+
+#[test]
+fn an_authority_partitioned_from_etcd_keeps_its_state_and_catches_up() {
+    let _turn = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    build_daemons();
+    let (stdout, ok, report) = run(&["etcd-partition", "--seed", "42", "--duration", "3"]);
+    assert_clean(&stdout, ok, &report);
+    for cut in [
+        "partition authority b from etcd",
+        "one-way partition of authority b (etcd's answers lost)",
+        "reset authority b's etcd connections",
+    ] {
+        assert!(fault(&report, cut) >= 1, "{cut}: {report}");
+    }
+    // Cut off in each of the three, it kept its last state while etcd moved on, and caught up.
+    assert!(fault(&report, "authority b kept its last state while etcd moved on") >= 3, "{report}");
+    for mode in ["partition", "one-way", "reset", "delay"] {
+        assert!(fault(&report, &format!("authority b caught up after {mode}")) >= 1, "{mode}: {report}");
+    }
+}
+
+#[test]
+fn the_2025_race_on_etcd_is_survived_and_the_naive_store_on_etcd_is_caught() {
+    let _turn = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let (stdout, ok, report) = run(&["aws-2025-race-etcd", "--seed", "42"]);
+    assert_clean(&stdout, ok, &report);
+
+    let (stdout, ok, report) = run(&["aws-2025-race-etcd", "--unsafe-naive"]);
+    assert!(ok, "the 2025 behaviour on etcd was not caught: {stdout}");
+    assert_eq!(report["unsafe_naive"], true, "{report}");
+    for kind in ["empty answer", "backwards", "active plan deleted"] {
+        assert!(stdout.contains(&format!("  {kind}: ")), "the checker missed {kind} on etcd: {stdout}");
+    }
+}
