@@ -306,3 +306,272 @@ fn check_monitoring(
     assert_eq!(json["uid"].as_str(), Some("dnsplan"));
     Ok(())
 }
+
+/// A compose file's services by name, each with `<<` merge keys resolved.
+type Services = BTreeMap<String, BTreeMap<String, Yaml>>;
+
+/// The services of a compose file, and the document.
+fn load_compose(file: &str) -> anyhow::Result<(Yaml, Services)> {
+    let text = std::fs::read_to_string(root().join(file))?;
+    let doc = YamlLoader::load_from_str(&text)?.into_iter().next().unwrap_or(Yaml::Null);
+    let services = match &doc["services"] {
+        Yaml::Hash(h) => h.iter().map(|(k, v)| (k.as_str().unwrap_or_default().to_owned(), merged(v))).collect(),
+        _ => anyhow::bail!("{file}: no services"),
+    };
+    Ok((doc, services))
+}
+
+/// `(host port, protocol)` of every port a compose file publishes on the host.
+fn host_ports(services: &Services) -> Vec<(String, u16, String)> {
+    let mut out = Vec::new();
+    for (name, service) in services {
+        for spec in strings(service.get("ports").unwrap_or(&Yaml::Null)) {
+            let (spec, proto) = spec.split_once('/').unwrap_or((&spec, "tcp"));
+            let parts: Vec<&str> = spec.split(':').collect();
+            assert!(parts.len() >= 2, "{name}: port {spec} publishes no fixed host port");
+            let host: u16 = parts[parts.len() - 2].parse().unwrap_or_else(|_| panic!("{name}: port {spec}"));
+            out.push((name.clone(), host, proto.to_owned()));
+        }
+    }
+    out
+}
+
+/// Whom a service waits for, and whether it waits for them to be healthy.
+fn depends_on(service: &BTreeMap<String, Yaml>) -> BTreeMap<String, bool> {
+    match service.get("depends_on") {
+        Some(Yaml::Hash(deps)) => {
+            deps.iter().filter_map(|(k, v)| Some((k.as_str()?.to_owned(), v["condition"].as_str() == Some("service_healthy")))).collect()
+        }
+        Some(list) => strings(list).into_iter().map(|d| (d, false)).collect(),
+        None => BTreeMap::new(),
+    }
+}
+
+/// The flags of the `etcd` on PATH (Debian's etcd-server), from `etcd --help`.
+fn etcd_flags() -> anyhow::Result<BTreeSet<String>> {
+    dnsplan_tests::etcd::check_etcd_installed()?;
+    let out = std::process::Command::new("etcd").arg("--help").output()?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let flags: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("  --"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|f| f.trim_end_matches('=').to_owned())
+        .collect();
+    anyhow::ensure!(flags.len() > 30 && flags.contains("initial-cluster"), "`etcd --help` lists no flags as expected:\n{text}");
+    Ok(flags)
+}
+
+/// `docker-compose.etcd.yml`: three etcd members of one static cluster, their flags checked
+/// against the real `etcd --help`; two authorities, the planner and three enactors, all on
+/// `[store] kind = "etcd"` with those members' client URLs, their commands and configs checked
+/// with our parsers and loaders; healthchecks and start order; and host ports that clash
+/// neither inside the file nor with `docker-compose.yml`, so that both stacks can run at once.
+#[test]
+fn etcd_compose_matches_the_binaries_and_etcd() -> anyhow::Result<()> {
+    let (doc, services) = load_compose("docker-compose.etcd.yml")?;
+    for key in merged(&doc).keys() {
+        assert!(
+            ["name", "services", "networks", "volumes"].contains(&key.as_str()) || key.starts_with("x-"),
+            "unknown top-level key {key}"
+        );
+    }
+    let subnet = doc["networks"]["dnsplan"]["ipam"]["config"][0]["subnet"].as_str().unwrap_or_default();
+    assert_eq!(subnet, "172.29.0.0/24", "a subnet of its own, beside docker-compose.yml's 172.28.0.0/24");
+    let volumes: BTreeSet<String> = match &doc["volumes"] {
+        Yaml::Hash(h) => h.keys().filter_map(|k| k.as_str().map(str::to_owned)).collect(),
+        _ => BTreeSet::new(),
+    };
+    let allowed = ["build", "image", "restart", "environment", "command", "volumes", "ports", "networks", "healthcheck", "depends_on"];
+    let etcd_known = etcd_flags()?;
+
+    // The cluster: each member's flags, as `--flag=value`.
+    let mut members: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut named_volumes_used = BTreeSet::new();
+    for (name, service) in &services {
+        for key in service.keys() {
+            assert!(allowed.contains(&key.as_str()), "{name}: unknown service key {key}");
+        }
+        for dep in depends_on(service).keys() {
+            assert!(services.contains_key(dep), "{name} depends on a missing service {dep:?}");
+        }
+        for volume in strings(service.get("volumes").unwrap_or(&Yaml::Null)) {
+            let source = volume.split(':').next().unwrap_or_default();
+            assert!(volumes.contains(source), "{name}: volume {source} is not declared");
+            assert!(named_volumes_used.insert(source.to_owned()), "{name}: volume {source} is shared with another service");
+        }
+        let image = service.get("image").and_then(|i| i.as_str()).unwrap_or_default();
+        let Some(tag) = image.strip_prefix("gcr.io/etcd-development/etcd:").or_else(|| image.strip_prefix("quay.io/coreos/etcd:")) else {
+            continue;
+        };
+        assert!(tag.starts_with("v3."), "{name}: image {image} is not a pinned etcd v3 version");
+        assert!(service.get("ports").is_none(), "{name}: etcd's ports stay on the compose network");
+        let command = strings(service.get("command").unwrap_or(&Yaml::Null));
+        assert!(["etcd", "/usr/local/bin/etcd"].contains(&command.first().map(String::as_str).unwrap_or_default()), "{name}: {command:?}");
+        let mut flags = BTreeMap::new();
+        for arg in &command[1..] {
+            let (flag, value) =
+                arg.strip_prefix("--").and_then(|a| a.split_once('=')).unwrap_or_else(|| panic!("{name}: {arg:?} is not --flag=value"));
+            assert!(etcd_known.contains(flag), "{name}: --{flag} is not a flag of etcd (see `etcd --help`)");
+            assert!(flags.insert(flag.to_owned(), value.to_owned()).is_none(), "{name}: --{flag} given twice");
+        }
+        let health = strings(&service.get("healthcheck").cloned().unwrap_or(Yaml::Null)["test"]);
+        assert_eq!(health, ["CMD", "etcdctl", "--endpoints=http://127.0.0.1:2379", "endpoint", "health"], "{name}: healthcheck");
+        members.insert(name.clone(), flags);
+    }
+    assert_eq!(members.len(), 3, "three etcd members");
+    let mut client_urls = BTreeSet::new();
+    let mut clusters = BTreeSet::new();
+    for (name, flags) in &members {
+        let flag = |f: &str| flags.get(f).map(String::as_str).unwrap_or_else(|| panic!("{name}: no --{f}"));
+        assert_eq!(flag("name"), name, "{name}: --name is the service's name (the initial cluster lists it by it)");
+        assert_eq!(flag("listen-client-urls"), "http://0.0.0.0:2379", "{name}: the healthcheck's port");
+        assert_eq!(flag("advertise-client-urls"), format!("http://{name}:2379"));
+        assert_eq!(flag("listen-peer-urls"), "http://0.0.0.0:2380");
+        assert_eq!(flag("initial-advertise-peer-urls"), format!("http://{name}:2380"));
+        assert_eq!(flag("initial-cluster-state"), "new");
+        assert_eq!(flag("initial-cluster-token"), "dnsplan-etcd");
+        let data = flag("data-dir");
+        let mounted = strings(services[name].get("volumes").unwrap_or(&Yaml::Null));
+        assert!(mounted.iter().any(|v| v.split(':').nth(1) == Some(data)), "{name}: --data-dir {data} is not on a volume");
+        let cluster: BTreeMap<&str, &str> = flag("initial-cluster").split(',').filter_map(|m| m.split_once('=')).collect();
+        assert_eq!(cluster.get(name.as_str()).copied(), Some(flag("initial-advertise-peer-urls")), "{name}: in --initial-cluster");
+        assert_eq!(cluster.keys().map(|k| k.to_string()).collect::<BTreeSet<_>>(), members.keys().cloned().collect());
+        clusters.insert(flag("initial-cluster").to_owned());
+        client_urls.insert(flag("advertise-client-urls").to_owned());
+    }
+    assert_eq!(clusters.len(), 1, "every member names the same --initial-cluster");
+
+    // Our daemons, on that cluster.
+    let mut authorities = BTreeMap::new();
+    let mut planners = Vec::new();
+    let mut enactors = Vec::new();
+    let mut backends = BTreeMap::new();
+    let mut prefixes = BTreeSet::new();
+    let mut on_etcd = |who: &str, store: &dnsplan_common::store_config::StoreConfig| {
+        let dnsplan_common::store_config::StoreConfig::Etcd(etcd) = store else { panic!("{who}: [store] is not kind = \"etcd\"") };
+        assert_eq!(etcd.endpoints.iter().cloned().collect::<BTreeSet<_>>(), client_urls, "{who}: store.endpoints are the members");
+        prefixes.insert(etcd.prefix.clone());
+    };
+    for (name, service) in services.iter().filter(|(name, _)| !members.contains_key(*name)) {
+        let image = service.get("image").and_then(|i| i.as_str()).unwrap_or_default();
+        assert_eq!(image, "dnsplan:local", "{name}: image {image} is neither ours nor etcd");
+        assert!(service.get("environment").is_some_and(|e| !e["DNSPLAN_TOKEN"].is_badvalue()), "{name}: the shared token");
+        let ip = ipv4_of(service);
+        if let Some(ip) = ip {
+            assert_eq!(ip.octets()[..3], [172, 29, 0], "{name}: {ip} is outside the subnet");
+        }
+        let health = strings(&service.get("healthcheck").cloned().unwrap_or(Yaml::Null)["test"]);
+        assert!(health.len() >= 3 && health[0] == "CMD" && health[1] == "curl", "{name}: healthcheck {health:?}");
+        let health_port: u16 =
+            health.last().and_then(|u| u.split(':').nth(2)).and_then(|p| p.split('/').next()).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let deps = depends_on(service);
+        let command = strings(service.get("command").unwrap_or(&Yaml::Null));
+        match command.first().map(String::as_str).unwrap_or_default() {
+            "dnsplan-authority" => {
+                dnsplan_authority::args::Args::try_parse_from(&command)?;
+                let mut config: AuthorityConfig = toml::from_str(&std::fs::read_to_string(config_path(&command))?)?;
+                config.control.token = Some("compose-check-token-0123456789".into());
+                config.check().map_err(anyhow::Error::msg)?;
+                on_etcd(name, config.store.as_ref().unwrap_or_else(|| panic!("{name}: no [store]: the embedded store")));
+                assert_eq!(health_port, config.control.listen.port(), "{name}: healthcheck port");
+                let mounted = strings(service.get("volumes").unwrap_or(&Yaml::Null));
+                let data = config.data_dir.to_str().unwrap_or_default();
+                assert!(
+                    mounted.iter().any(|v| v.split(':').nth(1) == Some(data)),
+                    "{name}: data_dir {data} (its served-state) is not on a volume"
+                );
+                let ports = strings(service.get("ports").unwrap_or(&Yaml::Null));
+                for addr in &config.dns.listen {
+                    for proto in ["udp", "tcp"] {
+                        assert!(
+                            ports.iter().any(|p| p.ends_with(&format!(":{}/{proto}", addr.port()))),
+                            "{name}: DNS {proto} not published"
+                        );
+                    }
+                }
+                for member in members.keys() {
+                    assert_eq!(deps.get(member), Some(&true), "{name}: the first start waits for {member} to be healthy");
+                }
+                authorities.insert(name.clone(), (ip.expect("authorities need fixed addresses"), config));
+            }
+            "dnsplan-planner" => {
+                let args = dnsplan_planner::args::Args::try_parse_from(&command)?;
+                let mut config = PlannerConfig::load(&config_path(&command))?;
+                if let Some(id) = args.id {
+                    config.id = id;
+                }
+                on_etcd(name, &config.store);
+                assert_eq!(health_port, config.metrics.listen.port(), "{name}: healthcheck port");
+                for member in members.keys() {
+                    assert_eq!(deps.get(member), Some(&true), "{name} waits for {member} to be healthy");
+                }
+                planners.push(config);
+            }
+            "dnsplan-enactor" => {
+                let args = dnsplan_enactor::args::Args::try_parse_from(&command)?;
+                let config = EnactorConfig::load(&config_path(&command), args.id, args.zone)?;
+                on_etcd(name, &config.store);
+                assert_eq!(health_port, config.metrics.listen.port(), "{name}: healthcheck port");
+                for member in members.keys() {
+                    assert_eq!(deps.get(member), Some(&true), "{name} waits for {member} to be healthy");
+                }
+                enactors.push((deps, config));
+            }
+            "dnsplan" => {
+                let cli = dnsplan_cli::args::Cli::try_parse_from(&command)?;
+                let dnsplan_cli::args::Command::DemoBackend { http, tcp, .. } = cli.command else {
+                    anyhow::bail!("{name}: only demo-backend runs as a service");
+                };
+                assert!(http.iter().any(|a| a.port() == health_port), "{name}: healthcheck port {health_port} is not an HTTP listener");
+                backends.insert(IpAddr::V4(ip.expect("backends need fixed addresses")), (http, tcp));
+            }
+            other => anyhow::bail!("{name}: {other:?} is not one of our binaries"),
+        }
+    }
+    assert_eq!(prefixes.len(), 1, "every daemon uses the same store.prefix: {prefixes:?}");
+    assert_eq!(authorities.len(), 2, "two authorities");
+    // The SOA serial is serial_base plus the applied-change count etcd holds: one DNS zone and
+    // one serial_base make both serve the same serial for the same state.
+    let zones: BTreeSet<(String, Option<u32>)> =
+        authorities.values().map(|(_, c)| (c.dns_zone.origin.clone(), c.dns_zone.soa.as_ref().map(|s| s.serial_base))).collect();
+    assert_eq!(zones.len(), 1, "the authorities serve one DNS zone with one serial_base: {zones:?}");
+    assert_eq!(planners.len(), 1, "one planner");
+    assert_eq!(enactors.len(), 3, "three enactors");
+    let zones: BTreeSet<String> = enactors.iter().map(|(_, e)| e.zone.to_string()).collect();
+    assert_eq!(zones, ["a", "b", "c"].iter().map(|z| z.to_string()).collect());
+    assert_eq!(enactors.iter().map(|(_, e)| e.id.as_str()).collect::<BTreeSet<_>>().len(), 3, "enactor ids must differ");
+    for (deps, e) in &enactors {
+        assert!(e.verify.enabled, "{}: verify", e.id);
+        let (verified, (_, authority)) = authorities
+            .iter()
+            .find(|(_, (ip, _))| e.verify.dns_server.ip() == IpAddr::V4(*ip))
+            .unwrap_or_else(|| panic!("{}: verify.dns_server {} is no authority", e.id, e.verify.dns_server));
+        assert!(authority.dns.listen.iter().any(|a| a.port() == e.verify.dns_server.port()), "{}: verify port", e.id);
+        assert_eq!(deps.get(verified), Some(&true), "{}: waits for {verified}, which it verifies against", e.id);
+    }
+    let planner = &planners[0];
+    for (_, authority) in authorities.values() {
+        assert_eq!(planner.dns_zone.to_string(), authority.dns_zone.origin);
+    }
+    for ep in planner.endpoints() {
+        for t in &ep.targets {
+            let (http, tcp) = backends.get(&t.address).unwrap_or_else(|| panic!("{}: target {} is no backend service", ep.name, t.address));
+            let listening = match &ep.check_for(t).expect("checks are required").probe {
+                dnsplan_planner::config::Probe::Http { port, .. } => http.iter().any(|a| a.port() == *port),
+                dnsplan_planner::config::Probe::Tcp { port } => tcp.iter().any(|a| a.port() == *port),
+            };
+            assert!(listening, "{}: the check of {} has no listener on its backend", ep.name, t.address);
+        }
+    }
+
+    // Host ports: none twice in this file, none also published by docker-compose.yml.
+    let (_, single) = load_compose("docker-compose.yml")?;
+    let mut seen = BTreeMap::new();
+    for (name, port, proto) in host_ports(&single).into_iter().chain(host_ports(&services)) {
+        if let Some(other) = seen.insert((port, proto.clone()), name.clone()) {
+            panic!("host port {port}/{proto} is published by {other} and by {name}");
+        }
+    }
+    Ok(())
+}
