@@ -28,6 +28,21 @@ async fn fenced_enactors_survive_the_2025_race() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The same on a three-member etcd cluster (`EtcdStore`): A's stale write is turned away by
+/// etcd's transaction, and the naive enactor on the 2025 store on etcd is caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_enactors_survive_the_2025_race_on_etcd_and_the_naive_ones_are_caught() -> anyhow::Result<()> {
+    let outcome = dnsplan_chaos::etcd::run_race(None).await?;
+    assert!(outcome.violations.is_empty(), "violations: {:#?}", &outcome.violations[..outcome.violations.len().min(20)]);
+    assert!(outcome.a_abandoned >= 1, "enactor a never hit the fence on etcd: the test did not exercise the race");
+    outcome.converged.map_err(anyhow::Error::msg)?;
+    let naive = dnsplan_chaos::etcd::run_race(Some(Behaviour::Naive)).await?;
+    let v = &naive.violations;
+    assert!(v.iter().any(|v| v.contains("no address")), "the checker must see an empty answer on etcd: {v:#?}");
+    assert!(v.iter().any(|v| v.contains("went back")), "the checker must see a generation going backwards on etcd: {v:#?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_2025_behaviour_is_caught() -> anyhow::Result<()> {
     let outcome = race(NaiveStore::as_in_2025(), Behaviour::Naive).await?;
