@@ -42,8 +42,8 @@ use dnsplan_common::store::{
     check_changes_range, check_page_limit, decide_cleanup,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KeyValue, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use keys::{Keys, prefix_end};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -101,6 +101,26 @@ pub struct EtcdConfig {
     pub txn_ops_max: usize,
     /// User and password, when the cluster has authentication on.
     pub user: Option<(String, String)>,
+    /// TLS, for `https://` endpoints; `None` for `http://` ones.
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS to etcd: the CA that signed the members' certificates and, when the members check
+/// their clients (`--client-cert-auth`), this client's certificate and key. All PEM.
+#[derive(Clone)]
+pub struct EtcdTls {
+    pub ca_pem: Vec<u8>,
+    /// The client's certificate (chain) and private key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem_bytes", &self.ca_pem.len())
+            .field("identity", &self.identity.as_ref().map(|_| "<certificate and hidden key>"))
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -112,6 +132,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("request_bytes_max", &self.request_bytes_max)
             .field("txn_ops_max", &self.txn_ops_max)
             .field("user", &self.user.as_ref().map(|(user, _)| (user, "<hidden>")))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -125,6 +146,7 @@ impl EtcdConfig {
             request_bytes_max: REQUEST_BYTES_DEFAULT,
             txn_ops_max: TXN_OPS_DEFAULT,
             user: None,
+            tls: None,
         }
     }
 
@@ -132,6 +154,14 @@ impl EtcdConfig {
         let bad = |what: String| Err(ConnectError::Config(what));
         if self.endpoints.is_empty() {
             return bad("no etcd endpoints; give the client URLs of the cluster's members".into());
+        }
+        // One scheme for all: TLS is set up per client, not per endpoint.
+        for endpoint in &self.endpoints {
+            match (endpoint.starts_with("https://"), &self.tls) {
+                (true, None) => return bad(format!("{endpoint:?} is https:// but no TLS is set up (the CA of the members)")),
+                (false, Some(_)) => return bad(format!("{endpoint:?} is not https:// but TLS is set up; give every member as https://")),
+                _ => {}
+            }
         }
         if !self.prefix.starts_with('/') || !self.prefix.ends_with('/') || self.prefix.len() < 2 {
             return bad(format!("key prefix {:?} must start and end with '/' and name something (for example /dnsplan/)", self.prefix));
@@ -352,6 +382,13 @@ impl EtcdStore {
             .with_keep_alive(Duration::from_secs(10), config.request_timeout);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
+        }
+        if let Some(tls) = &config.tls {
+            let mut settings = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                settings = settings.identity(Identity::from_pem(cert, key));
+            }
+            options = options.with_tls(settings);
         }
         let connect = Client::connect(config.endpoints.clone(), Some(options));
         let client = match tokio::time::timeout(config.request_timeout, connect).await {

@@ -1,0 +1,174 @@
+//! TLS to etcd: a real etcd member (Debian's etcd-server) serving its clients over `https://`
+//! with a certificate signed by a CA made here with the `openssl` CLI, and checking client
+//! certificates (`--client-cert-auth`). The store with the CA and a client certificate
+//! publishes and reads; without the client certificate, or trusting another CA, every call
+//! fails; an `https://` endpoint without TLS set up, or TLS with an `http://` endpoint, is a
+//! configuration error before any connection.
+//!
+//! A missing `etcd` or `openssl` binary fails the test with what to install. Every wait is a
+//! poll with a deadline.
+
+use dnsplan_common::{Generation, Store};
+use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore, EtcdTls};
+use dnsplan_tests::fixtures::{self, name, planner};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the member may take to start and elect itself.
+const START: Duration = Duration::from_secs(30);
+/// Timeout of one store call in the failing cases: a refused handshake fails at once.
+const CALL: Duration = Duration::from_secs(3);
+
+fn openssl(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run `openssl` ({e}); install Debian's openssl, which makes the test certificates"))?;
+    anyhow::ensure!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// A CA (`{ca}.crt`, `{ca}.key`).
+fn make_ca(dir: &Path, ca: &str) -> anyhow::Result<()> {
+    let (key, crt, subject) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=dnsplan test {ca}"));
+    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &key])?;
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            &key,
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-subj",
+            &subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    )
+}
+
+/// `{leaf}.crt` and `{leaf}.key` signed by `ca`, for 127.0.0.1, usable by servers and clients.
+fn make_leaf(dir: &Path, ca: &str, leaf: &str) -> anyhow::Result<()> {
+    let (key, csr, crt, ext) = (format!("{leaf}.key"), format!("{leaf}.csr"), format!("{leaf}.crt"), format!("{leaf}.ext"));
+    std::fs::write(dir.join(&ext), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")?;
+    // PKCS#8, which both etcd and rustls read.
+    openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &key])?;
+    openssl(dir, &["req", "-new", "-key", &key, "-out", &csr, "-subj", &format!("/CN={leaf}")])?;
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca}.crt"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    )
+}
+
+/// One etcd member, killed when dropped.
+struct Member(Child);
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn read(dir: &Path, file: &str) -> Vec<u8> {
+    std::fs::read(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+fn config(client_url: &str, tls: Option<EtcdTls>) -> EtcdConfig {
+    let mut config = EtcdConfig::new(vec![client_url.to_owned()], "/tls/");
+    config.tls = tls;
+    config.request_timeout = CALL;
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_talks_tls_to_etcd_and_refuses_what_the_members_would_not_trust() -> anyhow::Result<()> {
+    dnsplan_tests::etcd::check_etcd_installed()?;
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    make_ca(d, "ca")?;
+    make_leaf(d, "ca", "server")?;
+    make_leaf(d, "ca", "client")?;
+    make_ca(d, "other-ca")?;
+
+    let ports: Vec<u16> = {
+        let listeners = (0..2).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
+        listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?
+    };
+    let client_url = format!("https://127.0.0.1:{}", ports[0]);
+    let peer_url = format!("http://127.0.0.1:{}", ports[1]);
+    let path = |f: &str| d.join(f).display().to_string();
+    let log = std::fs::File::create(d.join("etcd.log"))?;
+    let child = Command::new("etcd")
+        .args(["--name", "tls", "--data-dir", &path("data")])
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", &format!("tls={peer_url}")])
+        .args(["--cert-file", &path("server.crt"), "--key-file", &path("server.key")])
+        .args(["--trusted-ca-file", &path("ca.crt"), "--client-cert-auth"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    let mut member = Member(child);
+
+    let trusted = EtcdTls { ca_pem: read(d, "ca.crt"), identity: Some((read(d, "client.crt"), read(d, "client.key"))) };
+    let store = EtcdStore::connect(config(&client_url, Some(trusted.clone()))).await?;
+    let deadline = Instant::now() + START;
+    loop {
+        match store.latest().await {
+            Ok(_) => break,
+            Err(err) => {
+                let log = std::fs::read_to_string(d.join("etcd.log")).unwrap_or_default();
+                anyhow::ensure!(member.0.try_wait()?.is_none(), "etcd exited:\n{log}");
+                anyhow::ensure!(Instant::now() < deadline, "no answer over TLS within {START:?}: {err}\n{log}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let names = [name("api"), name("www")];
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+    assert_eq!(store.latest().await?, Generation(1), "the plan published over TLS");
+    assert_eq!(store.plan(Generation(1)).await?.generation(), Generation(1));
+
+    // The members check client certificates: none, or one they did not sign, is refused.
+    let anonymous = EtcdStore::connect(config(&client_url, Some(EtcdTls { identity: None, ..trusted.clone() }))).await?;
+    assert!(anonymous.latest().await.is_err(), "served a client without a certificate");
+    // The client checks the members: a CA that did not sign theirs is refused.
+    let elsewhere = EtcdTls { ca_pem: read(d, "other-ca.crt"), ..trusted.clone() };
+    let doubting = EtcdStore::connect(config(&client_url, Some(elsewhere))).await?;
+    assert!(doubting.latest().await.is_err(), "trusted a member whose CA it was not given");
+
+    // One scheme for all endpoints, checked before any connection.
+    let plain = EtcdStore::connect(config(&client_url, None)).await.err();
+    assert!(matches!(&plain, Some(ConnectError::Config(m)) if m.contains("https://")), "{plain:?}");
+    let mismatched = EtcdStore::connect(config(&peer_url, Some(trusted))).await.err();
+    assert!(matches!(&mismatched, Some(ConnectError::Config(m)) if m.contains("not https://")), "{mismatched:?}");
+    Ok(())
+}
