@@ -19,7 +19,7 @@ use dnsplan_common::store::wire::{
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
-use dnsplan_common::{DnsName, EndpointName, Generation};
+use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -193,7 +193,7 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
     let full_read = GlobalConcurrencyLimitLayer::with_semaphore(ctl.full_reads.clone());
     let rest = Router::new()
         .route("/v1/plans/{generation}", get(plan::<S>).layer(full_read.clone()))
-        .route("/v1/plans/{generation}/changes", get(plan_changes::<S>).layer(full_read.clone()))
+        .route("/v1/plans/{generation}/changes", get(plan_changes::<S>).layer(full_read.clone()).post(publish_changes::<S>))
         .route("/v1/version", get(version::<S>))
         .route("/v1/wait", get(wait::<S>))
         .route("/v1/active", get(active_all::<S>).layer(full_read.clone()))
@@ -235,11 +235,10 @@ fn is_json(headers: &HeaderMap, key: header::HeaderName) -> bool {
     headers.get(key).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"))
 }
 
-/// Plans are codec envelopes by default; `Content-Type: application/json` accepts the same
-/// plan as JSON (for `curl`), validated exactly the same way.
-async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiResult<StatusCode> {
-    let headers = req.headers().clone();
-    let json = is_json(&headers, header::CONTENT_TYPE);
+/// A plan body, at most `PLAN_BODY_BYTES_MAX` bytes as a codec envelope or
+/// `JSON_PLAN_BODY_BYTES_MAX` as JSON; returns whether it is JSON.
+async fn plan_body(headers: &HeaderMap, req: Request) -> ApiResult<(bool, Bytes)> {
+    let json = is_json(headers, header::CONTENT_TYPE);
     let (what, max) = if json { ("a JSON plan body", JSON_PLAN_BODY_BYTES_MAX) } else { ("a plan body", PLAN_BODY_BYTES_MAX) };
     let too_long = |len: usize| ApiError::from(StoreError::TooLong { what: what.into(), len, max });
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
@@ -247,22 +246,37 @@ async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiRe
         return Err(too_long(len));
     }
     let body = axum::body::to_bytes(req.into_body(), max).await.map_err(|_| too_long(declared.unwrap_or(max + 1)))?;
+    Ok((json, body))
+}
+
+/// The lease a publish is made under: both lease headers, or neither.
+fn lease_headers(headers: &HeaderMap) -> ApiResult<Option<Lease>> {
+    let header =
+        |name: &str| headers.get(name).map(|v| v.to_str().map_err(|_| ApiError::bad_request(format!("header {name} is not text"))));
+    match (header(LEASE_HOLDER_HEADER).transpose()?, header(LEASE_EPOCH_HEADER).transpose()?) {
+        (Some(holder), Some(epoch)) => {
+            let epoch = epoch.parse().map_err(|_| ApiError::bad_request(format!("{LEASE_EPOCH_HEADER} {epoch:?} is not a number")))?;
+            Ok(Some(Lease { holder: holder.to_owned(), epoch, expires_at_unix_ms: 0 }))
+        }
+        (None, None) => Ok(None),
+        _ => Err(ApiError::bad_request(format!("send both {LEASE_HOLDER_HEADER} and {LEASE_EPOCH_HEADER}, or neither"))),
+    }
+}
+
+/// Plans are codec envelopes by default; `Content-Type: application/json` accepts the same
+/// plan as JSON (for `curl`), validated exactly the same way.
+async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiResult<StatusCode> {
+    let headers = req.headers().clone();
+    let (json, body) = plan_body(&headers, req).await?;
     let plan = if json {
         let raw: dnsplan_common::Plan = parse_json(&body)?;
         dnsplan_common::ValidatedPlan::new(raw).map_err(|e| ApiError::from(StoreError::Invalid(e)))?
     } else {
         codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?
     };
-    let header =
-        |name: &str| headers.get(name).map(|v| v.to_str().map_err(|_| ApiError::bad_request(format!("header {name} is not text"))));
-    match (header(LEASE_HOLDER_HEADER).transpose()?, header(LEASE_EPOCH_HEADER).transpose()?) {
-        (Some(holder), Some(epoch)) => {
-            let epoch = epoch.parse().map_err(|_| ApiError::bad_request(format!("{LEASE_EPOCH_HEADER} {epoch:?} is not a number")))?;
-            let lease = Lease { holder: holder.to_owned(), epoch, expires_at_unix_ms: 0 };
-            ctl.store.publish_leased(&plan, &lease).await?;
-        }
-        (None, None) => ctl.store.publish(&plan).await?,
-        _ => return Err(ApiError::bad_request(format!("send both {LEASE_HOLDER_HEADER} and {LEASE_EPOCH_HEADER}, or neither"))),
+    match lease_headers(&headers)? {
+        Some(lease) => ctl.store.publish_leased(&plan, &lease).await?,
+        None => ctl.store.publish(&plan).await?,
     }
     let p = plan.plan();
     tracing::info!(
@@ -274,6 +288,35 @@ async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiRe
         rollback_of = ?p.rollback_of.map(|g| g.0),
         retired = p.retired.len(),
         "plan published"
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/plans/{generation}/changes`: plan `generation` as a [`PlanDelta`] against its
+/// parent (a codec envelope, or JSON), published through `Store::publish_changes`.
+async fn publish_changes<S: Store>(State(ctl): State<Control<S>>, Path(generation): Path<String>, req: Request) -> ApiResult<StatusCode> {
+    let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
+    let headers = req.headers().clone();
+    let (json, body) = plan_body(&headers, req).await?;
+    let delta: PlanDelta = if json {
+        parse_json(&body)?
+    } else {
+        codec::decode(&body).map_err(|e| ApiError::bad_request(format!("plan changes envelope: {e}")))?
+    };
+    if delta.generation() != Generation(g) {
+        return Err(ApiError::bad_request(format!("the body holds the changes of plan {}, not of plan {g}", delta.generation())));
+    }
+    ctl.store.publish_changes(&delta, lease_headers(&headers)?.as_ref()).await?;
+    let h = &delta.head;
+    tracing::info!(
+        target: AUDIT_TARGET,
+        action = "publish",
+        generation = h.generation.0,
+        author = ?h.author.to_string(),
+        reason = ?h.reason,
+        rollback_of = ?h.rollback_of.map(|g| g.0),
+        changed = delta.changes.len(),
+        "plan published as its changes"
     );
     Ok(StatusCode::NO_CONTENT)
 }

@@ -124,3 +124,34 @@ async fn plans_as_json() -> anyhow::Result<()> {
     assert!(resp.text().await?.contains("no targets"));
     Ok(())
 }
+
+/// A plan's changes can be published as JSON too: the path names the plan, the body must be
+/// that plan's changes, and the whole plan reads back; a change that would empty an endpoint
+/// is refused like a whole plan that does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_changes_as_json() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = serve(SledStore::open(dir.path())?).await?;
+    let client = reqwest::Client::new();
+    let one = plan(1, &[name("x"), name("y")], planner());
+    let resp = client.post(format!("{base}/v1/plans")).bearer_auth(TOKEN).json(one.plan()).send().await?;
+    assert_eq!(resp.status(), 204);
+    let two = plan(2, &[name("x"), name("y")], planner());
+    let delta = dnsplan_common::PlanDelta::between(one.plan(), &two).expect("a small change");
+    let resp = client.post(format!("{base}/v1/plans/3/changes")).bearer_auth(TOKEN).json(&delta).send().await?;
+    assert_eq!(resp.status(), 400, "the body holds plan 2's changes, the path names plan 3");
+    assert!(resp.text().await?.contains("not of plan 3"));
+    let resp = client.post(format!("{base}/v1/plans/2/changes")).json(&delta).send().await?;
+    assert_eq!(resp.status(), 401, "a publish of changes needs the token");
+    let mut empty = delta.clone();
+    empty.changes.insert(name("x"), dnsplan_common::PlanEntry::Serve(dnsplan_common::Endpoint { ttl_secs: 30, targets: vec![] }));
+    let resp = client.post(format!("{base}/v1/plans/2/changes")).bearer_auth(TOKEN).json(&empty).send().await?;
+    assert_eq!(resp.status(), 422);
+    assert!(resp.text().await?.contains("no targets"));
+    let resp = client.post(format!("{base}/v1/plans/2/changes")).bearer_auth(TOKEN).json(&delta).send().await?;
+    assert_eq!(resp.status(), 204);
+    let back: dnsplan_common::Plan =
+        client.get(format!("{base}/v1/plans/2")).header("accept", "application/json").send().await?.json().await?;
+    assert_eq!(&back, two.plan());
+    Ok(())
+}

@@ -19,6 +19,7 @@
 
 use crate::workflow;
 use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::store::publish_against;
 use dnsplan_common::{
     Author, DnsName, Endpoint, EndpointName, Generation, PauseState, Plan, Provenance, Store, StoreError, ValidatedPlan,
     removed_weight_fraction,
@@ -98,6 +99,9 @@ pub struct Preview {
     pub published: bool,
     #[serde(skip)]
     pub plan: Option<ValidatedPlan>,
+    /// The latest plan, which the new one is sent against as its changes.
+    #[serde(skip)]
+    pub parent: Option<Plan>,
 }
 
 /// Weight an endpoint would lose.
@@ -130,6 +134,7 @@ pub async fn preview<S: Store>(store: &S, file: PlanFile, reason: &str, by: &str
         refused: None,
         published: false,
         plan: None,
+        parent: None,
     };
     if let Some(zone) = &file.dns_zone
         && zone != &current.dns_zone
@@ -229,6 +234,7 @@ pub async fn preview<S: Store>(store: &S, file: PlanFile, reason: &str, by: &str
         Ok(plan) => preview.plan = Some(plan),
         Err(err) => preview.refused = Some(format!("the plan is invalid: {err}")),
     }
+    preview.parent = Some(current);
     Ok(preview)
 }
 
@@ -242,7 +248,7 @@ pub async fn publish<S: Store>(store: &S, preview: &mut Preview, by: &str, keep_
         let reason = format!("plan {} published from a file: {}", plan.generation(), plan.plan().reason);
         store.pause(PauseState { reason, by: by.to_owned(), since_unix_ms: now_unix_ms() }).await?;
     }
-    store.publish(plan).await?;
+    publish_against(store, preview.parent.as_ref(), plan, None).await?;
     preview.published = true;
     Ok(())
 }

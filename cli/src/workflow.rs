@@ -12,6 +12,7 @@
 
 use dnsplan_common::dns_probe::{self, RecordType};
 use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::store::publish_against;
 use dnsplan_common::{
     ActiveRecord, ActiveState, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
     ValidatedPlan,
@@ -182,7 +183,8 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
         // Endpoints added since plan `to` stay as the latest plan serves them: a rollback
         // never empties a name because an older plan did not know it.
         let mut endpoints = old.plan().endpoints.clone();
-        for (name, records) in store.plan(latest).await?.into_plan().endpoints {
+        let current = store.plan(latest).await?.into_plan();
+        for (name, records) in current.endpoints.clone() {
             if let std::collections::btree_map::Entry::Vacant(slot) = endpoints.entry(name) {
                 provenance.push(Provenance {
                     endpoint: slot.key().clone(),
@@ -204,7 +206,7 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
             rollback_of: Some(request.to),
             provenance,
         })?;
-        match store.publish(&plan).await {
+        match publish_against(store, Some(&current), &plan, None).await {
             Ok(()) => return Ok(plan),
             Err(StoreError::Conflict { .. }) if attempt < ROLLBACK_PUBLISH_ATTEMPTS_MAX => attempt += 1,
             Err(err) => return Err(err),
@@ -268,7 +270,7 @@ pub async fn publish_retirement<S: Store>(store: &S, name: &EndpointName, reason
             return Err(RetireError::Managed(name.clone()));
         }
         let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
-        let mut endpoints = current.endpoints;
+        let mut endpoints = current.endpoints.clone();
         endpoints.remove(name);
         let plan = ValidatedPlan::new(Plan {
             generation: next,
@@ -276,14 +278,14 @@ pub async fn publish_retirement<S: Store>(store: &S, name: &EndpointName, reason
             created_at_unix_ms: now_unix_ms(),
             author: Author::Operator { name: by.to_owned() },
             reason: format!("retire {name}: {reason}"),
-            dns_zone: current.dns_zone,
+            dns_zone: current.dns_zone.clone(),
             endpoints,
             retired: [name.clone()].into(),
             rollback_of: None,
             provenance: vec![Provenance { endpoint: name.clone(), rule: "operator".into(), detail: format!("retired by {by}: {reason}") }],
         })
         .map_err(StoreError::from)?;
-        match store.publish(&plan).await {
+        match publish_against(store, Some(&current), &plan, None).await {
             Ok(()) => return Ok(plan),
             Err(StoreError::Conflict { .. }) if attempt < ROLLBACK_PUBLISH_ATTEMPTS_MAX => attempt += 1,
             Err(err) => return Err(err.into()),

@@ -12,6 +12,7 @@ pub mod changes;
 pub mod codec;
 #[cfg(feature = "daemon")]
 pub mod daemon;
+pub mod delta;
 #[cfg(feature = "dns")]
 pub mod dns_probe;
 pub mod generation;
@@ -35,6 +36,7 @@ pub mod store;
 pub mod store_config;
 
 pub use changes::{PlanChanges, PlanEntry};
+pub use delta::{PlanDelta, PlanHead};
 
 pub use store::sled::SledStore;
 pub use store::{

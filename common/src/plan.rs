@@ -317,15 +317,20 @@ impl ValidatedPlan {
     }
 
     pub fn summary(&self) -> PlanSummary {
+        ValidatedPlan::summary_of(&self.plan)
+    }
+
+    /// What `Store::list` says of `plan`.
+    pub fn summary_of(plan: &Plan) -> PlanSummary {
         PlanSummary {
-            generation: self.plan.generation,
-            parent_generation: self.plan.parent_generation,
-            created_at_unix_ms: self.plan.created_at_unix_ms,
-            author: self.plan.author.clone(),
-            reason: self.plan.reason.clone(),
-            endpoint_count: self.plan.endpoints.len() as u64,
-            retired_count: self.plan.retired.len() as u64,
-            rollback_of: self.plan.rollback_of,
+            generation: plan.generation,
+            parent_generation: plan.parent_generation,
+            created_at_unix_ms: plan.created_at_unix_ms,
+            author: plan.author.clone(),
+            reason: plan.reason.clone(),
+            endpoint_count: plan.endpoints.len() as u64,
+            retired_count: plan.retired.len() as u64,
+            rollback_of: plan.rollback_of,
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX, publish_against};
 use dnsplan_common::{
     ActiveState, Author, Endpoint, EndpointName, Generation, Lease, PauseState, Plan, Provenance, Store, StoreError, StoreResult,
     ValidatedPlan,
@@ -76,6 +76,9 @@ pub struct Planner<S: Store> {
     rng: SmallRng,
     /// The latest plan whose endpoints were last compared with the active state.
     adoption_checked: Option<Generation>,
+    /// The plan this planner last published or read whole: while it is the latest, a tick
+    /// reads its summary instead of the plan, and the next plan is sent as its changes.
+    last_plan: Option<Arc<Plan>>,
     /// Whether the store answers: an outage is logged when it begins and ends, not per tick.
     reach: Reachability,
 }
@@ -93,6 +96,7 @@ impl<S: Store> Planner<S> {
             lease: None,
             rng: SmallRng::from_rng(&mut rand::rng()),
             adoption_checked: None,
+            last_plan: None,
             reach: Reachability::new("the store"),
         }
     }
@@ -241,8 +245,7 @@ impl<S: Store> Planner<S> {
 
     async fn decide_and_publish(&mut self) -> StoreResult<()> {
         let latest = self.call(self.store.latest()).await?;
-        let previous = if latest > Generation::NONE { Some(self.call(self.store.plan(latest)).await?.into_plan()) } else { None };
-        let mut previous = previous;
+        let mut previous = if latest > Generation::NONE { Some(self.latest_plan(latest).await?) } else { None };
         let adopted = match &previous {
             Some(p) if self.adoption_checked.is_none() || (p.author.is_operator() && self.adoption_checked != Some(p.generation)) => {
                 let adopted = self.served_but_missing(p).await?;
@@ -255,10 +258,10 @@ impl<S: Store> Planner<S> {
             && !adopted.is_empty()
         {
             tracing::warn!(planner = %self.config.id, count = adopted.len(), latest = %latest, "endpoints are served but missing from the latest plan; adopting them as served");
-            p.endpoints.extend(adopted.iter().map(|(n, e)| (n.clone(), e.clone())));
+            Arc::make_mut(p).endpoints.extend(adopted.iter().map(|(n, e)| (n.clone(), e.clone())));
         }
         let now = now_unix_ms();
-        let mut outcome = decide(&self.config, &self.book.view(), previous.as_ref(), &self.state, now, &mut self.rng);
+        let mut outcome = decide(&self.config, &self.book.view(), previous.as_deref(), &self.state, now, &mut self.rng);
         if !adopted.is_empty()
             && matches!(outcome.decision, Decision::NoChange)
             && let Some(p) = &previous
@@ -320,7 +323,11 @@ impl<S: Store> Planner<S> {
                 };
                 let plan = ValidatedPlan::new(plan)?;
                 let lease = self.lease.clone().ok_or(StoreError::NotLeaseHolder { holder: None, epoch: 0, attempted_epoch: 0 })?;
-                self.call(self.store.publish_leased(&plan, &lease)).await?;
+                // Sent as its changes against the latest plan as the store holds it (not as
+                // adopted here: adopted endpoints are changes too).
+                let parent = self.last_plan.take();
+                self.call(publish_against(&self.store, parent.as_deref(), &plan, Some(&lease))).await?;
+                self.last_plan = Some(Arc::new(plan.into_plan()));
                 self.metrics.plans_published.inc();
                 self.metrics.last_published_generation.set(next.0 as i64);
                 tracing::info!(planner = %self.config.id, generation = next.0, %reason, "plan published");
@@ -334,6 +341,21 @@ impl<S: Store> Planner<S> {
                 Ok(())
             }
         }
+    }
+
+    /// Plan `latest` whole: the one this planner holds when the store's summary of `latest`
+    /// is that plan's (a store replaced under the planner has other plans under the same
+    /// numbers), else read from the store.
+    async fn latest_plan(&mut self, latest: Generation) -> StoreResult<Arc<Plan>> {
+        if let Some(held) = self.last_plan.clone().filter(|p| p.generation == latest) {
+            let summary = self.call(self.store.list(latest, 1)).await?;
+            if summary.first().is_some_and(|s| s == &ValidatedPlan::summary_of(&held)) {
+                return Ok(held);
+            }
+        }
+        let read = Arc::new(self.call(self.store.plan(latest)).await?.into_plan());
+        self.last_plan = Some(read.clone());
+        Ok(read)
     }
 
     /// The endpoints the active state serves that `latest` neither serves nor retires, and

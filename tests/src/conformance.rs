@@ -18,7 +18,7 @@
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveState, ApplyItem, ApplyOutcome, PauseState, PlanSays, Store, StoreError};
-use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, PlanEntry, ValidatedPlan, ZoneId};
+use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, PlanChanges, PlanDelta, PlanEntry, ValidatedPlan, ValidationError, ZoneId};
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -121,6 +121,8 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         active_page_walks_the_state,
         plan_changes_cover_every_plan_between,
         apply_carries_the_plans_content,
+        publish_changes_is_publish,
+        publish_changes_keeps_the_rules,
     );
     Ok(report)
 }
@@ -910,5 +912,175 @@ pub async fn leased_publish_is_fenced<S: Store>(store: S) -> anyhow::Result<Viol
             break;
         }
     }
+    Ok(v)
+}
+
+/// A plan published as its changes (`publish_changes`) is the plan: it reads back whole, its
+/// recorded changes are its changes, and applies are checked against its content, whether
+/// plans around it were published whole or as changes, and across cleanup.
+pub async fn publish_changes_is_publish<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(2017);
+    let labels: Vec<String> = (0..12).map(|i| format!("n{i}")).collect();
+    let mut previous: Option<Plan> = None;
+    let mut published = Vec::new();
+    for g in 1..=40u64 {
+        // Each name, per plan: left out, retired (operator plans only) or served with the
+        // records of one of three generations.
+        let operator_plan = g % 7 == 0;
+        let mut p = plan(g, &[name("always")], if operator_plan { operator() } else { planner() }).into_plan();
+        for label in &labels {
+            match rng.random_range(0..6u64) {
+                0 => {}
+                1 if operator_plan => {
+                    p.retired.insert(name(label));
+                }
+                k => {
+                    p.endpoints.insert(name(label), endpoint_for(Generation(k + g % 3)));
+                }
+            }
+        }
+        if operator_plan && g > 2 {
+            p.rollback_of = Some(Generation(g - 2));
+        }
+        let p = ValidatedPlan::new(p)?;
+        let as_changes = previous.as_ref().filter(|_| g % 4 != 1).and_then(|prev| PlanDelta::between(prev, &p));
+        match &as_changes {
+            Some(delta) => store.publish_changes(delta, None).await?,
+            None => store.publish(&p).await?,
+        }
+        let read = store.plan(Generation(g)).await?;
+        v.check(read == p, || {
+            format!("plan {g} (published {}) reads back different", if as_changes.is_some() { "as changes" } else { "whole" })
+        });
+        if let Some(prev) = &previous
+            && let Some(recorded) = store.plan_changes(prev.generation, Generation(g)).await?
+        {
+            let want = PlanChanges::between(prev, p.plan()).map(|c| c.changes);
+            v.check(Some(&recorded.changes) == want.as_ref(), || format!("plan {g}'s recorded changes are not its changes"));
+            v.check(recorded.endpoint_count == p.plan().endpoints.len() as u64, || format!("plan {g}'s changes count the endpoints wrong"));
+        }
+        let summary = store.list(Generation(g), 1).await?;
+        v.check(summary.first() == Some(&p.summary()), || format!("plan {g}'s summary: {summary:?}"));
+        // Each endpoint the plan serves takes exactly its records at this generation.
+        for (n, records) in p.plan().endpoints.iter().take(3) {
+            let r = store.apply(n, Generation(g), records).await;
+            v.check(r.is_ok(), || format!("plan {g}'s own records for {n}: {r:?}"));
+            let other = endpoint_for(Generation(1_000 + g));
+            let r = store.apply(n, Generation(g), &other).await;
+            v.check(matches!(r, Err(StoreError::ContentMismatch { .. })), || format!("other records for {n} under plan {g}: {r:?}"));
+        }
+        published.push(p.clone());
+        previous = Some(p.into_plan());
+    }
+    // The whole sequence reads back, and keeps reading back after cleanup.
+    for p in &published {
+        let read = store.plan(p.generation()).await?;
+        v.check(&read == p, || format!("plan {} reads back different after later plans", p.generation()));
+    }
+    let report = store.cleanup(5).await?;
+    let horizon = report.horizon_after;
+    for p in &published {
+        let read = store.plan(p.generation()).await;
+        match read {
+            Ok(read) => {
+                v.check(p.generation() >= horizon && &read == p, || format!("after cleanup plan {} reads {read:?}", p.generation()))
+            }
+            Err(StoreError::PlanNotFound(_)) => {
+                v.check(p.generation() < horizon, || format!("plan {} went with a cleanup to {horizon}", p.generation()))
+            }
+            Err(err) => v.push(format!("after cleanup, plan {}: {err}", p.generation())),
+        }
+    }
+    // A plan published as changes after the cleanup reads back too.
+    let last = published.last().map(|p| p.plan().clone()).ok_or_else(|| anyhow::anyhow!("no plan published"))?;
+    let mut next = last.clone();
+    next.generation = Generation(41);
+    next.parent_generation = Generation(40);
+    next.author = planner();
+    next.retired.clear();
+    next.rollback_of = None;
+    next.endpoints.insert(name("late"), endpoint_for(Generation(41)));
+    let next = ValidatedPlan::new(next)?;
+    let delta = PlanDelta::between(&last, &next).ok_or_else(|| anyhow::anyhow!("plan 41 is no small change"))?;
+    store.publish_changes(&delta, None).await?;
+    v.check(store.plan(Generation(41)).await? == next, || "plan 41, published as changes after cleanup, reads back different".into());
+    Ok(v)
+}
+
+/// `publish_changes` keeps every rule of `publish`: the CAS, the pause, the lease, the DNS
+/// zone, and the whole plan's validation, checked against the parent the store holds.
+pub async fn publish_changes_keeps_the_rules<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let (a, b, r) = (name("a"), name("b"), name("r"));
+    let one = plan(1, &[a.clone(), b.clone()], planner());
+    store.publish(&one).await?;
+    let two = plan(2, &[a.clone(), b.clone()], planner());
+    let delta = PlanDelta::between(one.plan(), &two).ok_or_else(|| anyhow::anyhow!("no delta"))?;
+    // The CAS: a parent that is not the latest, a generation that does not follow it.
+    let mut stale = delta.clone();
+    stale.head.generation = Generation(3);
+    stale.head.parent_generation = Generation(2);
+    let got = store.publish_changes(&stale, None).await;
+    v.check(matches!(got, Err(StoreError::Conflict { latest: Generation(1), .. })), || format!("changes of 3 over 2, latest 1: {got:?}"));
+    let mut skip = delta.clone();
+    skip.head.generation = Generation(3);
+    let got = store.publish_changes(&skip, None).await;
+    v.check(matches!(got, Err(StoreError::Conflict { .. })), || format!("changes of 3 over 1: {got:?}"));
+    // The pause refuses automation.
+    store.pause(PauseState { reason: "test".into(), by: "alice".into(), since_unix_ms: 0 }).await?;
+    let got = store.publish_changes(&delta, None).await;
+    v.check(matches!(got, Err(StoreError::Paused { .. })), || format!("automation changes while paused: {got:?}"));
+    store.resume().await?;
+    // The lease: a live lease refuses an unleased planner, a stale epoch, and takes its own.
+    let lease = store.acquire_lease("planner-test", LEASE_TTL).await?;
+    let got = store.publish_changes(&delta, None).await;
+    v.check(matches!(got, Err(StoreError::NotLeaseHolder { .. })), || format!("unleased changes under a live lease: {got:?}"));
+    let mut old = lease.clone();
+    old.epoch = lease.epoch.saturating_sub(1);
+    let got = store.publish_changes(&delta, Some(&old)).await;
+    v.check(matches!(got, Err(StoreError::NotLeaseHolder { .. })), || format!("changes under a stale epoch: {got:?}"));
+    v.check(store.latest().await? == Generation(1), || "a refused publish of changes moved the latest plan".into());
+    store.publish_changes(&delta, Some(&lease)).await?;
+    store.release_lease(&lease).await?;
+    v.check(store.plan(Generation(2)).await? == two, || "leased changes read back different".into());
+    // Another DNS zone.
+    let mut zone = delta.clone();
+    zone.head.generation = Generation(3);
+    zone.head.parent_generation = Generation(2);
+    zone.head.dns_zone = DnsName::parse("other.test")?;
+    zone.changes = [(DnsName::parse("x.other.test")?, PlanEntry::Serve(endpoint_for(Generation(3))))].into();
+    let got = store.publish_changes(&zone, None).await;
+    v.check(matches!(got, Err(StoreError::DnsZoneMismatch { .. })), || format!("changes for another DNS zone: {got:?}"));
+    // The whole plan's validation: nothing left to serve; an empty endpoint.
+    let mut nothing = delta.clone();
+    nothing.head.generation = Generation(3);
+    nothing.head.parent_generation = Generation(2);
+    nothing.changes = [(a.clone(), PlanEntry::Absent), (b.clone(), PlanEntry::Absent)].into();
+    let got = store.publish_changes(&nothing, None).await;
+    v.check(matches!(got, Err(StoreError::Invalid(ValidationError::NoEndpoints))), || format!("changes leaving nothing: {got:?}"));
+    let mut empty = nothing.clone();
+    empty.changes = [(a.clone(), PlanEntry::Serve(dnsplan_common::Endpoint { ttl_secs: 30, targets: vec![] }))].into();
+    let got = store.publish_changes(&empty, None).await;
+    v.check(matches!(got, Err(StoreError::Invalid(ValidationError::EmptyEndpoint { .. }))), || format!("an empty endpoint: {got:?}"));
+    // An operator retires r; automation must then clear the retirement, naming it if not.
+    let mut retire = nothing.clone();
+    retire.head.author = operator();
+    retire.changes = [(r.clone(), PlanEntry::Retire)].into();
+    store.publish_changes(&retire, None).await?;
+    let mut keeps = retire.clone();
+    keeps.head.generation = Generation(4);
+    keeps.head.parent_generation = Generation(3);
+    keeps.head.author = planner();
+    keeps.changes = [(a.clone(), PlanEntry::Serve(endpoint_for(Generation(4))))].into();
+    let got = store.publish_changes(&keeps, None).await;
+    v.check(matches!(&got, Err(StoreError::Invalid(ValidationError::RetireByAutomation { endpoint, .. })) if endpoint == &r), || {
+        format!("automation changes keeping the operator's retirement of r: {got:?}")
+    });
+    keeps.changes.insert(r.clone(), PlanEntry::Absent);
+    store.publish_changes(&keeps, None).await?;
+    let four = store.plan(Generation(4)).await?;
+    v.check(four.plan().retired.is_empty() && four.plan().endpoints.len() == 2, || format!("plan 4 reads {four:?}"));
+    v.check(store.latest().await? == Generation(4), || "refused changes moved the latest plan".into());
     Ok(v)
 }

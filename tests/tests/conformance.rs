@@ -49,6 +49,8 @@ async fn naive_store_fails_the_suite() -> anyhow::Result<()> {
         "lease_is_exclusive_and_fences_publish",
         "plan_changes_cover_every_plan_between",
         "apply_carries_the_plans_content",
+        "publish_changes_is_publish",
+        "publish_changes_keeps_the_rules",
     ] {
         assert!(failed.contains(must_fail), "the suite did not catch the naive store in {must_fail}:\n{report}");
     }

@@ -9,9 +9,9 @@
 
 use anyhow::Context;
 use dnsplan_common::dns_probe::{self, RecordType};
-use dnsplan_common::store::ActiveState;
 use dnsplan_common::store::remote::RemoteStore;
-use dnsplan_common::{EndpointName, Generation, SledStore, Store};
+use dnsplan_common::store::{ActiveState, publish_against};
+use dnsplan_common::{EndpointName, Generation, Plan, SledStore, Store};
 use dnsplan_enactor::{Enactor, Metrics, Settings};
 use dnsplan_tests::fixtures::{endpoint_for, name, planner};
 use dnsplan_tests::stack::{Authority, TOKEN};
@@ -19,6 +19,8 @@ use prometheus_client::registry::Registry;
 use std::time::{Duration, Instant};
 
 const LATENCY_SAMPLES: usize = 50;
+/// One-endpoint plans each store publishes as changes in `phases`.
+const PUBLISH_SAMPLES: usize = 20;
 
 /// Three enactors on `store` until the returned sender is dropped.
 fn start_enactors<S: Store>(store: S) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
@@ -27,6 +29,9 @@ fn start_enactors<S: Store>(store: S) -> anyhow::Result<tokio::sync::watch::Send
         let mut settings = Settings::new(&format!("bench-{zone}"), dnsplan_common::ZoneId::parse(zone)?);
         settings.max_removal_fraction = 1.0; // fixture plans replace every address
         settings.cleanup_retain = Some(20);
+        // Each figure is what one plan's change costs; the periodic write of every endpoint
+        // (every 16th plan by default) would land in one of them at random.
+        settings.full_write_every = u64::MAX;
         let metrics = std::sync::Arc::new(Metrics::register(&mut Registry::default(), zone));
         let mut rx = stopped.clone();
         tokio::spawn(Enactor::new(store.clone(), settings, metrics).run(async move {
@@ -44,7 +49,16 @@ struct Enacted {
 
 /// Publishes plan `g` where the first `changed` of `names` get generation `g`'s records and
 /// the rest keep `keep`'s, then waits until every endpoint serves its records in plan `g`.
-async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usize, keep: Generation) -> anyhow::Result<Enacted> {
+/// With `parent` (plan `g - 1`) the plan is sent as its changes against it (what the planner
+/// does), else whole.
+async fn enact<S: Store>(
+    store: &S,
+    g: u64,
+    names: &[EndpointName],
+    changed: usize,
+    keep: Generation,
+    parent: Option<&Plan>,
+) -> anyhow::Result<(Enacted, Plan)> {
     let mut plan = dnsplan_tests::fixtures::plan(g, names, planner()).into_plan();
     for n in names.iter().skip(changed) {
         plan.endpoints.insert(n.clone(), endpoint_for(keep));
@@ -55,7 +69,7 @@ async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usi
     // (in memory) keeps the observer off the store's lock.
     let before = store.version().await?.applied_changes;
     let started = Instant::now();
-    store.publish(&plan).await?;
+    publish_against(store, parent, &plan, None).await?;
     let published = Instant::now();
     let mut version = store.version().await?;
     while version.applied_changes < before + changed as u64 {
@@ -69,12 +83,12 @@ async fn enact<S: Store>(store: &S, g: u64, names: &[EndpointName], changed: usi
     anyhow::ensure!(names.iter().all(serves), "not every endpoint serves plan {g}");
     let switched = version.applied_changes - before;
     anyhow::ensure!(switched == changed as u64, "plan {g} switched {switched} endpoints, {changed} changed");
-    Ok(enacted)
+    Ok((enacted, plan.into_plan()))
 }
 
 /// The plans of one store, with three enactors on it: a full plan, the plan after it, then
 /// plans changing 1 endpoint, 1% and 10%. Prints one row each.
-async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> anyhow::Result<()> {
+async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> anyhow::Result<u64> {
     let n = names.len();
     let row = |what: String, changed: usize, e: &Enacted| {
         let total = e.publish + e.apply;
@@ -87,47 +101,85 @@ async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> any
             changed as f64 / total.as_secs_f64()
         );
     };
-    row("full plan enacted".into(), n, &enact(store, 1, names, n, Generation(1)).await?);
+    let (e, plan) = enact(store, 1, names, n, Generation(1), None).await?;
+    row("full plan enacted".into(), n, &e);
     // The plan after a full one also pays for the full one: each enactor's removal guard
     // catches up on its n switches (`active_since`) and reads the plan whole once more (its
-    // base was a whole read). Then what a plan costs as a function of what it changes.
-    row("next plan (guards catch up on the full one)".into(), 1, &enact(store, 2, names, 1, Generation(1)).await?);
-    row("plan changing 1 endpoint".into(), 1, &enact(store, 3, names, 1, Generation(1)).await?);
+    // base was a whole read). Then what a plan costs as a function of what it changes, each
+    // sent as its changes (as the planner sends them), and once whole to compare.
+    let (e, plan) = enact(store, 2, names, 1, Generation(1), Some(&plan)).await?;
+    row("next plan (guards catch up on the full one)".into(), 1, &e);
+    let (e, _) = enact(store, 3, names, 1, Generation(1), Some(&plan)).await?;
+    row("plan changing 1 endpoint".into(), 1, &e);
+    let (e, mut plan) = enact(store, 4, names, 1, Generation(1), None).await?;
+    row("plan changing 1 endpoint, sent whole".into(), 1, &e);
+    // The publish of one changed endpoint, as the planner sends it, over several plans.
+    let mut publishes = Vec::new();
+    let mut g = 5;
+    for _ in 0..PUBLISH_SAMPLES {
+        let (e, next) = enact(store, g, names, 1, Generation(1), Some(&plan)).await?;
+        publishes.push(e.publish);
+        (plan, g) = (next, g + 1);
+    }
+    publishes.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("{:<52}{:>21.1}ms", format!("{label}: publish of 1 changed endpoint p50 ({PUBLISH_SAMPLES} plans)"), ms(pct(&publishes, 0.5)));
+    println!("{:<52}{:>21.1}ms", format!("{label}: publish of 1 changed endpoint p99"), ms(pct(&publishes, 0.99)));
     let one_pct = (n / 100).max(1);
-    row(format!("plan changing 1% ({one_pct})"), one_pct, &enact(store, 4, names, one_pct, Generation(1)).await?);
+    let (e, plan) = enact(store, g, names, one_pct, Generation(1), Some(&plan)).await?;
+    row(format!("plan changing 1% ({one_pct})"), one_pct, &e);
     let ten_pct = (n / 10).max(1);
-    row(format!("plan changing 10% ({ten_pct})"), ten_pct, &enact(store, 5, names, ten_pct, Generation(1)).await?);
-    Ok(())
+    let (e, _) = enact(store, g + 1, names, ten_pct, Generation(1), Some(&plan)).await?;
+    row(format!("plan changing 10% ({ten_pct})"), ten_pct, &e);
+    Ok(g + 1)
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1).min(sorted.len() - 1)]
 }
 
-async fn latency(store: &RemoteStore, dns: std::net::SocketAddr, names: &[EndpointName], from: u64) -> anyhow::Result<Vec<Duration>> {
-    let target = &names[..1];
-    let mut samples = Vec::new();
-    // Plan `from` is a warm-up and not counted: it is the first plan of one endpoint after
-    // plans of every endpoint, and its cost belongs to those.
+/// Publish-to-served latency: plans each changing one endpoint of `names` (the others keep
+/// plan 1's records, as after `phases`), sent as their changes against the previous one (as
+/// the planner sends them). Returns the publish calls' durations and the publish-to-served
+/// durations, each sorted.
+async fn latency(
+    store: &RemoteStore,
+    dns: std::net::SocketAddr,
+    names: &[EndpointName],
+    from: u64,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let target = &names[0];
+    let (mut publishes, mut served) = (Vec::new(), Vec::new());
+    let mut parent = store.plan(Generation(from - 1)).await?.into_plan();
+    // Plan `from` is a warm-up and not counted.
     for i in 0..=LATENCY_SAMPLES as u64 {
         let g = from + i;
-        let plan = dnsplan_tests::fixtures::plan(g, target, planner());
+        let mut plan = dnsplan_tests::fixtures::plan(g, &names[1..], planner()).into_plan();
+        for records in plan.endpoints.values_mut() {
+            *records = endpoint_for(Generation(1));
+        }
+        plan.endpoints.insert(target.clone(), endpoint_for(Generation(g)));
+        let plan = dnsplan_common::ValidatedPlan::new(plan)?;
         let want: std::collections::BTreeSet<_> = endpoint_for(Generation(g)).targets.iter().map(|t| t.address).collect();
         let started = Instant::now();
-        store.publish(&plan).await?;
+        publish_against(store, Some(&parent), &plan, None).await?;
+        let published = started.elapsed();
         loop {
-            let answer = dns_probe::query(dns, target[0].as_str(), RecordType::A, Duration::from_secs(1)).await?;
+            let answer = dns_probe::query(dns, target.as_str(), RecordType::A, Duration::from_secs(1)).await?;
             if answer.addresses == want {
                 if i > 0 {
-                    samples.push(started.elapsed());
+                    publishes.push(published);
+                    served.push(started.elapsed());
                 }
                 break;
             }
             anyhow::ensure!(started.elapsed() < Duration::from_secs(30), "plan {g} was never served");
         }
+        parent = plan.into_plan();
     }
-    samples.sort();
-    Ok(samples)
+    publishes.sort();
+    served.sort();
+    Ok((publishes, served))
 }
 
 /// Resident memory of this process, from /proc (Linux).
@@ -200,14 +252,13 @@ async fn main() -> anyhow::Result<()> {
     let authority = Authority::start(store, &remote_dir).await?;
     let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
     let stop = start_enactors(remote.clone())?;
-    phases("remote", &remote, &names).await?;
-    let samples = latency(&remote, authority.dns, &names, 6).await?;
-    println!(
-        "{:<52}{:>9.1}ms",
-        format!("remote: publish-to-served p50 ({LATENCY_SAMPLES} plans, {n}-name zone)"),
-        pct(&samples, 0.5).as_secs_f64() * 1e3
-    );
-    println!("{:<52}{:>9.1}ms", "remote: publish-to-served p99", pct(&samples, 0.99).as_secs_f64() * 1e3);
+    let last = phases("remote", &remote, &names).await?;
+    let (publishes, samples) = latency(&remote, authority.dns, &names, last + 1).await?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("{:<52}{:>9.1}ms", format!("remote: publish of 1 changed endpoint p50 ({LATENCY_SAMPLES} plans)"), ms(pct(&publishes, 0.5)));
+    println!("{:<52}{:>21.1}ms", "remote: publish of 1 changed endpoint p99", ms(pct(&publishes, 0.99)));
+    println!("{:<52}{:>9.1}ms", format!("remote: publish-to-served p50 ({LATENCY_SAMPLES} plans, {n}-name zone)"), ms(pct(&samples, 0.5)));
+    println!("{:<52}{:>9.1}ms", "remote: publish-to-served p99", ms(pct(&samples, 0.99)));
     drop(stop);
     authority.stop().await?;
     println!("{:<52}{:>11.0}", "authority: snapshot bytes per managed name (100k)", per_name);

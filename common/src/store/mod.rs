@@ -30,9 +30,10 @@ pub mod wire;
 use crate::changes::PlanChanges;
 pub use crate::changes::{PLAN_CHANGES_ENDPOINTS_MAX, PLAN_CHANGES_GAP_MAX};
 use crate::codec::{self, CodecError, Record};
+use crate::delta::PlanDelta;
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName, ZoneId};
-use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, ValidationError};
+use crate::plan::{Endpoint, Plan, PlanSummary, ValidatedPlan, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -300,6 +301,15 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// `lease` is the live lease, checked atomically with the publish CAS. A planner-authored
     /// plain `publish` is refused while anyone holds a live lease.
     fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Publishes the plan `delta` tells against its parent, under the rules of `publish`
+    /// (`lease` `None`) or `publish_leased`: the CAS on `delta.head`'s generation and parent,
+    /// then the whole plan's validation. What it costs follows the change, not the plan, in
+    /// stores that override it; the default reads the parent, builds the plan and publishes
+    /// it whole, which is correct and slow. A parent that is not the latest plan is a
+    /// [`StoreError::Conflict`].
+    fn publish_changes(&self, delta: &PlanDelta, lease: Option<&Lease>) -> impl Future<Output = StoreResult<()>> + Send {
+        publish_changes_whole(self, delta, lease)
+    }
     /// Grants or renews the planner lease for `ttl` (store clock), or refuses with
     /// [`StoreError::LeaseHeld`] while another holder's lease is live.
     fn acquire_lease(&self, holder: &str, ttl: Duration) -> impl Future<Output = StoreResult<Lease>> + Send;
@@ -402,6 +412,45 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// Returns as soon as the store's version differs from `seen`, or after `timeout`
     /// (capped at `WAIT_TIMEOUT_MAX`) with the current version. Never busy-polls.
     fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+}
+
+/// `publish_changes` the slow way: reads the parent whole, builds the plan and publishes it
+/// whole. Stores without a faster way use it, and the fast ways fall back to it.
+pub async fn publish_changes_whole<S: Store>(store: &S, delta: &PlanDelta, lease: Option<&Lease>) -> StoreResult<()> {
+    delta.check()?;
+    let head = &delta.head;
+    let parent = match head.parent_generation {
+        Generation::NONE => None,
+        g => match store.plan(g).await {
+            // The store's zone is its plans' zone: refused as a whole plan for another would be.
+            Ok(parent) if parent.plan().dns_zone != head.dns_zone => {
+                return Err(StoreError::DnsZoneMismatch { attempted: head.dns_zone.clone(), stored: parent.into_plan().dns_zone });
+            }
+            Ok(parent) => Some(parent.into_plan()),
+            Err(StoreError::PlanNotFound(_)) => {
+                let latest = store.latest().await?;
+                return Err(StoreError::Conflict { attempted: head.generation, parent: g, latest });
+            }
+            Err(err) => return Err(err),
+        },
+    };
+    let plan = delta.clone().apply_to(parent)?;
+    match lease {
+        Some(lease) => store.publish_leased(&plan, lease).await,
+        None => store.publish(&plan).await,
+    }
+}
+
+/// Publishes `plan`, as its changes against `parent` (the plan its parent generation names,
+/// as read from this store) when that is smaller, else whole.
+pub async fn publish_against<S: Store>(store: &S, parent: Option<&Plan>, plan: &ValidatedPlan, lease: Option<&Lease>) -> StoreResult<()> {
+    match parent.and_then(|parent| PlanDelta::between(parent, plan)) {
+        Some(delta) => store.publish_changes(&delta, lease).await,
+        None => match lease {
+            Some(lease) => store.publish_leased(plan, lease).await,
+            None => store.publish(plan).await,
+        },
+    }
 }
 
 /// The check of `plan_changes`'s range that needs no store.

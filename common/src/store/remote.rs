@@ -16,6 +16,7 @@ use super::{
 };
 use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
+use crate::delta::PlanDelta;
 use crate::generation::Generation;
 use crate::names::EndpointName;
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
@@ -119,6 +120,16 @@ impl Store for RemoteStore {
         let body = codec::encode_plan(plan);
         let req = self.inner.client.post(self.url("/v1/plans")).header("content-type", "application/octet-stream").body(body);
         self.send(req).await.map(|_| ())
+    }
+
+    async fn publish_changes(&self, delta: &PlanDelta, lease: Option<&Lease>) -> StoreResult<()> {
+        delta.check()?;
+        let path = format!("/v1/plans/{}/changes", delta.generation());
+        let mut req = self.inner.client.post(self.url(&path)).header("content-type", "application/octet-stream");
+        if let Some(lease) = lease {
+            req = req.header(LEASE_HOLDER_HEADER, &lease.holder).header(LEASE_EPOCH_HEADER, lease.epoch.to_string());
+        }
+        self.send(req.body(codec::encode(delta))).await.map(|_| ())
     }
 
     async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {

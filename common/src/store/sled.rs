@@ -1,10 +1,15 @@
 //! `SledStore`: the embedded `Store` on a sled database on local disk.
 //!
 //! Layout (one sled tree each):
-//! - `plans`: generation (big-endian) → plan envelope; `summaries`: the same keys → summary;
-//!   `plan_changes`: the same keys → the plan's [`PlanChanges`] against its parent, written
-//!   with the plan when it has a parent and the change is at most
-//!   `PLAN_CHANGES_ENDPOINTS_MAX` endpoints.
+//! - `plans`: generation (big-endian) → the whole plan's envelope, for plans published whole
+//!   and for checkpoints; `plan_heads`: the same keys → [`PlanHead`], for plans published as
+//!   their changes (`publish_changes`); `summaries`: the same keys → summary; `plan_changes`:
+//!   the same keys → the plan's [`PlanChanges`] against its parent, written with the plan
+//!   when it has a parent and the change is at most `PLAN_CHANGES_ENDPOINTS_MAX` endpoints.
+//!   A plan published as changes is read by folding the changes after the newest plan stored
+//!   whole at or below it onto that plan. So that reads stay near the cost of one whole
+//!   plan, a plan is also written whole (a checkpoint, off the publish path) once the changes
+//!   since the last whole plan add up to half its size, or to `CHECKPOINT_PLANS_MAX` plans.
 //! - `active`: endpoint name → [`ActiveRecord`] envelope (the fence and the copied records).
 //! - `fences`: generation (big-endian) ++ endpoint name → empty; an index of serving
 //!   endpoints by generation, so the oldest active generation is one lookup.
@@ -33,7 +38,8 @@
 //!
 //! Cleanup is logical first: moving `horizon` is the one atomic, durable step that deletes
 //! plans; removing the bytes below it follows and is finished on the next open if a crash
-//! interrupts it.
+//! interrupts it. The bytes kept start at the newest plan stored whole at or below the
+//! horizon, which the plans above it are read from.
 
 use super::lease;
 use super::{
@@ -44,8 +50,10 @@ use super::{
 };
 use crate::changes::{PlanChanges, PlanEntry, decode_changes};
 use crate::codec;
+use crate::delta::{PlanDelta, PlanHead, apply_entries};
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
+use crate::plan::{ENDPOINTS_PER_PLAN_MAX, ValidationError};
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -73,6 +81,9 @@ const META_CONTENTS: &[u8] = b"contents";
 pub const CHANGE_LOG_KEPT: u64 = 1 << 20;
 /// How often (in applied changes) the change log is trimmed.
 const CHANGE_LOG_TRIM_EVERY: u64 = 1 << 16;
+/// Most plans published as changes after the newest plan stored whole before one is written
+/// whole (see the module docs).
+pub const CHECKPOINT_PLANS_MAX: u64 = 1_024;
 
 /// The embedded store. Clones share one database.
 #[derive(Clone)]
@@ -86,6 +97,8 @@ struct Inner {
     summaries: sled::Tree,
     /// Generation (big-endian) → that plan's changes against its parent.
     plan_changes: sled::Tree,
+    /// Generation (big-endian) → the head of a plan published as its changes.
+    plan_heads: sled::Tree,
     active: sled::Tree,
     fences: sled::Tree,
     /// Applied-change count (big-endian) → endpoint name: the log `active_since` reads.
@@ -100,6 +113,37 @@ struct Inner {
     /// Serialises every operation; see the module docs.
     lock: Mutex<()>,
     version: watch::Sender<StoreVersion>,
+    /// What lies after the newest plan stored whole; changed under `lock`.
+    chain: Mutex<Chain>,
+}
+
+/// The plans published as changes since the newest plan stored whole (the base), which
+/// decide when the next checkpoint is due.
+#[derive(Clone, Copy, Debug, Default)]
+struct Chain {
+    base_bytes: u64,
+    plans: u64,
+    change_bytes: u64,
+    /// A checkpoint is being written.
+    writing: bool,
+}
+
+impl Chain {
+    fn checkpoint_due(&self) -> bool {
+        !self.writing && self.plans > 0 && (self.plans >= CHECKPOINT_PLANS_MAX || self.change_bytes * 2 >= self.base_bytes)
+    }
+}
+
+/// What a read of a plan needs, taken under the lock and decoded after it.
+enum PlanBytes {
+    Whole(sled::IVec),
+    /// The newest plan stored whole below (none before the first plan), each later plan's
+    /// changes in order, and the head of the plan read.
+    Chain {
+        base: Option<sled::IVec>,
+        changes: Vec<sled::IVec>,
+        head: sled::IVec,
+    },
 }
 
 fn io(err: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -120,6 +164,11 @@ fn tx_error(err: TransactionError<StoreError>) -> StoreError {
 fn parse_name(bytes: &[u8], what: &str) -> StoreResult<EndpointName> {
     DnsName::parse(&String::from_utf8_lossy(bytes))
         .map_err(|e| corrupt(what, codec::CodecError::Body { kind: "endpoint name".into(), detail: e.to_string() }))
+}
+
+fn generation_key(key: &[u8]) -> StoreResult<Generation> {
+    let array: [u8; 8] = key.try_into().map_err(|_| corrupt("plan key", codec::CodecError::Truncated { len: key.len() }))?;
+    Ok(Generation::from_be_bytes(array))
 }
 
 fn change_key(key: &[u8]) -> StoreResult<u64> {
@@ -211,6 +260,7 @@ impl SledStore {
             plans: tree("plans")?,
             summaries: tree("summaries")?,
             plan_changes: tree("plan_changes")?,
+            plan_heads: tree("plan_heads")?,
             active: tree("active")?,
             fences: tree("fences")?,
             changes: tree("changes")?,
@@ -221,8 +271,11 @@ impl SledStore {
             db,
             lock: Mutex::new(()),
             version: watch::Sender::new(StoreVersion::default()),
+            chain: Mutex::new(Chain::default()),
         };
         inner.recover()?;
+        let chain = inner.read_chain()?;
+        *inner.chain_state()? = chain;
         let version = inner.read_version()?;
         inner.version.send_replace(version);
         Ok(SledStore { inner: Arc::new(inner) })
@@ -268,6 +321,32 @@ impl Inner {
         Ok(Generation(self.meta_u64(META_HORIZON, Generation::FIRST.0)?))
     }
 
+    fn chain_state(&self) -> StoreResult<MutexGuard<'_, Chain>> {
+        self.chain.lock().map_err(|_| StoreError::Unavailable("store lock poisoned by an earlier failure; restart the process".into()))
+    }
+
+    /// The plans after the newest plan stored whole, as the store holds them now.
+    fn read_chain(&self) -> StoreResult<Chain> {
+        let latest = self.latest()?;
+        let Some((key, base)) = self.plans.range(..=latest.to_be_bytes()).next_back().transpose().map_err(io)? else {
+            return Ok(Chain::default());
+        };
+        let mut chain = Chain { base_bytes: base.len() as u64, ..Chain::default() };
+        let after = generation_key(&key)?.next().unwrap_or(Generation(u64::MAX));
+        for value in self.plan_changes.range(after.to_be_bytes()..=latest.to_be_bytes()).values() {
+            chain.plans += 1;
+            chain.change_bytes += value.map_err(io)?.len() as u64;
+        }
+        Ok(chain)
+    }
+
+    /// Whether plan `generation` is stored, whole or as changes.
+    fn stored(&self, generation: Generation) -> StoreResult<bool> {
+        let key = generation.to_be_bytes();
+        Ok(self.plans.contains_key(key).map_err(io)?
+            || (self.plan_heads.contains_key(key).map_err(io)? && self.plan_changes.contains_key(key).map_err(io)?))
+    }
+
     fn read_version(&self) -> StoreResult<StoreVersion> {
         Ok(StoreVersion {
             latest: self.latest()?,
@@ -293,7 +372,7 @@ impl Inner {
         let latest = self.latest()?;
         if latest >= horizon {
             for g in [horizon, latest] {
-                if !self.plans.contains_key(g.to_be_bytes()).map_err(io)? {
+                if !self.stored(g)? {
                     return Err(StoreError::Corrupt {
                         what: format!("plan {g} is missing although plans {horizon}..={latest} should be stored"),
                         source: codec::CodecError::Truncated { len: 0 },
@@ -342,10 +421,16 @@ impl Inner {
         Ok(())
     }
 
+    /// Removes the bytes of plans below `horizon` that no plan from `horizon` on is read from:
+    /// those older than the newest plan stored whole at or below it.
     fn remove_plans_below(&self, horizon: Generation) -> StoreResult<()> {
-        for tree in [&self.plans, &self.summaries, &self.plan_changes] {
+        let Some(base) = self.plans.range(..=horizon.to_be_bytes()).next_back().transpose().map_err(io)? else {
+            return Ok(());
+        };
+        let keep_from = generation_key(&base.0)?;
+        for tree in [&self.plans, &self.plan_heads, &self.summaries, &self.plan_changes] {
             let mut batch = sled::Batch::default();
-            for key in tree.range(..horizon.to_be_bytes().to_vec()).keys() {
+            for key in tree.range(..keep_from.to_be_bytes().to_vec()).keys() {
                 batch.remove(key.map_err(io)?);
             }
             tree.apply_batch(batch).map_err(io)?;
@@ -403,28 +488,7 @@ impl Inner {
         contents: ContentWrite,
     ) -> StoreResult<()> {
         let _guard = self.guard()?;
-        // The fencing token, checked in the same critical section as the CAS below.
-        let current = self.read_lease()?;
-        match lease {
-            Some(lease) => lease::check_holder(current.as_ref(), lease, lease::now_unix_ms())?,
-            None if !is_operator => lease::check_unleased(current.as_ref(), lease::now_unix_ms())?,
-            None => {}
-        }
-        let latest = self.latest()?;
-        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
-        if generation != next || parent != latest {
-            return Err(StoreError::Conflict { attempted: generation, parent, latest });
-        }
-        if !is_operator && let Some(pause) = self.paused()? {
-            return Err(StoreError::Paused { reason: pause.reason, by: pause.by });
-        }
-        if let Some(stored) = self.meta.get(META_DNS_ZONE).map_err(io)? {
-            let stored = DnsName::parse(&String::from_utf8_lossy(&stored))
-                .map_err(|e| corrupt("stored DNS zone", codec::CodecError::Body { kind: "DNS zone".into(), detail: e.to_string() }))?;
-            if &stored != dns_zone {
-                return Err(StoreError::DnsZoneMismatch { attempted: dns_zone.clone(), stored });
-            }
-        }
+        self.check_publish(generation, parent, dns_zone, is_operator, lease)?;
         let key = generation.to_be_bytes();
         // Invariant: a plan's changes are recorded exactly when its contents are written as
         // changes; cleanup relies on it to find what to prune.
@@ -448,20 +512,211 @@ impl Inner {
             })
             .map_err(tx_error)?;
         self.flush()?;
+        {
+            let mut chain = self.chain_state()?;
+            *chain = Chain { base_bytes: plan.len() as u64, writing: chain.writing, ..Chain::default() };
+        }
         self.publish_version()
     }
 
-    fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
-        let bytes = {
-            let _guard = self.guard()?;
-            if generation < self.horizon()? {
-                return Err(StoreError::PlanNotFound(generation));
+    /// The checks every publish makes under the lock before it writes: the lease (the fencing
+    /// token, in the same critical section as the CAS), the CAS, the pause, the DNS zone.
+    fn check_publish(
+        &self,
+        generation: Generation,
+        parent: Generation,
+        dns_zone: &DnsName,
+        is_operator: bool,
+        lease: Option<&Lease>,
+    ) -> StoreResult<()> {
+        let current = self.read_lease()?;
+        match lease {
+            Some(lease) => lease::check_holder(current.as_ref(), lease, lease::now_unix_ms())?,
+            None if !is_operator => lease::check_unleased(current.as_ref(), lease::now_unix_ms())?,
+            None => {}
+        }
+        let latest = self.latest()?;
+        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+        if generation != next || parent != latest {
+            return Err(StoreError::Conflict { attempted: generation, parent, latest });
+        }
+        if !is_operator && let Some(pause) = self.paused()? {
+            return Err(StoreError::Paused { reason: pause.reason, by: pause.by });
+        }
+        if let Some(stored) = self.meta.get(META_DNS_ZONE).map_err(io)? {
+            let stored = DnsName::parse(&String::from_utf8_lossy(&stored))
+                .map_err(|e| corrupt("stored DNS zone", codec::CodecError::Body { kind: "DNS zone".into(), detail: e.to_string() }))?;
+            if &stored != dns_zone {
+                return Err(StoreError::DnsZoneMismatch { attempted: dns_zone.clone(), stored });
             }
-            self.plans.get(generation.to_be_bytes()).map_err(io)?.ok_or(StoreError::PlanNotFound(generation))?
+        }
+        Ok(())
+    }
+
+    /// Publishes `delta` as its changes: the CAS and every check of `publish`, the whole-plan
+    /// rules from the parent's counts and each named endpoint's entry in the parent, and one
+    /// transaction writing the head, the summary, the changes and their `contents`. Costs
+    /// what changed. Returns whether a checkpoint is now due, or `None` when the delta is
+    /// not published here because its answer needs the parent read whole: the first plan
+    /// (no parent), or an automation plan that leaves some of the parent's retirements in
+    /// place (refused, and the refusal names one). The caller then publishes it whole.
+    fn publish_changes(&self, delta: &PlanDelta, lease: Option<&Lease>) -> StoreResult<Option<bool>> {
+        let head = &delta.head;
+        let (generation, parent, is_operator) = (head.generation, head.parent_generation, head.author.is_operator());
+        let _guard = self.guard()?;
+        self.check_publish(generation, parent, &head.dns_zone, is_operator, lease)?;
+        if parent.is_none() {
+            return Ok(None);
+        }
+        let key = generation.to_be_bytes();
+        let parent_summary = self.summaries.get(parent.to_be_bytes()).map_err(io)?.ok_or_else(|| {
+            corrupt(format!("the summary of the latest plan {parent} is missing"), codec::CodecError::Truncated { len: 0 })
+        })?;
+        let parent_summary = codec::decode::<PlanSummary>(&parent_summary).map_err(|e| corrupt("plan summary", e))?;
+        let (mut served, mut retired) = (parent_summary.endpoint_count, parent_summary.retired_count);
+        let mut changes = std::collections::BTreeMap::new();
+        for (name, entry) in &delta.changes {
+            let before = self.content_at(name, parent)?;
+            if &before == entry {
+                continue;
+            }
+            match before {
+                PlanEntry::Serve(_) => served = served.saturating_sub(1),
+                PlanEntry::Retire => retired = retired.saturating_sub(1),
+                PlanEntry::Absent => {}
+            }
+            match entry {
+                PlanEntry::Serve(_) => served += 1,
+                PlanEntry::Retire => retired += 1,
+                PlanEntry::Absent => {}
+            }
+            changes.insert(name.clone(), entry.clone());
+        }
+        let total = served + retired;
+        if total > ENDPOINTS_PER_PLAN_MAX as u64 {
+            return Err(StoreError::Invalid(ValidationError::TooManyEndpoints { count: total as usize }));
+        }
+        if total == 0 {
+            return Err(StoreError::Invalid(ValidationError::NoEndpoints));
+        }
+        if retired > 0 && !is_operator {
+            return Ok(None);
+        }
+        let summary = PlanSummary {
+            generation,
+            parent_generation: parent,
+            created_at_unix_ms: head.created_at_unix_ms,
+            author: head.author.clone(),
+            reason: head.reason.clone(),
+            endpoint_count: served,
+            retired_count: retired,
+            rollback_of: head.rollback_of,
         };
+        let changes = PlanChanges {
+            from: parent,
+            to: generation,
+            dns_zone: head.dns_zone.clone(),
+            rollback_of: head.rollback_of,
+            endpoint_count: served,
+            changes,
+        };
+        let contents = ContentWrite::changes(&changes);
+        let (head_bytes, summary_bytes, changes_bytes) = (codec::encode(head), codec::encode(&summary), codec::encode(&changes));
+        let dns_zone = head.dns_zone.as_str().as_bytes();
+        (&self.plan_heads, &self.summaries, &self.plan_changes, &self.meta, &self.contents)
+            .transaction(|(plan_heads, summaries, plan_changes, meta, content)| {
+                plan_heads.insert(&key, head_bytes.as_slice())?;
+                summaries.insert(&key, summary_bytes.as_slice())?;
+                plan_changes.insert(&key, changes_bytes.as_slice())?;
+                for (k, v) in &contents.entries {
+                    content.insert(k.as_slice(), v.as_slice())?;
+                }
+                meta.insert(META_LATEST, &key)?;
+                meta.insert(META_DNS_ZONE, dns_zone)?;
+                Ok::<_, ConflictableTransactionError<StoreError>>(())
+            })
+            .map_err(tx_error)?;
+        self.flush()?;
+        let due = {
+            let mut chain = self.chain_state()?;
+            chain.plans += 1;
+            chain.change_bytes += changes_bytes.len() as u64;
+            let due = chain.checkpoint_due();
+            chain.writing |= due;
+            due
+        };
+        self.publish_version()?;
+        Ok(Some(due))
+    }
+
+    /// What reading plan `generation` needs, taken under the lock.
+    fn plan_bytes(&self, generation: Generation) -> StoreResult<PlanBytes> {
+        let _guard = self.guard()?;
+        if generation < self.horizon()? {
+            return Err(StoreError::PlanNotFound(generation));
+        }
+        let key = generation.to_be_bytes();
+        if let Some(bytes) = self.plans.get(key).map_err(io)? {
+            return Ok(PlanBytes::Whole(bytes));
+        }
+        let head = self.plan_heads.get(key).map_err(io)?.ok_or(StoreError::PlanNotFound(generation))?;
+        let (base, from) = match self.plans.range(..key).next_back().transpose().map_err(io)? {
+            Some((key, bytes)) => (Some(bytes), generation_key(&key)?),
+            None => (None, Generation::NONE),
+        };
+        let first = Generation(from.0 + 1).to_be_bytes();
+        let changes = self.plan_changes.range(first..=key).values().collect::<Result<Vec<_>, _>>().map_err(io)?;
+        if changes.len() as u64 != generation.0 - from.0 {
+            return Err(corrupt(
+                format!("plan {generation} is stored as changes, but some of the changes after plan {from} are missing"),
+                codec::CodecError::Truncated { len: 0 },
+            ));
+        }
+        Ok(PlanBytes::Chain { base, changes, head })
+    }
+
+    fn plan(&self, generation: Generation) -> StoreResult<ValidatedPlan> {
         // Plans are immutable: decoding outside the lock cannot see a torn plan, and keeps a
         // large decode from stalling every other operation.
-        codec::decode_plan(&bytes).map_err(|e| corrupt(format!("plan {generation}"), e))
+        let (base, changes, head) = match self.plan_bytes(generation)? {
+            PlanBytes::Whole(bytes) => return codec::decode_plan(&bytes).map_err(|e| corrupt(format!("plan {generation}"), e)),
+            PlanBytes::Chain { base, changes, head } => (base, changes, head),
+        };
+        let (mut endpoints, mut retired) = match base {
+            Some(bytes) => {
+                let base = codec::decode::<crate::plan::Plan>(&bytes).map_err(|e| corrupt(format!("the plan below {generation}"), e))?;
+                (base.endpoints, base.retired)
+            }
+            None => Default::default(),
+        };
+        for bytes in changes {
+            let step = decode_changes(&bytes).map_err(|e| corrupt("plan changes", e))?;
+            apply_entries(&mut endpoints, &mut retired, step.changes);
+        }
+        let head = codec::decode::<PlanHead>(&head).map_err(|e| corrupt(format!("plan {generation}'s head"), e))?;
+        ValidatedPlan::new(head.with_endpoints(endpoints, retired))
+            .map_err(|e| corrupt(format!("plan {generation}, read from its changes"), codec::CodecError::Invalid(e)))
+    }
+
+    /// Writes plan `generation` whole (a checkpoint), then takes stock of the chain again.
+    fn write_checkpoint(&self, generation: Generation) -> StoreResult<()> {
+        let plan = self.plan(generation);
+        let _guard = self.guard()?;
+        let written = match plan {
+            Ok(plan) if generation >= self.horizon()? => {
+                self.plans.insert(generation.to_be_bytes(), codec::encode_plan(&plan)).map_err(io)?;
+                self.flush()
+            }
+            Ok(_) | Err(StoreError::PlanNotFound(_)) => Ok(()),
+            Err(err) => Err(err),
+        };
+        let chain = self.read_chain();
+        let mut state = self.chain_state()?;
+        state.writing = false;
+        if let Ok(chain) = &chain {
+            *state = *chain;
+        }
+        written.and(chain.map(|_| ()))
     }
 
     fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
@@ -894,7 +1149,42 @@ impl SledStore {
     }
 }
 
+impl SledStore {
+    /// Writes plan `generation` whole on a thread of its own, off the publish path. The
+    /// thread holds the store only while it works; a store dropped first skips it, and the
+    /// next publish finds the checkpoint due again.
+    fn spawn_checkpoint(&self, generation: Generation) {
+        let weak = Arc::downgrade(&self.inner);
+        let spawned = std::thread::Builder::new().name("dnsplan-checkpoint".into()).spawn(move || {
+            let Some(inner) = weak.upgrade() else { return };
+            if let Err(err) = inner.write_checkpoint(generation) {
+                tracing::warn!(error = %err, generation = generation.0, "could not write a plan whole; plans stay readable from their changes");
+            }
+        });
+        if let Err(err) = spawned {
+            tracing::warn!(error = %err, "could not start writing a plan whole; trying again after the next publish");
+            if let Ok(mut chain) = self.inner.chain_state() {
+                chain.writing = false;
+            }
+        }
+    }
+}
+
 impl Store for SledStore {
+    async fn publish_changes(&self, delta: &PlanDelta, lease: Option<&Lease>) -> StoreResult<()> {
+        delta.check()?;
+        let (owned, lease_owned) = (delta.clone(), lease.cloned());
+        match self.blocking(move |inner| inner.publish_changes(&owned, lease_owned.as_ref())).await? {
+            None => super::publish_changes_whole(self, delta, lease).await,
+            Some(checkpoint_due) => {
+                if checkpoint_due {
+                    self.spawn_checkpoint(delta.generation());
+                }
+                Ok(())
+            }
+        }
+    }
+
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
         let (changes, contents) = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
@@ -1232,5 +1522,111 @@ mod tests {
             None
         );
         assert_eq!(far.inner.plan_changes.len(), 2, "records below the horizon are gone");
+    }
+
+    /// Plan `g` serving `count` endpoints, endpoint `g % count` with records of its own.
+    fn wide_plan(g: u64, count: usize) -> ValidatedPlan {
+        let mut endpoints: std::collections::BTreeMap<_, _> =
+            (0..count).map(|i| (DnsName::parse(&format!("e{i}.example.test.")).expect("name"), endpoint(1))).collect();
+        if g > 1 {
+            let changed = DnsName::parse(&format!("e{}.example.test.", g as usize % count)).expect("name");
+            endpoints.insert(changed, endpoint((g % 250) as u8 + 2));
+        }
+        ValidatedPlan::new(Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: g,
+            author: Author::Planner { id: "p".into() },
+            reason: format!("plan {g}"),
+            dns_zone: DnsName::parse("example.test.").expect("zone"),
+            endpoints,
+            retired: BTreeSet::new(),
+            rollback_of: None,
+            provenance: Vec::new(),
+        })
+        .expect("valid")
+    }
+
+    fn whole_plans(store: &SledStore) -> Vec<u64> {
+        store.inner.plans.iter().keys().map(|k| generation_key(&k.expect("key")).expect("key").0).collect()
+    }
+
+    /// Waits until the checkpoint thread is done (it clears `writing`), with a deadline.
+    fn wait_checkpoint_done(store: &SledStore) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while store.inner.chain_state().expect("chain").writing {
+            assert!(std::time::Instant::now() < deadline, "the checkpoint did not finish");
+            std::thread::yield_now();
+        }
+    }
+
+    /// A one-endpoint change to a 1,000-endpoint plan published as changes writes no whole
+    /// plan: the plan is its head and its change, and reads back whole.
+    #[tokio::test]
+    async fn a_small_change_is_stored_as_its_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let first = wide_plan(1, 1_000);
+        store.publish(&first).await.expect("publish");
+        let mut previous = first;
+        for g in 2..=20 {
+            let next = wide_plan(g, 1_000);
+            let delta = PlanDelta::between(previous.plan(), &next).expect("delta");
+            assert_eq!(delta.changes.len(), if g == 2 { 1 } else { 2 }, "plan {g} changes what it should");
+            store.publish_changes(&delta, None).await.expect("publish changes");
+            assert_eq!(store.plan(Generation(g)).await.expect("read"), next);
+            previous = next;
+        }
+        assert_eq!(whole_plans(&store), [1], "no plan was written whole");
+        let chain = *store.inner.chain_state().expect("chain");
+        assert_eq!(chain.plans, 19);
+        assert!(chain.change_bytes * 2 < chain.base_bytes, "{chain:?}");
+        // Read back the same after a restart.
+        drop(store);
+        let store = SledStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.plan(Generation(20)).await.expect("read"), previous);
+        assert_eq!(store.inner.chain_state().expect("chain").plans, 19, "the chain is counted again on open");
+    }
+
+    /// Once the changes since the last whole plan add up to half of it, the plan is written
+    /// whole off the publish path; cleanup keeps the bytes from the newest whole plan at or
+    /// below its horizon, and every plan from the horizon on still reads back.
+    #[tokio::test]
+    async fn checkpoints_bound_the_chain_and_cleanup_keeps_what_reads_need() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let mut plans = vec![wide_plan(1, 20)];
+        store.publish(&plans[0]).await.expect("publish");
+        for g in 2..=120 {
+            let next = wide_plan(g, 20);
+            let delta = PlanDelta::between(plans.last().expect("plan").plan(), &next).expect("delta");
+            store.publish_changes(&delta, None).await.expect("publish changes");
+            wait_checkpoint_done(&store);
+            plans.push(next);
+        }
+        let whole = whole_plans(&store);
+        assert!(whole.len() > 10, "checkpoints written: {whole:?}");
+        let chain = *store.inner.chain_state().expect("chain");
+        assert!(chain.change_bytes * 2 < chain.base_bytes + 2_000, "{chain:?}");
+        for p in &plans {
+            assert_eq!(&store.plan(p.generation()).await.expect("read"), p);
+        }
+        let report = store.cleanup(10).await.expect("cleanup");
+        let horizon = report.horizon_after;
+        assert_eq!(horizon, Generation(111));
+        let base = *whole.iter().filter(|g| **g <= horizon.0).max().expect("a whole plan below the horizon");
+        assert_eq!(whole_plans(&store).first(), Some(&base), "bytes kept from the newest whole plan at or below the horizon");
+        let oldest_head = store.inner.plan_heads.iter().keys().next().map(|k| generation_key(&k.expect("key")).expect("key").0);
+        assert!(oldest_head.is_none_or(|g| g >= base), "heads kept from {oldest_head:?}, whole plan {base}");
+        for p in &plans {
+            match store.plan(p.generation()).await {
+                Ok(read) => assert!(p.generation() >= horizon && &read == p),
+                Err(StoreError::PlanNotFound(_)) => assert!(p.generation() < horizon),
+                Err(err) => panic!("plan {}: {err}", p.generation()),
+            }
+        }
+        drop(store);
+        let store = SledStore::open(dir.path()).expect("reopen");
+        assert_eq!(&store.plan(Generation(120)).await.expect("read"), plans.last().expect("plan"));
     }
 }
