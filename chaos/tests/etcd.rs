@@ -9,15 +9,19 @@
 //!
 //! Teeth, checked once by hand on a copy of the tree: with the authority dropping its state
 //! when a read of etcd fails (its follower swapping in an empty snapshot instead of "still
-//! serving the current snapshot"), `etcd-leader-kill` failed (59,936 empty answers on
-//! authorities a and b during the kills) and so did `etcd-partition` (empty answers on b, and
-//! "served serial Some(0) ... not its last state"). With the proxies left in `Pass` instead of
-//! the fault, `etcd-partition` failed ("the fault did not cut it off"). Taking the fence
-//! compare, the stale check and the horizon checks out of `EtcdStore`'s apply did not make
-//! `etcd-leader-kill` fail: in a storm the enactors move to the newer plan before they write,
-//! and the store still refuses a plan it no longer holds (its content check); the enactor's
-//! own etcd test holds a write at the TCP level for that. `aws-2025-race-etcd
-//! --unsafe-naive` must be caught, below.
+//! serving the current snapshot"), `etcd-leader-kill` failed (59,936 empty answers during the
+//! kills) and so did `etcd-partition` (empty answers on b, and "served serial Some(0) ... not
+//! its last state"). With the proxies left in `Pass` instead of the fault, `etcd-partition`
+//! failed ("the fault did not cut it off"). With the storm counting a publish etcd refused (a
+//! member down, no leader) as acknowledged, `etcd-leader-kill` failed ("plan 31 was
+//! acknowledged, then etcd's latest was 30").
+//!
+//! Not caught: with the fence compare, the stale check and the horizon checks taken out of
+//! `EtcdStore`'s apply, `etcd-leader-kill` and the fenced `aws-2025-race-etcd` still passed.
+//! In a storm the enactors move to the newer plan before they write, and in the race the
+//! store still refuses enactor a's plan 2, which it no longer holds (the content check reads
+//! the plan); the enactor's own etcd test holds a write at the TCP level for that fence.
+//! `aws-2025-race-etcd --unsafe-naive` must be caught, below.
 
 use std::path::Path;
 use std::process::Command;
