@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Control-plane benchmark: an N-endpoint plan (default 10000) enacted by three enactors,
 # embedded and through the control API; a 1% change; publish-to-served latency over DNS.
-# Usage: bench/plans.sh [ENDPOINTS]
+# Then the same on etcd, in the same run: a three-member etcd cluster on loopback (data on
+# disk, or in /dev/shm with --etcd-in-memory), the enactors on etcd directly, and
+# publish-to-served on each of two authorities following it. The cluster and the authorities
+# are stopped at the end. --no-etcd leaves etcd out (it needs Debian's etcd-server).
+# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [ENDPOINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p dnsplan-chaos --bin plans-bench
+cargo build --release -q -p dnsplan-chaos --bin plans-bench --locked
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%d)"
 exec target/release/plans-bench "$@"

@@ -227,3 +227,54 @@ impl Drop for EtcdCluster {
         }
     }
 }
+
+impl EtcdCluster {
+    /// As [`EtcdCluster::start`], with the members' data in a new directory under `parent`
+    /// instead of memory-backed storage: for benchmarks, where etcd's sync of every commit to
+    /// disk is part of what is measured. Killed when dropped, as `start`'s.
+    pub async fn start_with_data_under(parent: &Path, members: usize, extra_args: &[&str]) -> anyhow::Result<EtcdCluster> {
+        check_etcd_installed()?;
+        let mut last = None;
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::Builder::new().prefix("dnsplan-etcd-").tempdir_in(parent)?;
+            match Self::start_once_in(dir, members, extra_args).await {
+                Ok(cluster) => return Ok(cluster),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    /// `start_once`'s members, in `dir`.
+    async fn start_once_in(dir: tempfile::TempDir, count: usize, extra_args: &[&str]) -> anyhow::Result<EtcdCluster> {
+        let ports = free_ports(2 * count)?;
+        let token = format!("dnsplan-test-{}-{}", std::process::id(), ports[0]);
+        let mut members: Vec<Member> = (0..count)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+                peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                log: dir.path().join(format!("m{i}.log")),
+                child: None,
+                args: Vec::new(),
+            })
+            .collect();
+        let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
+        let initial = initial.join(",");
+        for m in &mut members {
+            let data_dir = dir.path().join(&m.name);
+            let data_dir = data_dir.to_str().context("the data directory's path is not UTF-8")?;
+            let mut args: Vec<&str> = vec!["--name", &m.name, "--data-dir", data_dir];
+            args.extend(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url]);
+            args.extend(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url]);
+            args.extend(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", &token]);
+            args.extend(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+            args.extend(extra_args);
+            m.args = args.into_iter().map(String::from).collect();
+            m.child = Some(spawn_member(m)?);
+        }
+        let mut cluster = EtcdCluster { members, _dir: dir };
+        cluster.wait_healthy().await?;
+        Ok(cluster)
+    }
+}

@@ -5,7 +5,14 @@
 //! client. Run it through `bench/plans.sh`; figures are printed with a raw store baseline
 //! from the same run (fenced applies/s with one writer), because only ratios travel.
 //!
-//! Usage: plans-bench [ENDPOINTS] (default 10000)
+//! Then the same on etcd, beside sled's figures from the same run: a three-member etcd
+//! cluster on loopback (its data on disk, as sled's, unless `--etcd-in-memory`), three
+//! enactors on `EtcdStore` directly (no authority in their write path, each with its own
+//! connection), the same plans, and publish-to-served latency on each of two authorities
+//! following etcd (`[store] kind = "etcd"`, in process, started after the plans), probed at
+//! once. `--no-etcd` leaves the etcd part out.
+//!
+//! Usage: plans-bench [--no-etcd] [--etcd-in-memory] [ENDPOINTS] (default 10000)
 
 use anyhow::Context;
 use dnsplan_common::dns_probe::{self, RecordType};
@@ -13,19 +20,34 @@ use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::store::{ActiveState, publish_against};
 use dnsplan_common::{EndpointName, Generation, Plan, SledStore, Store};
 use dnsplan_enactor::{Enactor, Metrics, Settings};
+use dnsplan_etcd::EtcdStore;
+use dnsplan_tests::etcd::EtcdCluster;
 use dnsplan_tests::fixtures::{endpoint_for, name, planner};
 use dnsplan_tests::stack::{Authority, TOKEN};
 use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const LATENCY_SAMPLES: usize = 50;
 /// One-endpoint plans each store publishes as changes in `phases`.
 const PUBLISH_SAMPLES: usize = 20;
+/// How long one plan may take to be enacted everywhere, or served, before the bench fails.
+const PLAN_DEADLINE: Duration = Duration::from_secs(120);
+/// How long an authority on etcd may take to start and serve, and to stop.
+const AUTHORITY_DEADLINE: Duration = Duration::from_secs(60);
+/// The key prefix of the store on etcd.
+const ETCD_PREFIX: &str = "/bench/";
 
 /// Three enactors on `store` until the returned sender is dropped.
 fn start_enactors<S: Store>(store: S) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
+    start_enactors_on([store.clone(), store.clone(), store])
+}
+
+/// Enactors in zones a, b and c, each on its store, until the returned sender is dropped.
+fn start_enactors_on<S: Store>(stores: [S; 3]) -> anyhow::Result<tokio::sync::watch::Sender<bool>> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    for zone in ["a", "b", "c"] {
+    for (zone, store) in ["a", "b", "c"].into_iter().zip(stores) {
         let mut settings = Settings::new(&format!("bench-{zone}"), dnsplan_common::ZoneId::parse(zone)?);
         settings.max_removal_fraction = 1.0; // fixture plans replace every address
         settings.cleanup_retain = Some(20);
@@ -73,6 +95,7 @@ async fn enact<S: Store>(
     let published = Instant::now();
     let mut version = store.version().await?;
     while version.applied_changes < before + changed as u64 {
+        anyhow::ensure!(published.elapsed() < PLAN_DEADLINE, "plan {g} was not enacted within {PLAN_DEADLINE:?}");
         version = store.wait_for_change(version, Duration::from_secs(30)).await?;
     }
     let enacted = Enacted { publish: published - started, apply: published.elapsed() };
@@ -182,6 +205,195 @@ async fn latency(
     Ok((publishes, served))
 }
 
+/// When `dns` first answers `name` with exactly `want`, counted from `started`; fails after
+/// [`PLAN_DEADLINE`]. A query that fails (a lost datagram) is asked again.
+async fn served_after(
+    dns: SocketAddr,
+    name: String,
+    want: std::collections::BTreeSet<std::net::IpAddr>,
+    started: Instant,
+) -> anyhow::Result<Duration> {
+    loop {
+        if let Ok(answer) = dns_probe::query(dns, &name, RecordType::A, Duration::from_secs(1)).await
+            && answer.addresses == want
+        {
+            return Ok(started.elapsed());
+        }
+        anyhow::ensure!(started.elapsed() < PLAN_DEADLINE, "{dns} did not serve {name}'s new records within {PLAN_DEADLINE:?}");
+    }
+}
+
+/// Publish-to-served latency on every authority of `dns`: as `latency`, with `store` any
+/// store (on etcd: the planner's own connection) and each authority probed by its own task at
+/// once, so that one's wait does not delay the other's. Returns the publish calls' durations,
+/// each authority's publish-to-served durations, and the time until every authority served
+/// each plan, each sorted.
+async fn latency_everywhere<S: Store>(
+    store: &S,
+    dns: &[SocketAddr],
+    names: &[EndpointName],
+    from: u64,
+) -> anyhow::Result<(Vec<Duration>, Vec<Vec<Duration>>, Vec<Duration>)> {
+    let target = &names[0];
+    let (mut publishes, mut served, mut everywhere) = (Vec::new(), vec![Vec::new(); dns.len()], Vec::new());
+    let mut parent = store.plan(Generation(from - 1)).await?.into_plan();
+    // Plan `from` is a warm-up and not counted.
+    for i in 0..=LATENCY_SAMPLES as u64 {
+        let g = from + i;
+        let mut plan = dnsplan_tests::fixtures::plan(g, &names[1..], planner()).into_plan();
+        for records in plan.endpoints.values_mut() {
+            *records = endpoint_for(Generation(1));
+        }
+        plan.endpoints.insert(target.clone(), endpoint_for(Generation(g)));
+        let plan = dnsplan_common::ValidatedPlan::new(plan)?;
+        let want: std::collections::BTreeSet<_> = endpoint_for(Generation(g)).targets.iter().map(|t| t.address).collect();
+        let started = Instant::now();
+        publish_against(store, Some(&parent), &plan, None).await?;
+        let published = started.elapsed();
+        let probes: Vec<_> =
+            dns.iter().map(|&addr| tokio::spawn(served_after(addr, target.as_str().to_string(), want.clone(), started))).collect();
+        let mut last = Duration::ZERO;
+        for (k, probe) in probes.into_iter().enumerate() {
+            let after = probe.await??;
+            last = last.max(after);
+            if i > 0 {
+                served[k].push(after);
+            }
+        }
+        if i > 0 {
+            publishes.push(published);
+            everywhere.push(last);
+        }
+        parent = plan.into_plan();
+    }
+    publishes.sort();
+    everywhere.sort();
+    for s in &mut served {
+        s.sort();
+    }
+    Ok((publishes, served, everywhere))
+}
+
+/// An authority following the store on etcd, in this process, with the config a user writes
+/// (`[store] kind = "etcd"`), so the connect and the saved local state are the shipped ones.
+struct EtcdAuthority {
+    dns: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl EtcdAuthority {
+    /// Starts one with its config and data in `dir`; returns once DNS answers, or fails after
+    /// [`AUTHORITY_DEADLINE`].
+    async fn start(dir: &Path, endpoints: &[String]) -> anyhow::Result<EtcdAuthority> {
+        use dnsplan_authority::run::{Bound, run};
+        std::fs::create_dir_all(dir)?;
+        let quoted: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+        let text = format!(
+            "{}\n[store]\nkind = \"etcd\"\nendpoints = [{}]\nprefix = \"{ETCD_PREFIX}\"\n",
+            dnsplan_tests::stack::authority_config_text(&dir.join("data")),
+            quoted.join(", ")
+        );
+        let path = dir.join("authority.toml");
+        std::fs::write(&path, text)?;
+        let config = dnsplan_authority::config::AuthorityConfig::load(&path)?;
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
+        let config_dir = dir.to_path_buf();
+        let task = tokio::spawn(async move {
+            run(config, &config_dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
+                let _ = bound_tx.send(b);
+            })
+            .await
+        });
+        match tokio::time::timeout(AUTHORITY_DEADLINE, bound_rx).await {
+            Ok(Ok(bound)) => Ok(EtcdAuthority { dns: bound.dns[0], stop, task }),
+            Ok(Err(_)) => match task.await {
+                Ok(Err(err)) => anyhow::bail!("an authority on etcd stopped before serving: {err:#}"),
+                other => anyhow::bail!("an authority on etcd stopped before serving: {other:?}"),
+            },
+            Err(_) => {
+                task.abort();
+                anyhow::bail!("an authority on etcd did not answer DNS within {AUTHORITY_DEADLINE:?}")
+            }
+        }
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        match tokio::time::timeout(AUTHORITY_DEADLINE, self.task).await {
+            Ok(result) => result?,
+            Err(_) => anyhow::bail!("an authority on etcd did not stop within {AUTHORITY_DEADLINE:?}"),
+        }
+    }
+}
+
+/// The etcd part: a three-member cluster on loopback (data under `dir`, or in memory), a
+/// one-writer baseline, the plans of `phases` with three enactors on `EtcdStore`, then
+/// publish-to-served on two authorities following etcd. Stops the authorities and the cluster
+/// before it returns (the cluster also when it fails: dropping it kills its members).
+async fn etcd_part(names: &[EndpointName], dir: &Path, in_memory: bool) -> anyhow::Result<()> {
+    let n = names.len();
+    let cluster = match in_memory {
+        true => EtcdCluster::start(3, &[]).await?,
+        false => EtcdCluster::start_with_data_under(dir, 3, &[]).await?,
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+
+    // Baseline: single-writer fenced applies, each its own transaction.
+    let raw = cluster.store("/raw/").await?;
+    let count = 200.min(n);
+    raw.publish(&dnsplan_tests::fixtures::plan(1, &names[..count], planner())).await?;
+    let started = Instant::now();
+    for nm in &names[..count] {
+        raw.apply(nm, Generation(1), &endpoint_for(Generation(1))).await?;
+    }
+    let baseline = count as f64 / started.elapsed().as_secs_f64();
+    println!("{:<52}{:>11}{:>12}{:>12}{:>12.0}", format!("baseline: fenced apply, 1 writer, etcd ({count})"), "", "", "", baseline);
+    drop(raw);
+
+    // Three enactors on etcd directly, each with its own connection, as separate daemons.
+    let store = cluster.store(ETCD_PREFIX).await?;
+    let enactor_stores: [EtcdStore; 3] =
+        [cluster.store(ETCD_PREFIX).await?, cluster.store(ETCD_PREFIX).await?, cluster.store(ETCD_PREFIX).await?];
+    let stop = start_enactors_on(enactor_stores)?;
+    let last = phases("etcd", &store, names).await?;
+
+    // Two authorities following etcd, started after the plans (as the remote phase's
+    // authority, they would otherwise share these two cores with the enactors and etcd).
+    let endpoints = cluster.endpoints();
+    let first = EtcdAuthority::start(&dir.join("etcd-authority-1"), &endpoints).await?;
+    let second = match EtcdAuthority::start(&dir.join("etcd-authority-2"), &endpoints).await {
+        Ok(second) => second,
+        Err(err) => {
+            let _ = first.stop().await;
+            return Err(err);
+        }
+    };
+    let measured = latency_everywhere(&store, &[first.dns, second.dns], names, last + 1).await;
+    drop(stop);
+    let stopped = (first.stop().await, second.stop().await);
+    let (publishes, served, everywhere) = measured?;
+    stopped.0?;
+    stopped.1?;
+    println!("{:<52}{:>9.1}ms", format!("etcd: publish of 1 changed endpoint p50 ({LATENCY_SAMPLES} plans)"), ms(pct(&publishes, 0.5)));
+    println!("{:<52}{:>21.1}ms", "etcd: publish of 1 changed endpoint p99", ms(pct(&publishes, 0.99)));
+    for (k, samples) in served.iter().enumerate() {
+        let a = k + 1;
+        println!(
+            "{:<52}{:>9.1}ms",
+            format!("etcd: publish-to-served p50, authority {a} ({LATENCY_SAMPLES} plans, {n}-name zone)"),
+            ms(pct(samples, 0.5))
+        );
+        println!("{:<52}{:>9.1}ms", format!("etcd: publish-to-served p99, authority {a}"), ms(pct(samples, 0.99)));
+    }
+    println!("{:<52}{:>9.1}ms", "etcd: publish-to-served by both p50", ms(pct(&everywhere, 0.5)));
+    println!("{:<52}{:>9.1}ms", "etcd: publish-to-served by both p99", ms(pct(&everywhere, 0.99)));
+    drop(store);
+    drop(cluster);
+    Ok(())
+}
+
 /// Resident memory of this process, from /proc (Linux).
 fn rss_bytes() -> anyhow::Result<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
@@ -218,7 +430,22 @@ fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let n: usize = std::env::args().nth(1).map(|a| a.parse()).transpose().context("ENDPOINTS must be a number")?.unwrap_or(10_000);
+    let (mut n, mut etcd, mut in_memory) = (10_000usize, true, false);
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--no-etcd" => etcd = false,
+            "--etcd-in-memory" => in_memory = true,
+            other => {
+                n = other.parse().with_context(|| {
+                    format!("ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [ENDPOINTS]")
+                })?
+            }
+        }
+    }
+    if etcd {
+        // Before the sled part, not after it.
+        dnsplan_tests::etcd::check_etcd_installed()?;
+    }
     let names: Vec<EndpointName> = (0..n).map(|i| name(&format!("e{i}"))).collect();
     // First, while the heap is fresh: later phases leave freed memory that a new snapshot
     // would reuse without growing the resident set.
@@ -262,5 +489,11 @@ async fn main() -> anyhow::Result<()> {
     drop(stop);
     authority.stop().await?;
     println!("{:<52}{:>11.0}", "authority: snapshot bytes per managed name (100k)", per_name);
+
+    if etcd {
+        let where_ = if in_memory { "in memory (/dev/shm)" } else { "on disk, as sled's" };
+        println!("etcd: three members on loopback, data {where_}; enactors on EtcdStore, no authority in their write path");
+        etcd_part(&names, dir.path(), in_memory).await?;
+    }
     Ok(())
 }
