@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::rfc2136::{Rfc2136, TargetError, Written};
 use crate::{guard, verify};
 use dnsplan_common::daemon::Reachability;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveSnapshot, ApplyItem, DELTA_ENDPOINTS_MAX, StoreVersion, WAIT_TIMEOUT_MAX};
+use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
 use dnsplan_common::{
     ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
 };
@@ -556,55 +556,23 @@ impl<S: Store> Enactor<S> {
     }
 
     /// The store's active state, for the guard: a copy kept up to date with `active_since`, so
-    /// each plan reads only what switched since the last one, not the whole state. The first
-    /// copy, and a copy more than `DELTA_ENDPOINTS_MAX` switches behind (which `active_since`
-    /// would answer with the whole state, read at once), is read a page at a time instead
-    /// (`active_paged`), so the enactor never makes the store stall its writers for it.
+    /// each plan reads only what switched since the last one, not the whole state.
     async fn active_now(&self) -> StoreResult<Arc<ActiveSnapshot>> {
         // Taken out, so that merging needs no copy; a failed read starts again from scratch.
         let held = self.active.lock().ok().and_then(|mut slot| slot.take());
-        let now = self.call("version", || self.store.version()).await?.applied_changes;
-        let next = match held {
-            Some(held) if now.saturating_sub(held.applied_changes) <= DELTA_ENDPOINTS_MAX as u64 => {
-                let delta = self.call("active_since", || self.store.active_since(held.applied_changes)).await?;
-                let mut next = if delta.full { ActiveSnapshot::default() } else { Arc::unwrap_or_clone(held) };
-                next.applied_changes = delta.applied_changes;
-                next.endpoints.extend(delta.endpoints);
-                next
-            }
-            _ => self.active_paged().await?,
+        let since = held.as_ref().map_or(0, |a| a.applied_changes);
+        let delta = self.call("active_since", || self.store.active_since(since)).await?;
+        let mut next = match (held, delta.full) {
+            (Some(held), false) => Arc::unwrap_or_clone(held),
+            _ => ActiveSnapshot::default(),
         };
+        next.applied_changes = delta.applied_changes;
+        next.endpoints.extend(delta.endpoints);
         let next = Arc::new(next);
         if let Ok(mut slot) = self.active.lock() {
             *slot = Some(next.clone());
         }
         Ok(next)
-    }
-
-    /// The whole active state at one applied-change count, read a page at a time and brought
-    /// up to the moment of the first page with `active_since`: no call makes the store read
-    /// the whole state at once (on the embedded store, under the lock its writers wait on),
-    /// unless more than `DELTA_ENDPOINTS_MAX` endpoints switch during the read.
-    async fn active_paged(&self) -> StoreResult<ActiveSnapshot> {
-        let mut snapshot = ActiveSnapshot::default();
-        let (mut since, mut after) = (None, None);
-        loop {
-            let page = self.call("active_page", || self.store.active_page(after.clone(), ACTIVE_PAGE_MAX)).await?;
-            since.get_or_insert(page.applied_changes);
-            after = page.endpoints.last().map(|(name, _)| name.clone());
-            snapshot.endpoints.extend(page.endpoints);
-            if !page.more || after.is_none() {
-                break;
-            }
-        }
-        let since = since.unwrap_or_default();
-        let delta = self.call("active_since", || self.store.active_since(since)).await?;
-        if delta.full {
-            snapshot.endpoints.clear();
-        }
-        snapshot.applied_changes = delta.applied_changes;
-        snapshot.endpoints.extend(delta.endpoints);
-        Ok(snapshot)
     }
 
     /// Whether to stop before the next write: past the deadline, or a newer plan exists.
