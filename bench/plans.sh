@@ -5,7 +5,8 @@
 # disk, or in /dev/shm with --etcd-in-memory), the enactors on etcd directly, and
 # publish-to-served on each of two authorities following it. The cluster and the authorities
 # are stopped at the end. --no-etcd leaves etcd out (it needs Debian's etcd-server).
-# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [ENDPOINTS]
+# --etcd-max-txn-ops=N starts etcd with --max-txn-ops N (default 128) and has the enactors use it.
+# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p dnsplan-chaos --bin plans-bench --locked

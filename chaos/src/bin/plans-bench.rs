@@ -10,9 +10,12 @@
 //! enactors on `EtcdStore` directly (no authority in their write path, each with its own
 //! connection), the same plans, and publish-to-served latency on each of two authorities
 //! following etcd (`[store] kind = "etcd"`, in process, started after the plans), probed at
-//! once. `--no-etcd` leaves the etcd part out.
+//! once. `--no-etcd` leaves the etcd part out. `--etcd-max-txn-ops=N` starts the members
+//! with `--max-txn-ops N` and lets the enactors' stores use it (etcd's default is 128, 31
+//! endpoint switches per transaction).
 //!
-//! Usage: plans-bench [--no-etcd] [--etcd-in-memory] [ENDPOINTS] (default 10000)
+//! Usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]
+//! (default 10000)
 
 use anyhow::Context;
 use dnsplan_common::dns_probe::{self, RecordType};
@@ -332,11 +335,23 @@ impl EtcdAuthority {
 /// one-writer baseline, the plans of `phases` with three enactors on `EtcdStore`, then
 /// publish-to-served on two authorities following etcd. Stops the authorities and the cluster
 /// before it returns (the cluster also when it fails: dropping it kills its members).
-async fn etcd_part(names: &[EndpointName], dir: &Path, in_memory: bool) -> anyhow::Result<()> {
+async fn etcd_part(names: &[EndpointName], dir: &Path, in_memory: bool, txn_ops: Option<usize>) -> anyhow::Result<()> {
     let n = names.len();
+    let txn_ops_arg = txn_ops.map(|t| t.to_string());
+    let args: Vec<&str> = match &txn_ops_arg {
+        Some(t) => vec!["--max-txn-ops", t],
+        None => Vec::new(),
+    };
     let cluster = match in_memory {
-        true => EtcdCluster::start(3, &[]).await?,
-        false => EtcdCluster::start_with_data_under(dir, 3, &[]).await?,
+        true => EtcdCluster::start(3, &args).await?,
+        false => EtcdCluster::start_with_data_under(dir, 3, &args).await?,
+    };
+    let connect = || async {
+        let mut config = cluster.config(ETCD_PREFIX);
+        if let Some(t) = txn_ops {
+            config.txn_ops_max = t;
+        }
+        anyhow::Ok(EtcdStore::connect(config).await?)
     };
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
 
@@ -353,9 +368,8 @@ async fn etcd_part(names: &[EndpointName], dir: &Path, in_memory: bool) -> anyho
     drop(raw);
 
     // Three enactors on etcd directly, each with its own connection, as separate daemons.
-    let store = cluster.store(ETCD_PREFIX).await?;
-    let enactor_stores: [EtcdStore; 3] =
-        [cluster.store(ETCD_PREFIX).await?, cluster.store(ETCD_PREFIX).await?, cluster.store(ETCD_PREFIX).await?];
+    let store = connect().await?;
+    let enactor_stores: [EtcdStore; 3] = [connect().await?, connect().await?, connect().await?];
     let stop = start_enactors_on(enactor_stores)?;
     let last = phases("etcd", &store, names).await?;
 
@@ -430,14 +444,20 @@ fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let (mut n, mut etcd, mut in_memory) = (10_000usize, true, false);
+    let (mut n, mut etcd, mut in_memory, mut txn_ops) = (10_000usize, true, false, None);
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--no-etcd" => etcd = false,
             "--etcd-in-memory" => in_memory = true,
+            other if other.starts_with("--etcd-max-txn-ops=") => {
+                let value = &other["--etcd-max-txn-ops=".len()..];
+                txn_ops = Some(value.parse::<usize>().with_context(|| format!("--etcd-max-txn-ops takes a number, not {value:?}"))?);
+            }
             other => {
                 n = other.parse().with_context(|| {
-                    format!("ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [ENDPOINTS]")
+                    format!(
+                        "ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]"
+                    )
                 })?
             }
         }
@@ -492,8 +512,11 @@ async fn main() -> anyhow::Result<()> {
 
     if etcd {
         let where_ = if in_memory { "in memory (/dev/shm)" } else { "on disk, as sled's" };
-        println!("etcd: three members on loopback, data {where_}; enactors on EtcdStore, no authority in their write path");
-        etcd_part(&names, dir.path(), in_memory).await?;
+        let ops = txn_ops.unwrap_or(128);
+        println!(
+            "etcd: three members on loopback, data {where_}, max-txn-ops {ops}; enactors on EtcdStore, no authority in their write path"
+        );
+        etcd_part(&names, dir.path(), in_memory, txn_ops).await?;
     }
     Ok(())
 }
