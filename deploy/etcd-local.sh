@@ -74,7 +74,6 @@ or give --bin-dir"
 done
 command -v etcd >/dev/null || die "etcd is not on PATH; install it (Debian: apt-get install etcd-server)"
 command -v dig >/dev/null || die "dig is not on PATH; install it (Debian: apt-get install dnsutils)"
-command -v curl >/dev/null || die "curl is not on PATH; install it"
 
 if [[ -z $dir ]]; then
   dir=$(mktemp -d "${TMPDIR:-/tmp}/dnsplan-etcd-local.XXXXXX")
@@ -171,10 +170,18 @@ wait_for() {
     sleep 0.2
   done
 }
+# GET http://host:port/path with bash alone (no curl needed), within a second.
+http_get() {
+  local hostport=${1#http://}
+  local path=/${hostport#*/}
+  hostport=${hostport%%/*}
+  timeout 1 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}" && printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$1" >&3 && cat <&3' \
+    _ "$hostport" "$path" 2>/dev/null || true
+}
 etcd_healthy() {
   local url
   for url in "${client_urls[@]}"; do
-    [[ $(curl -fsS --max-time 1 "$url/health" 2>/dev/null || true) == *'"health":"true"'* ]] || return 1
+    [[ $(http_get "$url/health") == *'"health":"true"'* ]] || return 1
   done
 }
 wait_for "healthy etcd cluster" 30 etcd_healthy
