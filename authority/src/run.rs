@@ -111,8 +111,7 @@ pub async fn run(
 /// follower and the control API use it. An outage is retried (`start_with_retry`); a store
 /// that answers with something else than an outage (bad data under the prefix) is fatal.
 async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
-    let mut config = EtcdConfig::new(settings.endpoints.clone(), settings.prefix.clone());
-    config.user = settings.credentials().map(|(user, password)| (user, password.expose().to_string()));
+    let config = EtcdConfig::from_settings(settings);
     let store = EtcdStore::connect(config).await.map_err(|err| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
     match store.version().await {
         Ok(_) => Ok(store),

@@ -26,6 +26,9 @@ pub const ETCD_ENDPOINTS_MAX: usize = 16;
 /// Largest password file read, in bytes. etcd passwords are short; a larger file is the wrong
 /// file, and is not read into memory.
 pub const PASSWORD_FILE_BYTES_MAX: u64 = 4_096;
+/// Largest certificate or key file read for TLS to etcd: a chain of a few certificates is a
+/// few KiB; more is the wrong file.
+pub const TLS_FILE_BYTES_MAX: u64 = 1 << 20;
 
 /// A credential. Its `Debug` hides it, and it has no `Display`, so a log line or an error
 /// cannot show it by accident.
@@ -83,6 +86,29 @@ pub struct EtcdStoreConfig {
     pub password: Option<Secret>,
     /// A file holding the password (relative to the config file), read by `resolve`.
     pub password_file: Option<PathBuf>,
+    /// For `https://` endpoints: the CA that signed the members' certificates (PEM, relative
+    /// to the config file).
+    pub ca_file: Option<PathBuf>,
+    /// This client's certificate and key (PEM), when the members check clients
+    /// (`--client-cert-auth`).
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The files' contents, read by [`StoreConfig::resolve`]; `None` without TLS.
+    pub tls: Option<Box<EtcdTlsPem>>,
+}
+
+/// TLS to etcd as read from `ca_file`, `cert_file` and `key_file`.
+#[derive(Clone)]
+pub struct EtcdTlsPem {
+    pub ca: Vec<u8>,
+    /// The certificate and the key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdTlsPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTlsPem").field("ca_bytes", &self.ca.len()).field("identity", &self.identity.as_ref().map(|_| "hidden")).finish()
+    }
 }
 
 impl EtcdStoreConfig {
@@ -104,6 +130,9 @@ struct RawStore {
     username: Option<String>,
     password: Option<Secret>,
     password_file: Option<PathBuf>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
 }
 
 impl TryFrom<RawStore> for StoreConfig {
@@ -120,6 +149,9 @@ impl TryFrom<RawStore> for StoreConfig {
                 only("username", raw.username.is_some(), "etcd")?;
                 only("password", raw.password.is_some(), "etcd")?;
                 only("password_file", raw.password_file.is_some(), "etcd")?;
+                only("ca_file", raw.ca_file.is_some(), "etcd")?;
+                only("cert_file", raw.cert_file.is_some(), "etcd")?;
+                only("key_file", raw.key_file.is_some(), "etcd")?;
                 let url = raw.url.ok_or("store.url: missing; give the authority's control API (http://host:port), or kind = \"etcd\"")?;
                 let store = ControlStore { url, token: raw.token };
                 let config = StoreConfig::Control(store);
@@ -139,6 +171,10 @@ impl TryFrom<RawStore> for StoreConfig {
                     username: raw.username,
                     password: raw.password,
                     password_file: raw.password_file,
+                    ca_file: raw.ca_file,
+                    cert_file: raw.cert_file,
+                    key_file: raw.key_file,
+                    tls: None,
                 };
                 let config = StoreConfig::Etcd(etcd);
                 config.check()?;
@@ -196,6 +232,14 @@ impl StoreConfig {
                     let path = crate::daemon::relative_to_config(config_path, file);
                     e.password = Some(read_password(&path)?);
                 }
+                if let Some(ca_file) = &e.ca_file {
+                    let read = |key: &str, file: &Path| read_pem(key, &crate::daemon::relative_to_config(config_path, file));
+                    let identity = match (&e.cert_file, &e.key_file) {
+                        (Some(cert), Some(key)) => Some((read("cert_file", cert)?, read("key_file", key)?)),
+                        _ => None,
+                    };
+                    e.tls = Some(Box::new(EtcdTlsPem { ca: read("ca_file", ca_file)?, identity }));
+                }
                 if e.username.is_some() && e.password.is_none() {
                     return Err(format!(
                         "store.username: {:?} has no password; set store.password_file or {ETCD_PASSWORD_ENV}",
@@ -223,18 +267,33 @@ fn check_etcd(e: &EtcdStoreConfig) -> Result<(), String> {
             e.endpoints.len()
         ));
     }
+    let tls = e.endpoints.first().is_some_and(|first| first.starts_with("https://"));
+    let scheme = if tls { "https://" } else { "http://" };
     for endpoint in &e.endpoints {
-        let Some(rest) = endpoint.strip_prefix("http://") else {
-            return Err(if endpoint.starts_with("https://") {
-                format!("store.endpoints: {endpoint:?}: TLS to etcd is not configurable yet; use http:// on a trusted network")
+        let Some(rest) = endpoint.strip_prefix(scheme) else {
+            return Err(if endpoint.starts_with("https://") || endpoint.starts_with("http://") {
+                format!("store.endpoints: {endpoint:?}: give every member with one scheme, all http:// or all https://")
             } else {
-                format!("store.endpoints: {endpoint:?} must be a client URL, http://host:port")
+                format!("store.endpoints: {endpoint:?} must be a client URL, http://host:port or https://host:port")
             });
         };
         let port_ok = rest.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
         if !port_ok || rest.contains('/') {
-            return Err(format!("store.endpoints: {endpoint:?} must be a client URL, http://host:port"));
+            return Err(format!("store.endpoints: {endpoint:?} must be a client URL, {scheme}host:port"));
         }
+    }
+    if tls && e.ca_file.is_none() {
+        return Err("store.ca_file: missing; https:// endpoints need the CA that signed the members' certificates".into());
+    }
+    if !tls {
+        for (key, set) in [("ca_file", e.ca_file.is_some()), ("cert_file", e.cert_file.is_some()), ("key_file", e.key_file.is_some())] {
+            if set {
+                return Err(format!("store.{key}: only for https:// endpoints"));
+            }
+        }
+    }
+    if e.cert_file.is_some() != e.key_file.is_some() {
+        return Err("store.cert_file: give store.cert_file and store.key_file together (the client's certificate and its key)".into());
     }
     if !e.prefix.starts_with('/') || !e.prefix.ends_with('/') || e.prefix.len() < 2 {
         return Err(format!(
@@ -249,6 +308,21 @@ fn check_etcd(e: &EtcdStoreConfig) -> Result<(), String> {
         return Err("store.username: missing; a password needs the user it belongs to".into());
     }
     Ok(())
+}
+
+/// The PEM file `path` for `store.{key}`, at most [`TLS_FILE_BYTES_MAX`] bytes.
+fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("store.{key}: cannot read {}: {e}", path.display()))?;
+    let mut pem = Vec::new();
+    file.take(TLS_FILE_BYTES_MAX + 1).read_to_end(&mut pem).map_err(|e| format!("store.{key}: cannot read {}: {e}", path.display()))?;
+    if pem.len() as u64 > TLS_FILE_BYTES_MAX {
+        return Err(format!("store.{key}: {} is larger than {TLS_FILE_BYTES_MAX} bytes; is it the right file?", path.display()));
+    }
+    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(format!("store.{key}: {} is not PEM (no -----BEGIN line)", path.display()));
+    }
+    Ok(pem)
 }
 
 /// The first line of `path`, at most [`PASSWORD_FILE_BYTES_MAX`] bytes.
@@ -312,7 +386,11 @@ mod tests {
             ("kind = \"etcd\"", "store.endpoints: missing"),
             ("kind = \"etcd\"\nendpoints = []", "store.endpoints: give 1..=16"),
             ("kind = \"etcd\"\nendpoints = [\"10.0.0.1:2379\"]", "must be a client URL"),
-            ("kind = \"etcd\"\nendpoints = [\"https://10.0.0.1:2379\"]", "TLS to etcd"),
+            ("kind = \"etcd\"\nendpoints = [\"https://10.0.0.1:2379\"]", "store.ca_file: missing"),
+            ("kind = \"etcd\"\nendpoints = [\"https://e:2379\", \"http://f:2379\"]", "one scheme"),
+            ("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nca_file = \"ca.pem\"", "store.ca_file: only for https://"),
+            ("kind = \"etcd\"\nendpoints = [\"https://e:2379\"]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"", "together"),
+            ("url = \"http://a:1\"\nca_file = \"ca.pem\"", "store.ca_file: only for kind = \"etcd\""),
             ("kind = \"etcd\"\nendpoints = [\"http://10.0.0.1\"]", "must be a client URL"),
             ("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nprefix = \"dnsplan\"", "store.prefix"),
             ("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nurl = \"http://a:1\"", "store.url: only for kind = \"control\""),
@@ -362,5 +440,36 @@ mod tests {
         let mut empty =
             parse("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nusername = \"u\"\npassword_file = \"empty.pass\"").expect("parses");
         assert!(empty.resolve(&config).err().unwrap_or_default().contains("is empty"));
+    }
+
+    /// TLS files are read relative to the config; each must be PEM; the key is never shown.
+    #[test]
+    fn tls_files_are_read_relative_to_the_config() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("enactor.toml");
+        let pem = |what: &str| format!("-----BEGIN {what}-----\nMIIB\n-----END {what}-----\n");
+        std::fs::write(dir.path().join("ca.pem"), pem("CERTIFICATE")).expect("write");
+        std::fs::write(dir.path().join("client.pem"), pem("CERTIFICATE")).expect("write");
+        std::fs::write(dir.path().join("client.key"), pem("PRIVATE KEY")).expect("write");
+        std::fs::write(dir.path().join("not.pem"), "hunter2-key").expect("write");
+        let table = "kind = \"etcd\"\nendpoints = [\"https://e:2379\"]\nca_file = \"ca.pem\"";
+        let mut store = parse(&format!("{table}\ncert_file = \"client.pem\"\nkey_file = \"client.key\"")).expect("parses");
+        store.resolve(&config).expect("resolves");
+        let StoreConfig::Etcd(e) = &store else { panic!("etcd") };
+        let tls = e.tls.as_ref().expect("tls");
+        assert_eq!(tls.ca, pem("CERTIFICATE").into_bytes());
+        assert_eq!(tls.identity.as_ref().map(|(_, key)| key.clone()), Some(pem("PRIVATE KEY").into_bytes()));
+        assert!(!format!("{store:?}").contains("PRIVATE KEY"), "{store:?}");
+        let mut ca_only = parse(table).expect("parses");
+        ca_only.resolve(&config).expect("resolves");
+        let StoreConfig::Etcd(e) = &ca_only else { panic!("etcd") };
+        assert!(e.tls.as_ref().is_some_and(|t| t.identity.is_none()));
+
+        let mut bad = parse(&format!("{table}\ncert_file = \"client.pem\"\nkey_file = \"not.pem\"")).expect("parses");
+        let err = bad.resolve(&config).err().unwrap_or_default();
+        assert!(err.contains("store.key_file") && err.contains("not PEM") && !err.contains("hunter2"), "{err}");
+        let mut missing = parse("kind = \"etcd\"\nendpoints = [\"https://e:2379\"]\nca_file = \"nope.pem\"").expect("parses");
+        let err = missing.resolve(&config).err().unwrap_or_default();
+        assert!(err.contains("store.ca_file") && err.contains("nope.pem"), "{err}");
     }
 }

@@ -41,6 +41,7 @@ use dnsplan_common::store::{
     PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
     check_changes_range, check_page_limit, decide_cleanup,
 };
+use dnsplan_common::store_config::EtcdStoreConfig;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KeyValue, PutOptions,
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
@@ -148,6 +149,15 @@ impl EtcdConfig {
             user: None,
             tls: None,
         }
+    }
+
+    /// The client settings of a daemon's `[store] kind = "etcd"`, once resolved (password and
+    /// TLS files read): endpoints, prefix, user and TLS; the limits keep their defaults.
+    pub fn from_settings(settings: &EtcdStoreConfig) -> EtcdConfig {
+        let mut config = EtcdConfig::new(settings.endpoints.clone(), settings.prefix.clone());
+        config.user = settings.credentials().map(|(user, password)| (user, password.expose().to_string()));
+        config.tls = settings.tls.as_ref().map(|tls| EtcdTls { ca_pem: tls.ca.clone(), identity: tls.identity.clone() });
+        config
     }
 
     fn check(&self) -> Result<(), ConnectError> {

@@ -55,8 +55,7 @@ async fn main() -> anyhow::Result<()> {
 /// loaded, and `ConnectError::Config` also reports a cluster that did not answer in time. A
 /// store that answers with something other than an outage (bad data under the prefix) is fatal.
 async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
-    let mut config = EtcdConfig::new(settings.endpoints.clone(), settings.prefix.clone());
-    config.user = settings.credentials().map(|(user, password)| (user, password.expose().to_string()));
+    let config = EtcdConfig::from_settings(settings);
     let store =
         EtcdStore::connect(config).await.map_err(|err: ConnectError| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
     match store.version().await {

@@ -53,7 +53,7 @@ fn a_bad_etcd_store_is_a_clear_error_without_the_password() -> anyhow::Result<()
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("planner.toml");
     for (store, want) in [
-        ("kind = \"etcd\"\nendpoints = [\"https://10.0.0.1:2379\"]\nusername = \"u\"\npassword = \"hunter2-pw\"", "store.endpoints"),
+        ("kind = \"etcd\"\nendpoints = [\"https://10.0.0.1:2379\"]\nusername = \"u\"\npassword = \"hunter2-pw\"", "store.ca_file: missing"),
         ("kind = \"etcd\"\nendpoints = [\"http://10.0.0.1:2379\"]\npassword = \"hunter2-pw\"", "store.username"),
         ("kind = \"etcd\"\nendpoints = [\"http://10.0.0.1:2379\"]\nusername = \"u\"\npassword_file = \"missing\"", "missing"),
     ] {

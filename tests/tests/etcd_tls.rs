@@ -8,10 +8,17 @@
 //! A missing `etcd` or `openssl` binary fails the test with what to install. Every wait is a
 //! poll with a deadline.
 
+use dnsplan_authority::config::AuthorityConfig;
+use dnsplan_authority::run::{Bound, run};
+use dnsplan_common::dns_probe::{RecordType, query};
+use dnsplan_common::store::ApplyItem;
+use dnsplan_common::store_config::StoreConfig;
 use dnsplan_common::{Generation, Store};
 use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore, EtcdTls};
 use dnsplan_tests::fixtures::{self, name, planner};
-use std::net::TcpListener;
+use dnsplan_tests::stack::authority_config_text;
+use std::collections::BTreeSet;
+use std::net::{IpAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -156,6 +163,52 @@ async fn the_store_talks_tls_to_etcd_and_refuses_what_the_members_would_not_trus
     store.publish(&fixtures::plan(1, &names, planner())).await?;
     assert_eq!(store.latest().await?, Generation(1), "the plan published over TLS");
     assert_eq!(store.plan(Generation(1)).await?.generation(), Generation(1));
+
+    // An enactor's config with the files, loaded (and resolved) by its loader, and the
+    // client's settings made from its `[store]`.
+    let path = d.join("enactor.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "id = \"enactor-a\"\nzone = \"a\"\n[store]\nkind = \"etcd\"\nendpoints = [\"{client_url}\"]\nprefix = \"/tls/\"\n\
+             ca_file = \"ca.crt\"\ncert_file = \"client.crt\"\nkey_file = \"client.key\"\n"
+        ),
+    )?;
+    let settings = dnsplan_enactor::EnactorConfig::load(&path, None, None)?.store;
+    let StoreConfig::Etcd(settings) = &settings else { anyhow::bail!("not etcd") };
+    let from_config = EtcdStore::connect(EtcdConfig::from_settings(settings)).await?;
+    assert_eq!(from_config.latest().await?, Generation(1), "the store of a [store] table with TLS files");
+
+    // An authority on the cluster over TLS, with the same table in its config: it answers DNS
+    // only once it has read etcd, then serves what was applied there.
+    let items: Vec<ApplyItem> =
+        names.iter().map(|n| ApplyItem { endpoint: n.clone(), records: fixtures::endpoint_for(Generation(1)) }).collect();
+    for result in store.apply_many(Generation(1), &items).await? {
+        result?;
+    }
+    let tls_table = "ca_file = \"ca.crt\"\ncert_file = \"client.crt\"\nkey_file = \"client.key\"\n";
+    let text = format!(
+        "{}\n[store]\nkind = \"etcd\"\nendpoints = [\"{client_url}\"]\nprefix = \"/tls/\"\n{tls_table}",
+        authority_config_text(&d.join("authority-data"))
+    );
+    std::fs::write(d.join("authority.toml"), text)?;
+    let authority_config = AuthorityConfig::load(&d.join("authority.toml"))?;
+    let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<Bound>();
+    let config_dir = d.to_path_buf();
+    let authority = tokio::spawn(async move {
+        run(authority_config, &config_dir, async move { stop_rx.await.unwrap_or(()) }, move |b| {
+            let _ = bound_tx.send(b);
+        })
+        .await
+    });
+    let bound =
+        tokio::time::timeout(START, bound_rx).await.map_err(|_| anyhow::anyhow!("the authority did not answer DNS over TLS etcd"))??;
+    let answer = query(bound.dns[0], "api.example.test.", RecordType::A, Duration::from_millis(500)).await?;
+    let want: BTreeSet<IpAddr> = fixtures::endpoint_for(Generation(1)).targets.iter().map(|t| t.address).collect();
+    assert_eq!(answer.addresses, want, "the authority serves what was applied in etcd over TLS");
+    let _ = stop.send(());
+    authority.await??;
 
     // The members check client certificates: none, or one they did not sign, is refused.
     let anonymous = EtcdStore::connect(config(&client_url, Some(EtcdTls { identity: None, ..trusted.clone() }))).await?;
