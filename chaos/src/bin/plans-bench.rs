@@ -95,6 +95,9 @@ async fn enact<S: Store>(
     // Each changed endpoint's fence moves once (the first enactor switches it, the others
     // find it unchanged); unchanged endpoints are not written at all. Watching the counter
     // (in memory) keeps the observer off the store's lock.
+    // A change larger than a change record (`PLAN_CHANGES_ENDPOINTS_MAX`) is published and
+    // read whole, and each enactor then writes every endpoint: every fence moves.
+    let changed = if changed > dnsplan_common::store::PLAN_CHANGES_ENDPOINTS_MAX { names.len() } else { changed };
     let before = store.version().await?.applied_changes;
     let started = Instant::now();
     publish_against(store, parent, &plan, None).await?;
