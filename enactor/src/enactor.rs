@@ -92,6 +92,14 @@ pub struct Enactor<S: Store> {
     last_full_write: Generation,
     /// The store's active state as last read (see `active_now`).
     active: std::sync::Mutex<Option<Arc<ActiveSnapshot>>>,
+    /// Endpoints written since the base by applications abandoned for a newer plan, as of
+    /// that plan's generation (see `changes_since`): the next application skips those no plan
+    /// since has changed, so plans that keep arriving faster than an application ends do not
+    /// make every one of them rewrite the same endpoints.
+    carried: Option<(Generation, BTreeSet<EndpointName>)>,
+    /// What the application in progress has written (or found held by a newer plan), and the
+    /// carried endpoints it skipped: carried to the next if it is abandoned.
+    attempt_done: std::sync::Mutex<BTreeSet<EndpointName>>,
     state: String,
     /// Called at fixed points of the loop; `NoHooks` unless a test installs its own.
     hooks: Arc<dyn Hooks>,
@@ -118,6 +126,8 @@ impl<S: Store> Enactor<S> {
             latest_seen: Generation::NONE,
             refused: BTreeSet::new(),
             base: None,
+            carried: None,
+            attempt_done: std::sync::Mutex::new(BTreeSet::new()),
             last_full_write: Generation::NONE,
             active: std::sync::Mutex::new(None),
             state: "starting".into(),
@@ -234,7 +244,15 @@ impl<S: Store> Enactor<S> {
             self.state = format!("applying {generation}");
             let span = tracing::info_span!("plan", enactor = %self.settings.id, generation = %generation);
             let full = full || generation.0.saturating_sub(self.last_full_write.0) >= self.settings.full_write_every;
+            if let Ok(mut done) = self.attempt_done.lock() {
+                done.clear();
+            }
             let step = self.apply_plan(generation, full, deadline, versions).instrument(span.clone()).await;
+            let done = self.attempt_done.lock().map(|mut done| std::mem::take(&mut *done)).unwrap_or_default();
+            self.carried = match &step {
+                Step::MoveTo { .. } => Some((generation, done)),
+                _ => None,
+            };
             match step {
                 Step::Done { written, changed, wrote_all } => {
                     if wrote_all {
@@ -324,7 +342,10 @@ impl<S: Store> Enactor<S> {
             Behaviour::Naive => return self.apply_naive(generation, deadline, versions).await,
         }
         let work = match self.base.filter(|base| !full && *base < generation) {
-            Some(base) => self.changes_since(base, generation).await,
+            Some(base) => match self.changes_since(base, generation).await {
+                Ok(Some(work)) => self.without_carried(base, generation, work).await,
+                other => other,
+            },
             None => Ok(None),
         };
         let work = match work {
@@ -379,8 +400,12 @@ impl<S: Store> Enactor<S> {
                 }
             };
             for (item, result) in batch.iter().zip(results) {
+                let written = matches!(result, Ok(_) | Err(StoreError::Stale { .. }));
                 if let Some(step) = self.record_write(&item.endpoint, result, &mut changed).await {
                     return step;
+                }
+                if written && let Ok(mut done) = self.attempt_done.lock() {
+                    done.insert(item.endpoint.clone());
                 }
             }
         }
@@ -399,8 +424,12 @@ impl<S: Store> Enactor<S> {
                     self.call("retire", || self.store.retire(name, generation)).instrument(span).await
                 }
             };
+            let written = matches!(result, Ok(_) | Err(StoreError::Stale { .. }));
             if let Some(step) = self.record_write(name, result, &mut changed).await {
                 return step;
+            }
+            if written && let Ok(mut done) = self.attempt_done.lock() {
+                done.insert(name.clone());
             }
         }
         Step::Done { written: work.serve, changed, wrote_all }
@@ -552,6 +581,34 @@ impl<S: Store> Enactor<S> {
             }
         }
         work.skipped = changes.endpoint_count.saturating_sub(work.serve.len() as u64);
+        Ok(Some(work))
+    }
+
+    /// `work` without the carried endpoints (written as of plan `g`, after the base) that no
+    /// plan from `g` to `generation` changed: each serves its entry in `g`, which is its entry
+    /// in `generation` too, at `g` or a newer generation, so it already is what the base
+    /// argument of `changes_since` needs, as if this application had written it. Any other
+    /// answer keeps `work` whole.
+    async fn without_carried(&self, base: Generation, generation: Generation, mut work: Work) -> Result<Option<Work>, Step> {
+        let Some((g, carried)) = self.carried.as_ref().filter(|(g, _)| base < *g && *g < generation) else { return Ok(Some(work)) };
+        let since = match self.call("plan_changes", || self.store.plan_changes(*g, generation)).await {
+            Ok(Some(changes)) if (changes.from, changes.to) == (*g, generation) && changes.check().is_ok() => changes,
+            Ok(_) => return Ok(Some(work)),
+            Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return Err(self.move_to_latest("pruned").await),
+            Err(err) => return Err(Step::Failed(err)),
+        };
+        let kept: Vec<&EndpointName> = carried.iter().filter(|n| !since.changes.contains_key(*n)).collect();
+        let mut skipped = 0u64;
+        for name in &kept {
+            if work.serve.remove(*name).is_some() || work.retire.remove(*name) {
+                skipped += 1;
+            }
+        }
+        work.skipped += skipped;
+        if let Ok(mut done) = self.attempt_done.lock() {
+            done.extend(kept.into_iter().cloned());
+        }
+        tracing::debug!(carried_from = %g, skipped, "skipping endpoints an abandoned application already wrote");
         Ok(Some(work))
     }
 

@@ -443,3 +443,86 @@ async fn an_endpoint_that_changed_and_changed_back_is_written_again() -> anyhow:
     en.stop().await?;
     Ok(())
 }
+
+/// Publishes plan 3 from inside the enactor's writes of plan 2, once it has written
+/// `after` of them, and counts the writes of each plan.
+struct Storm {
+    store: SledStore,
+    plan3: ValidatedPlan,
+    after: u32,
+    writes: [AtomicU32; 4],
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Hooks for Storm {
+    fn before_write<'a>(&'a self, _: &'a str, generation: Generation, _: &'a EndpointName) -> HookFuture<'a> {
+        Box::pin(async move {
+            let Some(count) = self.writes.get(generation.0 as usize) else { return };
+            if count.fetch_add(1, Ordering::SeqCst) + 1 == self.after && generation == Generation(2) {
+                let _ = self.store.publish(&self.plan3).await;
+            }
+        })
+    }
+    fn before_cleanup<'a>(&'a self, _: &'a str, _: Generation) -> HookFuture<'a> {
+        Box::pin(async {})
+    }
+    fn event(&self, event: Event) {
+        let _ = self.events.send(event);
+    }
+}
+
+/// An application overtaken by a newer plan carries what it wrote to the next one: plan 3,
+/// published while plan 2 (which changes all 1,000 endpoints) is a third written, rewrites
+/// only the endpoints plan 2 had not reached (and the one plan 3 changes), not all 1,000 again;
+/// and every endpoint serves plan 3 after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_overtaken_midway_is_not_written_again_by_the_next() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let names: Vec<EndpointName> = (0..1_000).map(|i| name(&format!("e{i:04}"))).collect();
+    let mut plan3 = fixtures::plan(3, &names, planner()).into_plan();
+    for records in plan3.endpoints.values_mut() {
+        *records = fixtures::endpoint_for(Generation(2));
+    }
+    plan3.endpoints.insert(names[999].clone(), fixtures::endpoint_for(Generation(3)));
+    let plan3 = ValidatedPlan::new(plan3)?;
+    let (tx, mut events) = mpsc::unbounded_channel();
+    let hooks = Arc::new(Storm { store: store.clone(), plan3: plan3.clone(), after: 300, writes: Default::default(), events: tx });
+    let mut settings = Settings::new("en-storm", ZoneId::parse("a")?);
+    settings.batch_size = 20;
+    settings.full_write_every = u64::MAX;
+    settings.reconcile_interval = Duration::from_secs(3_600);
+    settings.max_removal_fraction = 1.0;
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), "en-storm"));
+    let enactor = Enactor::new(store.clone(), settings, metrics).with_hooks(hooks.clone());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(enactor.run(async move {
+        let _ = stopped.await;
+    }));
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+    until_done(&mut events, 1).await?;
+    store.publish(&fixtures::plan(2, &names, planner())).await?;
+    until_done(&mut events, 3).await?;
+    let _ = stop.send(());
+    task.await?;
+    let [_, _, at2, at3] = &hooks.writes;
+    let (at2, at3) = (at2.load(Ordering::SeqCst), at3.load(Ordering::SeqCst));
+    assert!((300..1_000).contains(&at2), "plan 2 was written {at2} times before plan 3 overtook it");
+    assert!(at3 <= 1_000 - at2 + 20, "plan 3 rewrote {at3} endpoints; plan 2 had written {at2} of 1,000 before it was overtaken");
+    let active = store.active_all().await?;
+    for (n, records) in &plan3.plan().endpoints {
+        let served = active.endpoints.get(n).map(|r| &r.state);
+        assert_eq!(served, Some(&ActiveState::Serving(records.clone())), "{n} after plan 3");
+    }
+    Ok(())
+}
+
+async fn until_done(events: &mut mpsc::UnboundedReceiver<Event>, g: u64) -> anyhow::Result<()> {
+    let want = done(g);
+    loop {
+        let event = tokio::time::timeout(WITHIN, events.recv()).await?.ok_or_else(|| anyhow::anyhow!("enactor stopped"))?;
+        if want(&event) {
+            return Ok(());
+        }
+    }
+}
