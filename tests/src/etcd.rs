@@ -89,38 +89,7 @@ impl EtcdCluster {
     }
 
     async fn start_once(count: usize, extra_args: &[&str]) -> anyhow::Result<EtcdCluster> {
-        let dir = scratch_dir()?;
-        let ports = free_ports(2 * count)?;
-        let token = format!("dnsplan-test-{}-{}", std::process::id(), ports[0]);
-        let mut members: Vec<Member> = (0..count)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
-                peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
-                log: dir.path().join(format!("m{i}.log")),
-                child: None,
-                args: Vec::new(),
-            })
-            .collect();
-        let initial: Vec<String> = members.iter().map(|m| format!("{}={}", m.name, m.peer_url)).collect();
-        let initial = initial.join(",");
-        for m in &mut members {
-            let data_dir = dir.path().join(&m.name);
-            let data_dir = data_dir.to_str().context("the scratch directory's path is not UTF-8")?;
-            let mut args: Vec<&str> = vec!["--name", &m.name, "--data-dir", data_dir];
-            args.extend(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url]);
-            args.extend(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url]);
-            args.extend(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", &token]);
-            // Faster elections than the defaults (100 ms, 1 s) keep starts short; still ten
-            // heartbeats per election, as etcd recommends.
-            args.extend(["--heartbeat-interval", "50", "--election-timeout", "500"]);
-            args.extend(extra_args);
-            m.args = args.into_iter().map(String::from).collect();
-            m.child = Some(spawn_member(m)?);
-        }
-        let mut cluster = EtcdCluster { members, _dir: dir };
-        cluster.wait_healthy().await?;
-        Ok(cluster)
+        Self::start_once_in(scratch_dir()?, count, extra_args).await
     }
 
     /// Polls every member with a linearizable read until all answer, or fails at
@@ -245,7 +214,7 @@ impl EtcdCluster {
         Err(last.expect("at least one attempt"))
     }
 
-    /// `start_once`'s members, in `dir`.
+    /// A cluster of `count` new members with their data in `dir`, waited on until healthy.
     async fn start_once_in(dir: tempfile::TempDir, count: usize, extra_args: &[&str]) -> anyhow::Result<EtcdCluster> {
         let ports = free_ports(2 * count)?;
         let token = format!("dnsplan-test-{}-{}", std::process::id(), ports[0]);
@@ -268,6 +237,8 @@ impl EtcdCluster {
             args.extend(["--listen-client-urls", &m.client_url, "--advertise-client-urls", &m.client_url]);
             args.extend(["--listen-peer-urls", &m.peer_url, "--initial-advertise-peer-urls", &m.peer_url]);
             args.extend(["--initial-cluster", &initial, "--initial-cluster-state", "new", "--initial-cluster-token", &token]);
+            // Faster elections than the defaults (100 ms, 1 s) keep starts short; still ten
+            // heartbeats per election, as etcd recommends.
             args.extend(["--heartbeat-interval", "50", "--election-timeout", "500"]);
             args.extend(extra_args);
             m.args = args.into_iter().map(String::from).collect();
