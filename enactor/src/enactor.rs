@@ -375,8 +375,14 @@ impl<S: Store> Enactor<S> {
 
         let wrote_all = work.skipped == 0;
         let mut changed = Vec::new();
-        let pending: Vec<ApplyItem> =
+        let mut pending: Vec<ApplyItem> =
             work.serve.iter().map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() }).collect();
+        // Enactors of one zone start at different points of the plan, set by their ids, and
+        // go round: each first writes endpoints the others have not reached, and finds the
+        // rest already switched (`Unchanged`, a read). Started at one point, they would all
+        // race for the same endpoints, which on etcd means transactions that fail and retry.
+        let start = start_of(&self.settings.id, pending.len());
+        pending.rotate_left(start);
         self.metrics.skipped_unchanged.inc_by(work.skipped);
         for batch in pending.chunks(self.settings.batch_size.max(1)) {
             if let Some(step) = self.preempted(generation, deadline, versions) {
@@ -840,4 +846,16 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// Where an enactor with this id starts writing a plan of `len` endpoints: a hash of the id,
+/// the same on every run, so enactors of one zone spread their starts.
+fn start_of(id: &str, len: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    if len == 0 {
+        return 0;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut hasher);
+    (hasher.finish() % len as u64) as usize
 }

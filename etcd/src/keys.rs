@@ -55,8 +55,14 @@ impl Keys {
     pub(crate) fn latest(&self) -> Vec<u8> {
         self.k(&[b"meta/latest"])
     }
+    /// The applied-change count is kept in slots, `meta/applied` (slot 0) and
+    /// `meta/applied/NN`: a switch adds to one slot, the count is their sum, and every slot
+    /// key starts with `applied()`, so one prefix read gets them all.
     pub(crate) fn applied(&self) -> Vec<u8> {
         self.k(&[b"meta/applied"])
+    }
+    pub(crate) fn applied_slot(&self, slot: usize) -> Vec<u8> {
+        if slot == 0 { self.applied() } else { self.k(&[b"meta/applied/", format!("{slot:02}").as_bytes()]) }
     }
     pub(crate) fn control(&self) -> Vec<u8> {
         self.k(&[b"meta/control"])

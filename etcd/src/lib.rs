@@ -17,16 +17,16 @@
 //!
 //! Teeth: with the `latest` compare taken out of publish's transaction, the conformance suite
 //! fails `racing_publishes_have_no_gaps` (two publishers acknowledged the same generation);
-//! with the endpoint compares (fence and applied-change counter) taken out of apply's
-//! transaction, it fails `racing_applies_are_monotonic` and `race_2025_concurrent`; without
-//! the `serving/` range compare in cleanup's transaction, the etcd test
-//! `cleanup_never_deletes_a_plan_an_endpoint_just_switched_to` fails. The fence compare alone is
-//! redundant while every switch also compares the applied-change counter (which serialises
-//! switches); it stays so that the fence holds even if the counter ever stops being compared.
+//! with the fence compare taken out of apply's transaction, it fails
+//! `racing_applies_are_monotonic` (the applied-change counter is kept in slots, so writers on
+//! different slots are not serialised by it; see [`APPLIED_SLOTS`]); without the `serving/`
+//! range compare in cleanup's transaction, the etcd test
+//! `cleanup_never_deletes_a_plan_an_endpoint_just_switched_to` fails.
 //! Without `settle` (a failed publish checked against what etcd holds before its chunks go),
 //! `a_publish_whose_reply_is_lost_keeps_the_plan_it_committed` fails: a publish etcd committed
 //! but whose reply was lost removed the chunks of the plan it had just made latest.
 
+mod active_log;
 mod keys;
 
 use dnsplan_common::Generation;
@@ -46,9 +46,11 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KeyValue, PutOptions,
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
+use active_log::ActiveLog;
 use keys::{Keys, prefix_end};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -70,12 +72,17 @@ pub const ATTEMPTS_MAX: u32 = 64;
 /// Decoded plans kept for content checks and parent comparisons. Plans are immutable, so a
 /// cached plan is never wrong; 8 covers every generation enactors apply at once.
 const PLAN_CACHE_MAX: usize = 8;
+/// Slots of the applied-change counter (see `Keys::applied_slot`). Each apply transaction
+/// compares and adds to one slot, so writers on different slots (enactors of one zone
+/// writing different endpoints) do not fail each other's transactions over the counter; with
+/// one counter, all but one of concurrent transactions failed and went round Raft again.
+const APPLIED_SLOTS: usize = 16;
+/// How long `active_since` waits for its log of the active writes to receive the last switch
+/// (normally a millisecond or two after the commit) before it asks etcd instead.
+const ACTIVE_LOG_WAIT: Duration = Duration::from_millis(100);
 /// Applied-change counts remembered with the revision they were read at, so `active_since`
-/// can watch from that revision. A follower asks about the count of its last answer.
+/// can read what changed since that revision. A follower asks about the count of its last answer.
 const REVISIONS_KEPT: usize = 1_024;
-/// Versions remembered with the revision they were read at, so that a waiter that passes one
-/// back watches from there without reading first. Waiters pass the version they read last.
-const VERSIONS_KEPT: usize = 64;
 /// Abandoned staging areas removed per publish (see `sweep_staging`): garbage goes a little
 /// at a time, and never delays a publish much.
 const STAGING_SWEEP_MAX: i64 = 16;
@@ -197,7 +204,7 @@ impl EtcdConfig {
     }
 
     /// Endpoints one apply transaction switches: a switch is up to four operations (record,
-    /// fence, old and new index entries) and the counter is one more; and the records must fit
+    /// fence, old and new index entries) and the counter's slot is one more; and the records must fit
     /// half a request.
     fn switches_per_txn(&self) -> usize {
         (self.txn_ops_max - 1) / 4
@@ -225,8 +232,14 @@ struct Inner {
     plans: Mutex<VecDeque<Arc<ValidatedPlan>>>,
     /// Applied-change count → an etcd revision at which the store had that count.
     revisions: Mutex<BTreeMap<u64, i64>>,
-    /// Versions this store read, with the revision of the read, newest last.
-    versions: Mutex<VecDeque<(StoreVersion, i64)>>,
+    /// The counter slot this store's apply transactions add to; another, at random, after a
+    /// transaction lost a race.
+    slot: AtomicUsize,
+    /// The writes to the active records since this store's first `active_since`, from a watch
+    /// (see `active_log`); started again when it breaks.
+    active_log: Mutex<Option<Arc<ActiveLog>>>,
+    /// `active_since` answers taken from `active_log`, for tests.
+    from_log: AtomicU64,
     /// Test-only: the write transaction whose committed reply is lost next (see
     /// `lose_next_reply`).
     #[cfg(feature = "testing")]
@@ -264,6 +277,23 @@ fn first(response: &GetResponse) -> Option<&KeyValue> {
 }
 
 /// `key`'s value is `observed` (absent when `None`).
+/// A read of every slot of the applied-change counter.
+fn get_applied(keys: &Keys) -> TxnOp {
+    get_range(keys.applied(), prefix_end(&keys.applied()), 0)
+}
+
+/// The applied-change count (the sum of the slots) and the revision of the last switch (every
+/// switch writes a slot), from a `get_applied` read.
+fn applied_of(response: &GetResponse) -> StoreResult<(u64, i64)> {
+    let mut count = 0u64;
+    let mut last = 0;
+    for kv in response.kvs() {
+        count = count.wrapping_add(be_u64(Some(kv), "applied-change count")?.unwrap_or(0));
+        last = last.max(kv.mod_revision());
+    }
+    Ok((count, last))
+}
+
 fn cmp_u64(key: Vec<u8>, observed: Option<u64>) -> Compare {
     match observed {
         None => Compare::version(key, CompareOp::Equal, 0),
@@ -412,7 +442,9 @@ impl EtcdStore {
                 config,
                 plans: Mutex::new(VecDeque::new()),
                 revisions: Mutex::new(BTreeMap::new()),
-                versions: Mutex::new(VecDeque::new()),
+                slot: AtomicUsize::new(fresh_nonce() as usize % APPLIED_SLOTS),
+                active_log: Mutex::new(None),
+                from_log: AtomicU64::new(0),
                 #[cfg(feature = "testing")]
                 lose_reply: Mutex::new(None),
                 #[cfg(feature = "testing")]
@@ -486,7 +518,10 @@ impl EtcdStore {
     /// Runs `fut` under the request timeout and maps etcd's errors to the store's.
     async fn call<T>(&self, what: &str, fut: impl Future<Output = Result<T, etcd_client::Error>>) -> StoreResult<T> {
         let limit = self.inner.config.request_timeout;
-        match tokio::time::timeout(limit, fut).await {
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(limit, fut).await;
+        tracing::trace!(what, elapsed_us = started.elapsed().as_micros() as u64, "etcd call");
+        match answer {
             Err(_) => Err(StoreError::Unavailable(format!(
                 "etcd did not answer {what} within {limit:?} (request_timeout); check that the cluster is up and reachable"
             ))),
@@ -934,7 +969,8 @@ impl EtcdStore {
     }
 
     /// One transaction's share of a batch: each endpoint's write conditional on its fence as
-    /// read, on the applied-change counter as read and on the horizon, all at once.
+    /// read, on this store's slot of the applied-change counter as read and on the horizon, all
+    /// at once.
     async fn switch_part(
         &self,
         g: Generation,
@@ -945,7 +981,9 @@ impl EtcdStore {
     ) -> StoreResult<()> {
         let keys = &self.inner.keys;
         for attempt in 0..ATTEMPTS_MAX {
-            let mut gets = vec![get(keys.applied()), get(keys.horizon())];
+            let slot = self.inner.slot.load(Ordering::Relaxed);
+            let slot_key = keys.applied_slot(slot);
+            let mut gets = vec![get(slot_key.clone()), get(keys.horizon())];
             gets.extend(part.iter().map(|&i| get(keys.fence(&items[i].0))));
             let (_, r) = self.read("apply", gets).await?;
             let applied = be_u64(first(&r[0]), "applied-change count")?;
@@ -985,18 +1023,17 @@ impl EtcdStore {
                 }
                 return Ok(());
             }
-            compares.push(cmp_u64(keys.applied(), applied));
-            ops.push(put(keys.applied(), count.to_be_bytes().to_vec()));
+            compares.push(cmp_u64(slot_key.clone(), applied));
+            ops.push(put(slot_key, count.to_be_bytes().to_vec()));
             let response = self.commit("apply", Txn::new().when(compares).and_then(ops)).await?;
             if response.succeeded() {
-                if let Some(h) = response.header() {
-                    self.note_revision(count, h.revision());
-                }
                 for (&i, outcome) in part.iter().zip(outcomes) {
                     results[i] = Some(outcome);
                 }
                 return Ok(());
             }
+            // A fence or the slot moved: if the slot, another writer is on it, so move on.
+            self.inner.slot.store(fresh_nonce() as usize % APPLIED_SLOTS, Ordering::Relaxed);
             back_off(attempt).await;
         }
         Err(contention("apply"))
@@ -1052,74 +1089,61 @@ impl EtcdStore {
 
     async fn read_version(&self) -> StoreResult<(StoreVersion, i64)> {
         let keys = &self.inner.keys;
-        let (revision, r) = self.read("version", vec![get(keys.latest()), get(keys.applied()), get(keys.control())]).await?;
+        let (revision, r) = self.read("version", vec![get(keys.latest()), get_applied(keys), get(keys.control())]).await?;
         let version = StoreVersion {
             latest: Generation(be_u64(first(&r[0]), "latest generation")?.unwrap_or(0)),
-            applied_changes: be_u64(first(&r[1]), "applied-change count")?.unwrap_or(0),
+            applied_changes: applied_of(&r[1])?.0,
             control_changes: be_u64(first(&r[2]), "control count")?.unwrap_or(0),
         };
         self.note_revision(version.applied_changes, revision);
-        if let Ok(mut versions) = self.inner.versions.lock() {
-            versions.push_back((version, revision));
-            while versions.len() > VERSIONS_KEPT {
-                versions.pop_front();
-            }
-        }
         Ok((version, revision))
     }
 
     fn decode_active(kv: &KeyValue, prefix: &[u8]) -> StoreResult<(EndpointName, ActiveRecord)> {
-        let name = name_of(kv.key(), prefix, "active endpoint name")?;
-        let record = codec::decode::<ActiveRecord>(kv.value())
+        Self::decode_active_parts(kv.key(), kv.value(), prefix)
+    }
+
+    fn decode_active_parts(key: &[u8], value: &[u8], prefix: &[u8]) -> StoreResult<(EndpointName, ActiveRecord)> {
+        let name = name_of(key, prefix, "active endpoint name")?;
+        let record = codec::decode::<ActiveRecord>(value)
             .map_err(|e| StoreError::Corrupt { what: format!("active record of {name}"), source: e })?;
         Ok((name, record))
     }
 
-    /// The names whose active record was written after revision `from` up to and including
-    /// `to`, from etcd's history through a watch; `None` when that history was compacted (or
-    /// the watch could not finish in time), and the caller reads the whole state.
-    async fn names_written(&self, from: i64, to: i64) -> StoreResult<Option<BTreeSet<EndpointName>>> {
-        let prefix = self.inner.keys.active_all();
-        let mut wc = self.inner.client.watch_client();
-        let options = WatchOptions::new().with_prefix().with_start_revision(from + 1);
-        let mut stream = self.call("watch", wc.watch(prefix.clone(), Some(options))).await?;
-        let deadline = tokio::time::Instant::now() + self.inner.config.request_timeout;
-        let mut names = BTreeSet::new();
-        loop {
-            let message = match tokio::time::timeout_at(deadline, stream.message()).await {
-                Err(_) => {
-                    tracing::warn!(from, to, "the watch did not reach the current revision in time; reading the whole state");
-                    return Ok(None);
-                }
-                Ok(Err(err)) => return Err(etcd_error("watch", err)),
-                Ok(Ok(None)) => return Ok(None),
-                Ok(Ok(Some(m))) => m,
-            };
-            if message.compact_revision() > 0 || message.canceled() {
-                tracing::info!(
-                    from,
-                    compacted_to = message.compact_revision(),
-                    "etcd compacted the history this follower needs; reading the whole state"
-                );
-                return Ok(None);
-            }
-            let mut reached = false;
-            for event in message.events() {
-                let Some(kv) = event.kv() else { continue };
-                if kv.mod_revision() > to {
-                    reached = true;
-                    continue;
-                }
-                reached |= kv.mod_revision() == to;
-                names.insert(name_of(kv.key(), &prefix, "active endpoint name")?);
-                if names.len() > DELTA_ENDPOINTS_MAX {
-                    return Ok(None);
-                }
-            }
-            if reached {
-                return Ok(Some(names));
+    /// This store's log of the active writes, started (from `revision`) if it is not running.
+    fn active_log(&self, revision: i64) -> Arc<ActiveLog> {
+        let mut running = self.inner.active_log.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*running {
+            Some(log) if !log.broken() => log.clone(),
+            _ => {
+                let log = Arc::new(ActiveLog::start(self.inner.client.clone(), self.inner.keys.active_all(), revision));
+                *running = Some(log.clone());
+                log
             }
         }
+    }
+
+    /// Test-only: how many `active_since` answers came from the store's own log of the active
+    /// writes rather than from a read of etcd.
+    #[cfg(feature = "testing")]
+    pub fn active_since_from_log(&self) -> u64 {
+        self.inner.from_log.load(Ordering::Relaxed)
+    }
+
+    /// A read of the active records last written after revision `from`, from key `start` on,
+    /// a page at a time, at revision `at` (the current one when `None`): etcd reads the range
+    /// and keeps the keys whose `mod_revision` is above `from`. Active records are never
+    /// deleted, and compaction keeps each key's last write, so this is exactly what was written
+    /// since `from`, however much history etcd has compacted.
+    ///
+    /// Not a watch from `from`: etcd delivers the history of a watch that starts in the past
+    /// only from its unsynced-watcher loop, every 100 ms, where a read answers at once.
+    fn written_after(&self, start: Vec<u8>, from: i64, at: Option<i64>) -> TxnOp {
+        let options = GetOptions::new()
+            .with_range(prefix_end(&self.inner.keys.active_all()))
+            .with_min_mod_revision(from + 1)
+            .with_limit(ACTIVE_PAGE_MAX as i64);
+        TxnOp::get(start, Some(at.map_or(options.clone(), |at| options.with_revision(at))))
     }
 }
 
@@ -1375,8 +1399,8 @@ impl Store for EtcdStore {
     async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
         let keys = &self.inner.keys;
         let prefix = keys.active_all();
-        let (revision, r) = self.read("active state", vec![get(keys.applied()), get_range(prefix.clone(), prefix_end(&prefix), 0)]).await?;
-        let applied = be_u64(first(&r[0]), "applied-change count")?.unwrap_or(0);
+        let (revision, r) = self.read("active state", vec![get_applied(keys), get_range(prefix.clone(), prefix_end(&prefix), 0)]).await?;
+        let applied = applied_of(&r[0])?.0;
         self.note_revision(applied, revision);
         let mut snapshot = ActiveSnapshot { applied_changes: applied, endpoints: BTreeMap::new() };
         for kv in r[1].kvs() {
@@ -1400,8 +1424,8 @@ impl Store for EtcdStore {
             None => prefix.clone(),
         };
         let (revision, r) =
-            self.read("active page", vec![get(keys.applied()), get_range(start, prefix_end(&prefix), limit as i64 + 1)]).await?;
-        let applied = be_u64(first(&r[0]), "applied-change count")?.unwrap_or(0);
+            self.read("active page", vec![get_applied(keys), get_range(start, prefix_end(&prefix), limit as i64 + 1)]).await?;
+        let applied = applied_of(&r[0])?.0;
         self.note_revision(applied, revision);
         let kvs = r[1].kvs();
         let mut page =
@@ -1414,44 +1438,61 @@ impl Store for EtcdStore {
 
     async fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
         let keys = &self.inner.keys;
-        let (revision, r) = self.read("active since", vec![get(keys.applied())]).await?;
-        let applied_kv = first(&r[0]);
-        let applied = be_u64(applied_kv, "applied-change count")?.unwrap_or(0);
+        let prefix = keys.active_all();
+        let from = self.revision_of(since);
+        let (revision, r) = self.read("active since", vec![get_applied(keys)]).await?;
+        let (applied, last_switch) = applied_of(&r[0])?;
         self.note_revision(applied, revision);
+        let log = self.active_log(revision);
+        let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: BTreeMap::new() };
         if since == applied {
-            return Ok(ActiveDelta { applied_changes: applied, full: false, endpoints: BTreeMap::new() });
+            return Ok(delta);
         }
-        // Every switch writes the counter, so its last write is the last switch's revision.
-        let last_switch = applied_kv.map(|kv| kv.mod_revision()).unwrap_or_default();
-        let from = match self.revision_of(since) {
-            Some(from) if since < applied && from < last_switch => from,
+        let Some(from) = from.filter(|&from| since < applied && from < last_switch) else {
             // A follower ahead of the store, or one whose position this store never saw: the
             // whole state.
-            _ => return self.active_all().await.map(ActiveDelta::from),
-        };
-        let Some(names) = self.names_written(from, last_switch).await? else {
             return self.active_all().await.map(ActiveDelta::from);
         };
-        // The records as of the last switch counted, read at that revision in parts.
-        let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: BTreeMap::new() };
-        let names: Vec<_> = names.into_iter().collect();
-        for part in names.chunks(self.inner.config.txn_ops_max) {
-            let gets = part.iter().map(|n| TxnOp::get(keys.active(n), Some(GetOptions::new().with_revision(last_switch)))).collect();
-            let r = match self.read("active since", gets).await {
-                Ok((_, r)) => r,
+        // What switched after `from`, up to the last switch: from this store's log when it
+        // holds all of it, which is the usual case.
+        if let Some(written) = log.written(from, last_switch, ACTIVE_LOG_WAIT).await {
+            if written.len() > DELTA_ENDPOINTS_MAX {
+                return self.active_all().await.map(ActiveDelta::from);
+            }
+            for (key, value) in &written {
+                let (name, record) = Self::decode_active_parts(key, value, &prefix)?;
+                delta.endpoints.insert(name, record);
+            }
+            self.inner.from_log.fetch_add(1, Ordering::Relaxed);
+            return Ok(delta);
+        }
+        // Else from etcd, at the revision of the read.
+        let mut start = prefix.clone();
+        loop {
+            let page = match self.read("active since", vec![self.written_after(start, from, Some(revision))]).await {
+                Ok((_, r)) => match r.into_iter().next() {
+                    Some(page) => page,
+                    None => return self.active_all().await.map(ActiveDelta::from),
+                },
+                Err(err @ StoreError::Unavailable(_)) => return Err(err),
                 Err(err) => {
-                    tracing::info!(error = %err, "could not read the changed records at their revision; reading the whole state");
+                    // Compacted meanwhile: the whole state.
+                    tracing::info!(error = %err, "could not read the changed records; reading the whole state");
                     return self.active_all().await.map(ActiveDelta::from);
                 }
             };
-            for response in &r {
-                if let Some(kv) = first(response) {
-                    let (name, record) = Self::decode_active(kv, &keys.active_all())?;
-                    delta.endpoints.insert(name, record);
-                }
+            for kv in page.kvs() {
+                let (name, record) = Self::decode_active(kv, &prefix)?;
+                delta.endpoints.insert(name, record);
             }
+            if delta.endpoints.len() > DELTA_ENDPOINTS_MAX {
+                return self.active_all().await.map(ActiveDelta::from);
+            }
+            start = match page.kvs().last() {
+                Some(last) if page.more() => [last.key(), &[0]].concat(),
+                _ => return Ok(delta),
+            };
         }
-        Ok(delta)
     }
 
     async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
@@ -1554,42 +1595,52 @@ impl Store for EtcdStore {
     async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         let deadline = tokio::time::Instant::now() + timeout.min(WAIT_TIMEOUT_MAX);
         let meta = self.inner.keys.meta();
-        // A version this store read is the version at that read's revision (every part of it
-        // only grows, so it held over one stretch of revisions): watching from there misses
-        // nothing and saves a read.
-        let mut known = self.inner.versions.lock().ok().and_then(|v| v.iter().rev().find(|(v, _)| *v == seen).map(|(_, r)| *r));
+        let mut read = self.read_version().await?;
         loop {
-            let (current, revision) = match known.take() {
-                Some(revision) => (seen, revision),
-                None => self.read_version().await?,
-            };
+            let (current, revision) = read;
             if current != seen {
                 return Ok(current);
             }
-            // Watch from the revision read: a change after the read cannot be missed.
+            // Watch from just after the revision read: a change after the read cannot be
+            // missed. etcd delivers at once only to a watch that starts after its current
+            // revision when it is registered; one that starts in the past waits for etcd's
+            // unsynced-watcher loop (every 100 ms). So once etcd confirms the watch, read
+            // again: a change in between is returned from that read, and any other write in
+            // between (a heartbeat) means a fresh watch from the newer revision.
             let mut wc = self.inner.client.watch_client();
             let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
             let mut stream = self.call("watch", wc.watch(meta.clone(), Some(options))).await?;
+            let mut confirmed = false;
             loop {
                 let message = match tokio::time::timeout_at(deadline, stream.message()).await {
                     // The current version, read: a change may have committed that the watch
-                    // has not delivered yet, and `current` may be a version only remembered.
+                    // has not delivered yet.
                     Err(_elapsed) => return self.version().await,
                     Ok(Err(err)) => return Err(etcd_error("watch", err)),
                     Ok(Ok(None)) => return Err(StoreError::Unavailable("etcd closed the watch".into())),
                     Ok(Ok(Some(m))) => m,
                 };
                 if message.compact_revision() > 0 || message.canceled() {
-                    // The revision was compacted: read the version again and watch from there.
                     tracing::info!(revision, "etcd compacted the watched revision; reading the version again");
                     break;
                 }
                 if !message.events().is_empty() {
                     break;
                 }
+                if message.created() && !confirmed {
+                    confirmed = true;
+                    let again = self.read_version().await?;
+                    if again.0 != seen || again.1 > revision {
+                        read = again;
+                        break;
+                    }
+                }
             }
             if tokio::time::Instant::now() >= deadline {
                 return self.version().await;
+            }
+            if read.1 <= revision {
+                read = self.read_version().await?;
             }
         }
     }

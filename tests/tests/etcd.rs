@@ -165,11 +165,12 @@ async fn a_plan_larger_than_a_request_is_published_whole() -> anyhow::Result<()>
     Ok(())
 }
 
-/// A follower that asks `active_since` from its last answer gets a delta through etcd's
-/// watch; after the cluster compacted that history it gets the whole state, marked `full`,
-/// and still holds exactly what the store holds. A waiter still wakes after the compaction.
+/// A follower that asks `active_since` from its last answer gets a delta, read by the keys'
+/// last-write revisions; after the cluster compacted its history too, since compaction keeps
+/// each key's last write. A store that never saw the follower's position gives the whole
+/// state, marked `full`. A waiter still wakes after the compaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_follower_behind_a_compaction_reads_the_whole_state() -> anyhow::Result<()> {
+async fn a_follower_gets_what_changed_even_after_a_compaction() -> anyhow::Result<()> {
     let started = Instant::now();
     let cluster = EtcdCluster::start(3, &[]).await?;
     let store = cluster.store("/follower/").await?;
@@ -207,12 +208,31 @@ async fn a_follower_behind_a_compaction_reads_the_whole_state() -> anyhow::Resul
     let mut client = cluster.client().await?;
     let revision = client.get("/follower/", None).await?.header().map(|h| h.revision()).expect("a header");
     client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+    // Each key keeps its last write through a compaction, so the delta is still exact.
     let delta = store.active_since(seen).await?;
-    assert!(delta.full, "the history after the follower's revision was compacted: want the whole state");
+    assert!(!delta.full, "the keys' last writes survive a compaction: want a delta");
+    assert_eq!(delta.endpoints.keys().cloned().collect::<Vec<_>>(), [name("a"), name("c")]);
     let (_, _) = follow(&mut held, seen).await?;
     let truth = store.active_all().await?;
     assert_eq!(held, truth.endpoints, "the follower does not hold what the store holds");
     assert_eq!(delta.applied_changes, truth.applied_changes);
+    // A store that never saw the follower's position (another process, a restart) cannot
+    // tell what changed since: the whole state.
+    let other = cluster.store("/follower/").await?;
+    let delta = other.active_since(seen).await?;
+    assert!(delta.full, "a position this store never saw: want the whole state");
+    assert_eq!(delta.endpoints, truth.endpoints);
+    assert!(store.active_since_from_log() > 0, "the follower's store never answered from its log of the writes");
+    // A store that knows the position but whose log started after it asks etcd, and gets the
+    // same delta.
+    let third = cluster.store("/follower/").await?;
+    let known = third.version().await?.applied_changes;
+    apply("d", 3).await?;
+    let delta = third.active_since(known).await?;
+    assert!(!delta.full, "the position is known: want a delta");
+    assert_eq!(delta.endpoints.keys().cloned().collect::<Vec<_>>(), [name("d")]);
+    assert_eq!(delta.endpoints.get(&name("d")).map(|r| r.generation), Some(Generation(3)));
+    assert_eq!(third.active_since_from_log(), 0, "a log started after the position answered for it");
 
     // A waiter whose version was read at a revision since compacted reads again and keeps
     // waiting: it neither fails nor takes the compaction for a change.
@@ -521,8 +541,8 @@ async fn a_waiter_out_of_time_answers_the_current_version() -> anyhow::Result<()
 
 /// A follower that asks `active_since` while three enactors switch endpoints at once (batches
 /// split over several transactions) holds exactly the store's state at the end, its count only
-/// grows, and most answers are deltas: no switch is lost between a count, its revision and the
-/// watch of the history after it.
+/// grows, and most answers are deltas, some from the store's log of the writes: no switch is
+/// lost between a count, its revision and the log or read of the writes after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follower_keeps_up_with_concurrent_switches() -> anyhow::Result<()> {
     const ENDPOINTS: usize = 40;
@@ -577,7 +597,7 @@ async fn a_follower_keeps_up_with_concurrent_switches() -> anyhow::Result<()> {
                 held.extend(delta.endpoints);
                 seen = delta.applied_changes;
                 if finished {
-                    return anyhow::Ok((held, seen, deltas, fulls));
+                    return anyhow::Ok((held, seen, deltas, fulls, store.active_since_from_log()));
                 }
             }
         })
@@ -586,13 +606,14 @@ async fn a_follower_keeps_up_with_concurrent_switches() -> anyhow::Result<()> {
         e.await??;
     }
     done.store(true, Ordering::Release);
-    let (held, seen, deltas, fulls) = follower.await??;
+    let (held, seen, deltas, fulls, from_log) = follower.await??;
     let truth = store.active_all().await?;
     assert_eq!(seen, truth.applied_changes, "the follower's count");
     assert_eq!(held, truth.endpoints, "the follower does not hold what the store holds");
     assert!(truth.endpoints.values().all(|r| r.generation == Generation(PLANS)), "every endpoint ends at the last plan");
     assert!(deltas > fulls, "{deltas} deltas and {fulls} whole states: the follower should mostly get deltas");
-    println!("follower race: {deltas} deltas, {fulls} whole states, {seen} switches, in {:?}", started.elapsed());
+    assert!(from_log > 0, "no delta came from the follower's log of the writes");
+    println!("follower race: {deltas} deltas ({from_log} from the log), {fulls} whole states, {seen} switches, in {:?}", started.elapsed());
     Ok(())
 }
 

@@ -202,11 +202,6 @@ async fn served_after(
     }
 }
 
-/// Publish-to-served latency on every authority of `dns`: as `latency`, with `store` any
-/// store (on etcd: the planner's own connection) and each authority probed by its own task at
-/// once, so that one's wait does not delay the other's. Returns the publish calls' durations,
-/// each authority's publish-to-served durations, and the time until every authority served
-/// each plan, each sorted.
 /// Publish-to-served latency: plans each changing one endpoint of `names` (the others keep
 /// plan 1's records, as after `phases`), sent as their changes against the previous one (as
 /// the planner sends them), each probed over DNS on every address of `dns` at once. Returns
@@ -425,6 +420,10 @@ fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    // The in-process authorities' and stores' logs, on stderr, only when asked for.
+    if std::env::var_os("RUST_LOG").is_some() {
+        dnsplan_common::daemon::init(dnsplan_common::daemon::LogFormat::Text);
+    }
     let (mut n, mut etcd, mut in_memory, mut txn_ops) = (10_000usize, true, false, None);
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
