@@ -29,6 +29,7 @@
 mod active_log;
 mod keys;
 
+use active_log::ActiveLog;
 use dnsplan_common::Generation;
 use dnsplan_common::changes::{PlanChanges, PlanEntry, decode_changes};
 use dnsplan_common::codec::{self, CodecError};
@@ -46,7 +47,6 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KeyValue, PutOptions,
     TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
-use active_log::ActiveLog;
 use keys::{Keys, prefix_end};
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -247,6 +247,24 @@ struct Inner {
     /// Test-only: the write transaction held before it is sent next (see `hold_next_commit`).
     #[cfg(feature = "testing")]
     hold: Mutex<Option<Hold>>,
+}
+
+/// What one plan says of its endpoints: the plan itself, or an older plan and the changes
+/// from it (the entry of every endpoint whose entry differs, in the newer plan).
+enum PlanContents {
+    Whole(Arc<ValidatedPlan>),
+    Changed { base: Arc<ValidatedPlan>, changes: PlanChanges },
+}
+
+impl PlanContents {
+    fn entry(&self, name: &EndpointName) -> PlanEntry {
+        match self {
+            PlanContents::Whole(plan) => PlanEntry::of(plan.plan(), name),
+            PlanContents::Changed { base, changes } => {
+                changes.changes.get(name).cloned().unwrap_or_else(|| PlanEntry::of(base.plan(), name))
+            }
+        }
+    }
 }
 
 /// Test-only: where a held commit waits, and how it says it got there.
@@ -594,6 +612,30 @@ impl EtcdStore {
         }
     }
 
+    /// What plan `g` says of each endpoint, for the content check: the plan if cached, else
+    /// the newest cached plan below it with the changes since (a read of the change records,
+    /// a few bytes for a small change), else the plan read whole. Each enactor's store has
+    /// the plan it applied last cached, so a plan that changes one endpoint of 10,000 is not
+    /// read whole by every enactor.
+    async fn plan_contents(&self, g: Generation) -> StoreResult<PlanContents> {
+        if let Some(plan) = self.cached_plan(g) {
+            return Ok(PlanContents::Whole(plan));
+        }
+        let base = self.inner.plans.lock().ok().and_then(|cache| {
+            cache
+                .iter()
+                .filter(|p| p.generation() < g && g.0 - p.generation().0 <= PLAN_CHANGES_GAP_MAX)
+                .max_by_key(|p| p.generation())
+                .cloned()
+        });
+        if let Some(base) = base
+            && let Ok(Some(changes)) = self.plan_changes(base.generation(), g).await
+        {
+            return Ok(PlanContents::Changed { base, changes });
+        }
+        Ok(PlanContents::Whole(self.load_plan(g).await?))
+    }
+
     /// A stored value, inline or in chunks. Chunks are immutable while their manifest exists
     /// (cleanup removes both in one transaction), so a missing chunk under a present manifest
     /// is corruption; under a removed one, the plan was cleaned up meanwhile.
@@ -911,7 +953,7 @@ impl EtcdStore {
         if g < horizon {
             return Err(StoreError::Pruned { attempted: g, horizon });
         }
-        let plan = match self.load_plan(g).await {
+        let plan = match self.plan_contents(g).await {
             Ok(plan) => plan,
             Err(StoreError::PlanNotFound(_)) => {
                 let (_, r) = self.read("apply", vec![get(keys.horizon())]).await?;
@@ -932,7 +974,7 @@ impl EtcdStore {
                 results.push(Some(Err(err.into())));
                 continue;
             }
-            let says = match (PlanEntry::of(plan.plan(), name), state) {
+            let says = match (plan.entry(name), state) {
                 (PlanEntry::Serve(planned), ActiveState::Serving(sent)) if &planned == sent => None,
                 (PlanEntry::Serve(_), ActiveState::Serving(_)) => Some(PlanSays::OtherRecords),
                 (PlanEntry::Serve(_), ActiveState::Retired) => Some(PlanSays::Serves),
