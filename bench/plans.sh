@@ -6,6 +6,8 @@
 # publish-to-served on each of two authorities following it. The cluster and the authorities
 # are stopped at the end. --no-etcd leaves etcd out (it needs Debian's etcd-server).
 # --etcd-max-txn-ops=N starts etcd with --max-txn-ops N (default 128) and has the enactors use it.
+# RUST_LOG (e.g. dnsplan_enactor=debug,dnsplan_etcd=trace) prints the in-process enactors',
+# authorities' and stores' logs on stderr; dnsplan_etcd=trace times every etcd call.
 # Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
