@@ -58,8 +58,10 @@ impl ActiveLog {
         ActiveLog { log, through, task }
     }
 
+    /// Whether the log stopped answering: its watch ended, or its task is gone (the runtime
+    /// that ran it shut down, which drops the sender).
     pub(crate) fn broken(&self) -> bool {
-        lock(&self.log).broken
+        lock(&self.log).broken || self.through.has_changed().is_err()
     }
 
     /// The last value of each key written after revision `from` up to and including `to`,
