@@ -430,7 +430,7 @@ impl Inner {
                 if content_generation(&key)? == generation {
                     batch.remove(key);
                     removed += 1;
-                    if removed % 65_536 == 0 {
+                    if removed.is_multiple_of(65_536) {
                         self.contents.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
                     }
                 }
