@@ -1399,6 +1399,14 @@ impl Store for EtcdStore {
         Ok(Generation(be_u64(first(&r[0]), "latest generation")?.unwrap_or(0)))
     }
 
+    async fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
+        // Every publish compares and writes `state/dns_zone` in its transaction.
+        let (_, r) = self.read("dns_zone", vec![get(self.inner.keys.dns_zone())]).await?;
+        first(&r[0])
+            .map(|kv| DnsName::parse(&String::from_utf8_lossy(kv.value())).map_err(|e| corrupt("stored DNS zone", e.to_string())))
+            .transpose()
+    }
+
     async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         let keys = &self.inner.keys;
         let limit = limit.min(LIST_LIMIT_MAX);

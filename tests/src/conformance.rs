@@ -156,8 +156,12 @@ pub async fn publish_is_cas<S: Store>(store: S) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let x = [name("x")];
     v.check(store.latest().await? == Generation::NONE, || "a fresh store has a latest plan".into());
+    let zone = store.dns_zone().await?;
+    v.check(zone.is_none(), || format!("a fresh store has the DNS zone {zone:?}"));
     let first = plan(1, &x, planner());
     v.check(store.publish(&first).await.is_ok(), || "plan 1 on an empty store was refused".into());
+    let zone = store.dns_zone().await?;
+    v.check(zone.as_ref() == Some(&first.plan().dns_zone), || format!("after plan 1 the store's DNS zone is {zone:?}"));
     for (g, parent) in [(1, 0), (3, 2), (2, 0), (3, 1)] {
         let attempt = with_parent(&first, g, parent);
         match store.publish(&attempt).await {
@@ -182,6 +186,8 @@ pub async fn publish_is_cas<S: Store>(store: S) -> anyhow::Result<Violations> {
     v.check(matches!(store.publish(&other_zone).await, Err(StoreError::DnsZoneMismatch { .. })), || {
         "a plan for another DNS zone was accepted".into()
     });
+    let zone = store.dns_zone().await?;
+    v.check(zone.as_ref() == Some(&first.plan().dns_zone), || format!("after a refused plan for another zone the store's is {zone:?}"));
     publish_range(&store, 2..=5, &["x"]).await?;
     let listed: Vec<u64> = store.list(Generation(3), 2).await?.iter().map(|s| s.generation.0).collect();
     v.check(listed == [3, 4], || format!("list(3, 2) gave {listed:?}"));

@@ -336,6 +336,17 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
     /// The latest published generation, `Generation::NONE` if none.
     fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
+    /// The DNS zone of the store's plans, `None` before the first plan. Every plan of a store
+    /// has the same one. The default reads the latest plan whole; a store that keeps the zone
+    /// apart answers without decoding a plan (an authority checks it at every start).
+    fn dns_zone(&self) -> impl Future<Output = StoreResult<Option<DnsName>>> + Send {
+        async move {
+            match self.latest().await? {
+                Generation::NONE => Ok(None),
+                latest => Ok(Some(self.plan(latest).await?.into_plan().dns_zone)),
+            }
+        }
+    }
     /// Summaries of stored plans with generation `>= from`, oldest first, at most `limit`
     /// (capped at `LIST_LIMIT_MAX`).
     fn list(&self, from: Generation, limit: usize) -> impl Future<Output = StoreResult<Vec<PlanSummary>>> + Send;

@@ -322,6 +322,20 @@ impl Inner {
         }
     }
 
+    /// The zone every plan publish records (`META_DNS_ZONE`); read from the latest plan for
+    /// a store without the key.
+    fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
+        if let Some(stored) = self.meta.get(META_DNS_ZONE).map_err(io)? {
+            return DnsName::parse(&String::from_utf8_lossy(&stored))
+                .map(Some)
+                .map_err(|e| corrupt("stored DNS zone", codec::CodecError::Body { kind: "DNS zone".into(), detail: e.to_string() }));
+        }
+        match self.latest()? {
+            Generation::NONE => Ok(None),
+            latest => Ok(Some(self.plan(latest)?.into_plan().dns_zone)),
+        }
+    }
+
     fn latest(&self) -> StoreResult<Generation> {
         Ok(Generation(self.meta_u64(META_LATEST, 0)?))
     }
@@ -1317,6 +1331,10 @@ impl Store for SledStore {
 
     async fn latest(&self) -> StoreResult<Generation> {
         Ok(self.inner.version.borrow().latest)
+    }
+
+    async fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
+        self.blocking(|inner| inner.dns_zone()).await
     }
 
     async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
