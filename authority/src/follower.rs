@@ -94,6 +94,25 @@ impl Serving {
         Ok(Serving::from_snapshot(snapshot, zone, limits, metrics, started))
     }
 
+    /// As `load`, from the serving image at `image` when it is this store's (see `image`):
+    /// the image, brought up to the store, else the store's pages. Also gives the
+    /// applied-change count the image used was saved at.
+    pub async fn load_imaged<S: Store>(
+        store: &S,
+        image: &std::path::Path,
+        zone: Arc<StaticZone>,
+        limits: AnswerLimits,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<(Serving, Option<u64>)> {
+        check_dns_zone(store, &zone).await?;
+        let started = Instant::now();
+        let (snapshot, saved_at) = match crate::image::resume(store, image, zone.clone()).await {
+            Some((saved_at, snapshot)) => (snapshot, Some(saved_at)),
+            None => (Loader::new(zone.clone()).finish(store).await?, None),
+        };
+        Ok((Serving::from_snapshot(snapshot, zone, limits, metrics, started), saved_at))
+    }
+
     /// As `load`, keeping a copy of the state loaded for the file on disk (`local_state`).
     pub async fn load_keeping<S: Store>(
         store: &S,

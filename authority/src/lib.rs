@@ -22,6 +22,7 @@ pub mod control_server;
 pub mod dns_zone;
 pub mod fast;
 pub mod follower;
+pub mod image;
 pub mod journal;
 pub mod local_state;
 pub mod metrics;

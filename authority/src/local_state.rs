@@ -100,13 +100,21 @@ pub fn read(path: &Path, origin: &str) -> Result<Option<LocalState>, LocalStateE
 /// Replaces the file at `path` with `bytes` (an encoded [`LocalState`]) atomically: a
 /// temporary file beside it, fsynced, renamed over it, the directory fsynced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_with(path, |file| file.write_all(bytes))
+}
+
+/// Replaces the file at `path` with what `write` writes into a new file, atomically as
+/// [`write_atomic`] does. A failed `write` leaves the old file in place.
+pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let temp = path.with_extension("tmp");
     {
         let mut file = std::fs::File::create(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
+        if let Err(err) = write(&mut file).and_then(|()| file.sync_all()) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(err);
+        }
     }
     std::fs::rename(&temp, path)?;
     std::fs::File::open(dir)?.sync_all()

@@ -9,6 +9,7 @@ use crate::control::{self, ApiError, Control};
 use crate::control_server::{self, ControlLimits};
 use crate::dns_zone::StaticZone;
 use crate::follower::{LoadError, Serving, check_dns_zone};
+use crate::image;
 use crate::local_state;
 use crate::metrics::{Metrics, StoreReading};
 use crate::rrl::Rrl;
@@ -274,6 +275,8 @@ where
         tracing::info!("authority stopped before the store answered");
         return Ok(());
     };
+    // The serving image's writer, on the embedded store.
+    let mut keeper = None;
     let serving = match serving {
         Some(serving) => {
             match check_dns_zone(&store, &zone).await {
@@ -307,7 +310,12 @@ where
                         }
                     }
                 }
-                None => Serving::load(&store, zone.clone(), limits, metrics.clone()).await?,
+                None => {
+                    let path = image::path_in(&config.data_dir);
+                    let (serving, saved_at) = Serving::load_imaged(&store, &path, zone.clone(), limits, metrics.clone()).await?;
+                    keeper = Some(image::Keeper::new(path, saved_at));
+                    serving
+                }
             };
             let serving = dress(serving);
             udp = Some(start_dns(udp_sockets, tcp_listeners, &serving, tcp_limits, &mut tasks)?);
@@ -318,6 +326,9 @@ where
         }
     };
     let saving = local.clone().zip(serving.local.clone());
+    if let Some(keeper) = &keeper {
+        tasks.spawn(keeper.clone().keep_saved(serving.clone(), store.clone()));
+    }
     if let Some((path, mirror)) = &saving {
         tasks.spawn(local_state::keep_saved(mirror.clone(), path.clone()));
     }
@@ -410,6 +421,13 @@ where
     control_server::serve(listener, app, control_limits, connection_metrics, stop.wait()).await;
     tasks.shutdown().await;
     drop(udp);
+    if let Some(keeper) = keeper {
+        // The next start merges from here; a failure is said, and that start merges more
+        // or reads the store.
+        if let Err(err) = keeper.save_now(&serving, &store).await {
+            tracing::error!(error = %format!("{err:#}"), "cannot write the serving image at shutdown");
+        }
+    }
     if let Some((path, mirror)) = saving {
         // The last state served, for the next start; a failure is said, and the next start
         // serves the one saved before (or waits for the store).

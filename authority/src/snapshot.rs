@@ -366,10 +366,30 @@ impl Snapshot {
     fn merge_endpoints<'a>(&mut self, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
         for (endpoint, record) in endpoints {
             let Some(key) = self.managed_key(endpoint) else { continue };
-            let managed = Managed::from_record(record);
+            self.put_managed(&key, Managed::from_record(record));
+        }
+        self.refresh_apex_ns();
+    }
+
+    /// Merges served entries (`key`: a lower-case wire-form name inside the zone, checked by
+    /// the caller) into a snapshot being loaded, as `load_page` merges records; `finish_load`
+    /// then sets its applied-change count.
+    pub fn load_served(&mut self, key: &[u8], managed: Managed) {
+        self.put_managed(key, Some(managed));
+    }
+
+    /// Ends a load by `load_served`: the snapshot is the state at `applied_changes`.
+    pub fn finish_load(&mut self, applied_changes: u64) {
+        self.refresh_apex_ns();
+        self.set_serial(applied_changes);
+    }
+
+    /// Sets the managed part of the entry at `key`, keeping the counts by generation.
+    fn put_managed(&mut self, key: &[u8], managed: Option<Managed>) {
+        {
             let mut delta_count: isize = 0;
             let mut before = None;
-            self.update(&key, |entry| {
+            self.update(key, |entry| {
                 before = entry.managed.as_ref().map(|m| m.generation);
                 entry.managed = managed.clone();
             });
@@ -389,7 +409,6 @@ impl Snapshot {
             }
             self.managed_count = self.managed_count.saturating_add_signed(delta_count);
         }
-        self.refresh_apex_ns();
     }
 
     /// The fast path sends the precompiled apex NS answer only while no in-zone name server

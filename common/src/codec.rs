@@ -79,16 +79,25 @@ pub fn encode<T: Record>(value: &T) -> Vec<u8> {
     let body_len = out.len() - HEADER_BYTES;
     assert!(body_len <= T::BODY_BYTES_MAX, "we never build a {} larger than its limit", T::KIND_NAME);
     let crc = crc32fast::hash(&out[HEADER_BYTES..]);
+    out[..HEADER_BYTES].copy_from_slice(&header(T::KIND, body_len as u32, crc));
+    out
+}
+
+/// The envelope's header for a body of `body_len` bytes with CRC-32 `crc`, for a writer that
+/// streams a body of its own format (and so computes the CRC as it goes).
+pub fn header(kind: u8, body_len: u32, crc: u32) -> [u8; HEADER_BYTES] {
+    let mut out = [0u8; HEADER_BYTES];
     out[0..4].copy_from_slice(&MAGIC);
     out[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out[6] = T::KIND;
-    out[7] = 0;
-    out[8..12].copy_from_slice(&(body_len as u32).to_le_bytes());
+    out[6] = kind;
+    out[8..12].copy_from_slice(&body_len.to_le_bytes());
     out[12..16].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
+/// The body of an envelope of `kind` (named `kind_name` in errors), checked as `decode`
+/// checks it: magic, version, kind, length up to `body_bytes_max`, CRC.
+pub fn open<'a>(bytes: &'a [u8], kind: u8, kind_name: &'static str, body_bytes_max: usize) -> Result<&'a [u8], CodecError> {
     let Some((header, body)) = bytes.split_at_checked(HEADER_BYTES) else {
         return Err(CodecError::Truncated { len: bytes.len() });
     };
@@ -102,12 +111,12 @@ pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
     if version > FORMAT_VERSION {
         return Err(CodecError::FutureVersion { found: version });
     }
-    if header[6] != T::KIND {
-        return Err(CodecError::WrongKind { expected: T::KIND_NAME.into(), found: header[6] });
+    if header[6] != kind {
+        return Err(CodecError::WrongKind { expected: kind_name.into(), found: header[6] });
     }
     let declared = u32::from_le_bytes([header[8], header[9], header[10], header[11]]) as usize;
-    if declared > T::BODY_BYTES_MAX {
-        return Err(CodecError::TooLarge { kind: T::KIND_NAME.into(), len: declared, max: T::BODY_BYTES_MAX });
+    if declared > body_bytes_max {
+        return Err(CodecError::TooLarge { kind: kind_name.into(), len: declared, max: body_bytes_max });
     }
     if declared != body.len() {
         return Err(CodecError::LengthMismatch { declared, actual: body.len() });
@@ -116,12 +125,82 @@ pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
     if crc32fast::hash(body) != crc {
         return Err(CodecError::ChecksumMismatch);
     }
+    Ok(body)
+}
+
+pub fn decode<T: Record>(bytes: &[u8]) -> Result<T, CodecError> {
+    let body = open(bytes, T::KIND, T::KIND_NAME, T::BODY_BYTES_MAX)?;
     let (value, used) = bincode::serde::decode_from_slice::<T, _>(body, config())
         .map_err(|err| CodecError::Body { kind: T::KIND_NAME.into(), detail: err.to_string() })?;
     if used != body.len() {
         return Err(CodecError::Body { kind: T::KIND_NAME.into(), detail: format!("{} trailing bytes", body.len() - used) });
     }
     Ok(value)
+}
+
+/// Writes an envelope's body as a run of values, each in the codec's bincode form, computing
+/// its length and CRC-32 as it goes: for a body too large to build in memory first. The
+/// caller writes [`header`] of `finish`'s length and CRC in front of it.
+pub struct BodyWriter<W> {
+    out: W,
+    crc: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: std::io::Write> BodyWriter<W> {
+    pub fn new(out: W) -> BodyWriter<W> {
+        BodyWriter { out, crc: crc32fast::Hasher::new(), len: 0 }
+    }
+
+    pub fn put<T: Serialize>(&mut self, value: &T) -> std::io::Result<()> {
+        bincode::serde::encode_into_std_write(value, self, config()).map(|_| ()).map_err(|err| match err {
+            bincode::error::EncodeError::Io { inner, .. } => inner,
+            other => std::io::Error::other(other.to_string()),
+        })
+    }
+
+    /// The writer, and the body's length and CRC-32.
+    pub fn finish(self) -> (W, u64, u32) {
+        (self.out, self.len, self.crc.finalize())
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for BodyWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Reads the values of a body `BodyWriter` wrote (after [`open`] checked it), one at a time;
+/// borrowed fields point into the body.
+pub struct BodyReader<'a> {
+    rest: &'a [u8],
+    kind_name: &'static str,
+}
+
+impl<'a> BodyReader<'a> {
+    pub fn new(body: &'a [u8], kind_name: &'static str) -> BodyReader<'a> {
+        BodyReader { rest: body, kind_name }
+    }
+
+    pub fn take<T: serde::Deserialize<'a>>(&mut self) -> Result<T, CodecError> {
+        let (value, used) = bincode::serde::borrow_decode_from_slice::<T, _>(self.rest, config())
+            .map_err(|err| CodecError::Body { kind: self.kind_name.into(), detail: err.to_string() })?;
+        self.rest = &self.rest[used..];
+        Ok(value)
+    }
+
+    /// Whether every byte was read.
+    pub fn is_done(&self) -> bool {
+        self.rest.is_empty()
+    }
 }
 
 impl Record for Plan {

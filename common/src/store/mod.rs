@@ -197,6 +197,22 @@ impl Record for Heartbeat {
     const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
 }
 
+/// A store's history at one applied-change count: which store, and which endpoint its change
+/// number `applied_changes` switched. A copy of the active state saved at that count (the
+/// authority's serving image) is this store's state there only if the store still gives the
+/// same mark: another store, or this one restored from a backup and gone on differently,
+/// gives another.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryMark {
+    /// Drawn at random when the store is created.
+    pub store_id: u64,
+    pub applied_changes: u64,
+    /// The endpoint of change `applied_changes`; `None` for count 0, or once the change log
+    /// no longer holds it (a mark without it matches only one without it).
+    pub change: Option<EndpointName>,
+}
+
 /// Counters that move whenever something a waiter cares about changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -336,6 +352,15 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
     /// The latest published generation, `Generation::NONE` if none.
     fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
+    /// The mark of this store's history at applied-change count `applied` (see
+    /// [`HistoryMark`]); `None` from a store that cannot say (the default), or when `applied`
+    /// is past the store's count.
+    fn history_mark(&self, applied: u64) -> impl Future<Output = StoreResult<Option<HistoryMark>>> + Send {
+        async move {
+            let _ = applied;
+            Ok(None)
+        }
+    }
     /// The DNS zone of the store's plans, `None` before the first plan. Every plan of a store
     /// has the same one. The default reads the latest plan whole; a store that keeps the zone
     /// apart answers without decoding a plan (an authority checks it at every start).

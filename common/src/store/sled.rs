@@ -44,7 +44,7 @@
 use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
-    DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
+    DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
     PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
     check_changes_range, check_len, check_page_limit, decide_cleanup,
 };
@@ -72,6 +72,8 @@ const META_HORIZON: &[u8] = b"horizon";
 const META_APPLIED: &[u8] = b"applied_changes";
 const META_CONTROL: &[u8] = b"control_changes";
 const META_DNS_ZONE: &[u8] = b"dns_zone";
+/// A random `u64` drawn when the store is first opened: the store's part of a [`HistoryMark`].
+const META_STORE_ID: &[u8] = b"store_id";
 const META_PAUSE: &[u8] = b"pause";
 const META_LEASE: &[u8] = b"lease";
 /// Present once `contents` holds every stored plan's content (a store written before the
@@ -283,6 +285,7 @@ impl SledStore {
             chain: Mutex::new(Chain::default()),
         };
         inner.recover()?;
+        inner.ensure_store_id()?;
         let chain = inner.read_chain()?;
         *inner.chain_state()? = chain;
         let version = inner.read_version()?;
@@ -320,6 +323,35 @@ impl Inner {
                 Ok(u64::from_be_bytes(array))
             }
         }
+    }
+
+    /// Draws the store's id if it has none (a new store, or one written before ids).
+    fn ensure_store_id(&self) -> StoreResult<()> {
+        use std::hash::{BuildHasher, Hasher};
+        if self.meta.get(META_STORE_ID).map_err(io)?.is_some() {
+            return Ok(());
+        }
+        // The standard library's hasher keys are drawn from the operating system's randomness.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        hasher.write_u32(std::process::id());
+        let id = hasher.finish().max(1);
+        // Set only if still absent, so two opens racing agree on one id.
+        let _ = self.meta.compare_and_swap(META_STORE_ID, None as Option<&[u8]>, Some(&id.to_be_bytes()[..])).map_err(io)?;
+        self.db.flush().map_err(io)?;
+        Ok(())
+    }
+
+    fn history_mark(&self, applied: u64) -> StoreResult<Option<HistoryMark>> {
+        let store_id = self.meta_u64(META_STORE_ID, 0)?;
+        if store_id == 0 || applied > self.meta_u64(META_APPLIED, 0)? {
+            return Ok(None);
+        }
+        let change = match applied {
+            0 => None,
+            n => self.changes.get(n.to_be_bytes()).map_err(io)?.map(|name| parse_name(&name, "change log entry")).transpose()?,
+        };
+        Ok(Some(HistoryMark { store_id, applied_changes: applied, change }))
     }
 
     /// The zone every plan publish records (`META_DNS_ZONE`); read from the latest plan for
@@ -1337,6 +1369,10 @@ impl Store for SledStore {
         self.blocking(|inner| inner.dns_zone()).await
     }
 
+    async fn history_mark(&self, applied: u64) -> StoreResult<Option<HistoryMark>> {
+        self.blocking(move |inner| inner.history_mark(applied)).await
+    }
+
     async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.blocking(move |inner| inner.list(from, limit)).await
     }
@@ -1502,6 +1538,29 @@ mod tests {
             .keys()
             .filter(|k| content_generation(k.as_ref().expect("key")).expect("generation") == generation)
             .count()
+    }
+
+    /// A history mark names the store (an id kept across opens, another for another store)
+    /// and the endpoint of the change at that count; none past the store's count.
+    #[tokio::test]
+    async fn history_marks_name_the_store_and_the_change() {
+        let (one, two) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+        let first = {
+            let store = store_with_plans(one.path(), 1).await;
+            assert_eq!(store.apply_many(Generation(1), &items(&["a"], 1)).await.expect("apply").len(), 1);
+            let mark = store.history_mark(1).await.expect("mark").expect("a mark at 1");
+            assert_eq!(mark.change, Some(DnsName::parse("a.example.test.").expect("name")));
+            let zero = store.history_mark(0).await.expect("mark").expect("a mark at 0");
+            assert_eq!((zero.store_id, zero.change), (mark.store_id, None));
+            assert_eq!(store.history_mark(2).await.expect("mark"), None, "a mark past the store's count");
+            mark
+        };
+        let reopened = SledStore::open(one.path()).expect("open");
+        assert_eq!(reopened.history_mark(1).await.expect("mark"), Some(first.clone()), "the id is kept across opens");
+        let other = store_with_plans(two.path(), 1).await;
+        other.apply_many(Generation(1), &items(&["a"], 1)).await.expect("apply");
+        let mark = other.history_mark(1).await.expect("mark").expect("a mark");
+        assert_ne!(mark.store_id, first.store_id, "two stores drew the same id");
     }
 
     /// A large plan's contents go in batches ahead of its transaction. A publish that wrote
