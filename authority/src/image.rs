@@ -5,7 +5,7 @@
 //!
 //! The file is `serving-image` in `data_dir`: common's envelope (magic, format version, kind
 //! [`IMAGE_KIND`], length, CRC-32 of the body) around a run of bincode values: a [`Head`],
-//! then one [`ImageEntry`] per managed name, in the snapshot's own form (lower-case wire
+//! then one [`ImageEntry`] per managed name up to the end of the body, in the snapshot's own form (lower-case wire
 //! name, generation, TTL and the eligible targets with their weights). Nothing in it needs
 //! parsing or validating beyond checking each name's wire form. It is written whole to a
 //! temporary file and renamed over the old one (`local_state::write_atomic_with`), so a crash
@@ -57,7 +57,6 @@ struct Head {
     origin: Vec<u8>,
     /// The state's place in the store's history.
     mark: HistoryMark,
-    entries: u64,
 }
 
 /// One managed name as served.
@@ -98,7 +97,7 @@ pub fn save(path: &Path, snapshot: &Snapshot, mark: &HistoryMark) -> std::io::Re
     write_atomic_with(path, |file| {
         file.write_all(&[0; codec::HEADER_BYTES])?;
         let mut body = BodyWriter::new(std::io::BufWriter::new(&mut *file));
-        body.put(&Head { origin: snapshot.origin_key.to_vec(), mark: mark.clone(), entries: snapshot.managed_count() as u64 })?;
+        body.put(&Head { origin: snapshot.origin_key.to_vec(), mark: mark.clone() })?;
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for entry in snapshot.managed() {
             let Some(managed) = &entry.managed else { continue };
@@ -146,7 +145,7 @@ pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(HistoryMark, S
     if head.origin != *snapshot.origin_key {
         return Err(ImageError::OtherDnsZone { path: path.to_path_buf() });
     }
-    for _ in 0..head.entries {
+    while !reader.is_done() {
         let entry: ImageEntry = reader.take().map_err(corrupt)?;
         check_key(entry.key, &snapshot.origin_key).map_err(|why| bad(why.into()))?;
         let v4 = targets(entry.v4, |a: [u8; 4]| Ipv4Addr::from(a)).ok_or_else(|| bad("a torn IPv4 target list".into()))?;
@@ -157,9 +156,6 @@ pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(HistoryMark, S
         }
         let managed = Managed { generation: Generation(entry.generation), ttl_secs: entry.ttl_secs, v4, v6 };
         snapshot.load_served(entry.key, managed);
-    }
-    if !reader.is_done() {
-        return Err(corrupt(CodecError::Body { kind: KIND_NAME.into(), detail: "bytes after the last entry".into() }));
     }
     snapshot.finish_load(head.mark.applied_changes);
     Ok(Some((head.mark, snapshot)))
