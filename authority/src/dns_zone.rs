@@ -201,6 +201,25 @@ impl StaticZone {
     }
 }
 
+/// The DNS zone `origin` with its SOA and one name server, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_zone(origin: &str) -> std::sync::Arc<StaticZone> {
+    let soa = SoaConfig {
+        mname: format!("ns1.{origin}"),
+        rname: format!("hostmaster.{origin}"),
+        ttl_secs: 300,
+        refresh_secs: 3600,
+        retry_secs: 600,
+        expire_secs: 604_800,
+        minimum_secs: 30,
+        serial_base: 0,
+    };
+    let config =
+        DnsZoneConfig { origin: origin.into(), soa: Some(soa), ns: vec![format!("ns1.{origin}")], ns_ttl_secs: 3600, master_file: None };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::sync::Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

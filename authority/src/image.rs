@@ -328,32 +328,9 @@ impl Keeper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns_zone::{DnsZoneConfig, SoaConfig};
+    use crate::dns_zone::test_zone as zone_of;
     use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
     use dnsplan_common::{DnsName, Endpoint, Target, ZoneId};
-
-    /// The DNS zone `origin` with its SOA and one name server.
-    fn zone_of(origin: &str) -> Arc<StaticZone> {
-        let soa = SoaConfig {
-            mname: format!("ns1.{origin}"),
-            rname: format!("hostmaster.{origin}"),
-            ttl_secs: 300,
-            refresh_secs: 3600,
-            retry_secs: 600,
-            expire_secs: 604_800,
-            minimum_secs: 30,
-            serial_base: 0,
-        };
-        let config = DnsZoneConfig {
-            origin: origin.into(),
-            soa: Some(soa),
-            ns: vec![format!("ns1.{origin}")],
-            ns_ttl_secs: 3600,
-            master_file: None,
-        };
-        let dir = tempfile::tempdir().expect("tempdir");
-        Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
-    }
 
     fn zone() -> Arc<StaticZone> {
         zone_of("example.test.")

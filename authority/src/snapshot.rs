@@ -440,17 +440,32 @@ impl Snapshot {
     }
 
     /// The key of a managed endpoint, or `None` (logged) for a name this zone cannot serve.
+    /// An `EndpointName` is lower-case presentation form whose labels hold only letters,
+    /// digits, `-` and `_`, so its wire form is its labels with their lengths.
     fn managed_key(&self, endpoint: &EndpointName) -> Option<Vec<u8>> {
-        let Ok(name) = Name::from_ascii(endpoint.as_str()) else {
-            // Invariant: every EndpointName is a valid DNS name; log rather than serve wrong.
-            tracing::error!(%endpoint, "active endpoint is not a valid DNS name; not served");
-            return None;
-        };
-        if !self.zone.origin.zone_of(&name.to_lowercase()) {
+        let text = endpoint.as_str();
+        let text = text.strip_suffix('.').unwrap_or(text);
+        let mut key = Vec::with_capacity(text.len() + 2);
+        // Where the labels start: the origin must begin at one of them (or be the name).
+        let boundary = (key.len() + text.len() + 2).checked_sub(self.origin_key.len());
+        let mut aligned = boundary == Some(0);
+        for label in text.split('.') {
+            aligned |= Some(key.len()) == boundary;
+            let Ok(len) = u8::try_from(label.len()) else {
+                // Invariant: DnsName labels are at most 63 bytes.
+                tracing::error!(%endpoint, "active endpoint is not a valid DNS name; not served");
+                return None;
+            };
+            key.push(len);
+            key.extend_from_slice(label.as_bytes());
+        }
+        aligned |= Some(key.len()) == boundary;
+        key.push(0);
+        if !aligned || !key.ends_with(&self.origin_key) {
             tracing::error!(%endpoint, origin = %self.zone.origin, "active endpoint is outside the DNS zone; not served");
             return None;
         }
-        Some(wire_key(&name))
+        Some(key)
     }
 
     /// Changes the entry at `key` (created if missing) with `change`, then keeps the
@@ -545,5 +560,47 @@ impl Snapshot {
     /// Every entry with a managed endpoint. Walks the whole table: for metrics of small zones.
     pub fn managed(&self) -> impl Iterator<Item = &Entry> {
         self.shards.iter().flat_map(|s| s.iter()).map(|e| &**e).filter(|e| e.managed.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dnsplan_common::store::ActiveState;
+    use dnsplan_common::{Endpoint, Target, ZoneId};
+
+    fn serving() -> ActiveRecord {
+        let target = Target { address: "10.0.0.1".parse().expect("address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 };
+        ActiveRecord { generation: Generation(1), state: ActiveState::Serving(Endpoint { ttl_secs: 30, targets: vec![target] }) }
+    }
+
+    fn served(origin: &str, endpoints: &[&str]) -> Snapshot {
+        let active = ActiveSnapshot {
+            applied_changes: 1,
+            endpoints: endpoints.iter().map(|n| (EndpointName::parse(n).expect("name"), serving())).collect(),
+        };
+        Snapshot::build(crate::dns_zone::test_zone(origin), &active)
+    }
+
+    /// Managed names go in under their wire form, the origin's own name included; a name
+    /// outside the zone does not, even when its wire form ends with the origin's bytes.
+    #[test]
+    fn managed_names_are_keyed_by_wire_form_inside_the_zone_only() {
+        let name = |n: &str| Name::from_ascii(n).expect("name");
+        let snapshot = served("example.test.", &["api.example.test.", "A.b.Example.test.", "example.test.", "other.test."]);
+        assert_eq!(snapshot.managed_count(), 3);
+        for inside in ["api.example.test.", "a.b.example.test.", "example.test."] {
+            assert!(snapshot.get(&name(inside)).is_some_and(|e| e.managed.is_some()), "{inside}");
+        }
+        assert!(snapshot.get(&name("other.test.")).is_none());
+        // The origin's first label is 48 bytes long, and 48 is the byte `0`: the name's
+        // wire form ends with the origin's bytes, one label off.
+        let long = "a".repeat(48);
+        let origin = format!("{long}.test.");
+        let beside = format!("x0{long}.test.");
+        let snapshot = served(&origin, &[&format!("api.{origin}"), &beside]);
+        assert!(wire_key(&name(&beside)).ends_with(&wire_key(&name(&origin))));
+        assert_eq!(snapshot.managed_count(), 1, "a name outside the zone was served");
+        assert!(snapshot.get(&name(&beside)).is_none());
     }
 }
