@@ -27,7 +27,7 @@
 
 use crate::dns_zone::StaticZone;
 use crate::follower::Serving;
-use crate::local_state::write_atomic_with;
+use crate::local_state::{paced, write_atomic_with};
 use crate::snapshot::{Family, Managed, Snapshot};
 use dnsplan_common::Generation;
 use dnsplan_common::codec::{self, BodyReader, BodyWriter, CodecError};
@@ -263,7 +263,8 @@ pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>) -> 
 }
 
 /// Writes the image of what `serving` serves: after a start that did not use one, then at
-/// most every [`SAVE_INTERVAL`] while it changes, and once more by `save_now` at shutdown.
+/// most every [`SAVE_INTERVAL`] while it changes (or `SAVE_PACING` times the last write, if
+/// longer), and once more by `save_now` at shutdown.
 pub struct Keeper {
     path: PathBuf,
     /// The applied-change count last written; held through each write, so a write left
@@ -282,12 +283,16 @@ impl Keeper {
     pub async fn keep_saved<S: Store>(self: Arc<Self>, serving: Arc<Serving>, store: S) {
         let mut failing = false;
         let mut wait = self.saved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some();
+        let mut last_write = Duration::ZERO;
         loop {
             if wait {
-                tokio::time::sleep(SAVE_INTERVAL).await;
+                tokio::time::sleep(paced(SAVE_INTERVAL, last_write)).await;
             }
             wait = true;
-            match self.clone().save_now(&serving, &store).await {
+            let started = Instant::now();
+            let saved = self.clone().save_now(&serving, &store).await;
+            last_write = started.elapsed();
+            match saved {
                 Ok(_) if failing => {
                     tracing::info!(path = %self.path.display(), "the serving image is written again");
                     failing = false;

@@ -36,6 +36,17 @@ pub const LOCAL_STATE_KIND: u8 = 64;
 /// on every swap of a large zone would cost more than serving), and a crash loses at most this
 /// much, which the follower fetches again from the store.
 pub const SAVE_INTERVAL: Duration = Duration::from_millis(250);
+/// A write of the whole state is followed by at least this many times its own duration
+/// before the next, so saving takes at most a tenth of a core however large the zone: at
+/// 1,000,000 endpoints a write takes about 0.26 s (48 MB), so under constant change the file
+/// is written every 2.6 s instead of every 250 ms.
+pub const SAVE_PACING: u32 = 10;
+
+/// The wait before the next write of a file rewritten whole: `floor`, or [`SAVE_PACING`]
+/// times the last write if that is longer.
+pub fn paced(floor: Duration, last_write: Duration) -> Duration {
+    floor.max(last_write.saturating_mul(SAVE_PACING))
+}
 
 /// What the file holds: the state served at one applied-change count.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,20 +177,25 @@ impl Mirror {
     }
 }
 
-/// Writes `mirror` to `path` after each change, at most once per [`SAVE_INTERVAL`], until the
-/// task is dropped; `save_now` is the same write, for shutdown. A failed write is an ERROR
-/// line once (a person must look: the next start would serve an older state, or none) and
-/// INFO when writing works again.
+/// Writes `mirror` to `path` after each change, at most once per [`SAVE_INTERVAL`] (or
+/// [`SAVE_PACING`] times the last write, for a large state), until the task is dropped;
+/// `save_now` is the same write, for shutdown. A failed write is an ERROR line once (a person
+/// must look: the next start would serve an older state, or none) and INFO when writing works
+/// again.
 pub async fn keep_saved(mirror: Arc<Mirror>, path: PathBuf) {
     let mut written: Option<u64> = None;
     let mut failing = false;
+    let mut last_write = Duration::ZERO;
     loop {
         mirror.changed.notified().await;
-        tokio::time::sleep(SAVE_INTERVAL).await;
+        tokio::time::sleep(paced(SAVE_INTERVAL, last_write)).await;
         if written == Some(mirror.applied_changes()) {
             continue;
         }
-        match save_now(mirror.clone(), path.clone()).await {
+        let started = std::time::Instant::now();
+        let saved = save_now(mirror.clone(), path.clone()).await;
+        last_write = started.elapsed();
+        match saved {
             Ok(applied) => {
                 if failing {
                     tracing::info!(path = %path.display(), "the served state is saved again");
@@ -212,6 +228,14 @@ pub async fn save_now(mirror: Arc<Mirror>, path: PathBuf) -> anyhow::Result<u64>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_of_a_large_state_are_paced_by_their_cost() {
+        assert_eq!(paced(SAVE_INTERVAL, Duration::ZERO), SAVE_INTERVAL);
+        assert_eq!(paced(SAVE_INTERVAL, Duration::from_millis(20)), SAVE_INTERVAL, "a small state keeps the quiet time");
+        assert_eq!(paced(SAVE_INTERVAL, Duration::from_millis(260)), Duration::from_millis(2_600), "1,000,000 endpoints");
+        assert_eq!(paced(SAVE_INTERVAL, Duration::MAX), Duration::MAX, "no overflow");
+    }
     use dnsplan_common::Generation;
     use dnsplan_common::store::ActiveState;
     use dnsplan_tests::fixtures::{DNS_ZONE, dns_zone, endpoint_for, name};
