@@ -30,7 +30,7 @@ use crate::follower::Serving;
 use crate::local_state::{paced, write_atomic_with};
 use crate::snapshot::{Family, Managed, Snapshot};
 use dnsplan_common::Generation;
-use dnsplan_common::codec::{self, BodyReader, BodyWriter, CodecError};
+use dnsplan_common::codec::{self, BodyReader, BodyWriter, Bytes, CodecError};
 use dnsplan_common::store::{HistoryMark, Store};
 use serde::{Deserialize, Serialize};
 use std::io::{Seek, SeekFrom, Write};
@@ -59,8 +59,8 @@ struct Head {
     mark: HistoryMark,
 }
 
-/// One managed name as served.
-#[derive(Debug, Serialize, Deserialize)]
+/// One managed name as served, as read (written as [`EntryOut`], the same encoding).
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ImageEntry<'a> {
     /// Lower-case wire form.
@@ -71,6 +71,16 @@ struct ImageEntry<'a> {
     v4: &'a [u8],
     /// The eligible IPv6 targets: 16 address bytes and a big-endian `u32` weight each.
     v6: &'a [u8],
+}
+
+/// [`ImageEntry`] as written: its byte fields as byte strings, each written at once.
+#[derive(Serialize)]
+struct EntryOut<'a> {
+    key: Bytes<'a>,
+    generation: u64,
+    ttl_secs: u32,
+    v4: Bytes<'a>,
+    v6: Bytes<'a>,
 }
 
 #[derive(Debug, Error)]
@@ -111,7 +121,13 @@ pub fn save(path: &Path, snapshot: &Snapshot, mark: &HistoryMark) -> std::io::Re
                 v6.extend_from_slice(&address.octets());
                 v6.extend_from_slice(&weight.to_be_bytes());
             }
-            body.put(&ImageEntry { key: &entry.key, generation: managed.generation.0, ttl_secs: managed.ttl_secs, v4: &v4, v6: &v6 })?;
+            body.put(&EntryOut {
+                key: Bytes(&entry.key),
+                generation: managed.generation.0,
+                ttl_secs: managed.ttl_secs,
+                v4: Bytes(&v4),
+                v6: Bytes(&v6),
+            })?;
         }
         let (out, len, crc) = body.finish();
         out.into_inner().map_err(|err| err.into_error())?;

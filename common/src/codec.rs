@@ -145,18 +145,22 @@ pub struct BodyWriter<W> {
     out: W,
     crc: crc32fast::Hasher,
     len: u64,
+    /// One value's encoding, written and summed in one piece.
+    scratch: Vec<u8>,
 }
 
 impl<W: std::io::Write> BodyWriter<W> {
     pub fn new(out: W) -> BodyWriter<W> {
-        BodyWriter { out, crc: crc32fast::Hasher::new(), len: 0 }
+        BodyWriter { out, crc: crc32fast::Hasher::new(), len: 0, scratch: Vec::new() }
     }
 
     pub fn put<T: Serialize>(&mut self, value: &T) -> std::io::Result<()> {
-        bincode::serde::encode_into_std_write(value, self, config()).map(|_| ()).map_err(|err| match err {
-            bincode::error::EncodeError::Io { inner, .. } => inner,
-            other => std::io::Error::other(other.to_string()),
-        })
+        self.scratch.clear();
+        bincode::serde::encode_into_std_write(value, &mut self.scratch, config()).map_err(|err| std::io::Error::other(err.to_string()))?;
+        self.out.write_all(&self.scratch)?;
+        self.crc.update(&self.scratch);
+        self.len += self.scratch.len() as u64;
+        Ok(())
     }
 
     /// The writer, and the body's length and CRC-32.
@@ -165,16 +169,14 @@ impl<W: std::io::Write> BodyWriter<W> {
     }
 }
 
-impl<W: std::io::Write> std::io::Write for BodyWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.crc.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
+/// Bytes that serialise as one byte string (bincode: a length and the bytes, the same
+/// encoding as a sequence of `u8`, written at once rather than a byte at a time). Read back
+/// as `&[u8]`.
+pub struct Bytes<'a>(pub &'a [u8]);
 
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+impl Serialize for Bytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
     }
 }
 
