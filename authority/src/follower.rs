@@ -7,7 +7,6 @@
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;
 use crate::journal::{Journal, JournalChange};
-use crate::local_state::{LocalState, Mirror};
 use crate::metrics::Metrics;
 use crate::notify::Statuses;
 use crate::rrl::Rrl;
@@ -16,10 +15,9 @@ use crate::transfer::IXFR_HISTORY_NAMES_DEFAULT;
 use crate::transfer::TransferPolicy;
 use arc_swap::ArcSwap;
 use dnsplan_common::daemon::Reachability;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, ActivePage, ActiveRecord, Store, StoreError, StoreResult, StoreVersion};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, ActivePage, Store, StoreError, StoreResult, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
 use hickory_proto::rr::Name;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
@@ -79,9 +77,6 @@ pub struct Serving {
     /// The history IXFR answers from. The follower appends each swap and swaps the snapshot
     /// while holding it, so a transfer that loads the snapshot under it sees both at once.
     pub journal: Mutex<Journal>,
-    /// The copy of the served state kept on disk (`local_state`), when this authority keeps
-    /// one: the follower records every delta it swaps in.
-    pub local: Option<Arc<Mirror>>,
 }
 
 impl Serving {
@@ -113,31 +108,16 @@ impl Serving {
         Ok((Serving::from_snapshot(snapshot, zone, limits, metrics, started), saved_at))
     }
 
-    /// As `load`, keeping a copy of the state loaded for the file on disk (`local_state`).
-    pub async fn load_keeping<S: Store>(
-        store: &S,
+    /// Serves `snapshot` (read from the file on disk before the store answers, on etcd);
+    /// the follower goes on from its applied-change count. `started`: when the load began.
+    pub fn from_loaded(
+        snapshot: Snapshot,
         zone: Arc<StaticZone>,
         limits: AnswerLimits,
         metrics: Arc<Metrics>,
-    ) -> anyhow::Result<Serving> {
-        check_dns_zone(store, &zone).await?;
-        let started = Instant::now();
-        let (snapshot, endpoints) = Loader::new(zone.clone()).keeping().finish_keeping(store).await?;
-        let dns_zone = DnsName::parse(&zone.origin.to_ascii())?;
-        let mirror = Mirror::new(LocalState { dns_zone, applied_changes: snapshot.applied_changes, endpoints });
-        let mut serving = Serving::from_snapshot(snapshot, zone, limits, metrics, started);
-        serving.local = Some(Arc::new(mirror));
-        Ok(serving)
-    }
-
-    /// Serves `state`, read from the file on disk, at once; the follower goes on from its
-    /// applied-change count. The caller checked that it is this DNS zone's.
-    pub fn from_local(state: LocalState, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> Serving {
-        let started = Instant::now();
-        let snapshot = Snapshot::build(zone.clone(), &state.active());
-        let mut serving = Serving::from_snapshot(snapshot, zone, limits, metrics, started);
-        serving.local = Some(Arc::new(Mirror::new(state)));
-        serving
+        started: Instant,
+    ) -> Serving {
+        Serving::from_snapshot(snapshot, zone, limits, metrics, started)
     }
 
     fn from_snapshot(snapshot: Snapshot, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, started: Instant) -> Serving {
@@ -154,7 +134,6 @@ impl Serving {
             served_serial,
             secondaries: Statuses::default(),
             journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
-            local: None,
         }
     }
 
@@ -225,9 +204,6 @@ impl Serving {
             }
             self.snapshot.store(Arc::new(snapshot));
         }
-        if let Some(local) = &self.local {
-            local.record(&delta);
-        }
         self.served_serial.send_replace(serial);
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)
@@ -260,18 +236,11 @@ pub struct Loader {
     after: Option<EndpointName>,
     since: Option<u64>,
     done: bool,
-    /// Every record loaded, for the file on disk (`keeping`); `None` when not asked.
-    kept: Option<BTreeMap<EndpointName, ActiveRecord>>,
 }
 
 impl Loader {
     pub fn new(zone: Arc<StaticZone>) -> Loader {
-        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false, kept: None }
-    }
-
-    /// Also keeps every record loaded (`finish_keeping` returns them).
-    pub fn keeping(self) -> Loader {
-        Loader { kept: Some(BTreeMap::new()), ..self }
+        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false }
     }
 
     /// Reads and merges the next page. `false` once the last page is in.
@@ -282,9 +251,6 @@ impl Loader {
         let page = store.active_page(self.after.take(), ACTIVE_PAGE_MAX).await?;
         self.since.get_or_insert(page.applied_changes);
         self.snapshot.load_page(&page.endpoints);
-        if let Some(kept) = &mut self.kept {
-            kept.extend(page.endpoints.iter().cloned());
-        }
         self.after = page.endpoints.last().map(|(name, _)| name.clone());
         self.done = !page.more || self.after.is_none();
         Ok(!self.done)
@@ -312,9 +278,6 @@ impl Loader {
             self.done = !page.more || after.is_none();
             let next = (!self.done).then(|| read(after.clone()));
             self.snapshot.load_page(&page.endpoints);
-            if let Some(kept) = &mut self.kept {
-                kept.extend(page.endpoints);
-            }
             self.after = after;
             match next {
                 Some(next) => reading = next,
@@ -328,18 +291,5 @@ impl Loader {
         self.load_pages(store).await?;
         let delta = store.active_since(self.since.unwrap_or_default()).await?;
         Ok(self.snapshot.apply(&delta))
-    }
-
-    /// As `finish`, with the records kept (`keeping`) brought up to the same moment.
-    pub async fn finish_keeping<S: Store>(mut self, store: &S) -> StoreResult<(Snapshot, BTreeMap<EndpointName, ActiveRecord>)> {
-        self.load_pages(store).await?;
-        let delta = store.active_since(self.since.unwrap_or_default()).await?;
-        let mut kept = self.kept.take().unwrap_or_default();
-        if delta.full {
-            kept = delta.endpoints.clone();
-        } else {
-            kept.extend(delta.endpoints.iter().map(|(name, record)| (name.clone(), record.clone())));
-        }
-        Ok((self.snapshot.apply(&delta), kept))
     }
 }

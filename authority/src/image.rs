@@ -23,11 +23,13 @@
 //!
 //! It is written after a start that read the store's pages, then at most every
 //! [`SAVE_INTERVAL`] while the served state changes, and at shutdown. An authority following
-//! etcd keeps `local_state` instead, which it serves before the store answers.
+//! etcd keeps the same file as `served-state` (see `local_state`), written every 250 ms or
+//! so, and serves it before the store answers, without a mark: that file is for answering
+//! while etcd does not.
 
 use crate::dns_zone::StaticZone;
 use crate::follower::Serving;
-use crate::local_state::{paced, write_atomic_with};
+use crate::local_state::{LOCAL_STATE_KIND, LocalState, paced, write_atomic_with};
 use crate::snapshot::{Family, Managed, Snapshot};
 use dnsplan_common::Generation;
 use dnsplan_common::codec::{self, BodyReader, BodyWriter, Bytes, CodecError};
@@ -55,8 +57,10 @@ pub const SAVE_INTERVAL: Duration = Duration::from_secs(30);
 struct Head {
     /// The DNS zone's origin in lower-case wire form.
     origin: Vec<u8>,
-    /// The state's place in the store's history.
-    mark: HistoryMark,
+    applied_changes: u64,
+    /// The state's place in the store's history, when the store gives one (the embedded
+    /// store does; etcd does not).
+    mark: Option<HistoryMark>,
 }
 
 /// One managed name as served, as read (written as [`EntryOut`], the same encoding).
@@ -100,14 +104,15 @@ pub fn path_in(data_dir: &Path) -> PathBuf {
     data_dir.join(FILE_NAME)
 }
 
-/// Writes `snapshot`'s managed entries as the image of the state `mark` names (the
-/// snapshot's applied-change count), replacing the file at `path`. Returns the bytes written.
-pub fn save(path: &Path, snapshot: &Snapshot, mark: &HistoryMark) -> std::io::Result<u64> {
+/// Writes `snapshot`'s managed entries as the image of its state, with `mark`, the store's
+/// history mark at the snapshot's applied-change count, replacing the file at `path`.
+/// Returns the bytes written.
+pub fn save(path: &Path, snapshot: &Snapshot, mark: Option<&HistoryMark>) -> std::io::Result<u64> {
     let mut written = 0;
     write_atomic_with(path, |file| {
         file.write_all(&[0; codec::HEADER_BYTES])?;
         let mut body = BodyWriter::new(std::io::BufWriter::new(&mut *file));
-        body.put(&Head { origin: snapshot.origin_key.to_vec(), mark: mark.clone() })?;
+        body.put(&Head { origin: snapshot.origin_key.to_vec(), applied_changes: snapshot.applied_changes, mark: mark.cloned() })?;
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for entry in snapshot.managed() {
             let Some(managed) = &entry.managed else { continue };
@@ -145,14 +150,22 @@ pub fn save(path: &Path, snapshot: &Snapshot, mark: &HistoryMark) -> std::io::Re
 
 /// The image at `path` as a snapshot of `zone` at its applied-change count, with the mark of
 /// that count; `Ok(None)` when there is no file. The caller checks the mark against the store
-/// and merges what changed since before serving it.
-pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(HistoryMark, Snapshot)>, ImageError> {
+/// and merges what changed since before serving it. A file in `local_state`'s older format
+/// (every active record, written by earlier versions on etcd) is read too, without a mark.
+pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(Option<HistoryMark>, Snapshot)>, ImageError> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(ImageError::Io { path: path.to_path_buf(), source }),
     };
     let corrupt = |source| ImageError::Corrupt { path: path.to_path_buf(), source };
+    if bytes.get(6) == Some(&LOCAL_STATE_KIND) {
+        let state: LocalState = codec::decode(&bytes).map_err(corrupt)?;
+        if !state.dns_zone.as_str().eq_ignore_ascii_case(&zone.origin.to_ascii()) {
+            return Err(ImageError::OtherDnsZone { path: path.to_path_buf() });
+        }
+        return Ok(Some((None, Snapshot::build(zone, &state.active()))));
+    }
     let bad = |why: String| ImageError::BadEntry { path: path.to_path_buf(), why };
     let body = codec::open(&bytes, IMAGE_KIND, KIND_NAME, codec::BODY_BYTES_MAX).map_err(corrupt)?;
     let mut reader = BodyReader::new(body, KIND_NAME);
@@ -173,8 +186,25 @@ pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(HistoryMark, S
         let managed = Managed { generation: Generation(entry.generation), ttl_secs: entry.ttl_secs, v4, v6 };
         snapshot.load_served(entry.key, managed);
     }
-    snapshot.finish_load(head.mark.applied_changes);
+    snapshot.finish_load(head.applied_changes);
     Ok(Some((head.mark, snapshot)))
+}
+
+/// The applied-change count of the state saved at `path` (checksum checked, entries not
+/// read); `Ok(None)` when there is no file.
+pub fn saved_applied_changes(path: &Path) -> Result<Option<u64>, ImageError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(ImageError::Io { path: path.to_path_buf(), source }),
+    };
+    let corrupt = |source| ImageError::Corrupt { path: path.to_path_buf(), source };
+    if bytes.get(6) == Some(&LOCAL_STATE_KIND) {
+        return codec::decode::<LocalState>(&bytes).map(|state| Some(state.applied_changes)).map_err(corrupt);
+    }
+    let body = codec::open(&bytes, IMAGE_KIND, KIND_NAME, codec::BODY_BYTES_MAX).map_err(corrupt)?;
+    let head: Head = BodyReader::new(body, KIND_NAME).take().map_err(corrupt)?;
+    Ok(Some(head.applied_changes))
 }
 
 /// A lower-case wire-form name inside the zone (the origin or below it) whose origin is `origin`.
@@ -232,11 +262,12 @@ pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>) -> 
             return None;
         }
     };
+    let since = snapshot.applied_changes;
     let unused = |why: String| {
-        tracing::info!(path = %path.display(), applied_changes = mark.applied_changes, "the serving image is not used: {why}; reading the store's active state");
+        tracing::info!(path = %path.display(), applied_changes = since, "the serving image is not used: {why}; reading the store's active state");
     };
-    match store.history_mark(mark.applied_changes).await {
-        Ok(Some(now)) if now == mark => {}
+    match store.history_mark(since).await {
+        Ok(Some(now)) if Some(&now) == mark.as_ref() => {}
         Ok(Some(_)) | Ok(None) => {
             unused("the store's history at its applied-change count is not the one it was saved from (another store, or one restored and gone on differently)".into());
             return None;
@@ -246,7 +277,6 @@ pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>) -> 
             return None;
         }
     }
-    let since = mark.applied_changes;
     let delta = match store.active_since(since).await {
         Ok(delta) if !delta.full => delta,
         Ok(_) => {
@@ -283,15 +313,19 @@ pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>) -> 
 /// longer), and once more by `save_now` at shutdown.
 pub struct Keeper {
     path: PathBuf,
+    /// The shortest time between two writes (before `local_state::paced`).
+    floor: Duration,
     /// The applied-change count last written; held through each write, so a write left
     /// running by a cancelled `keep_saved` and the one at shutdown take turns.
     saved: Mutex<Option<u64>>,
 }
 
 impl Keeper {
-    /// `saved`: the count of the image loaded at start, `None` when none was.
-    pub fn new(path: PathBuf, saved: Option<u64>) -> Arc<Keeper> {
-        Arc::new(Keeper { path, saved: Mutex::new(saved) })
+    /// `saved`: the count of the image loaded at start, `None` when none was (then it is
+    /// written at once); `floor`: the shortest time between two writes ([`SAVE_INTERVAL`] on
+    /// the embedded store, `local_state::SAVE_INTERVAL` on etcd).
+    pub fn new(path: PathBuf, saved: Option<u64>, floor: Duration) -> Arc<Keeper> {
+        Arc::new(Keeper { path, floor, saved: Mutex::new(saved) })
     }
 
     /// Runs until the task is dropped. A failed write is an ERROR line once and INFO when
@@ -302,7 +336,7 @@ impl Keeper {
         let mut last_write = Duration::ZERO;
         loop {
             if wait {
-                tokio::time::sleep(paced(SAVE_INTERVAL, last_write)).await;
+                tokio::time::sleep(paced(self.floor, last_write)).await;
             }
             wait = true;
             let started = Instant::now();
@@ -325,18 +359,20 @@ impl Keeper {
     }
 
     /// Writes the image now if the served state moved since the last write; the bytes
-    /// written (0 when nothing moved or the store gives no history mark).
+    /// written (0 when nothing moved). The store's history mark goes with it when the store
+    /// answers with one; an etcd store has none, and an unreachable one cannot stop the write
+    /// (the file is for starting while it is unreachable).
     pub async fn save_now<S: Store>(self: Arc<Self>, serving: &Serving, store: &S) -> anyhow::Result<u64> {
         let snapshot = serving.snapshot.load_full();
         if *self.saved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) == Some(snapshot.applied_changes) {
             return Ok(0);
         }
-        let Some(mark) = store.history_mark(snapshot.applied_changes).await? else { return Ok(0) };
-        let (started, applied) = (Instant::now(), mark.applied_changes);
+        let mark = store.history_mark(snapshot.applied_changes).await.ok().flatten();
+        let (started, applied) = (Instant::now(), snapshot.applied_changes);
         let keeper = self.clone();
         let bytes = tokio::task::spawn_blocking(move || {
             let mut saved = keeper.saved.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let bytes = save(&keeper.path, &snapshot, &mark)?;
+            let bytes = save(&keeper.path, &snapshot, mark.as_ref())?;
             *saved = Some(snapshot.applied_changes);
             Ok::<_, std::io::Error>(bytes)
         })
@@ -381,9 +417,9 @@ mod tests {
         let snapshot = Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, endpoints: endpoints.into_iter().collect() });
         let dir = tempfile::tempdir().expect("tempdir");
         let path = path_in(dir.path());
-        assert!(save(&path, &snapshot, &mark(9)).expect("save") > codec::HEADER_BYTES as u64);
+        assert!(save(&path, &snapshot, Some(&mark(9))).expect("save") > codec::HEADER_BYTES as u64);
         let (read_mark, read) = read(&path, zone()).expect("read").expect("an image");
-        assert_eq!(read_mark, mark(9));
+        assert_eq!(read_mark, Some(mark(9)));
         assert_eq!((read.applied_changes, read.serial), (snapshot.applied_changes, snapshot.serial));
         assert_eq!(read.managed_count(), 4);
         assert_eq!(read.managed_count(), snapshot.managed_count());
@@ -402,9 +438,28 @@ mod tests {
         let snapshot = Snapshot::build(zone(), &ActiveSnapshot::default());
         let dir = tempfile::tempdir().expect("tempdir");
         let path = path_in(dir.path());
-        save(&path, &snapshot, &mark(0)).expect("save");
+        save(&path, &snapshot, None).expect("save");
         assert!(matches!(read(&path, zone_of("other.test.")), Err(ImageError::OtherDnsZone { .. })));
         assert!(read(&dir.path().join("absent"), zone()).expect("no file is no error").is_none());
+    }
+
+    /// A file an earlier version wrote on etcd (every active record) is still served, so an
+    /// upgrade does not lose static stability; the next write replaces it.
+    #[test]
+    fn the_older_format_is_read() {
+        let name = |n: &str| DnsName::parse(n).expect("name");
+        let endpoints = [
+            (name("a.example.test."), serving(3, &[("10.0.0.1", 1)])),
+            (name("gone.example.test."), ActiveRecord { generation: Generation(6), state: ActiveState::Retired }),
+        ];
+        let state = LocalState { dns_zone: name("example.test."), applied_changes: 12, endpoints: endpoints.into_iter().collect() };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = path_in(dir.path());
+        crate::local_state::write_atomic(&path, &codec::encode(&state)).expect("write");
+        assert_eq!(saved_applied_changes(&path).expect("reads"), Some(12));
+        let (mark, loaded) = read(&path, zone()).expect("reads").expect("a state");
+        assert_eq!((mark, loaded.applied_changes, loaded.managed_count()), (None, 12, 1));
+        assert!(matches!(read(&path, zone_of("other.test.")), Err(ImageError::OtherDnsZone { .. })));
     }
 
     #[test]

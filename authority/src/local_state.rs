@@ -1,28 +1,31 @@
 //! The authority's own copy of the last state it served, on its own disk, for an authority
 //! that follows a store on other machines (etcd): static stability. Read once at start, so the
 //! authority answers at once from it while the store is unreachable; written after swaps
-//! (debounced) so it stays close to what is served. Not the store: nothing else reads it, no
-//! fence is checked against it, and an authority on the embedded store does not keep one (its
-//! store is already on its disk).
+//! (paced: [`SAVE_INTERVAL`], [`paced`]) so it stays close to what is served. Not the store:
+//! nothing else reads it, no fence is checked against it. An authority on the embedded store
+//! keeps the same kind of file under another name (`serving-image`), used only when the store
+//! vouches for it (see `image`).
 //!
-//! The file is `served-state` in `data_dir`, one envelope of common's codec (magic, format
-//! version, kind [`LOCAL_STATE_KIND`], length, CRC-32 of the body) around a bincode
-//! [`LocalState`]: the DNS zone, the applied-change count and every active record. It is
-//! replaced whole: written to a temporary file beside it, fsynced, renamed over it, and the
-//! directory fsynced, so a crash leaves the old file or the new one, never a mix. A file that
-//! does not decode (torn, corrupt, another version, another DNS zone) is refused whole, with
-//! a log line saying why, and the authority waits for the store instead: it never serves a
-//! part of one. This type lives here rather than in common, which holds the shared on-disk
-//! types, because no other crate reads or writes it.
+//! The file is `served-state` in `data_dir`, written by `image::Keeper` in the serving image's
+//! format: the snapshot's own entries, so no second copy of the state is kept in memory to
+//! write it. It is replaced whole: written to a temporary file beside it, fsynced, renamed
+//! over it, and the directory fsynced ([`write_atomic_with`]), so a crash leaves the old file
+//! or the new one, never a mix. A file that does not decode (torn, corrupt, another version,
+//! another DNS zone) is refused whole, with a log line saying why, and the authority waits
+//! for the store instead: it never serves a part of one.
+//!
+//! Earlier versions wrote [`LocalState`] (kind [`LOCAL_STATE_KIND`]: the DNS zone, the
+//! applied-change count and every active record, retired ones included); such a file is still
+//! read (`image::read`), and replaced by the next write. This type lives here rather than in
+//! common, which holds the shared on-disk types, because no other crate reads or writes it.
 
 use dnsplan_common::codec::{self, CodecError, Record};
-use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot};
+use dnsplan_common::store::{ActiveRecord, ActiveSnapshot};
 use dnsplan_common::{DnsName, EndpointName};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
 
@@ -131,100 +134,6 @@ pub fn write_atomic_with(path: &Path, write: impl FnOnce(&mut std::fs::File) -> 
     std::fs::File::open(dir)?.sync_all()
 }
 
-/// The state last served, kept beside the snapshot for the file (the snapshot holds only what
-/// answers need: eligible targets, not retired records). The follower records each delta it
-/// swapped in; [`keep_saved`] writes it.
-pub struct Mirror {
-    state: Mutex<LocalState>,
-    changed: tokio::sync::Notify,
-    /// Held through each write: a write left running by a cancelled `keep_saved` and the one
-    /// at shutdown share the temporary file, so they take turns.
-    writing: Mutex<()>,
-}
-
-impl Mirror {
-    pub fn new(state: LocalState) -> Mirror {
-        Mirror { state: Mutex::new(state), changed: tokio::sync::Notify::new(), writing: Mutex::new(()) }
-    }
-
-    /// Brings the copy to what the follower swapped in after `delta`.
-    pub fn record(&self, delta: &ActiveDelta) {
-        {
-            let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if delta.full {
-                state.endpoints = delta.endpoints.clone();
-            } else {
-                state.endpoints.extend(delta.endpoints.iter().map(|(name, record)| (name.clone(), record.clone())));
-            }
-            state.applied_changes = delta.applied_changes;
-        }
-        self.changed.notify_one();
-    }
-
-    /// Asks `keep_saved` to write the copy (after the first load from the store).
-    pub fn touch(&self) {
-        self.changed.notify_one();
-    }
-
-    /// The applied-change count of the copy.
-    pub fn applied_changes(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).applied_changes
-    }
-
-    fn encode(&self) -> (u64, Vec<u8>) {
-        let state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        (state.applied_changes, codec::encode(&*state))
-    }
-}
-
-/// Writes `mirror` to `path` after each change, at most once per [`SAVE_INTERVAL`] (or
-/// [`SAVE_PACING`] times the last write, for a large state), until the task is dropped;
-/// `save_now` is the same write, for shutdown. A failed write is an ERROR line once (a person
-/// must look: the next start would serve an older state, or none) and INFO when writing works
-/// again.
-pub async fn keep_saved(mirror: Arc<Mirror>, path: PathBuf) {
-    let mut written: Option<u64> = None;
-    let mut failing = false;
-    let mut last_write = Duration::ZERO;
-    loop {
-        mirror.changed.notified().await;
-        tokio::time::sleep(paced(SAVE_INTERVAL, last_write)).await;
-        if written == Some(mirror.applied_changes()) {
-            continue;
-        }
-        let started = std::time::Instant::now();
-        let saved = save_now(mirror.clone(), path.clone()).await;
-        last_write = started.elapsed();
-        match saved {
-            Ok(applied) => {
-                if failing {
-                    tracing::info!(path = %path.display(), "the served state is saved again");
-                }
-                failing = false;
-                written = Some(applied);
-            }
-            Err(err) => {
-                if !failing {
-                    tracing::error!(error = %format!("{err:#}"), path = %path.display(), "cannot save the served state; a restart with the store unreachable would serve an older state");
-                }
-                failing = true;
-            }
-        }
-    }
-}
-
-/// Encodes and writes the mirror now (on a blocking thread); the applied-change count written.
-pub async fn save_now(mirror: Arc<Mirror>, path: PathBuf) -> anyhow::Result<u64> {
-    let applied = tokio::task::spawn_blocking(move || {
-        let _writing = mirror.writing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (applied, bytes) = mirror.encode();
-        write_atomic(&path, &bytes).map(|()| applied)
-    })
-    .await??;
-    tracing::debug!(applied_changes = applied, "served state saved");
-    Ok(applied)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,21 +180,5 @@ mod tests {
             let text = format!("{:#}", anyhow::Error::new(err));
             assert!(text.contains(want) && text.contains(&path.display().to_string()), "want {want:?} in {text}");
         }
-    }
-
-    /// The mirror follows deltas: a partial one merges, a full one replaces.
-    #[test]
-    fn the_mirror_merges_partial_deltas_and_replaces_on_full_ones() {
-        let mirror = Mirror::new(state());
-        let record = ActiveRecord { generation: Generation(4), state: ActiveState::Serving(endpoint_for(Generation(4))) };
-        let partial = ActiveDelta { applied_changes: 8, full: false, endpoints: [(name("www"), record.clone())].into_iter().collect() };
-        mirror.record(&partial);
-        let (applied, bytes) = mirror.encode();
-        let saved: LocalState = codec::decode(&bytes).expect("decodes");
-        assert_eq!((applied, saved.endpoints.len()), (8, 3));
-        let full = ActiveDelta { applied_changes: 9, full: true, endpoints: [(name("db"), record)].into_iter().collect() };
-        mirror.record(&full);
-        let saved: LocalState = codec::decode(&mirror.encode().1).expect("decodes");
-        assert_eq!((saved.applied_changes, saved.endpoints.keys().cloned().collect::<Vec<_>>()), (9, vec![name("db")]));
     }
 }

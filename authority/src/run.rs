@@ -243,16 +243,25 @@ where
     };
     let mut serving = None;
     let mut udp = None;
+    // What writes the state served to disk: `local` on etcd, the serving image on the
+    // embedded store (set once the store is read).
+    let mut keeper = None;
     if let Some(path) = &local {
-        match local_state::read(path, &config.dns_zone.origin) {
-            Ok(Some(state)) => {
+        let file = path.clone();
+        let read = {
+            let zone = zone.clone();
+            tokio::task::spawn_blocking(move || image::read(&file, zone)).await?
+        };
+        match read {
+            Ok(Some((_, snapshot))) => {
                 tracing::info!(
-                    applied_changes = state.applied_changes,
-                    endpoints = state.endpoints.len(),
+                    applied_changes = snapshot.applied_changes,
+                    endpoints = snapshot.managed_count(),
                     path = %path.display(),
                     "serving the state saved on disk at once; the store is followed once it answers"
                 );
-                let saved = dress(Serving::from_local(state, zone.clone(), limits, metrics.clone()));
+                keeper = Some(image::Keeper::new(path.clone(), Some(snapshot.applied_changes), local_state::SAVE_INTERVAL));
+                let saved = dress(Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), std::time::Instant::now()));
                 udp =
                     Some(start_dns(std::mem::take(&mut udp_sockets), std::mem::take(&mut tcp_listeners), &saved, tcp_limits, &mut tasks)?);
                 if let Some(on_bound) = on_bound.take() {
@@ -275,8 +284,6 @@ where
         tracing::info!("authority stopped before the store answered");
         return Ok(());
     };
-    // The serving image's writer, on the embedded store.
-    let mut keeper = None;
     let serving = match serving {
         Some(serving) => {
             match check_dns_zone(&store, &zone).await {
@@ -293,11 +300,12 @@ where
             let serving = match &local {
                 // On etcd, a member that answered the first read may not answer the next ones
                 // (a cluster coming back): the load is retried as the connect is.
-                Some(_) => {
+                Some(path) => {
+                    keeper = Some(image::Keeper::new(path.clone(), None, local_state::SAVE_INTERVAL));
                     let (store, zone, metrics) = (&store, &zone, &metrics);
                     let load = move || {
                         let (zone, metrics) = (zone.clone(), metrics.clone());
-                        async move { Serving::load_keeping(store, zone, limits, metrics).await.map_err(start_failure) }
+                        async move { Serving::load(store, zone, limits, metrics).await.map_err(start_failure) }
                     };
                     let stopped = stop.clone().wait();
                     tokio::pin!(stopped);
@@ -313,24 +321,17 @@ where
                 None => {
                     let path = image::path_in(&config.data_dir);
                     let (serving, saved_at) = Serving::load_imaged(&store, &path, zone.clone(), limits, metrics.clone()).await?;
-                    keeper = Some(image::Keeper::new(path, saved_at));
+                    keeper = Some(image::Keeper::new(path, saved_at, image::SAVE_INTERVAL));
                     serving
                 }
             };
             let serving = dress(serving);
             udp = Some(start_dns(udp_sockets, tcp_listeners, &serving, tcp_limits, &mut tasks)?);
-            if let Some(mirror) = &serving.local {
-                mirror.touch();
-            }
             serving
         }
     };
-    let saving = local.clone().zip(serving.local.clone());
     if let Some(keeper) = &keeper {
         tasks.spawn(keeper.clone().keep_saved(serving.clone(), store.clone()));
-    }
-    if let Some((path, mirror)) = &saving {
-        tasks.spawn(local_state::keep_saved(mirror.clone(), path.clone()));
     }
     tasks.spawn(serving.clone().follow(store.clone()));
     crate::notify::spawn(&mut tasks, &serving);
@@ -422,16 +423,9 @@ where
     tasks.shutdown().await;
     drop(udp);
     if let Some(keeper) = keeper {
-        // The next start merges from here; a failure is said, and that start merges more
-        // or reads the store.
+        // The last state served, for the next start; a failure is said, and that start
+        // serves (on etcd) or merges from (embedded) the one saved before, or reads the store.
         if let Err(err) = keeper.save_now(&serving, &store).await {
-            tracing::error!(error = %format!("{err:#}"), "cannot write the serving image at shutdown");
-        }
-    }
-    if let Some((path, mirror)) = saving {
-        // The last state served, for the next start; a failure is said, and the next start
-        // serves the one saved before (or waits for the store).
-        if let Err(err) = local_state::save_now(mirror, path).await {
             tracing::error!(error = %format!("{err:#}"), "cannot save the served state at shutdown");
         }
     }

@@ -8,7 +8,8 @@
 //! our DNS client. Every wait is a poll with a deadline.
 
 use dnsplan_authority::config::AuthorityConfig;
-use dnsplan_authority::local_state::{self, LocalStateError};
+use dnsplan_authority::image::{self, ImageError};
+use dnsplan_authority::local_state;
 use dnsplan_authority::run::{Bound, run};
 use dnsplan_common::dns_probe::query;
 use dnsplan_common::store::ApplyItem;
@@ -138,7 +139,7 @@ async fn until_saved(data_dir: &Path, applied_changes: u64) -> anyhow::Result<()
     let path = local_state::path_in(data_dir);
     let deadline = Instant::now() + CONVERGE;
     loop {
-        let saved = local_state::read(&path, DNS_ZONE).map(|s| s.map(|s| s.applied_changes));
+        let saved = image::saved_applied_changes(&path);
         if matches!(saved, Ok(Some(n)) if n == applied_changes) {
             return Ok(());
         }
@@ -238,8 +239,8 @@ async fn a_corrupt_saved_state_is_not_served_and_the_authority_waits_for_etcd() 
     bytes[middle] ^= 0x01;
     for corrupt in [torn, bytes] {
         std::fs::write(&path, &corrupt)?;
-        let err = local_state::read(&path, DNS_ZONE).expect_err("a corrupt file is refused");
-        assert!(matches!(err, LocalStateError::Corrupt { .. }), "{err:?}");
+        let err = image::saved_applied_changes(&path).expect_err("a corrupt file is refused");
+        assert!(matches!(err, ImageError::Corrupt { .. }), "{err:?}");
         let text = format!("{:#}", anyhow::Error::new(err));
         assert!(text.contains("corrupt") && text.contains(&path.display().to_string()), "{text}");
     }

@@ -59,7 +59,6 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         served_serial: tokio::sync::watch::Sender::new(serial),
         secondaries: Arc::default(),
         journal: Mutex::new(Journal::new(serial, 1_000)),
-        local: None,
     }
 });
 
