@@ -476,6 +476,45 @@ mod tests {
         assert!(check_key(&with(&[2, b'a']), &origin).is_err(), "labels overrunning the origin");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 500, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// A damaged image, re-sealed so that it reaches the parser, never panics; one that
+        /// reads has only names of the zone, each with a target.
+        #[test]
+        fn damaged_images_never_panic(
+            flips in proptest::collection::vec((proptest::prelude::any::<usize>(), proptest::prelude::any::<u8>()), 1..8),
+            cut in proptest::option::of(proptest::prelude::any::<usize>()),
+        ) {
+            let name = |n: &str| DnsName::parse(n).expect("name");
+            let endpoints = [
+                (name("a.example.test."), serving(3, &[("10.0.0.1", 1), ("10.0.0.2", 3)])),
+                (name("b.deep.example.test."), serving(4, &[("2001:db8::1", 2), ("10.0.0.3", 2)])),
+            ];
+            let snapshot = Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, endpoints: endpoints.into_iter().collect() });
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = path_in(dir.path());
+            save(&path, &snapshot, Some(&mark(9))).expect("save");
+            let mut bytes = std::fs::read(&path).expect("read");
+            for (at, xor) in flips {
+                let i = codec::HEADER_BYTES + at % (bytes.len() - codec::HEADER_BYTES);
+                bytes[i] ^= xor.max(1);
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(codec::HEADER_BYTES + cut % (bytes.len() - codec::HEADER_BYTES + 1));
+            }
+            // Re-sealed, so that the damage reaches the parser.
+            std::fs::write(&path, codec::seal(IMAGE_KIND, &bytes[codec::HEADER_BYTES..])).expect("write");
+            if let Ok(Some((_, read))) = read(&path, zone()) {
+                for entry in read.managed() {
+                    let managed = entry.managed.as_ref().expect("managed");
+                    proptest::prop_assert!(!(managed.v4.is_empty() && managed.v6.is_empty()));
+                    proptest::prop_assert!(check_key(&entry.key, &read.origin_key).is_ok());
+                }
+            }
+        }
+    }
+
     #[test]
     fn torn_target_lists_are_refused() {
         assert!(targets::<Ipv4Addr, 4, 4>(&[10, 0, 0, 1, 0, 0, 0, 1, 10], Ipv4Addr::from).is_none());

@@ -95,6 +95,14 @@ pub fn header(kind: u8, body_len: u32, crc: u32) -> [u8; HEADER_BYTES] {
     out
 }
 
+/// An envelope of `kind` around `body` (at most `u32::MAX` bytes), for a body built whole.
+pub fn seal(kind: u8, body: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    let mut out = header(kind, len, crc32fast::hash(body)).to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
 /// The body of an envelope of `kind` (named `kind_name` in errors), checked as `decode`
 /// checks it: magic, version, kind, length up to `body_bytes_max`, CRC.
 pub fn open<'a>(bytes: &'a [u8], kind: u8, kind_name: &'static str, body_bytes_max: usize) -> Result<&'a [u8], CodecError> {
