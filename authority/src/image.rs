@@ -91,6 +91,8 @@ struct EntryOut<'a> {
 pub enum ImageError {
     #[error("cannot read {path}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{path} is {len} bytes, more than any state this build writes; it is not ours")]
+    TooLarge { path: PathBuf, len: u64 },
     #[error("{path} is corrupt or torn")]
     Corrupt { path: PathBuf, source: CodecError },
     #[error("{path} is an image of another DNS zone")]
@@ -153,11 +155,7 @@ pub fn save(path: &Path, snapshot: &Snapshot, mark: Option<&HistoryMark>) -> std
 /// and merges what changed since before serving it. A file in `local_state`'s older format
 /// (every active record, written by earlier versions on etcd) is read too, without a mark.
 pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(Option<HistoryMark>, Snapshot)>, ImageError> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(ImageError::Io { path: path.to_path_buf(), source }),
-    };
+    let Some(bytes) = read_file(path)? else { return Ok(None) };
     let corrupt = |source| ImageError::Corrupt { path: path.to_path_buf(), source };
     if bytes.get(6) == Some(&LOCAL_STATE_KIND) {
         let state: LocalState = codec::decode(&bytes).map_err(corrupt)?;
@@ -193,11 +191,7 @@ pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(Option<History
 /// The applied-change count of the state saved at `path` (checksum checked, entries not
 /// read); `Ok(None)` when there is no file.
 pub fn saved_applied_changes(path: &Path) -> Result<Option<u64>, ImageError> {
-    let bytes = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(ImageError::Io { path: path.to_path_buf(), source }),
-    };
+    let Some(bytes) = read_file(path)? else { return Ok(None) };
     let corrupt = |source| ImageError::Corrupt { path: path.to_path_buf(), source };
     if bytes.get(6) == Some(&LOCAL_STATE_KIND) {
         return codec::decode::<LocalState>(&bytes).map(|state| Some(state.applied_changes)).map_err(corrupt);
@@ -205,6 +199,21 @@ pub fn saved_applied_changes(path: &Path) -> Result<Option<u64>, ImageError> {
     let body = codec::open(&bytes, IMAGE_KIND, KIND_NAME, codec::BODY_BYTES_MAX).map_err(corrupt)?;
     let head: Head = BodyReader::new(body, KIND_NAME).take().map_err(corrupt)?;
     Ok(Some(head.applied_changes))
+}
+
+/// The file's bytes, `None` when there is none; a file larger than any envelope is refused
+/// before it is read.
+fn read_file(path: &Path) -> Result<Option<Vec<u8>>, ImageError> {
+    let io = |source| ImageError::Io { path: path.to_path_buf(), source };
+    let len = match std::fs::metadata(path) {
+        Ok(meta) => meta.len(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(io(err)),
+    };
+    if len > (codec::HEADER_BYTES + codec::BODY_BYTES_MAX) as u64 {
+        return Err(ImageError::TooLarge { path: path.to_path_buf(), len });
+    }
+    std::fs::read(path).map(Some).map_err(io)
 }
 
 /// A lower-case wire-form name inside the zone (the origin or below it) whose origin is `origin`.
@@ -460,6 +469,23 @@ mod tests {
         let (mark, loaded) = read(&path, zone()).expect("reads").expect("a state");
         assert_eq!((mark, loaded.applied_changes, loaded.managed_count()), (None, 12, 1));
         assert!(matches!(read(&path, zone_of("other.test.")), Err(ImageError::OtherDnsZone { .. })));
+
+        // Damage is refused whole, saying which file and why, in either format.
+        let good = codec::encode(&state);
+        let mut future = good.clone();
+        future[4] = 9;
+        let mut flipped = good.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x80;
+        for (bytes, want) in [(future, "newer than this build"), (flipped, "checksum"), (good[..good.len() - 3].to_vec(), "truncated")] {
+            crate::local_state::write_atomic(&path, &bytes).expect("write");
+            let Err(err) = read(&path, zone()) else { panic!("{want}: the damaged file was read") };
+            let text = format!("{:#}", anyhow::Error::new(err));
+            assert!(text.contains(want) && text.contains(&path.display().to_string()), "want {want:?} in {text}");
+        }
+        let huge = std::fs::File::create(&path).expect("create");
+        huge.set_len((codec::HEADER_BYTES + codec::BODY_BYTES_MAX + 1) as u64).expect("a sparse file");
+        assert!(matches!(read(&path, zone()), Err(ImageError::TooLarge { .. })), "a file over the limit is refused before it is read");
     }
 
     #[test]

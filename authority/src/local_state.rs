@@ -19,7 +19,7 @@
 //! read (`image::read`), and replaced by the next write. This type lives here rather than in
 //! common, which holds the shared on-disk types, because no other crate reads or writes it.
 
-use dnsplan_common::codec::{self, CodecError, Record};
+use dnsplan_common::codec::{self, Record};
 use dnsplan_common::store::{ActiveRecord, ActiveSnapshot};
 use dnsplan_common::{DnsName, EndpointName};
 use serde::{Deserialize, Serialize};
@@ -27,7 +27,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use thiserror::Error;
 
 /// The file's name in `data_dir`.
 pub const FILE_NAME: &str = "served-state";
@@ -73,46 +72,13 @@ impl LocalState {
     }
 }
 
-/// Why the file was not used.
-#[derive(Debug, Error)]
-pub enum LocalStateError {
-    #[error("cannot read {path}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("{path} is {len} bytes, more than any state this build writes; it is not ours")]
-    TooLarge { path: PathBuf, len: u64 },
-    #[error("{path} is corrupt or torn; it is ignored and the state comes from the store")]
-    Corrupt { path: PathBuf, source: CodecError },
-    #[error("{path} holds the DNS zone {found}, but this authority serves {configured}; it is ignored")]
-    OtherDnsZone { path: PathBuf, found: DnsName, configured: String },
-}
-
 /// The file of `data_dir`.
 pub fn path_in(data_dir: &Path) -> PathBuf {
     data_dir.join(FILE_NAME)
 }
 
-/// The state saved at `path` for `origin` (a DNS name in text form), `Ok(None)` when there is
-/// no file (the first start).
-pub fn read(path: &Path, origin: &str) -> Result<Option<LocalState>, LocalStateError> {
-    let io = |source| LocalStateError::Io { path: path.to_path_buf(), source };
-    let len = match std::fs::metadata(path) {
-        Ok(meta) => meta.len(),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(err) => return Err(io(err)),
-    };
-    if len > (codec::HEADER_BYTES + codec::BODY_BYTES_MAX) as u64 {
-        return Err(LocalStateError::TooLarge { path: path.to_path_buf(), len });
-    }
-    let bytes = std::fs::read(path).map_err(io)?;
-    let state: LocalState = codec::decode(&bytes).map_err(|source| LocalStateError::Corrupt { path: path.to_path_buf(), source })?;
-    if !state.dns_zone.as_str().eq_ignore_ascii_case(origin) {
-        return Err(LocalStateError::OtherDnsZone { path: path.to_path_buf(), found: state.dns_zone, configured: origin.into() });
-    }
-    Ok(Some(state))
-}
-
-/// Replaces the file at `path` with `bytes` (an encoded [`LocalState`]) atomically: a
-/// temporary file beside it, fsynced, renamed over it, the directory fsynced.
+/// Replaces the file at `path` with `bytes` atomically: a temporary file beside it, fsynced,
+/// renamed over it, the directory fsynced.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_atomic_with(path, |file| file.write_all(bytes))
 }
@@ -144,41 +110,5 @@ mod tests {
         assert_eq!(paced(SAVE_INTERVAL, Duration::from_millis(20)), SAVE_INTERVAL, "a small state keeps the quiet time");
         assert_eq!(paced(SAVE_INTERVAL, Duration::from_millis(260)), Duration::from_millis(2_600), "1,000,000 endpoints");
         assert_eq!(paced(SAVE_INTERVAL, Duration::MAX), Duration::MAX, "no overflow");
-    }
-    use dnsplan_common::Generation;
-    use dnsplan_common::store::ActiveState;
-    use dnsplan_tests::fixtures::{DNS_ZONE, dns_zone, endpoint_for, name};
-
-    fn state() -> LocalState {
-        let record = |g| ActiveRecord { generation: Generation(g), state: ActiveState::Serving(endpoint_for(Generation(g))) };
-        let endpoints = [(name("api"), record(3)), (name("old"), ActiveRecord { generation: Generation(2), state: ActiveState::Retired })];
-        LocalState { dns_zone: dns_zone(), applied_changes: 7, endpoints: endpoints.into_iter().collect() }
-    }
-
-    /// What is written reads back whole; no file is `None`; another DNS zone, another format
-    /// version, a flipped bit and a torn file are refused, each saying which file and why.
-    #[test]
-    fn the_file_reads_back_whole_or_is_refused_whole() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = path_in(dir.path());
-        assert!(read(&path, DNS_ZONE).expect("no file is no error").is_none());
-        write_atomic(&path, &codec::encode(&state())).expect("write");
-        assert_eq!(read(&path, DNS_ZONE).expect("reads").expect("a state"), state());
-        assert!(!path.with_extension("tmp").exists(), "the temporary file was renamed");
-        let err = read(&path, "other.test.").expect_err("another zone");
-        assert!(matches!(err, LocalStateError::OtherDnsZone { .. }) && err.to_string().contains("other.test."), "{err}");
-
-        let good = codec::encode(&state());
-        let mut future = good.clone();
-        future[4] = 9;
-        let mut flipped = good.clone();
-        let last = flipped.len() - 1;
-        flipped[last] ^= 0x80;
-        for (bytes, want) in [(future, "newer than this build"), (flipped, "checksum"), (good[..good.len() - 3].to_vec(), "truncated")] {
-            write_atomic(&path, &bytes).expect("write");
-            let err = read(&path, DNS_ZONE).expect_err(want);
-            let text = format!("{:#}", anyhow::Error::new(err));
-            assert!(text.contains(want) && text.contains(&path.display().to_string()), "want {want:?} in {text}");
-        }
     }
 }
