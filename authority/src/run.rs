@@ -247,7 +247,7 @@ where
     // embedded store (set once the store is read).
     let mut keeper = None;
     if let Some(path) = &local {
-        let file = path.clone();
+        let (file, started) = (path.clone(), std::time::Instant::now());
         let read = {
             let zone = zone.clone();
             tokio::task::spawn_blocking(move || image::read(&file, zone)).await?
@@ -261,7 +261,7 @@ where
                     "serving the state saved on disk at once; the store is followed once it answers"
                 );
                 keeper = Some(image::Keeper::new(path.clone(), Some(snapshot.applied_changes), local_state::SAVE_INTERVAL));
-                let saved = dress(Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), std::time::Instant::now()));
+                let saved = dress(Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started));
                 udp =
                     Some(start_dns(std::mem::take(&mut udp_sockets), std::mem::take(&mut tcp_listeners), &saved, tcp_limits, &mut tasks)?);
                 if let Some(on_bound) = on_bound.take() {
