@@ -81,14 +81,20 @@ impl Running {
         tokio::time::timeout(WITHIN, self.events.recv()).await?.ok_or_else(|| anyhow::anyhow!("enactor stopped"))
     }
 
-    /// Events until one matches.
+    /// Events until one matches, within one deadline for the whole wait (an enactor that
+    /// keeps failing keeps sending events).
     async fn until(&mut self, want: impl Fn(&Event) -> bool) -> anyhow::Result<Event> {
-        loop {
-            let event = self.next().await?;
-            if want(&event) {
-                return Ok(event);
+        let events = &mut self.events;
+        tokio::time::timeout(WITHIN, async {
+            loop {
+                let event = events.recv().await.ok_or_else(|| anyhow::anyhow!("enactor stopped"))?;
+                if want(&event) {
+                    return Ok(event);
+                }
             }
-        }
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("no matching event within {WITHIN:?}"))?
     }
 
     async fn stop(self) -> anyhow::Result<()> {
@@ -519,10 +525,15 @@ async fn a_plan_overtaken_midway_is_not_written_again_by_the_next() -> anyhow::R
 
 async fn until_done(events: &mut mpsc::UnboundedReceiver<Event>, g: u64) -> anyhow::Result<()> {
     let want = done(g);
-    loop {
-        let event = tokio::time::timeout(WITHIN, events.recv()).await?.ok_or_else(|| anyhow::anyhow!("enactor stopped"))?;
-        if want(&event) {
-            return Ok(());
+    // One deadline for the whole wait: an enactor that keeps failing keeps sending events.
+    tokio::time::timeout(WITHIN, async {
+        loop {
+            let event = events.recv().await.ok_or_else(|| anyhow::anyhow!("enactor stopped"))?;
+            if want(&event) {
+                return Ok(());
+            }
         }
-    }
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("plan {g} was not done within {WITHIN:?}"))?
 }

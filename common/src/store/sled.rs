@@ -11,13 +11,22 @@
 //!   plan, a plan is also written whole (a checkpoint, off the publish path) once the changes
 //!   since the last whole plan add up to half its size, or to `CHECKPOINT_PLANS_MAX` plans.
 //! - `active`: endpoint name → [`ActiveRecord`] envelope (the fence and the copied records).
-//! - `fences`: generation (big-endian) ++ endpoint name → empty; an index of serving
-//!   endpoints by generation, so the oldest active generation is one lookup.
-//! - `changes`: applied-change count (big-endian) → endpoint name; the last
-//!   `CHANGE_LOG_KEPT` switches, written in the same transaction as the switch, for
-//!   `active_since`.
+//! - `fence_counts`: generation (big-endian) → how many endpoints serve with that fence (8
+//!   bytes, big-endian) ++ the name of one of them, or nothing when that one has since moved
+//!   on (a witness, for the operator; found again by a scan of `active` when cleanup needs
+//!   it). The first key is the oldest active generation. An apply batch writes one value per
+//!   generation it touches, not two index entries per endpoint.
+//! - `changes`: applied-change count of a batch's last switch (big-endian) → the names the
+//!   batch switched, in order, separated by 0 bytes; the batches of the last
+//!   `CHANGE_LOG_KEPT` switches, written in the same transaction as the switches, for
+//!   `active_since`. (A store written before batches held one name per count: each such entry
+//!   reads as a batch of one.)
 //! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `control_changes`,
-//!   `dns_zone`, `pause`, `lease`.
+//!   `dns_zone`, `pause`, `lease`, `layout`.
+//!
+//! A store written before `fence_counts` had a `fences` tree (generation ++ name → empty, one
+//! entry per serving endpoint): `open` counts it into `fence_counts`, sets `layout` to 2, then
+//! drops it. A crash before `layout` is set redoes the count; after, only the drop is left.
 //! - `heartbeats`: enactor id → heartbeat envelope.
 //! - `contents`: endpoint name ++ 0 ++ generation (big-endian) → [`PlanEntry`] envelope: what
 //!   each plan says of each endpoint, written at publish only for the endpoints the plan
@@ -76,6 +85,11 @@ const META_DNS_ZONE: &[u8] = b"dns_zone";
 const META_STORE_ID: &[u8] = b"store_id";
 const META_PAUSE: &[u8] = b"pause";
 const META_LEASE: &[u8] = b"lease";
+/// The layout's version: absent or 1 before `fence_counts`, 2 since.
+const META_LAYOUT: &[u8] = b"layout";
+const LAYOUT_FENCE_COUNTS: u64 = 2;
+/// The tree of a store written before `fence_counts` (see the module docs).
+const LEGACY_FENCES: &str = "fences";
 /// Present once `contents` holds every stored plan's content (a store written before the
 /// tree existed gets it on open).
 const META_CONTENTS: &[u8] = b"contents";
@@ -111,8 +125,10 @@ struct Inner {
     /// Generation (big-endian) → the head of a plan published as its changes.
     plan_heads: sled::Tree,
     active: sled::Tree,
-    fences: sled::Tree,
-    /// Applied-change count (big-endian) → endpoint name: the log `active_since` reads.
+    /// Generation → serving endpoints with that fence and a witness (see the module docs).
+    fence_counts: sled::Tree,
+    /// Applied-change count of a batch's last switch → the batch's names: the log
+    /// `active_since` reads.
     changes: sled::Tree,
     meta: sled::Tree,
     heartbeats: sled::Tree,
@@ -191,9 +207,6 @@ fn change_key(key: &[u8]) -> StoreResult<u64> {
 struct Switch {
     name: EndpointName,
     record: Vec<u8>,
-    old_fence: Option<Vec<u8>>,
-    new_fence: Option<Vec<u8>>,
-    applied: u64,
 }
 
 /// The key of what plan `generation` says of `name`. Names never hold a 0 byte, so the
@@ -235,10 +248,64 @@ impl ContentWrite {
     }
 }
 
-fn fence_key(generation: Generation, name: &EndpointName) -> Vec<u8> {
-    let mut key = generation.to_be_bytes().to_vec();
-    key.extend_from_slice(name.as_str().as_bytes());
-    key
+/// A `fence_counts` value, decoded: how many endpoints serve with the fence, and one of them
+/// (empty when not known).
+#[derive(Debug, Default, PartialEq)]
+struct FenceCount {
+    count: u64,
+    witness: Vec<u8>,
+}
+
+impl FenceCount {
+    fn decode(value: &[u8]) -> StoreResult<FenceCount> {
+        let (count, witness) =
+            value.split_first_chunk::<8>().ok_or_else(|| corrupt("fence count", codec::CodecError::Truncated { len: value.len() }))?;
+        Ok(FenceCount { count: u64::from_be_bytes(*count), witness: witness.to_vec() })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut value = Vec::with_capacity(8 + self.witness.len());
+        value.extend_from_slice(&self.count.to_be_bytes());
+        value.extend_from_slice(&self.witness);
+        value
+    }
+
+    fn join(&mut self, name: &EndpointName) {
+        self.count += 1;
+        if self.witness.is_empty() {
+            self.witness = name.as_str().as_bytes().to_vec();
+        }
+    }
+
+    fn leave(&mut self, name: &EndpointName, generation: Generation) -> StoreResult<()> {
+        self.count = self.count.checked_sub(1).ok_or_else(|| {
+            corrupt(
+                format!("fence count of plan {generation}"),
+                codec::CodecError::Body { kind: "fence count".into(), detail: format!("{name} serves with it, but its count is 0") },
+            )
+        })?;
+        if self.witness == name.as_str().as_bytes() {
+            self.witness.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The names of one `changes` entry (a batch), oldest first.
+fn log_names(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|byte| *byte == 0)
+}
+
+/// The count of the first switch of the `changes` entry `key` → `value`.
+fn log_first(key: &[u8], value: &[u8]) -> StoreResult<u64> {
+    let last = change_key(key)?;
+    let len = log_names(value).count() as u64;
+    last.checked_add(1).and_then(|end| end.checked_sub(len)).filter(|_| !value.is_empty()).ok_or_else(|| {
+        corrupt(
+            "change log entry",
+            codec::CodecError::Body { kind: "change log".into(), detail: format!("{len} names end at change {last}") },
+        )
+    })
 }
 
 impl SledStore {
@@ -273,7 +340,7 @@ impl SledStore {
             plan_changes: tree("plan_changes")?,
             plan_heads: tree("plan_heads")?,
             active: tree("active")?,
-            fences: tree("fences")?,
+            fence_counts: tree("fence_counts")?,
             changes: tree("changes")?,
             meta: tree("meta")?,
             heartbeats: tree("heartbeats")?,
@@ -284,6 +351,7 @@ impl SledStore {
             version: watch::Sender::new(StoreVersion::default()),
             chain: Mutex::new(Chain::default()),
         };
+        inner.migrate_fences()?;
         inner.recover()?;
         inner.ensure_store_id()?;
         let chain = inner.read_chain()?;
@@ -325,6 +393,44 @@ impl Inner {
         }
     }
 
+    /// Counts the `fences` index of a store written before `fence_counts` into it, then drops
+    /// the index (see the module docs). A new store only gets its `layout` mark.
+    fn migrate_fences(&self) -> StoreResult<()> {
+        let has_legacy = self.db.tree_names().iter().any(|name| name.as_ref() == LEGACY_FENCES.as_bytes());
+        let layout = self.meta_u64(META_LAYOUT, 1)?;
+        if !has_legacy {
+            if layout < LAYOUT_FENCE_COUNTS {
+                self.meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).map_err(io)?;
+                self.flush()?;
+            }
+            return Ok(());
+        }
+        if layout < LAYOUT_FENCE_COUNTS {
+            let fences = self.db.open_tree(LEGACY_FENCES).map_err(io)?;
+            let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
+            let mut endpoints = 0u64;
+            for key in fences.iter().keys() {
+                let key = key.map_err(io)?;
+                let (g, name) =
+                    key.split_first_chunk::<8>().ok_or_else(|| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?;
+                counts.entry(Generation::from_be_bytes(*g)).or_default().join(&parse_name(name, "fence index")?);
+                endpoints += 1;
+            }
+            self.fence_counts.clear().map_err(io)?;
+            let mut batch = sled::Batch::default();
+            for (g, count) in &counts {
+                batch.insert(&g.to_be_bytes(), count.encode());
+            }
+            self.fence_counts.apply_batch(batch).map_err(io)?;
+            self.flush()?;
+            self.meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).map_err(io)?;
+            self.flush()?;
+            tracing::info!(endpoints, generations = counts.len(), "counted the store's fence index into fence counts");
+        }
+        self.db.drop_tree(LEGACY_FENCES).map_err(io)?;
+        self.flush()
+    }
+
     /// Draws the store's id if it has none (a new store, or one written before ids).
     fn ensure_store_id(&self) -> StoreResult<()> {
         use std::hash::{BuildHasher, Hasher};
@@ -349,7 +455,14 @@ impl Inner {
         }
         let change = match applied {
             0 => None,
-            n => self.changes.get(n.to_be_bytes()).map_err(io)?.map(|name| parse_name(&name, "change log entry")).transpose()?,
+            n => match self.changes.range(n.to_be_bytes()..).next().transpose().map_err(io)? {
+                Some((key, names)) => {
+                    let first = log_first(&key, &names)?;
+                    let at = n.checked_sub(first).and_then(|i| usize::try_from(i).ok());
+                    at.and_then(|i| log_names(&names).nth(i)).map(|name| parse_name(name, "change log entry")).transpose()?
+                }
+                None => None,
+            },
         };
         Ok(Some(HistoryMark { store_id, applied_changes: applied, change }))
     }
@@ -933,6 +1046,8 @@ impl Inner {
         let mut applied = self.meta_u64(META_APPLIED, 0)?;
         let mut results = Vec::with_capacity(items.len());
         let mut writes = Vec::new();
+        // The fence counts this batch changes, read once each.
+        let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
         for ((name, state), valid) in items.into_iter().zip(valid) {
             if let Err(err) = valid {
                 results.push(Err(err));
@@ -958,30 +1073,39 @@ impl Inner {
                 None => Generation::NONE,
             };
             applied = applied.wrapping_add(1);
-            writes.push(Switch {
-                old_fence: current.as_ref().filter(|a| matches!(a.state, ActiveState::Serving(_))).map(|a| fence_key(a.generation, &name)),
-                new_fence: matches!(state, ActiveState::Serving(_)).then(|| fence_key(generation, &name)),
-                record: codec::encode(&ActiveRecord { generation, state }),
-                applied,
-                name,
-            });
+            if current.as_ref().is_some_and(|a| matches!(a.state, ActiveState::Serving(_))) {
+                self.fence_count(&mut counts, previous)?.leave(&name, previous)?;
+            }
+            if matches!(state, ActiveState::Serving(_)) {
+                self.fence_count(&mut counts, generation)?.join(&name);
+            }
+            writes.push(Switch { record: codec::encode(&ActiveRecord { generation, state }), name });
             results.push(Ok(ApplyOutcome::Switched { previous }));
         }
         if writes.is_empty() {
             return Ok(results);
         }
-        (&self.active, &self.fences, &self.meta, &self.changes)
-            .transaction(|(active, fences, meta, changes)| {
+        let mut log = Vec::with_capacity(writes.iter().map(|w| w.name.as_str().len() + 1).sum());
+        for w in &writes {
+            if !log.is_empty() {
+                log.push(0);
+            }
+            log.extend_from_slice(w.name.as_str().as_bytes());
+        }
+        let counts: Vec<(Generation, Option<Vec<u8>>)> =
+            counts.into_iter().map(|(g, count)| (g, (count.count > 0).then(|| count.encode()))).collect();
+        (&self.active, &self.fence_counts, &self.meta, &self.changes)
+            .transaction(|(active, fence_counts, meta, changes)| {
                 for w in &writes {
                     active.insert(w.name.as_str().as_bytes(), w.record.as_slice())?;
-                    if let Some(key) = &w.old_fence {
-                        fences.remove(key.as_slice())?;
-                    }
-                    if let Some(key) = &w.new_fence {
-                        fences.insert(key.as_slice(), &[])?;
-                    }
-                    changes.insert(&w.applied.to_be_bytes(), w.name.as_str().as_bytes())?;
                 }
+                for (g, value) in &counts {
+                    match value {
+                        Some(value) => fence_counts.insert(&g.to_be_bytes(), value.as_slice())?,
+                        None => fence_counts.remove(&g.to_be_bytes())?,
+                    };
+                }
+                changes.insert(&applied.to_be_bytes(), log.as_slice())?;
                 meta.insert(META_APPLIED, &applied.to_be_bytes())?;
                 Ok::<_, ConflictableTransactionError<StoreError>>(())
             })
@@ -993,6 +1117,21 @@ impl Inner {
             self.trim_change_log(applied)?;
         }
         Ok(results)
+    }
+
+    /// The fence count of `generation` in `counts`, read from the store on first use.
+    fn fence_count<'a>(
+        &self,
+        counts: &'a mut std::collections::BTreeMap<Generation, FenceCount>,
+        generation: Generation,
+    ) -> StoreResult<&'a mut FenceCount> {
+        Ok(match counts.entry(generation) {
+            std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                let stored = self.fence_counts.get(generation.to_be_bytes()).map_err(io)?;
+                entry.insert(stored.map(|value| FenceCount::decode(&value)).transpose()?.unwrap_or_default())
+            }
+        })
     }
 
     /// What plan `generation` says of `name`, from `contents` (see the module docs).
@@ -1150,13 +1289,17 @@ impl Inner {
         }
         // The log must hold every change after `since`: its first entry is `since + 1` or
         // older. A follower ahead of the store (a store that was replaced) gets everything.
-        let first = self.changes.first().map_err(io)?.map(|(key, _)| change_key(&key)).transpose()?;
+        let first = self.changes.first().map_err(io)?.map(|(key, names)| log_first(&key, &names)).transpose()?;
         if since > applied || first.is_none_or(|first| first > since + 1) {
             return self.active_all_locked().map(ActiveDelta::from);
         }
         let mut names = std::collections::BTreeSet::new();
-        for value in self.changes.range((since + 1).to_be_bytes()..).values() {
-            names.insert(value.map_err(io)?);
+        for entry in self.changes.range((since + 1).to_be_bytes()..) {
+            let (key, batch) = entry.map_err(io)?;
+            let first = log_first(&key, &batch)?;
+            // The batch holding `since + 1` may start before it.
+            let skip = usize::try_from((since + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+            names.extend(log_names(&batch).skip(skip).map(<[u8]>::to_vec));
             if names.len() > DELTA_ENDPOINTS_MAX {
                 return self.active_all_locked().map(ActiveDelta::from);
             }
@@ -1173,18 +1316,37 @@ impl Inner {
     }
 
     fn decide(&self, retain: u64) -> StoreResult<CleanupDecision> {
-        let oldest = match self.fences.first().map_err(io)? {
+        let oldest = match self.fence_counts.first().map_err(io)? {
             None => None,
-            Some((key, _)) => {
-                let (g, name) =
-                    key.split_at_checked(8).ok_or_else(|| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?;
-                let g = Generation::from_be_bytes(
-                    g.try_into().map_err(|_| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?,
-                );
-                Some((g, parse_name(name, "fence index")?))
+            Some((key, value)) => {
+                let g = generation_key(&key)?;
+                let mut count = FenceCount::decode(&value)?;
+                if count.witness.is_empty() {
+                    count.witness = self.serving_at(g)?.as_str().as_bytes().to_vec();
+                    // For the next decision; nothing depends on it, so it is not flushed.
+                    self.fence_counts.insert(key, count.encode()).map_err(io)?;
+                }
+                Some((g, parse_name(&count.witness, "fence count witness")?))
             }
         };
         Ok(decide_cleanup(self.horizon()?, self.latest()?, oldest, retain))
+    }
+
+    /// An endpoint serving with fence `generation`, found by a scan of `active` (the cost of
+    /// a fence count whose witness moved on).
+    fn serving_at(&self, generation: Generation) -> StoreResult<EndpointName> {
+        for entry in self.active.iter() {
+            let (key, value) = entry.map_err(io)?;
+            let name = parse_name(&key, "active endpoint name")?;
+            let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
+            if record.generation == generation && matches!(record.state, ActiveState::Serving(_)) {
+                return Ok(name);
+            }
+        }
+        Err(corrupt(
+            format!("fence count of plan {generation}"),
+            codec::CodecError::Body { kind: "fence count".into(), detail: "counts endpoints serving with it, but none does".into() },
+        ))
     }
 
     fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
@@ -1477,7 +1639,7 @@ mod tests {
     use super::*;
     use crate::names::ZoneId;
     use crate::plan::{Author, Plan, Target};
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn endpoint(last: u8) -> Endpoint {
         let zone = ZoneId::parse("a").expect("zone");
@@ -1546,18 +1708,23 @@ mod tests {
     async fn history_marks_name_the_store_and_the_change() {
         let (one, two) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
         let first = {
-            let store = store_with_plans(one.path(), 1).await;
-            assert_eq!(store.apply_many(Generation(1), &items(&["a"], 1)).await.expect("apply").len(), 1);
+            let store = store_serving_abcd(one.path(), 1).await;
+            assert_eq!(store.apply_many(Generation(1), &items(&["a", "b", "c"], 1)).await.expect("apply").len(), 3);
+            assert_eq!(store.apply_many(Generation(1), &items(&["d"], 1)).await.expect("apply").len(), 1);
+            // Every count names its own switch, inside a batch of three or alone.
+            for (count, label) in [(1, "a"), (2, "b"), (3, "c"), (4, "d")] {
+                let mark = store.history_mark(count).await.expect("mark").expect("a mark");
+                assert_eq!(mark.change, Some(DnsName::parse(&format!("{label}.example.test.")).expect("name")), "change {count}");
+            }
             let mark = store.history_mark(1).await.expect("mark").expect("a mark at 1");
-            assert_eq!(mark.change, Some(DnsName::parse("a.example.test.").expect("name")));
             let zero = store.history_mark(0).await.expect("mark").expect("a mark at 0");
             assert_eq!((zero.store_id, zero.change), (mark.store_id, None));
-            assert_eq!(store.history_mark(2).await.expect("mark"), None, "a mark past the store's count");
+            assert_eq!(store.history_mark(5).await.expect("mark"), None, "a mark past the store's count");
             mark
         };
         let reopened = SledStore::open(one.path()).expect("open");
         assert_eq!(reopened.history_mark(1).await.expect("mark"), Some(first.clone()), "the id is kept across opens");
-        let other = store_with_plans(two.path(), 1).await;
+        let other = store_serving_abcd(two.path(), 1).await;
         other.apply_many(Generation(1), &items(&["a"], 1)).await.expect("apply");
         let mark = other.history_mark(1).await.expect("mark").expect("a mark");
         assert_ne!(mark.store_id, first.store_id, "two stores drew the same id");
@@ -1703,7 +1870,8 @@ mod tests {
     async fn a_follower_behind_the_log_gets_the_whole_state() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = store_serving_abcd(dir.path(), 2).await;
-        store.apply_many(Generation(1), &items(&["a", "b"], 1)).await.expect("batch");
+        store.apply_many(Generation(1), &items(&["a"], 1)).await.expect("batch");
+        store.apply_many(Generation(1), &items(&["b"], 1)).await.expect("batch");
         store.apply_many(Generation(2), &items(&["b"], 2)).await.expect("batch");
         // A store written before the log existed, or a log trimmed past the follower.
         store.inner.changes.remove(1u64.to_be_bytes()).expect("remove");
@@ -1855,5 +2023,124 @@ mod tests {
         drop(store);
         let store = SledStore::open(dir.path()).expect("reopen");
         assert_eq!(&store.plan(Generation(120)).await.expect("read"), plans.last().expect("plan"));
+    }
+
+    /// The fence counts as the active records give them: generation → serving endpoints.
+    fn recount(store: &SledStore) -> BTreeMap<Generation, u64> {
+        let mut counts = BTreeMap::new();
+        for (_, record) in store.inner.active_all_locked().expect("active").endpoints {
+            if matches!(record.state, ActiveState::Serving(_)) {
+                *counts.entry(record.generation).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    fn stored_counts(store: &SledStore) -> BTreeMap<Generation, u64> {
+        store
+            .inner
+            .fence_counts
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry.expect("entry");
+                (generation_key(&key).expect("key"), FenceCount::decode(&value).expect("count").count)
+            })
+            .collect()
+    }
+
+    /// Each batch keeps the fence counts equal to a recount of the active records, through
+    /// applies, retires and stale writes; cleanup's oldest active generation is the first
+    /// count, and the endpoint it names serves with that fence, also after the endpoint the
+    /// count last named moved on.
+    #[tokio::test]
+    async fn fence_counts_follow_every_switch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let labels: Vec<String> = (0..12).map(|i| format!("e{i}")).collect();
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        for g in 1..=6u64 {
+            let mut plan = uniform_plan(g, 12, g as u8).into_plan();
+            // Plan 3 retires e0..e3; the others serve them again.
+            if g == 3 {
+                for label in &labels[..4] {
+                    let name = DnsName::parse(&format!("{label}.example.test.")).expect("name");
+                    plan.endpoints.remove(&name);
+                    plan.retired.insert(name);
+                }
+            }
+            store.publish(&ValidatedPlan::new(plan).expect("valid")).await.expect("publish");
+        }
+        // (plan, endpoints applied in one batch): a plan applied in parts, with some endpoints
+        // left behind on older plans, and one stale batch.
+        let steps: [(u64, &[&str]); 8] = [
+            (1, &labels[..]),
+            (2, &labels[..6]),
+            (3, &labels[..8]),
+            (2, &labels[6..]),
+            (5, &labels[2..5]),
+            (4, &labels[9..]),
+            (1, &labels[..3]),
+            (6, &labels[..1]),
+        ];
+        for (g, batch) in steps {
+            let plan = store.plan(Generation(g)).await.expect("plan").into_plan();
+            let items: Vec<ApplyItem> = batch
+                .iter()
+                .map(|l| DnsName::parse(&format!("{l}.example.test.")).expect("name"))
+                .map(|name| match plan.endpoints.get(&name) {
+                    Some(records) => ApplyItem { endpoint: name, records: records.clone() },
+                    None => ApplyItem { endpoint: name, records: Endpoint { ttl_secs: 0, targets: vec![] } },
+                })
+                .collect();
+            if g == 3 {
+                for item in &items[..4] {
+                    store.retire(&item.endpoint, Generation(g)).await.expect("retire");
+                }
+                store.apply_many(Generation(g), &items[4..]).await.expect("batch");
+            } else {
+                store.apply_many(Generation(g), &items).await.expect("batch");
+            }
+            assert_eq!(stored_counts(&store), recount(&store), "after plan {g}'s batch {batch:?}");
+            let decision = store.cleanup_preview(1).await.expect("preview");
+            let (oldest, name) = decision.oldest_active.expect("something serves");
+            assert_eq!(Some(&oldest), recount(&store).keys().next(), "after plan {g}'s batch");
+            let record = store.active(&name).await.expect("active").expect("a record");
+            assert_eq!(record.generation, oldest, "the named endpoint serves with the oldest fence");
+            assert!(matches!(record.state, ActiveState::Serving(_)));
+        }
+        let reopened = {
+            drop(store);
+            SledStore::open(dir.path()).expect("reopen")
+        };
+        assert_eq!(stored_counts(&reopened), recount(&reopened), "after a reopen");
+    }
+
+    /// A store written with the `fences` index gets its counts from it when opened, and the
+    /// index is dropped.
+    #[tokio::test]
+    async fn a_store_with_a_fence_index_is_counted_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store_serving_abcd(dir.path(), 2).await;
+        store.apply_many(Generation(1), &items(&["a", "b", "c", "d"], 1)).await.expect("batch");
+        store.apply_many(Generation(2), &items(&["b", "d"], 2)).await.expect("batch");
+        let want = recount(&store);
+        assert_eq!(want, BTreeMap::from([(Generation(1), 2), (Generation(2), 2)]));
+        // Back to the older layout: the index, no counts, no layout mark.
+        let fences = store.inner.db.open_tree(LEGACY_FENCES).expect("tree");
+        for (name, record) in store.inner.active_all_locked().expect("active").endpoints {
+            let mut key = record.generation.to_be_bytes().to_vec();
+            key.extend_from_slice(name.as_str().as_bytes());
+            fences.insert(key, &[]).expect("insert");
+        }
+        store.inner.fence_counts.clear().expect("clear");
+        store.inner.meta.remove(META_LAYOUT).expect("remove");
+        store.inner.flush().expect("flush");
+        drop((fences, store));
+        let store = SledStore::open(dir.path()).expect("reopen");
+        assert_eq!(stored_counts(&store), want);
+        assert!(!store.inner.db.tree_names().iter().any(|n| n.as_ref() == LEGACY_FENCES.as_bytes()), "the index is dropped");
+        let (oldest, name) = store.cleanup_preview(1).await.expect("preview").oldest_active.expect("oldest");
+        assert_eq!(oldest, Generation(1));
+        assert!(["a.example.test.", "c.example.test."].contains(&name.as_str()), "{name} is not on plan 1");
     }
 }
