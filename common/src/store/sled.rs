@@ -34,6 +34,13 @@
 //!   below `g`. `contents_full`: generations whose whole content was written (the first plan,
 //!   a change too large to record, a parent that could not be read): an entry older than such
 //!   a generation is superseded by it, and a name the full plan does not serve is `Absent`.
+//!   A whole content goes to `contents_chunks`, not `contents`: generation (big-endian) ++
+//!   the first name of a run of `CONTENT_CHUNK_NAMES` names in byte order → [`ContentChunk`]
+//!   envelope, so a plan of a million endpoints is a few thousand values, not a million keys.
+//!   Plan `g`'s content for a name is then its newest `contents` entry at or below `g` if that
+//!   is not older than the newest whole generation `f` at or below `g`, else what `f`'s chunk
+//!   says (`Absent` when no chunk holds the name). Whole contents written before chunks are
+//!   per-name entries at `f` itself, which the same rule finds first.
 //!   Applies are checked against these inside the writer lock, so no writer can switch an
 //!   endpoint to records its plan does not hold. Cleanup removes the entries no stored plan
 //!   can resolve to any more.
@@ -90,6 +97,8 @@ const META_LAYOUT: &[u8] = b"layout";
 const LAYOUT_FENCE_COUNTS: u64 = 2;
 /// The tree of a store written before `fence_counts` (see the module docs).
 const LEGACY_FENCES: &str = "fences";
+/// Names in one `contents_chunks` value: a batch of applies in name order reads a few chunks.
+const CONTENT_CHUNK_NAMES: usize = 256;
 /// Present once `contents` holds every stored plan's content (a store written before the
 /// tree existed gets it on open).
 const META_CONTENTS: &[u8] = b"contents";
@@ -135,8 +144,10 @@ struct Inner {
     /// Endpoint name ++ 0 ++ generation → what that plan says of the endpoint (see the module
     /// docs).
     contents: sled::Tree,
-    /// Generation → empty: plans whose whole content is in `contents`.
+    /// Generation → empty: plans whose whole content was written.
     contents_full: sled::Tree,
+    /// Generation ++ first name → a run of a whole content (see the module docs).
+    contents_chunks: sled::Tree,
     /// Serialises every operation; see the module docs.
     lock: Mutex<()>,
     version: watch::Sender<StoreVersion>,
@@ -225,27 +236,66 @@ fn content_generation(key: &[u8]) -> StoreResult<Generation> {
     tail.map(Generation::from_be_bytes).ok_or_else(|| corrupt("plan content key", codec::CodecError::Truncated { len: key.len() }))
 }
 
-/// What a publish writes into `contents`: the entries of the names the plan changes, or of
-/// every name it serves or retires (`full`).
+/// A run of one plan's whole content, in name byte order (`contents_chunks`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ContentChunk {
+    entries: Vec<(String, PlanEntry)>,
+}
+
+impl codec::Record for ContentChunk {
+    const KIND: u8 = 11;
+    const KIND_NAME: &'static str = "plan content chunk";
+    const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
+}
+
+/// The key of the chunk of plan `generation`'s whole content that starts at `first`.
+fn chunk_key(generation: Generation, first: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + first.len());
+    key.extend_from_slice(&generation.to_be_bytes());
+    key.extend_from_slice(first);
+    key
+}
+
+/// What a publish writes: `contents` entries of the names the plan changes, or chunks of every
+/// name it serves or retires (`full`).
 struct ContentWrite {
     entries: Vec<(Vec<u8>, Vec<u8>)>,
+    chunks: Vec<(Vec<u8>, Vec<u8>)>,
     full: bool,
 }
 
 impl ContentWrite {
     fn whole(plan: &crate::plan::Plan) -> ContentWrite {
-        let served = plan
-            .endpoints
-            .iter()
-            .map(|(name, records)| (content_key(name, plan.generation), codec::encode(&PlanEntry::Serve(records.clone()))));
-        let retired = plan.retired.iter().map(|name| (content_key(name, plan.generation), codec::encode(&PlanEntry::Retire)));
-        ContentWrite { entries: served.chain(retired).collect(), full: true }
+        let served = plan.endpoints.iter().map(|(name, records)| (name.as_str(), PlanEntry::Serve(records.clone())));
+        let retired = plan.retired.iter().map(|name| (name.as_str(), PlanEntry::Retire));
+        let mut all: Vec<(&str, PlanEntry)> = served.chain(retired).collect();
+        all.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        let chunks = all
+            .chunks(CONTENT_CHUNK_NAMES)
+            .map(|run| {
+                let entries: Vec<(String, PlanEntry)> = run.iter().map(|(name, entry)| ((*name).to_owned(), entry.clone())).collect();
+                (chunk_key(plan.generation, run[0].0.as_bytes()), codec::encode(&ContentChunk { entries }))
+            })
+            .collect();
+        ContentWrite { entries: Vec::new(), chunks, full: true }
     }
 
     fn changes(changes: &PlanChanges) -> ContentWrite {
         let entries = changes.changes.iter().map(|(name, entry)| (content_key(name, changes.to), codec::encode(entry))).collect();
-        ContentWrite { entries, full: false }
+        ContentWrite { entries, chunks: Vec::new(), full: false }
     }
+
+    /// Values to write: a chunk counts as one.
+    fn len(&self) -> usize {
+        self.entries.len() + self.chunks.len()
+    }
+}
+
+/// The chunk `content_at` read last, kept for the next name of a batch.
+#[derive(Default)]
+struct ChunkCache {
+    key: Option<sled::IVec>,
+    entries: Vec<(String, PlanEntry)>,
 }
 
 /// A `fence_counts` value, decoded: how many endpoints serve with the fence, and one of them
@@ -346,6 +396,7 @@ impl SledStore {
             heartbeats: tree("heartbeats")?,
             contents: tree("contents")?,
             contents_full: tree("contents_full")?,
+            contents_chunks: tree("contents_chunks")?,
             db,
             lock: Mutex::new(()),
             version: watch::Sender::new(StoreVersion::default()),
@@ -568,6 +619,13 @@ impl Inner {
             }
             self.contents.apply_batch(batch).map_err(io)?;
         }
+        for run in contents.chunks.chunks(256) {
+            let mut batch = sled::Batch::default();
+            for (key, value) in run {
+                batch.insert(key.as_slice(), value.as_slice());
+            }
+            self.contents_chunks.apply_batch(batch).map_err(io)?;
+        }
         Ok(())
     }
 
@@ -595,6 +653,12 @@ impl Inner {
                 }
             }
             self.contents.apply_batch(batch).map_err(io)?;
+            let mut chunks = sled::Batch::default();
+            for key in self.contents_chunks.scan_prefix(generation.to_be_bytes()).keys() {
+                chunks.remove(key.map_err(io)?);
+                removed += 1;
+            }
+            self.contents_chunks.apply_batch(chunks).map_err(io)?;
             tracing::warn!(%generation, removed, "removed the contents of a publish that did not commit");
         }
         self.meta.remove(META_CONTENTS_PENDING).map_err(io)?;
@@ -607,6 +671,7 @@ impl Inner {
     fn write_contents(&self, horizon: Generation, latest: Generation) -> StoreResult<()> {
         self.contents.clear().map_err(io)?;
         self.contents_full.clear().map_err(io)?;
+        self.contents_chunks.clear().map_err(io)?;
         let mut g = horizon;
         while g <= latest && !g.is_none() {
             let changes = match self.plan_changes.get(g.to_be_bytes()).map_err(io)? {
@@ -625,6 +690,11 @@ impl Inner {
                 batch.insert(key, value);
             }
             self.contents.apply_batch(batch).map_err(io)?;
+            let mut batch = sled::Batch::default();
+            for (key, value) in write.chunks {
+                batch.insert(key, value);
+            }
+            self.contents_chunks.apply_batch(batch).map_err(io)?;
             if write.full {
                 self.contents_full.insert(g.to_be_bytes(), &[]).map_err(io)?;
             }
@@ -709,13 +779,15 @@ impl Inner {
         // Invariant: a plan's changes are recorded exactly when its contents are written as
         // changes; cleanup relies on it to find what to prune.
         assert_eq!(changes.is_some(), !contents.full, "plan {generation}: changes recorded and contents written whole");
-        let ahead = contents.entries.len() > CONTENTS_IN_TXN_MAX;
+        let ahead = contents.len() > CONTENTS_IN_TXN_MAX;
         if ahead && let Err(err) = self.write_contents_ahead(generation, &contents) {
             let _ = self.remove_pending_contents();
             return Err(err);
         }
-        let committed = (&self.plans, &self.summaries, &self.plan_changes, &self.meta, &self.contents, &self.contents_full)
-            .transaction(|(plans, summaries, plan_changes, meta, content, content_full)| {
+        let trees =
+            (&self.plans, &self.summaries, &self.plan_changes, &self.meta, &self.contents, &self.contents_full, &self.contents_chunks);
+        let committed = trees
+            .transaction(|(plans, summaries, plan_changes, meta, content, content_full, content_chunks)| {
                 plans.insert(&key, plan.as_slice())?;
                 summaries.insert(&key, summary.as_slice())?;
                 if let Some(changes) = &changes {
@@ -726,6 +798,9 @@ impl Inner {
                 } else {
                     for (k, v) in &contents.entries {
                         content.insert(k.as_slice(), v.as_slice())?;
+                    }
+                    for (k, v) in &contents.chunks {
+                        content_chunks.insert(k.as_slice(), v.as_slice())?;
                     }
                 }
                 if contents.full {
@@ -805,8 +880,9 @@ impl Inner {
         let parent_summary = codec::decode::<PlanSummary>(&parent_summary).map_err(|e| corrupt("plan summary", e))?;
         let (mut served, mut retired) = (parent_summary.endpoint_count, parent_summary.retired_count);
         let mut changes = std::collections::BTreeMap::new();
+        let mut cache = ChunkCache::default();
         for (name, entry) in &delta.changes {
-            let before = self.content_at(name, parent)?;
+            let before = self.content_at(name, parent, &mut cache)?;
             if &before == entry {
                 continue;
             }
@@ -1046,6 +1122,7 @@ impl Inner {
         let mut applied = self.meta_u64(META_APPLIED, 0)?;
         let mut results = Vec::with_capacity(items.len());
         let mut writes = Vec::new();
+        let mut cache = ChunkCache::default();
         // The fence counts this batch changes, read once each.
         let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
         for ((name, state), valid) in items.into_iter().zip(valid) {
@@ -1055,7 +1132,7 @@ impl Inner {
             }
             // The content check and the fence are decided here, under the writer lock, in the
             // same critical section that writes: no earlier reading of either is trusted.
-            if let Some(plan) = self.content_mismatch(&name, generation, &state)? {
+            if let Some(plan) = self.content_mismatch(&name, generation, &state, &mut cache)? {
                 results.push(Err(StoreError::ContentMismatch { endpoint: name, generation, plan }));
                 continue;
             }
@@ -1134,25 +1211,43 @@ impl Inner {
         })
     }
 
-    /// What plan `generation` says of `name`, from `contents` (see the module docs).
-    fn content_at(&self, name: &EndpointName, generation: Generation) -> StoreResult<PlanEntry> {
+    /// What plan `generation` says of `name`, from `contents` and `contents_chunks` (see the
+    /// module docs). `cache` keeps the last chunk read, for the next name of a batch.
+    fn content_at(&self, name: &EndpointName, generation: Generation, cache: &mut ChunkCache) -> StoreResult<PlanEntry> {
+        let whole = self.contents_full.range(..=generation.to_be_bytes()).next_back().transpose().map_err(io)?;
+        let whole = whole.map(|(key, _)| generation_key(&key)).transpose()?;
         let newest = self.contents.range(content_key(name, Generation::NONE)..=content_key(name, generation)).next_back();
-        let Some(entry) = newest else { return Ok(PlanEntry::Absent) };
-        let (key, value) = entry.map_err(io)?;
-        let written = content_generation(&key)?;
-        // A plan written whole after this entry supersedes it; had it served the name, its
-        // own entry would be the newest.
-        if let Some(after) = written.next()
-            && self.contents_full.range(after.to_be_bytes()..=generation.to_be_bytes()).next().is_some()
-        {
-            return Ok(PlanEntry::Absent);
+        if let Some(entry) = newest {
+            let (key, value) = entry.map_err(io)?;
+            let written = content_generation(&key)?;
+            // A plan written whole after this entry supersedes it.
+            if whole.is_none_or(|whole| written >= whole) {
+                return codec::decode::<PlanEntry>(&value).map_err(|e| corrupt(format!("plan {written}'s content for {name}"), e));
+            }
         }
-        codec::decode::<PlanEntry>(&value).map_err(|e| corrupt(format!("plan {written}'s content for {name}"), e))
+        let Some(whole) = whole else { return Ok(PlanEntry::Absent) };
+        let found = self.contents_chunks.range(chunk_key(whole, &[])..=chunk_key(whole, name.as_str().as_bytes())).next_back();
+        let Some(found) = found else { return Ok(PlanEntry::Absent) };
+        let (key, value) = found.map_err(io)?;
+        if cache.key.as_ref() != Some(&key) {
+            let chunk = codec::decode::<ContentChunk>(&value).map_err(|e| corrupt(format!("plan {whole}'s content chunk"), e))?;
+            *cache = ChunkCache { key: Some(key), entries: chunk.entries };
+        }
+        Ok(match cache.entries.binary_search_by(|(n, _)| n.as_bytes().cmp(name.as_str().as_bytes())) {
+            Ok(at) => cache.entries[at].1.clone(),
+            Err(_) => PlanEntry::Absent,
+        })
     }
 
     /// `None` when `state` is what plan `generation` says of `name`, else what the plan says.
-    fn content_mismatch(&self, name: &EndpointName, generation: Generation, state: &ActiveState) -> StoreResult<Option<PlanSays>> {
-        Ok(match (self.content_at(name, generation)?, state) {
+    fn content_mismatch(
+        &self,
+        name: &EndpointName,
+        generation: Generation,
+        state: &ActiveState,
+        cache: &mut ChunkCache,
+    ) -> StoreResult<Option<PlanSays>> {
+        Ok(match (self.content_at(name, generation, cache)?, state) {
             (PlanEntry::Serve(planned), ActiveState::Serving(sent)) if &planned == sent => None,
             (PlanEntry::Serve(_), ActiveState::Serving(_)) => Some(PlanSays::OtherRecords),
             (PlanEntry::Serve(_), ActiveState::Retired) => Some(PlanSays::Serves),
@@ -1185,16 +1280,31 @@ impl Inner {
                 }
             }
         }
+        // The newest whole content at or below the horizon: every entry older than it is
+        // superseded. A name's newest entry saying `Absent` can go too, unless that content is
+        // in chunks, which would then answer for the name.
+        let base = self.contents_full.range(..=horizon.to_be_bytes()).next_back().transpose().map_err(io)?;
+        let base = base.map(|(key, _)| generation_key(&key)).transpose()?;
+        let base_chunked = match base {
+            Some(base) => self.contents_chunks.scan_prefix(base.to_be_bytes()).next().is_some(),
+            None => false,
+        };
         let mut batch = sled::Batch::default();
         let mut prune_name = |entries: &mut dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>| -> StoreResult<()> {
             // Entries of one name, oldest first, all at or below `horizon`.
             let mut previous: Option<(sled::IVec, sled::IVec)> = None;
             for entry in entries {
-                if let Some((key, _)) = previous.replace(entry.map_err(io)?) {
+                let entry = entry.map_err(io)?;
+                if base.is_some_and(|base| content_generation(&entry.0).is_ok_and(|g| g < base)) {
+                    batch.remove(entry.0);
+                    continue;
+                }
+                if let Some((key, _)) = previous.replace(entry) {
                     batch.remove(key);
                 }
             }
             if let Some((key, value)) = previous
+                && !base_chunked
                 && codec::decode::<PlanEntry>(&value).is_ok_and(|e| e == PlanEntry::Absent)
             {
                 batch.remove(key);
@@ -1217,13 +1327,17 @@ impl Inner {
                 }
             }
             prune_name(&mut group.drain(..))?;
-            let newest_full = self.contents_full.range(..=horizon.to_be_bytes()).next_back().transpose().map_err(io)?;
-            if let Some((newest, _)) = newest_full {
+            if let Some(base) = base {
                 let mut markers = sled::Batch::default();
-                for key in self.contents_full.range(..newest).keys() {
+                for key in self.contents_full.range(..base.to_be_bytes()).keys() {
                     markers.remove(key.map_err(io)?);
                 }
                 self.contents_full.apply_batch(markers).map_err(io)?;
+                let mut chunks = sled::Batch::default();
+                for key in self.contents_chunks.range(..base.to_be_bytes()).keys() {
+                    chunks.remove(key.map_err(io)?);
+                }
+                self.contents_chunks.apply_batch(chunks).map_err(io)?;
             }
         } else {
             for name in &names {
@@ -1692,14 +1806,23 @@ mod tests {
         .expect("valid")
     }
 
+    /// The names plan `generation`'s own content entries and chunks hold.
     fn contents_of(store: &SledStore, generation: Generation) -> usize {
-        store
+        let entries = store
             .inner
             .contents
             .iter()
             .keys()
             .filter(|k| content_generation(k.as_ref().expect("key")).expect("generation") == generation)
-            .count()
+            .count();
+        let chunked: usize = store
+            .inner
+            .contents_chunks
+            .scan_prefix(generation.to_be_bytes())
+            .values()
+            .map(|chunk| codec::decode::<ContentChunk>(&chunk.expect("chunk")).expect("decodes").entries.len())
+            .sum();
+        entries + chunked
     }
 
     /// A history mark names the store (an id kept across opens, another for another store)
@@ -1812,6 +1935,7 @@ mod tests {
             store.cleanup(3).await.expect("cleanup");
             let entries = store.inner.contents.len();
             assert!(entries <= 3 * 4 + 3, "plan {g}: {entries} content entries for 3 endpoints and 3 plans kept");
+            assert!(store.inner.contents_chunks.len() <= 1, "plan {g}: chunks of whole contents older than the horizon's are kept");
         }
         let c = items(&["c"], 1)[0].endpoint.clone();
         let r = store.apply(&c, Generation(299), &endpoint(2)).await;
@@ -2142,5 +2266,76 @@ mod tests {
         let (oldest, name) = store.cleanup_preview(1).await.expect("preview").oldest_active.expect("oldest");
         assert_eq!(oldest, Generation(1));
         assert!(["a.example.test.", "c.example.test."].contains(&name.as_str()), "{name} is not on plan 1");
+    }
+
+    /// A whole plan's content is in chunks: each of its names is checked against its own
+    /// entry in whichever chunk holds it, a later plan's entries take precedence, and a later
+    /// plan that leaves a name out still does so after cleanup (the chunk below would answer
+    /// for the name otherwise).
+    #[tokio::test]
+    async fn whole_contents_are_chunked_and_later_plans_take_precedence() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let wide = CONTENT_CHUNK_NAMES * 2 + 50;
+        let mut one = uniform_plan(1, wide, 1).into_plan();
+        let gone = items(&["zz-retired"], 1)[0].endpoint.clone();
+        one.retired.insert(gone.clone());
+        store.publish(&ValidatedPlan::new(one).expect("valid")).await.expect("publish");
+        assert_eq!(store.inner.contents_chunks.len(), 3, "{wide} names and one retired in chunks of {CONTENT_CHUNK_NAMES}");
+        assert_eq!(contents_of(&store, Generation(1)), wide + 1);
+        let name = |i: usize| items(&[&format!("e{i}")], 1)[0].endpoint.clone();
+        for i in [0, 1, 99, 255, 256, 511, wide - 1] {
+            store.apply(&name(i), Generation(1), &endpoint(1)).await.unwrap_or_else(|e| panic!("e{i}: {e}"));
+            let r = store.apply(&name(i), Generation(1), &endpoint(2)).await;
+            assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "e{i}: {r:?}");
+        }
+        let r = store.apply(&name(wide), Generation(1), &endpoint(1)).await;
+        assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::NothingOf, .. })), "{r:?}");
+        let r = store.apply(&gone, Generation(1), &endpoint(1)).await;
+        assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::Retires, .. })), "{r:?}");
+        store.retire(&gone, Generation(1)).await.expect("retire as plan 1 says");
+        // Plan 2: e5 changes, e7 is left out; both recorded as entries of plan 2.
+        let mut two = uniform_plan(2, wide, 1).into_plan();
+        two.endpoints.insert(name(5), endpoint(9));
+        two.endpoints.remove(&name(7));
+        two.retired.insert(gone.clone());
+        store.publish(&ValidatedPlan::new(two).expect("valid")).await.expect("publish");
+        assert_eq!(store.inner.contents_chunks.len(), 3, "plan 2 is stored as its change");
+        // Everything applied at plan 1 moves to plan 2, so cleanup can delete plan 1.
+        let mut batch: Vec<ApplyItem> = [0, 1, 5, 6, 99, 255, 256, 511, wide - 1]
+            .into_iter()
+            .map(|i| ApplyItem { endpoint: name(i), records: endpoint(if i == 5 { 9 } else { 1 }) })
+            .collect();
+        batch.sort_by(|a, b| a.endpoint.as_str().cmp(b.endpoint.as_str()));
+        for result in store.apply_many(Generation(2), &batch).await.expect("batch") {
+            result.expect("plan 2's content");
+        }
+        for (g, cleanup) in [(2, false), (2, true)] {
+            if cleanup {
+                let report = store.cleanup(1).await.expect("cleanup");
+                assert_eq!(report.horizon_after, Generation(2));
+            }
+            let r = store.apply(&name(7), Generation(g), &endpoint(1)).await;
+            assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::NothingOf, .. })), "cleanup {cleanup}: {r:?}");
+            let r = store.apply(&name(5), Generation(g), &endpoint(1)).await;
+            assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "cleanup {cleanup}: {r:?}");
+        }
+        // A whole plan later: the older chunks go with cleanup.
+        store.publish(&uniform_plan(3, 10, 3)).await.expect("publish");
+        assert_eq!(store.inner.contents_chunks.len(), 3, "plan 3 is stored as its change");
+        let mut big = uniform_plan(4, wide + 300, 4).into_plan();
+        big.endpoints.extend((0..70_000).map(|i| (items(&[&format!("w{i}")], 4)[0].endpoint.clone(), endpoint(4))));
+        store.publish(&ValidatedPlan::new(big).expect("valid")).await.expect("publish a change too large to record");
+        let whole: Vec<u64> = store.inner.contents_full.iter().keys().map(|k| generation_key(&k.expect("key")).expect("g").0).collect();
+        assert_eq!(whole, [1, 4]);
+        for item in &mut batch {
+            item.records = endpoint(4);
+        }
+        for result in store.apply_many(Generation(4), &batch).await.expect("batch") {
+            result.expect("plan 4's content");
+        }
+        assert_eq!(store.cleanup(1).await.expect("cleanup").horizon_after, Generation(4));
+        assert!(store.inner.contents_chunks.scan_prefix(Generation(1).to_be_bytes()).next().is_none(), "plan 1's chunks are gone");
+        assert_eq!(contents_of(&store, Generation(4)), wide + 300 + 70_000);
     }
 }
