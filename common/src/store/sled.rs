@@ -291,11 +291,15 @@ impl ContentWrite {
     }
 }
 
-/// The chunk `content_at` read last, kept for the next name of a batch.
-#[derive(Default)]
-struct ChunkCache {
-    key: Option<sled::IVec>,
-    entries: Vec<(String, PlanEntry)>,
+/// Reads plan `generation`'s content name by name (see `Inner::content_at`), keeping what the
+/// next name of a batch is likely to need: the newest whole generation at or below it, and the
+/// chunk read last with where the next one starts.
+struct ContentReader {
+    generation: Generation,
+    whole: Option<Generation>,
+    /// The chunk read last: its key, the key of the chunk after it in the same whole content
+    /// (`None`: it is the last), and its entries.
+    chunk: Option<(sled::IVec, Option<sled::IVec>, Vec<(String, PlanEntry)>)>,
 }
 
 /// A `fence_counts` value, decoded: how many endpoints serve with the fence, and one of them
@@ -880,9 +884,9 @@ impl Inner {
         let parent_summary = codec::decode::<PlanSummary>(&parent_summary).map_err(|e| corrupt("plan summary", e))?;
         let (mut served, mut retired) = (parent_summary.endpoint_count, parent_summary.retired_count);
         let mut changes = std::collections::BTreeMap::new();
-        let mut cache = ChunkCache::default();
+        let mut reader = self.content_reader(parent)?;
         for (name, entry) in &delta.changes {
-            let before = self.content_at(name, parent, &mut cache)?;
+            let before = self.content_at(name, &mut reader)?;
             if &before == entry {
                 continue;
             }
@@ -1122,7 +1126,7 @@ impl Inner {
         let mut applied = self.meta_u64(META_APPLIED, 0)?;
         let mut results = Vec::with_capacity(items.len());
         let mut writes = Vec::new();
-        let mut cache = ChunkCache::default();
+        let mut reader = self.content_reader(generation)?;
         // The fence counts this batch changes, read once each.
         let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
         for ((name, state), valid) in items.into_iter().zip(valid) {
@@ -1132,7 +1136,7 @@ impl Inner {
             }
             // The content check and the fence are decided here, under the writer lock, in the
             // same critical section that writes: no earlier reading of either is trusted.
-            if let Some(plan) = self.content_mismatch(&name, generation, &state, &mut cache)? {
+            if let Some(plan) = self.content_mismatch(&name, &state, &mut reader)? {
                 results.push(Err(StoreError::ContentMismatch { endpoint: name, generation, plan }));
                 continue;
             }
@@ -1211,43 +1215,52 @@ impl Inner {
         })
     }
 
-    /// What plan `generation` says of `name`, from `contents` and `contents_chunks` (see the
-    /// module docs). `cache` keeps the last chunk read, for the next name of a batch.
-    fn content_at(&self, name: &EndpointName, generation: Generation, cache: &mut ChunkCache) -> StoreResult<PlanEntry> {
+    /// A reader of plan `generation`'s content, for `content_at`.
+    fn content_reader(&self, generation: Generation) -> StoreResult<ContentReader> {
         let whole = self.contents_full.range(..=generation.to_be_bytes()).next_back().transpose().map_err(io)?;
-        let whole = whole.map(|(key, _)| generation_key(&key)).transpose()?;
-        let newest = self.contents.range(content_key(name, Generation::NONE)..=content_key(name, generation)).next_back();
-        if let Some(entry) = newest {
-            let (key, value) = entry.map_err(io)?;
+        Ok(ContentReader { generation, whole: whole.map(|(key, _)| generation_key(&key)).transpose()?, chunk: None })
+    }
+
+    /// What plan `reader.generation` says of `name`, from `contents` and `contents_chunks`
+    /// (see the module docs).
+    fn content_at(&self, name: &EndpointName, reader: &mut ContentReader) -> StoreResult<PlanEntry> {
+        // A name has few entries (cleanup keeps about one), and sled reads forward faster than
+        // backward: the newest is the last one read.
+        let mut newest = None;
+        for entry in self.contents.range(content_key(name, Generation::NONE)..=content_key(name, reader.generation)) {
+            newest = Some(entry.map_err(io)?);
+        }
+        if let Some((key, value)) = newest {
             let written = content_generation(&key)?;
             // A plan written whole after this entry supersedes it.
-            if whole.is_none_or(|whole| written >= whole) {
+            if reader.whole.is_none_or(|whole| written >= whole) {
                 return codec::decode::<PlanEntry>(&value).map_err(|e| corrupt(format!("plan {written}'s content for {name}"), e));
             }
         }
-        let Some(whole) = whole else { return Ok(PlanEntry::Absent) };
-        let found = self.contents_chunks.range(chunk_key(whole, &[])..=chunk_key(whole, name.as_str().as_bytes())).next_back();
-        let Some(found) = found else { return Ok(PlanEntry::Absent) };
-        let (key, value) = found.map_err(io)?;
-        if cache.key.as_ref() != Some(&key) {
+        let Some(whole) = reader.whole else { return Ok(PlanEntry::Absent) };
+        let probe = chunk_key(whole, name.as_str().as_bytes());
+        let cached = reader.chunk.as_ref().is_some_and(|(key, next, _)| {
+            key.as_ref() <= probe.as_slice() && next.as_ref().is_none_or(|next| probe.as_slice() < next.as_ref())
+        });
+        if !cached {
+            let found = self.contents_chunks.range(chunk_key(whole, &[])..=probe.clone()).next_back();
+            let Some(found) = found else { return Ok(PlanEntry::Absent) };
+            let (key, value) = found.map_err(io)?;
+            let next = self.contents_chunks.range::<&[u8], _>((std::ops::Bound::Excluded(key.as_ref()), std::ops::Bound::Unbounded)).next();
+            let next = next.transpose().map_err(io)?.map(|(next, _)| next).filter(|next| next.starts_with(&whole.to_be_bytes()));
             let chunk = codec::decode::<ContentChunk>(&value).map_err(|e| corrupt(format!("plan {whole}'s content chunk"), e))?;
-            *cache = ChunkCache { key: Some(key), entries: chunk.entries };
+            reader.chunk = Some((key, next, chunk.entries));
         }
-        Ok(match cache.entries.binary_search_by(|(n, _)| n.as_bytes().cmp(name.as_str().as_bytes())) {
-            Ok(at) => cache.entries[at].1.clone(),
+        let Some((_, _, entries)) = &reader.chunk else { return Ok(PlanEntry::Absent) };
+        Ok(match entries.binary_search_by(|(n, _)| n.as_bytes().cmp(name.as_str().as_bytes())) {
+            Ok(at) => entries[at].1.clone(),
             Err(_) => PlanEntry::Absent,
         })
     }
 
     /// `None` when `state` is what plan `generation` says of `name`, else what the plan says.
-    fn content_mismatch(
-        &self,
-        name: &EndpointName,
-        generation: Generation,
-        state: &ActiveState,
-        cache: &mut ChunkCache,
-    ) -> StoreResult<Option<PlanSays>> {
-        Ok(match (self.content_at(name, generation, cache)?, state) {
+    fn content_mismatch(&self, name: &EndpointName, state: &ActiveState, reader: &mut ContentReader) -> StoreResult<Option<PlanSays>> {
+        Ok(match (self.content_at(name, reader)?, state) {
             (PlanEntry::Serve(planned), ActiveState::Serving(sent)) if &planned == sent => None,
             (PlanEntry::Serve(_), ActiveState::Serving(_)) => Some(PlanSays::OtherRecords),
             (PlanEntry::Serve(_), ActiveState::Retired) => Some(PlanSays::Serves),
