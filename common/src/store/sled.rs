@@ -297,10 +297,12 @@ impl ContentWrite {
 struct ContentReader {
     generation: Generation,
     whole: Option<Generation>,
-    /// The chunk read last: its key, the key of the chunk after it in the same whole content
-    /// (`None`: it is the last), and its entries.
-    chunk: Option<(sled::IVec, Option<sled::IVec>, Vec<(String, PlanEntry)>)>,
+    chunk: Option<ReadChunk>,
 }
+
+/// The chunk read last: its key, the key of the chunk after it in the same whole content
+/// (`None`: it is the last), and its entries.
+type ReadChunk = (sled::IVec, Option<sled::IVec>, Vec<(String, PlanEntry)>);
 
 /// A `fence_counts` value, decoded: how many endpoints serve with the fence, and one of them
 /// (empty when not known).
