@@ -10,10 +10,16 @@
 //!   whole at or below it onto that plan. So that reads stay near the cost of one whole
 //!   plan, a plan is also written whole (a checkpoint, off the publish path) once the changes
 //!   since the last whole plan add up to half its size, or to `CHECKPOINT_PLANS_MAX` plans.
-//! - `active`: endpoint name → [`ActiveRecord`] envelope (the fence and the copied records).
+//! - `active_runs`: the active records (each endpoint's fence and copied records) in runs of
+//!   at most `ACTIVE_RUN_MAX` endpoints in name byte order: the first name of a run (the
+//!   first run: a 0 byte, below every name) → [`ActiveRun`] envelope. An apply batch in name
+//!   order rewrites a few runs, not a key per endpoint; a run grown past the limit is split
+//!   when written. Records are never removed (a retired endpoint keeps a record), so runs
+//!   only grow and split. A store written with one `active` key per endpoint is grouped into
+//!   runs when it opens (`layout` 3), then that tree is dropped.
 //! - `fence_counts`: generation (big-endian) → how many endpoints serve with that fence (8
 //!   bytes, big-endian) ++ the name of one of them, or nothing when that one has since moved
-//!   on (a witness, for the operator; found again by a scan of `active` when cleanup needs
+//!   on (a witness, for the operator; found again by a scan of `active_runs` when cleanup needs
 //!   it). The first key is the oldest active generation. An apply batch writes one value per
 //!   generation it touches, not two index entries per endpoint.
 //! - `changes`: applied-change count of a batch's last switch (big-endian) → the names the
@@ -92,9 +98,16 @@ const META_DNS_ZONE: &[u8] = b"dns_zone";
 const META_STORE_ID: &[u8] = b"store_id";
 const META_PAUSE: &[u8] = b"pause";
 const META_LEASE: &[u8] = b"lease";
-/// The layout's version: absent or 1 before `fence_counts`, 2 since.
+/// The layout's version: absent or 1 before `fence_counts`, 2 since, 3 since `active_runs`.
 const META_LAYOUT: &[u8] = b"layout";
 const LAYOUT_FENCE_COUNTS: u64 = 2;
+const LAYOUT_ACTIVE_RUNS: u64 = 3;
+/// The tree of a store written before `active_runs`: endpoint name → [`ActiveRecord`].
+const LEGACY_ACTIVE: &str = "active";
+/// The key of the first run of `active_runs`: below every name (names hold no 0 byte).
+const FIRST_RUN: &[u8] = &[0];
+/// Most records in one `active_runs` value; a longer run is split when written.
+const ACTIVE_RUN_MAX: usize = 128;
 /// The tree of a store written before `fence_counts` (see the module docs).
 const LEGACY_FENCES: &str = "fences";
 /// Names in one `contents_chunks` value: a batch of applies in name order reads a few chunks.
@@ -133,7 +146,8 @@ struct Inner {
     plan_changes: sled::Tree,
     /// Generation (big-endian) → the head of a plan published as its changes.
     plan_heads: sled::Tree,
-    active: sled::Tree,
+    /// First name of a run → the run's active records (see the module docs).
+    active_runs: sled::Tree,
     /// Generation → serving endpoints with that fence and a witness (see the module docs).
     fence_counts: sled::Tree,
     /// Applied-change count of a batch's last switch → the batch's names: the log
@@ -214,10 +228,64 @@ fn change_key(key: &[u8]) -> StoreResult<u64> {
     Ok(u64::from_be_bytes(array))
 }
 
-/// One switch of a batch, prepared under the lock and written in the transaction.
-struct Switch {
-    name: EndpointName,
-    record: Vec<u8>,
+/// A run of active records in name byte order (`active_runs`).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct ActiveRun {
+    records: Vec<(String, ActiveRecord)>,
+}
+
+impl codec::Record for ActiveRun {
+    const KIND: u8 = 12;
+    const KIND_NAME: &'static str = "active run";
+    const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
+}
+
+/// A run read during one operation: where the next run starts (`None`: it is the last), its
+/// records, and whether the operation changed them.
+#[derive(Default)]
+struct LoadedRun {
+    next: Option<Vec<u8>>,
+    records: Vec<(String, ActiveRecord)>,
+    dirty: bool,
+}
+
+impl LoadedRun {
+    fn find(&self, name: &EndpointName) -> Result<usize, usize> {
+        self.records.binary_search_by(|(n, _)| n.as_bytes().cmp(name.as_str().as_bytes()))
+    }
+}
+
+/// The runs of `active_runs` one operation has read, by key; changed in memory and written
+/// together at its end (`Runs::writes`).
+#[derive(Default)]
+struct Runs {
+    loaded: std::collections::BTreeMap<Vec<u8>, LoadedRun>,
+}
+
+impl Runs {
+    /// The changed runs as keys and values to write, each split into runs of at most
+    /// `ACTIVE_RUN_MAX` records of about equal length; a split-off run is keyed by its first
+    /// name.
+    fn writes(self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        for (key, run) in self.loaded {
+            if !run.dirty {
+                continue;
+            }
+            let mut rest = run.records;
+            let pieces = rest.len().div_ceil(ACTIVE_RUN_MAX).max(1);
+            let size = rest.len().div_ceil(pieces).max(1);
+            let mut piece_key = key;
+            loop {
+                let tail = rest.split_off(size.min(rest.len()));
+                out.push((piece_key, codec::encode(&ActiveRun { records: rest })));
+                let Some((first, _)) = tail.first() else { break };
+                piece_key = first.as_bytes().to_vec();
+                rest = tail;
+            }
+        }
+        out
+    }
 }
 
 /// The key of what plan `generation` says of `name`. Names never hold a 0 byte, so the
@@ -395,7 +463,7 @@ impl SledStore {
             summaries: tree("summaries")?,
             plan_changes: tree("plan_changes")?,
             plan_heads: tree("plan_heads")?,
-            active: tree("active")?,
+            active_runs: tree("active_runs")?,
             fence_counts: tree("fence_counts")?,
             changes: tree("changes")?,
             meta: tree("meta")?,
@@ -409,6 +477,7 @@ impl SledStore {
             chain: Mutex::new(Chain::default()),
         };
         inner.migrate_fences()?;
+        inner.migrate_active()?;
         inner.recover()?;
         inner.ensure_store_id()?;
         let chain = inner.read_chain()?;
@@ -486,6 +555,87 @@ impl Inner {
         }
         self.db.drop_tree(LEGACY_FENCES).map_err(io)?;
         self.flush()
+    }
+
+    /// Groups the `active` tree of a store written before `active_runs` into runs, then drops
+    /// it (see the module docs). A new store only gets its `layout` mark.
+    fn migrate_active(&self) -> StoreResult<()> {
+        let has_legacy = self.db.tree_names().iter().any(|name| name.as_ref() == LEGACY_ACTIVE.as_bytes());
+        let layout = self.meta_u64(META_LAYOUT, 1)?;
+        if !has_legacy {
+            if layout < LAYOUT_ACTIVE_RUNS {
+                self.meta.insert(META_LAYOUT, &LAYOUT_ACTIVE_RUNS.to_be_bytes()).map_err(io)?;
+                self.flush()?;
+            }
+            return Ok(());
+        }
+        if layout < LAYOUT_ACTIVE_RUNS {
+            let legacy = self.db.open_tree(LEGACY_ACTIVE).map_err(io)?;
+            self.active_runs.clear().map_err(io)?;
+            let mut run = Vec::with_capacity(ACTIVE_RUN_MAX);
+            let mut key = FIRST_RUN.to_vec();
+            let mut batch = sled::Batch::default();
+            let mut endpoints = 0u64;
+            for entry in legacy.iter() {
+                let (name, value) = entry.map_err(io)?;
+                let name = parse_name(&name, "active endpoint name")?;
+                let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
+                if run.len() == ACTIVE_RUN_MAX {
+                    batch
+                        .insert(std::mem::replace(&mut key, name.as_str().as_bytes().to_vec()), codec::encode(&ActiveRun { records: run }));
+                    run = Vec::with_capacity(ACTIVE_RUN_MAX);
+                }
+                run.push((name.as_str().to_owned(), record));
+                endpoints += 1;
+            }
+            if !run.is_empty() {
+                batch.insert(key, codec::encode(&ActiveRun { records: run }));
+            }
+            self.active_runs.apply_batch(batch).map_err(io)?;
+            self.flush()?;
+            self.meta.insert(META_LAYOUT, &LAYOUT_ACTIVE_RUNS.to_be_bytes()).map_err(io)?;
+            self.flush()?;
+            tracing::info!(endpoints, "grouped the store's active records into runs");
+        }
+        self.db.drop_tree(LEGACY_ACTIVE).map_err(io)?;
+        self.flush()
+    }
+
+    /// The run that holds (or would hold) `name`: from `runs` if read already, else read from
+    /// the store. An empty store gives an empty first run.
+    fn run_of<'a>(&self, runs: &'a mut Runs, name: &[u8]) -> StoreResult<&'a mut LoadedRun> {
+        let cached = runs
+            .loaded
+            .range::<[u8], _>((std::ops::Bound::Unbounded, std::ops::Bound::Included(name)))
+            .next_back()
+            .filter(|(_, run)| run.next.as_deref().is_none_or(|next| name < next))
+            .map(|(key, _)| key.clone());
+        let key = match cached {
+            Some(key) => key,
+            None => {
+                let found = self.active_runs.range::<&[u8], _>(..=name).next_back().transpose().map_err(io)?;
+                let (key, records) = match found {
+                    Some((key, value)) => (key.to_vec(), codec::decode::<ActiveRun>(&value).map_err(|e| corrupt("active run", e))?.records),
+                    None => (FIRST_RUN.to_vec(), Vec::new()),
+                };
+                let next = self
+                    .active_runs
+                    .range::<&[u8], _>((std::ops::Bound::Excluded(key.as_slice()), std::ops::Bound::Unbounded))
+                    .next()
+                    .transpose()
+                    .map_err(io)?
+                    .map(|(next, _)| next.to_vec());
+                runs.loaded.insert(key.clone(), LoadedRun { next, records, dirty: false });
+                key
+            }
+        };
+        Ok(runs.loaded.entry(key).or_default())
+    }
+
+    /// `name`'s active record, through `runs`.
+    fn active_in(&self, runs: &mut Runs, name: &EndpointName) -> StoreResult<Option<ActiveRecord>> {
+        let run = self.run_of(runs, name.as_str().as_bytes())?;
+        Ok(run.find(name).ok().map(|at| run.records[at].1.clone()))
     }
 
     /// Draws the store's id if it has none (a new store, or one written before ids).
@@ -1090,11 +1240,7 @@ impl Inner {
     }
 
     fn read_active(&self, name: &EndpointName) -> StoreResult<Option<ActiveRecord>> {
-        self.active
-            .get(name.as_str().as_bytes())
-            .map_err(io)?
-            .map(|bytes| codec::decode::<ActiveRecord>(&bytes).map_err(|e| corrupt(format!("active record of {name}"), e)))
-            .transpose()
+        self.active_in(&mut Runs::default(), name)
     }
 
     /// The fenced write shared by `apply` and `retire`.
@@ -1127,7 +1273,9 @@ impl Inner {
         }
         let mut applied = self.meta_u64(META_APPLIED, 0)?;
         let mut results = Vec::with_capacity(items.len());
-        let mut writes = Vec::new();
+        // The names switched, in order, for the change log.
+        let mut switched: Vec<EndpointName> = Vec::new();
+        let mut runs = Runs::default();
         let mut reader = self.content_reader(generation)?;
         // The fence counts this batch changes, read once each.
         let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
@@ -1142,8 +1290,10 @@ impl Inner {
                 results.push(Err(StoreError::ContentMismatch { endpoint: name, generation, plan }));
                 continue;
             }
-            let current = self.read_active(&name)?;
-            let previous = match &current {
+            let run = self.run_of(&mut runs, name.as_str().as_bytes())?;
+            let at = run.find(&name);
+            let current = at.ok().map(|at| &run.records[at].1);
+            let previous = match current {
                 Some(active) if active.generation > generation => {
                     results.push(Err(StoreError::Stale { endpoint: name, active: active.generation, attempted: generation }));
                     continue;
@@ -1155,32 +1305,41 @@ impl Inner {
                 Some(active) => active.generation,
                 None => Generation::NONE,
             };
+            let was_serving = current.is_some_and(|a| matches!(a.state, ActiveState::Serving(_)));
+            let serves = matches!(state, ActiveState::Serving(_));
+            let record = ActiveRecord { generation, state };
+            match at {
+                Ok(at) => run.records[at].1 = record,
+                Err(at) => run.records.insert(at, (name.as_str().to_owned(), record)),
+            }
+            run.dirty = true;
             applied = applied.wrapping_add(1);
-            if current.as_ref().is_some_and(|a| matches!(a.state, ActiveState::Serving(_))) {
+            if was_serving {
                 self.fence_count(&mut counts, previous)?.leave(&name, previous)?;
             }
-            if matches!(state, ActiveState::Serving(_)) {
+            if serves {
                 self.fence_count(&mut counts, generation)?.join(&name);
             }
-            writes.push(Switch { record: codec::encode(&ActiveRecord { generation, state }), name });
+            switched.push(name);
             results.push(Ok(ApplyOutcome::Switched { previous }));
         }
-        if writes.is_empty() {
+        if switched.is_empty() {
             return Ok(results);
         }
-        let mut log = Vec::with_capacity(writes.iter().map(|w| w.name.as_str().len() + 1).sum());
-        for w in &writes {
+        let mut log = Vec::with_capacity(switched.iter().map(|name| name.as_str().len() + 1).sum());
+        for name in &switched {
             if !log.is_empty() {
                 log.push(0);
             }
-            log.extend_from_slice(w.name.as_str().as_bytes());
+            log.extend_from_slice(name.as_str().as_bytes());
         }
+        let run_writes = runs.writes();
         let counts: Vec<(Generation, Option<Vec<u8>>)> =
             counts.into_iter().map(|(g, count)| (g, (count.count > 0).then(|| count.encode()))).collect();
-        (&self.active, &self.fence_counts, &self.meta, &self.changes)
-            .transaction(|(active, fence_counts, meta, changes)| {
-                for w in &writes {
-                    active.insert(w.name.as_str().as_bytes(), w.record.as_slice())?;
+        (&self.active_runs, &self.fence_counts, &self.meta, &self.changes)
+            .transaction(|(active_runs, fence_counts, meta, changes)| {
+                for (key, run) in &run_writes {
+                    active_runs.insert(key.as_slice(), run.as_slice())?;
                 }
                 for (g, value) in &counts {
                     match value {
@@ -1195,7 +1354,7 @@ impl Inner {
             .map_err(tx_error)?;
         self.flush()?;
         self.publish_version()?;
-        let before = applied - writes.len() as u64;
+        let before = applied - switched.len() as u64;
         if before / CHANGE_LOG_TRIM_EVERY != applied / CHANGE_LOG_TRIM_EVERY {
             self.trim_change_log(applied)?;
         }
@@ -1380,11 +1539,10 @@ impl Inner {
 
     fn active_all_locked(&self) -> StoreResult<ActiveSnapshot> {
         let mut snapshot = ActiveSnapshot { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Default::default() };
-        for entry in self.active.iter() {
-            let (key, value) = entry.map_err(io)?;
-            let name = parse_name(&key, "active endpoint name")?;
-            let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
-            snapshot.endpoints.insert(name, record);
+        for run in self.active_runs.iter().values() {
+            for (name, record) in codec::decode::<ActiveRun>(&run.map_err(io)?).map_err(|e| corrupt("active run", e))?.records {
+                snapshot.endpoints.insert(parse_name(name.as_bytes(), "active endpoint name")?, record);
+            }
         }
         Ok(snapshot)
     }
@@ -1393,19 +1551,25 @@ impl Inner {
         check_page_limit(limit)?;
         let _guard = self.guard()?;
         let mut page = ActivePage { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Vec::with_capacity(limit), more: false };
-        let lower = match after {
-            Some(a) => std::ops::Bound::Excluded(a.as_str().as_bytes()),
-            None => std::ops::Bound::Unbounded,
+        let after = after.map(|a| a.as_str().as_bytes());
+        // The run that holds `after` (or would), then the runs after it.
+        let start = match after {
+            Some(a) => self.active_runs.range::<&[u8], _>(..=a).next_back().transpose().map_err(io)?.map(|(key, _)| key),
+            None => None,
         };
-        for entry in self.active.range::<&[u8], _>((lower, std::ops::Bound::Unbounded)) {
-            let (key, value) = entry.map_err(io)?;
-            if page.endpoints.len() == limit {
-                page.more = true;
-                break;
+        let start = start.map_or_else(|| FIRST_RUN.to_vec(), |key| key.to_vec());
+        'runs: for run in self.active_runs.range(start..).values() {
+            let run = codec::decode::<ActiveRun>(&run.map_err(io)?).map_err(|e| corrupt("active run", e))?;
+            for (name, record) in run.records {
+                if after.is_some_and(|a| name.as_bytes() <= a) {
+                    continue;
+                }
+                if page.endpoints.len() == limit {
+                    page.more = true;
+                    break 'runs;
+                }
+                page.endpoints.push((parse_name(name.as_bytes(), "active endpoint name")?, record));
             }
-            let name = parse_name(&key, "active endpoint name")?;
-            let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
-            page.endpoints.push((name, record));
         }
         Ok(page)
     }
@@ -1434,9 +1598,10 @@ impl Inner {
             }
         }
         let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() };
+        let mut runs = Runs::default();
         for key in names {
             let name = parse_name(&key, "change log")?;
-            let record = self.read_active(&name)?.ok_or_else(|| {
+            let record = self.active_in(&mut runs, &name)?.ok_or_else(|| {
                 corrupt(format!("change log names {name}, which has no active record"), codec::CodecError::Truncated { len: 0 })
             })?;
             delta.endpoints.insert(name, record);
@@ -1461,15 +1626,15 @@ impl Inner {
         Ok(decide_cleanup(self.horizon()?, self.latest()?, oldest, retain))
     }
 
-    /// An endpoint serving with fence `generation`, found by a scan of `active` (the cost of
+    /// An endpoint serving with fence `generation`, found by a scan of `active_runs` (the cost of
     /// a fence count whose witness moved on).
     fn serving_at(&self, generation: Generation) -> StoreResult<EndpointName> {
-        for entry in self.active.iter() {
-            let (key, value) = entry.map_err(io)?;
-            let name = parse_name(&key, "active endpoint name")?;
-            let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
-            if record.generation == generation && matches!(record.state, ActiveState::Serving(_)) {
-                return Ok(name);
+        for run in self.active_runs.iter().values() {
+            let run = codec::decode::<ActiveRun>(&run.map_err(io)?).map_err(|e| corrupt("active run", e))?;
+            for (name, record) in run.records {
+                if record.generation == generation && matches!(record.state, ActiveState::Serving(_)) {
+                    return parse_name(name.as_bytes(), "active endpoint name");
+                }
             }
         }
         Err(corrupt(
@@ -2352,5 +2517,134 @@ mod tests {
         assert_eq!(store.cleanup(1).await.expect("cleanup").horizon_after, Generation(4));
         assert!(store.inner.contents_chunks.scan_prefix(Generation(1).to_be_bytes()).next().is_none(), "plan 1's chunks are gone");
         assert_eq!(contents_of(&store, Generation(4)), wide + 300 + 70_000);
+    }
+
+    /// Every run as stored: its key and its names.
+    fn stored_runs(store: &SledStore) -> Vec<(Vec<u8>, Vec<String>)> {
+        store
+            .inner
+            .active_runs
+            .iter()
+            .map(|entry| {
+                let (key, value) = entry.expect("entry");
+                let run = codec::decode::<ActiveRun>(&value).expect("run");
+                (key.to_vec(), run.records.into_iter().map(|(name, _)| name).collect())
+            })
+            .collect()
+    }
+
+    /// Endpoints applied in batches of scattered names land in runs that stay in name order,
+    /// within `ACTIVE_RUN_MAX`, each keyed by its first name (the first by a 0 byte); every
+    /// read (one name, a page walk, the whole state, a delta) gives each endpoint its own
+    /// record.
+    #[tokio::test]
+    async fn active_runs_split_in_name_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let count = ACTIVE_RUN_MAX * 5 + 17;
+        store.publish(&uniform_plan(1, count, 1)).await.expect("publish");
+        store.publish(&uniform_plan(2, count, 2)).await.expect("publish");
+        // A fixed shuffle: an enactor's batches are in name order, a retry's or another
+        // enactor's need not be.
+        let mut order: Vec<usize> = (0..count).collect();
+        let mut x = 7u64;
+        for i in (1..order.len()).rev() {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            order.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        let name = |i: usize| items(&[&format!("e{i}")], 1)[0].endpoint.clone();
+        for batch in order.chunks(100) {
+            let mut items: Vec<ApplyItem> = batch.iter().map(|&i| ApplyItem { endpoint: name(i), records: endpoint(1) }).collect();
+            items.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+            for result in store.apply_many(Generation(1), &items).await.expect("batch") {
+                result.expect("plan 1's content");
+            }
+        }
+        let seen = store.version().await.expect("version").applied_changes;
+        // Plan 2 on every third endpoint, scattered through the runs.
+        let moved: Vec<ApplyItem> = (0..count).step_by(3).map(|i| ApplyItem { endpoint: name(i), records: endpoint(2) }).collect();
+        let mut moved_sorted = moved.clone();
+        moved_sorted.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        for batch in moved_sorted.chunks(crate::store::APPLY_BATCH_MAX) {
+            for result in store.apply_many(Generation(2), batch).await.expect("batch") {
+                result.expect("plan 2's content");
+            }
+        }
+        let runs = stored_runs(&store);
+        assert!(runs.len() >= count.div_ceil(ACTIVE_RUN_MAX), "{} runs for {count} endpoints", runs.len());
+        assert_eq!(runs[0].0, FIRST_RUN);
+        let mut all: Vec<String> = Vec::new();
+        for (key, names) in &runs {
+            assert!(!names.is_empty() && names.len() <= ACTIVE_RUN_MAX, "a run of {}", names.len());
+            if key.as_slice() != FIRST_RUN {
+                assert_eq!(key.as_slice(), names[0].as_bytes(), "a run is keyed by its first name");
+            }
+            all.extend(names.iter().cloned());
+        }
+        let mut want: Vec<String> = (0..count).map(|i| name(i).as_str().to_owned()).collect();
+        want.sort();
+        assert_eq!(all, want, "every endpoint once, in name byte order");
+        let generation_of = |i: usize| Generation(if i.is_multiple_of(3) { 2 } else { 1 });
+        for i in [0, 1, 2, 3, count / 2, count - 1] {
+            let record = store.active(&name(i)).await.expect("active").expect("a record");
+            assert_eq!(record.generation, generation_of(i), "e{i}");
+        }
+        let mut walked = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.active_page(after.clone(), 7).await.expect("page");
+            walked.extend(page.endpoints.iter().map(|(n, r)| (n.as_str().to_owned(), r.generation)));
+            after = page.endpoints.last().map(|(n, _)| n.clone());
+            if !page.more {
+                break;
+            }
+        }
+        let by_name: Vec<(String, Generation)> = (0..count).map(|i| (name(i).as_str().to_owned(), generation_of(i))).collect();
+        let mut by_name = by_name;
+        by_name.sort();
+        assert_eq!(walked, by_name, "a walk in pages of 7");
+        let whole = store.active_all().await.expect("all");
+        assert_eq!(whole.endpoints.len(), count);
+        let delta = store.active_since(seen).await.expect("delta");
+        assert!(!delta.full);
+        assert_eq!(delta.endpoints.len(), moved.len());
+        assert!(delta.endpoints.values().all(|r| r.generation == Generation(2)));
+        assert_eq!(stored_counts(&store), recount(&store));
+    }
+
+    /// A store written with one `active` key per endpoint gets its runs when opened, and the
+    /// tree is dropped.
+    #[tokio::test]
+    async fn a_store_with_a_key_per_endpoint_is_grouped_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let count = ACTIVE_RUN_MAX * 2 + 5;
+        let before = {
+            let store = SledStore::open(dir.path()).expect("open");
+            store.publish(&uniform_plan(1, count, 1)).await.expect("publish");
+            let items: Vec<ApplyItem> = uniform_plan(1, count, 1)
+                .into_plan()
+                .endpoints
+                .into_iter()
+                .map(|(endpoint, records)| ApplyItem { endpoint, records })
+                .collect();
+            for result in store.apply_many(Generation(1), &items).await.expect("batch") {
+                result.expect("applied");
+            }
+            let before = store.active_all().await.expect("all");
+            // Back to the older layout: a key per endpoint, no runs, layout 2.
+            let legacy = store.inner.db.open_tree(LEGACY_ACTIVE).expect("tree");
+            for (name, record) in &before.endpoints {
+                legacy.insert(name.as_str().as_bytes(), codec::encode(record)).expect("insert");
+            }
+            store.inner.active_runs.clear().expect("clear");
+            store.inner.meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).expect("layout");
+            store.inner.flush().expect("flush");
+            before
+        };
+        let store = SledStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.active_all().await.expect("all").endpoints, before.endpoints);
+        assert!(!store.inner.db.tree_names().iter().any(|n| n.as_ref() == LEGACY_ACTIVE.as_bytes()), "the tree is dropped");
+        assert_eq!(stored_runs(&store).len(), count.div_ceil(ACTIVE_RUN_MAX));
+        assert_eq!(store.inner.meta_u64(META_LAYOUT, 0).expect("layout"), LAYOUT_ACTIVE_RUNS);
     }
 }
