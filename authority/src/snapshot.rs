@@ -218,6 +218,32 @@ impl Managed {
     }
 }
 
+/// The static records at one name: one pointer, null for the names that have none (almost
+/// every managed endpoint), so an entry carries 8 bytes for them, not a 24-byte `Vec`: 16 MB
+/// at 1,000,000 names.
+#[derive(Clone, Debug, Default)]
+#[allow(clippy::box_collection, reason = "the box makes the empty case one null pointer; a Vec is three words")]
+pub struct Statics(Option<Box<Vec<Record>>>);
+
+impl Statics {
+    pub fn push(&mut self, record: Record) {
+        self.0.get_or_insert_default().push(record);
+    }
+}
+
+impl std::ops::Deref for Statics {
+    type Target = [Record];
+    fn deref(&self) -> &[Record] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl std::ops::DerefMut for Statics {
+    fn deref_mut(&mut self) -> &mut [Record] {
+        self.0.as_deref_mut().map_or(&mut [], Vec::as_mut_slice)
+    }
+}
+
 /// Everything served at one owner name, plus how many names with data lie below it (a name
 /// without data but with descendants is an empty non-terminal: NODATA, not NXDOMAIN).
 #[derive(Clone, Debug, Default)]
@@ -226,7 +252,7 @@ pub struct Entry {
     pub key: SmallVec<[u8; 40]>,
     pub managed: Option<Managed>,
     /// Static records at this name (the apex SOA and NS included).
-    pub statics: Vec<Record>,
+    pub statics: Statics,
     descendants: u32,
 }
 

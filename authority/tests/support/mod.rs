@@ -76,7 +76,17 @@ impl TestAuthority {
             })
             .await
         });
-        let bound = bound_rx.await.map_err(|_| anyhow::anyhow!("authority stopped before binding"))?;
+        let bound = match bound_rx.await {
+            Ok(bound) => bound,
+            Err(_) => {
+                let why = match task.await {
+                    Ok(Err(err)) => format!("{err:#}"),
+                    Ok(Ok(())) => "it returned".into(),
+                    Err(err) => err.to_string(),
+                };
+                anyhow::bail!("authority stopped before binding: {why}");
+            }
+        };
         let control = format!("http://{}", bound.control);
         let store = RemoteStore::new(&control, Some(TOKEN.into()))?;
         Ok(TestAuthority { dns: bound.dns[0], control, store, stop: Some(stop_tx), task })

@@ -444,7 +444,11 @@ impl SledStore {
         let db = loop {
             match sled::Config::new().path(path).open() {
                 Ok(db) => break db,
-                Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // sled reports a held lock as an `Other` error naming it, with the
+                // `WouldBlock` of the lock call only in its text.
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock") =>
+                {
                     if std::time::Instant::now() >= deadline {
                         return Err(StoreError::Unavailable(format!(
                             "{} is in use by another process (sled holds a lock on it); stop that process first: {e}",
@@ -2646,5 +2650,19 @@ mod tests {
         assert!(!store.inner.db.tree_names().iter().any(|n| n.as_ref() == LEGACY_ACTIVE.as_bytes()), "the tree is dropped");
         assert_eq!(stored_runs(&store).len(), count.div_ceil(ACTIVE_RUN_MAX));
         assert_eq!(store.inner.meta_u64(META_LAYOUT, 0).expect("layout"), LAYOUT_ACTIVE_RUNS);
+    }
+
+    /// A store held open is reported as in use, after `OPEN_LOCK_WAIT` of retries (the time
+    /// a store just dropped, or a process that just exited, takes to let go), not as an I/O
+    /// error at once.
+    #[test]
+    fn a_store_in_use_is_waited_for_then_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let held = SledStore::open(dir.path()).expect("open");
+        let started = std::time::Instant::now();
+        let refused = SledStore::open(dir.path()).err().expect("a second open while the first holds the lock");
+        assert!(matches!(&refused, StoreError::Unavailable(why) if why.contains("in use by another process")), "{refused}");
+        assert!(started.elapsed() >= OPEN_LOCK_WAIT, "refused after {:?}, before retrying for {OPEN_LOCK_WAIT:?}", started.elapsed());
+        drop(held);
     }
 }
