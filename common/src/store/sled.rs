@@ -523,20 +523,33 @@ impl Inner {
         }
     }
 
-    /// Counts the `fences` index of a store written before `fence_counts` into it, then drops
-    /// the index (see the module docs). A new store only gets its `layout` mark.
-    fn migrate_fences(&self) -> StoreResult<()> {
-        let has_legacy = self.db.tree_names().iter().any(|name| name.as_ref() == LEGACY_FENCES.as_bytes());
-        let layout = self.meta_u64(META_LAYOUT, 1)?;
-        if !has_legacy {
-            if layout < LAYOUT_FENCE_COUNTS {
-                self.meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).map_err(io)?;
-                self.flush()?;
-            }
-            return Ok(());
+    /// Converts a store whose tree `legacy` belongs to a layout before `layout`: `convert`
+    /// writes the new trees from it (starting from empty, so a rerun redoes it), then `layout`
+    /// is marked and `legacy` dropped, each step flushed. Interrupted before the mark, the
+    /// next open converts again; after it, only the drop is left. A store without `legacy`
+    /// (a new one) only gets the mark.
+    fn convert_legacy(&self, legacy: &str, layout: u64, convert: impl FnOnce(&sled::Tree) -> StoreResult<()>) -> StoreResult<()> {
+        let has_legacy = self.db.tree_names().iter().any(|name| name.as_ref() == legacy.as_bytes());
+        let current = self.meta_u64(META_LAYOUT, 1)?;
+        if has_legacy && current < layout {
+            convert(&self.db.open_tree(legacy).map_err(io)?)?;
+            self.flush()?;
         }
-        if layout < LAYOUT_FENCE_COUNTS {
-            let fences = self.db.open_tree(LEGACY_FENCES).map_err(io)?;
+        if current < layout {
+            self.meta.insert(META_LAYOUT, &layout.to_be_bytes()).map_err(io)?;
+            self.flush()?;
+        }
+        if has_legacy {
+            self.db.drop_tree(legacy).map_err(io)?;
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Counts the `fences` index of a store written before `fence_counts` into it (see the
+    /// module docs).
+    fn migrate_fences(&self) -> StoreResult<()> {
+        self.convert_legacy(LEGACY_FENCES, LAYOUT_FENCE_COUNTS, |fences| {
             let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
             let mut endpoints = 0u64;
             for key in fences.iter().keys() {
@@ -552,29 +565,15 @@ impl Inner {
                 batch.insert(&g.to_be_bytes(), count.encode());
             }
             self.fence_counts.apply_batch(batch).map_err(io)?;
-            self.flush()?;
-            self.meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).map_err(io)?;
-            self.flush()?;
             tracing::info!(endpoints, generations = counts.len(), "counted the store's fence index into fence counts");
-        }
-        self.db.drop_tree(LEGACY_FENCES).map_err(io)?;
-        self.flush()
+            Ok(())
+        })
     }
 
-    /// Groups the `active` tree of a store written before `active_runs` into runs, then drops
-    /// it (see the module docs). A new store only gets its `layout` mark.
+    /// Groups the `active` tree of a store written before `active_runs` into runs (see the
+    /// module docs).
     fn migrate_active(&self) -> StoreResult<()> {
-        let has_legacy = self.db.tree_names().iter().any(|name| name.as_ref() == LEGACY_ACTIVE.as_bytes());
-        let layout = self.meta_u64(META_LAYOUT, 1)?;
-        if !has_legacy {
-            if layout < LAYOUT_ACTIVE_RUNS {
-                self.meta.insert(META_LAYOUT, &LAYOUT_ACTIVE_RUNS.to_be_bytes()).map_err(io)?;
-                self.flush()?;
-            }
-            return Ok(());
-        }
-        if layout < LAYOUT_ACTIVE_RUNS {
-            let legacy = self.db.open_tree(LEGACY_ACTIVE).map_err(io)?;
+        self.convert_legacy(LEGACY_ACTIVE, LAYOUT_ACTIVE_RUNS, |legacy| {
             self.active_runs.clear().map_err(io)?;
             let mut run = Vec::with_capacity(ACTIVE_RUN_MAX);
             let mut key = FIRST_RUN.to_vec();
@@ -585,9 +584,8 @@ impl Inner {
                 let name = parse_name(&name, "active endpoint name")?;
                 let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
                 if run.len() == ACTIVE_RUN_MAX {
-                    batch
-                        .insert(std::mem::replace(&mut key, name.as_str().as_bytes().to_vec()), codec::encode(&ActiveRun { records: run }));
-                    run = Vec::with_capacity(ACTIVE_RUN_MAX);
+                    let first = std::mem::replace(&mut key, name.as_str().as_bytes().to_vec());
+                    batch.insert(first, codec::encode(&ActiveRun { records: std::mem::take(&mut run) }));
                 }
                 run.push((name.as_str().to_owned(), record));
                 endpoints += 1;
@@ -596,13 +594,9 @@ impl Inner {
                 batch.insert(key, codec::encode(&ActiveRun { records: run }));
             }
             self.active_runs.apply_batch(batch).map_err(io)?;
-            self.flush()?;
-            self.meta.insert(META_LAYOUT, &LAYOUT_ACTIVE_RUNS.to_be_bytes()).map_err(io)?;
-            self.flush()?;
             tracing::info!(endpoints, "grouped the store's active records into runs");
-        }
-        self.db.drop_tree(LEGACY_ACTIVE).map_err(io)?;
-        self.flush()
+            Ok(())
+        })
     }
 
     /// The run that holds (or would hold) `name`: from `runs` if read already, else read from
