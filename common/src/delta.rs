@@ -90,6 +90,28 @@ impl PlanDelta {
         Some(PlanDelta { head: PlanHead::of(plan.plan()), changes: changes.changes })
     }
 
+    /// `plan` told against `parent` when the caller knows which endpoints can differ:
+    /// only `names` are compared, so this costs what they are, not what the plans hold (the
+    /// planner names the endpoints its decision changed). An endpoint not named must hold the
+    /// same entry in both; a named one that does not differ is left out. `None` as for
+    /// [`PlanDelta::between`].
+    pub fn between_named<'a>(parent: &Plan, plan: &ValidatedPlan, names: impl IntoIterator<Item = &'a EndpointName>) -> Option<PlanDelta> {
+        if parent.generation != plan.plan().parent_generation {
+            return None;
+        }
+        let mut changes = BTreeMap::new();
+        for name in names {
+            let now = entry_in(plan.plan(), name);
+            if now != entry_in(parent, name) {
+                if changes.len() == PLAN_CHANGES_ENDPOINTS_MAX && !changes.contains_key(name) {
+                    return None;
+                }
+                changes.insert(name.clone(), now.into_owned());
+            }
+        }
+        Some(PlanDelta { head: PlanHead::of(plan.plan()), changes })
+    }
+
     pub fn generation(&self) -> Generation {
         self.head.generation
     }
@@ -131,6 +153,33 @@ impl PlanDelta {
         let (mut endpoints, mut retired) = parent.map(|p| (p.endpoints, p.retired)).unwrap_or_default();
         apply_entries(&mut endpoints, &mut retired, self.changes);
         ValidatedPlan::new(self.head.with_endpoints(endpoints, retired))
+    }
+}
+
+/// What `plan` says of `name`, borrowed where it serves it.
+fn entry_in<'a>(plan: &'a Plan, name: &EndpointName) -> EntryOf<'a> {
+    match plan.endpoints.get(name) {
+        Some(records) => EntryOf::Serve(records),
+        None if plan.retired.contains(name) => EntryOf::Retire,
+        None => EntryOf::Absent,
+    }
+}
+
+/// A [`PlanEntry`] that borrows its records, to compare without cloning.
+#[derive(PartialEq)]
+enum EntryOf<'a> {
+    Serve(&'a Endpoint),
+    Retire,
+    Absent,
+}
+
+impl EntryOf<'_> {
+    fn into_owned(self) -> PlanEntry {
+        match self {
+            EntryOf::Serve(records) => PlanEntry::Serve(records.clone()),
+            EntryOf::Retire => PlanEntry::Retire,
+            EntryOf::Absent => PlanEntry::Absent,
+        }
     }
 }
 
@@ -202,6 +251,7 @@ mod tests {
         fn a_delta_applied_to_its_parent_is_the_plan(
             before in proptest::collection::vec(0u8..4, 10),
             after in proptest::collection::vec(0u8..4, 10),
+            also in proptest::collection::vec(proptest::bool::ANY, 10),
         ) {
             // Per name: 0 absent, 1 retired, 2 and 3 served with two different records.
             let make = |g: u64, states: &[u8]| {
@@ -218,6 +268,12 @@ mod tests {
             let (a, b) = (make(1, &before), ValidatedPlan::new(make(2, &after)).unwrap());
             let delta = PlanDelta::between(&a, &b).unwrap();
             proptest::prop_assert!(delta.check().is_ok());
+            // Told with the names that may differ (every changed one, some that did not
+            // change), the delta is the same.
+            let mut named: Vec<EndpointName> = delta.changes.keys().cloned().collect();
+            named.extend((0..also.len()).filter(|i| also[*i]).map(|i| name(&format!("n{i}"))));
+            named.push(name("always"));
+            proptest::prop_assert_eq!(PlanDelta::between_named(&a, &b, &named), Some(delta.clone()));
             proptest::prop_assert_eq!(delta.apply_to(Some(a)).unwrap(), b);
         }
     }

@@ -83,8 +83,18 @@ pub struct PlannerState {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     NoChange,
-    Publish { endpoints: BTreeMap<EndpointName, Endpoint>, provenance: Vec<Provenance>, reason: String },
-    Breaker { reason: String },
+    /// `changed`: the endpoints whose records differ from the previous plan's (all of them
+    /// for a first plan). The publish sends the plan as its changes against its parent from
+    /// these alone, without comparing the plans whole.
+    Publish {
+        endpoints: BTreeMap<EndpointName, Endpoint>,
+        changed: BTreeSet<EndpointName>,
+        provenance: Vec<Provenance>,
+        reason: String,
+    },
+    Breaker {
+        reason: String,
+    },
 }
 
 /// A decision and the state to keep if it is carried out (published, or nothing to do).
@@ -323,7 +333,7 @@ pub fn decide(
     let mut endpoints = BTreeMap::new();
     let mut provenance = Vec::new();
     let mut changed_other = 0usize;
-    let mut changed_any = 0usize;
+    let mut changed_any = BTreeSet::new();
     let mut rules: BTreeMap<&'static str, usize> = BTreeMap::new();
     let mut deferred = Vec::new();
     // What each endpoint changed for reasons other than a zone shift, should the breaker stop it.
@@ -334,7 +344,7 @@ pub fn decide(
         deferred.extend(decided.deferred);
         let changed = prev != Some(&decided.endpoint);
         if changed {
-            changed_any += 1;
+            changed_any.insert(ep.name.clone());
             if decided.causes.contains(&Cause::Other) || prev.is_none() {
                 changed_other += 1;
                 stopped.push((ep.name.clone(), decided.provenance.iter().map(|p| p.detail.clone()).collect()));
@@ -364,7 +374,7 @@ pub fn decide(
         }
     }
 
-    if changed_any == 0 {
+    if changed_any.is_empty() {
         return Outcome { decision: Decision::NoChange, state: next, deferred };
     }
     let total = config.endpoints.len();
@@ -397,13 +407,13 @@ pub fn decide(
         format!("initial plan: {total} endpoints")
     } else {
         let parts: Vec<String> = rules.iter().map(|(r, n)| format!("{r} ({n})")).collect();
-        format!("{changed_any} endpoint(s) changed: {}", parts.join(", "))
+        format!("{} endpoint(s) changed: {}", changed_any.len(), parts.join(", "))
     };
     if !zone_notes.is_empty() {
         reason = format!("{reason}; {}", zone_notes.join("; "));
     }
     reason.truncate(dnsplan_common::plan::REASON_BYTES_MAX);
-    Outcome { decision: Decision::Publish { endpoints, provenance, reason }, state: next, deferred }
+    Outcome { decision: Decision::Publish { endpoints, changed: changed_any, provenance, reason }, state: next, deferred }
 }
 
 fn rule_name(rule: &str) -> &'static str {
@@ -737,7 +747,7 @@ impl Decision {
         match self {
             Decision::NoChange => "no change".into(),
             Decision::Breaker { reason } => reason.clone(),
-            Decision::Publish { endpoints, provenance, reason } => {
+            Decision::Publish { endpoints, provenance, reason, .. } => {
                 let mut out = format!("publish: {reason}");
                 for (name, e) in endpoints {
                     let targets: Vec<String> = e.targets.iter().map(|t| format!("{}:{}={}", t.zone, t.address, t.weight)).collect();
@@ -823,8 +833,9 @@ mod tests {
         fn step(&mut self, at_ms: u64, down: &[&str]) -> Outcome {
             let outcome = decide(&self.config, &health(&self.config, down), self.previous.as_ref(), &self.state, at_ms, &mut self.rng);
             match &outcome.decision {
-                Decision::Publish { endpoints, provenance, reason } => {
-                    let g = self.previous.as_ref().map_or(0, |p| p.generation.0) + 1;
+                Decision::Publish { endpoints, changed, provenance, reason } => {
+                    let before = self.previous.take();
+                    let g = before.as_ref().map_or(0, |p| p.generation.0) + 1;
                     self.previous = Some(Plan {
                         generation: Generation(g),
                         parent_generation: Generation(g - 1),
@@ -837,6 +848,12 @@ mod tests {
                         rollback_of: None,
                         provenance: provenance.clone(),
                     });
+                    let plan = self.previous.as_ref().unwrap();
+                    let found: BTreeSet<EndpointName> = match &before {
+                        Some(p) => dnsplan_common::PlanChanges::between(p, plan).unwrap().changes.into_keys().collect(),
+                        None => plan.endpoints.keys().cloned().collect(),
+                    };
+                    assert_eq!(changed, &found, "the changed endpoints the decision names");
                     self.state = outcome.state.clone();
                 }
                 Decision::NoChange => self.state = outcome.state.clone(),

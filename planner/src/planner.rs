@@ -25,15 +25,15 @@ use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX, publish_against};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX, publish_told};
 use dnsplan_common::{
-    ActiveState, Author, Endpoint, EndpointName, Generation, Lease, PauseState, Plan, Provenance, Store, StoreError, StoreResult,
-    ValidatedPlan,
+    ActiveState, Author, Endpoint, EndpointName, Generation, Lease, PauseState, Plan, PlanDelta, Provenance, Store, StoreError,
+    StoreResult, ValidatedPlan,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -276,7 +276,7 @@ impl<S: Store> Planner<S> {
                 })
                 .collect();
             let reason = format!("{} endpoint(s) served but missing from plan {latest}: adopted as served", adopted.len());
-            outcome.decision = Decision::Publish { endpoints: p.endpoints.clone(), provenance, reason };
+            outcome.decision = Decision::Publish { endpoints: p.endpoints.clone(), changed: BTreeSet::new(), provenance, reason };
         }
         let held = summarize(&outcome.deferred).map(|h| format!("; {h}")).unwrap_or_default();
         match outcome.decision {
@@ -306,7 +306,7 @@ impl<S: Store> Planner<S> {
                 });
                 self.call(self.store.pause(pause)).await
             }
-            Decision::Publish { endpoints, provenance, reason } => {
+            Decision::Publish { endpoints, changed, provenance, reason } => {
                 self.metrics.decision("publish");
                 let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
                 let plan = Plan {
@@ -324,9 +324,14 @@ impl<S: Store> Planner<S> {
                 let plan = ValidatedPlan::new(plan)?;
                 let lease = self.lease.clone().ok_or(StoreError::NotLeaseHolder { holder: None, epoch: 0, attempted_epoch: 0 })?;
                 // Sent as its changes against the latest plan as the store holds it (not as
-                // adopted here: adopted endpoints are changes too).
+                // adopted here), found from what can differ: what the decision changed, what
+                // was adopted, and the parent's retirements (a planner's plan retires none).
+                // Comparing only those keeps the publish proportional to the change.
                 let parent = self.last_plan.take();
-                self.call(publish_against(&self.store, parent.as_deref(), &plan, Some(&lease))).await?;
+                let delta = parent.as_deref().and_then(|parent| {
+                    PlanDelta::between_named(parent, &plan, changed.iter().chain(adopted.keys()).chain(&parent.retired))
+                });
+                self.call(publish_told(&self.store, delta, &plan, Some(&lease))).await?;
                 self.last_plan = Some(Arc::new(plan.into_plan()));
                 self.metrics.plans_published.inc();
                 self.metrics.last_published_generation.set(next.0 as i64);

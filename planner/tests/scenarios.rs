@@ -3,11 +3,12 @@
 //! published plan the previous one and keeps the state of every decision carried out. What
 //! the rules held back in each decision follows it as `~ held by RULE` lines.
 
-use dnsplan_common::{Author, Generation, Plan};
+use dnsplan_common::{Author, EndpointName, Generation, Plan, PlanChanges};
 use dnsplan_planner::config::PlannerConfig;
 use dnsplan_planner::decide::{Decision, Health, HealthView, PlannerState, decide};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use std::collections::BTreeSet;
 use std::fmt::Write;
 
 /// `endpoints` endpoints named e0.., each with `per_zone` targets in zones a, b, c. Target
@@ -56,9 +57,9 @@ fn run(config: &PlannerConfig, steps: &[Step]) -> String {
             writeln!(out, "  ~ held by {} {}{target}: {}{when}", d.rule, d.endpoint, d.detail).unwrap();
         }
         match outcome.decision {
-            Decision::Publish { endpoints, provenance, reason } => {
+            Decision::Publish { endpoints, changed, provenance, reason } => {
                 let g = previous.as_ref().map(|p| p.generation.0).unwrap_or(0) + 1;
-                previous = Some(Plan {
+                let plan = Plan {
                     generation: Generation(g),
                     parent_generation: Generation(g - 1),
                     created_at_unix_ms: step.t * 1_000,
@@ -69,7 +70,14 @@ fn run(config: &PlannerConfig, steps: &[Step]) -> String {
                     retired: Default::default(),
                     rollback_of: None,
                     provenance,
-                });
+                };
+                // What the decision says it changed is what changed: the publish sends only those.
+                let found: BTreeSet<EndpointName> = match &previous {
+                    Some(p) => PlanChanges::between(p, &plan).expect("a small change").changes.into_keys().collect(),
+                    None => plan.endpoints.keys().cloned().collect(),
+                };
+                assert_eq!(changed, found, "t={}s: the changed endpoints the decision names", step.t);
+                previous = Some(plan);
                 state = outcome.state;
             }
             Decision::NoChange => state = outcome.state,

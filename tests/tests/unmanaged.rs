@@ -68,7 +68,7 @@ async fn plan_next(store: &SledStore, config: &PlannerConfig, step: u64, rng: &m
     let latest = store.latest().await?;
     let previous = if latest.is_none() { None } else { Some(store.plan(latest).await?.into_plan()) };
     let outcome = decide(config, &health, previous.as_ref(), &PlannerState::default(), step * 1_000, rng);
-    let Decision::Publish { endpoints, provenance, reason } = outcome.decision else {
+    let Decision::Publish { endpoints, provenance, reason, .. } = outcome.decision else {
         anyhow::bail!("step {step}: the planner decided {}", outcome.decision.describe());
     };
     let next = latest.next().expect("far from exhausted");

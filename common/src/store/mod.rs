@@ -480,7 +480,12 @@ pub async fn publish_changes_whole<S: Store>(store: &S, delta: &PlanDelta, lease
 /// Publishes `plan`, as its changes against `parent` (the plan its parent generation names,
 /// as read from this store) when that is smaller, else whole.
 pub async fn publish_against<S: Store>(store: &S, parent: Option<&Plan>, plan: &ValidatedPlan, lease: Option<&Lease>) -> StoreResult<()> {
-    match parent.and_then(|parent| PlanDelta::between(parent, plan)) {
+    publish_told(store, parent.and_then(|parent| PlanDelta::between(parent, plan)), plan, lease).await
+}
+
+/// Publishes `plan` as `delta` (its changes, found by the caller) when there is one, else whole.
+pub async fn publish_told<S: Store>(store: &S, delta: Option<PlanDelta>, plan: &ValidatedPlan, lease: Option<&Lease>) -> StoreResult<()> {
+    match delta {
         Some(delta) => store.publish_changes(&delta, lease).await,
         None => match lease {
             Some(lease) => store.publish_leased(plan, lease).await,
