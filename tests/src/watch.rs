@@ -11,6 +11,7 @@ use dnsplan_common::dns_probe::{self, DnsAnswer, RecordType};
 use dnsplan_common::{ActiveSnapshot, ActiveState, DnsName, EndpointName, Generation, Store, StoreVersion, ValidatedPlan};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -32,6 +33,12 @@ pub struct Answer {
     /// server caught up with the store. Plans below it were deleted before this answer, and
     /// cleanup never deletes an active plan, so an answer only they serve is a deleted plan's.
     pub deleted_below: Option<Generation>,
+    /// When the query was sent and when its answer came back, on the watcher's clock (a
+    /// counter every send and every receipt moves). The prober and a checkpoint ask at the
+    /// same time, so answers are recorded in the order their tasks ran, not in the order the
+    /// server gave them: one asked before a change can be recorded after one asked after it.
+    pub asked: u64,
+    pub answered: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -47,8 +54,9 @@ pub struct History {
     pub snapshots: Vec<Observed>,
 }
 
-/// A prober and an observer running until [`Watcher::stop`]. Both append, in time order, to
-/// the same history that [`Watcher::checkpoint`] adds to.
+/// A prober and an observer running until [`Watcher::stop`]. Both append to the same history
+/// that [`Watcher::checkpoint`] adds to, each when its task gets to it (answers carry when
+/// they were asked and answered, which is what `check` orders them by).
 pub struct Watcher<S: Store> {
     stop: watch::Sender<bool>,
     prober: JoinHandle<()>,
@@ -64,6 +72,8 @@ struct Shared<S: Store> {
     names: Vec<EndpointName>,
     store: S,
     history: Arc<Mutex<History>>,
+    /// The clock of `Answer::asked` and `Answer::answered`.
+    clock: Arc<AtomicU64>,
 }
 
 impl<S: Store> Shared<S> {
@@ -71,6 +81,13 @@ impl<S: Store> Shared<S> {
         let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
         history.answers.push(answer);
         history.answers.len()
+    }
+
+    async fn ask(&self, name: &EndpointName) -> Answer {
+        let asked = self.clock.fetch_add(1, Ordering::SeqCst);
+        let result = dns_probe::query(self.dns, name.as_str(), RecordType::A, QUERY_TIMEOUT).await.map_err(|e| e.to_string());
+        let answered = self.clock.fetch_add(1, Ordering::SeqCst);
+        Answer { name: name.clone(), result, deleted_below: None, asked, answered }
     }
 
     /// Records one snapshot; false when the store could not be read.
@@ -112,7 +129,14 @@ impl<S: Store> Watcher<S> {
     /// shows the store's applied changes): a caller that waited for the store to reach a
     /// state must not probe before the authority has followed it there.
     pub async fn start_caught_up(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> anyhow::Result<Watcher<S>> {
-        let shared = Shared { dns, origin: origin.clone(), names: names.clone(), store: store.clone(), history: Arc::default() };
+        let shared = Shared {
+            dns,
+            origin: origin.clone(),
+            names: names.clone(),
+            store: store.clone(),
+            history: Arc::default(),
+            clock: Arc::default(),
+        };
         shared.authority_caught_up().await?;
         Ok(Watcher::start(dns, origin, names, store))
     }
@@ -120,7 +144,7 @@ impl<S: Store> Watcher<S> {
     /// Watches `names` in the DNS zone `origin` served at `dns` from `store`.
     pub fn start(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> Watcher<S> {
         let (stop, stopped) = watch::channel(false);
-        let shared = Shared { dns, origin, names, store, history: Arc::default() };
+        let shared = Shared { dns, origin, names, store, history: Arc::default(), clock: Arc::default() };
         let prober = tokio::spawn(probe(shared.clone(), stopped.clone()));
         let observer = Some(tokio::spawn(observe(shared.clone(), stopped)));
         Watcher { stop, prober, observer, shared }
@@ -132,7 +156,7 @@ impl<S: Store> Watcher<S> {
     /// transferred the change.
     pub fn start_secondary(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> Watcher<S> {
         let (stop, stopped) = watch::channel(false);
-        let shared = Shared { dns, origin, names, store, history: Arc::default() };
+        let shared = Shared { dns, origin, names, store, history: Arc::default(), clock: Arc::default() };
         let prober = tokio::spawn(probe(shared.clone(), stopped));
         Watcher { stop, prober, observer: None, shared }
     }
@@ -149,7 +173,7 @@ impl<S: Store> Watcher<S> {
             self.shared.observe_once().await;
         }
         for name in &self.shared.names {
-            let answer = ask(self.shared.dns, name).await;
+            let answer = self.shared.ask(name).await;
             self.shared.push_answer(Answer { deleted_below: horizon, ..answer });
         }
         Ok(())
@@ -168,18 +192,13 @@ impl<S: Store> Watcher<S> {
     }
 }
 
-async fn ask(dns: SocketAddr, name: &EndpointName) -> Answer {
-    let result = dns_probe::query(dns, name.as_str(), RecordType::A, QUERY_TIMEOUT).await.map_err(|e| e.to_string());
-    Answer { name: name.clone(), result, deleted_below: None }
-}
-
 async fn probe<S: Store>(shared: Shared<S>, stopped: watch::Receiver<bool>) {
     loop {
         for name in &shared.names {
             if *stopped.borrow() {
                 return;
             }
-            if shared.push_answer(ask(shared.dns, name).await) >= ANSWERS_MAX {
+            if shared.push_answer(shared.ask(name).await) >= ANSWERS_MAX {
                 return;
             }
         }
@@ -227,7 +246,8 @@ pub fn check_with(history: &History, published: &BTreeMap<Generation, ValidatedP
             served_by.entry(name).or_default().push((*g, endpoint.targets.iter().map(|t| t.address).collect()));
         }
     }
-    let mut floor: BTreeMap<&EndpointName, Generation> = BTreeMap::new();
+    // Each answer's plans (the lowest and highest that serve what it got).
+    let mut judged: Vec<Option<(Generation, Generation)>> = vec![None; history.answers.len()];
     for (i, answer) in history.answers.iter().enumerate() {
         let got = match &answer.result {
             Ok(got) if got.has_addresses() => got,
@@ -252,11 +272,7 @@ pub fn check_with(history: &History, published: &BTreeMap<Generation, ValidatedP
             violations.push(format!("answer {i}: {} answered {:?}, which no published plan serves", answer.name, got.addresses));
             continue;
         };
-        let previous = floor.entry(&answer.name).or_default();
-        if *highest < *previous {
-            violations
-                .push(format!("answer {i}: {} went backwards: served plan {highest} after plan {previous} had been served", answer.name));
-        }
+        judged[i] = Some((*lowest, *highest));
         if let Some(horizon) = answer.deleted_below
             && *highest < horizon
         {
@@ -265,7 +281,35 @@ pub fn check_with(history: &History, published: &BTreeMap<Generation, ValidatedP
                 answer.name
             ));
         }
-        *previous = (*previous).max(*lowest);
+    }
+    // Going backwards: an answer older than one that came back before it was asked. Answers
+    // in flight at the same time are not ordered by the server's history, so each is held to
+    // the floor its name had when it was asked, raised by every answer received until then.
+    let mut events: Vec<(u64, usize)> = Vec::with_capacity(history.answers.len() * 2);
+    for (i, answer) in history.answers.iter().enumerate() {
+        events.extend([(answer.asked, i), (answer.answered, i)]);
+    }
+    events.sort_unstable();
+    let mut floor: BTreeMap<&EndpointName, Generation> = BTreeMap::new();
+    let mut at_ask: Vec<Generation> = vec![Generation::NONE; history.answers.len()];
+    for (tick, i) in events {
+        let answer = &history.answers[i];
+        if tick == answer.asked {
+            at_ask[i] = floor.get(&answer.name).copied().unwrap_or_default();
+        } else if let Some((lowest, _)) = judged[i] {
+            let raised = floor.entry(&answer.name).or_default();
+            *raised = (*raised).max(lowest);
+        }
+    }
+    for (i, answer) in history.answers.iter().enumerate() {
+        if let Some((_, highest)) = judged[i]
+            && highest < at_ask[i]
+        {
+            violations.push(format!(
+                "answer {i}: {} went backwards: served plan {highest} after plan {} had been served",
+                answer.name, at_ask[i]
+            ));
+        }
     }
 
     let mut last: BTreeMap<&EndpointName, Generation> = BTreeMap::new();
@@ -291,4 +335,33 @@ pub fn check_with(history: &History, published: &BTreeMap<Generation, ValidatedP
         }
     }
     violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{endpoint_for, name, plan, planner};
+
+    /// An answer serving plan `g` for e0, asked and answered at these ticks.
+    fn answer(g: u64, asked: u64, answered: u64) -> Answer {
+        let addresses = endpoint_for(Generation(g)).targets.iter().map(|t| t.address).collect();
+        let got = DnsAnswer { rcode: dns_probe::ResponseCode::NoError, authoritative: true, addresses, soa_serial: None };
+        Answer { name: name("e0"), result: Ok(got), deleted_below: None, asked, answered }
+    }
+
+    fn backwards(answers: Vec<Answer>) -> Vec<String> {
+        let published = (1..=2).map(|g| (Generation(g), plan(g, &[name("e0")], planner()))).collect();
+        check(&History { answers, snapshots: Vec::new() }, &published).into_iter().filter(|v| v.contains("went backwards")).collect()
+    }
+
+    /// Plan 1 asked after plan 2 came back is going backwards, whatever order the answers
+    /// were recorded in; plan 1 asked before plan 2 came back is not (the two were in flight
+    /// at once, and the server may have changed in between).
+    #[test]
+    fn answers_are_ordered_by_when_they_were_asked_and_answered() {
+        assert_eq!(backwards(vec![answer(2, 0, 1), answer(1, 2, 3)]).len(), 1, "asked after plan 2 came back");
+        assert_eq!(backwards(vec![answer(1, 2, 3), answer(2, 0, 1)]).len(), 1, "the same, recorded the other way round");
+        assert_eq!(backwards(vec![answer(2, 1, 2), answer(1, 0, 3)]), Vec::<String>::new(), "in flight at once");
+        assert_eq!(backwards(vec![answer(1, 0, 1), answer(2, 2, 3)]), Vec::<String>::new(), "forwards");
+    }
 }
