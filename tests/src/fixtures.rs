@@ -51,3 +51,17 @@ pub fn plan(g: u64, endpoints: &[EndpointName], author: Author) -> ValidatedPlan
     };
     ValidatedPlan::new(plan).expect("fixture plans are valid")
 }
+
+/// The bytes of the files under `path` (a store on disk), 0 when it cannot be read.
+pub fn dir_bytes(path: &std::path::Path) -> u64 {
+    fn walk(path: &std::path::Path) -> std::io::Result<u64> {
+        let mut total = 0;
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            total += if meta.is_dir() { walk(&entry.path())? } else { meta.len() };
+        }
+        Ok(total)
+    }
+    walk(path).unwrap_or(0)
+}

@@ -33,6 +33,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const LATENCY_SAMPLES: usize = 50;
+/// Plans the enactors' cleanup keeps.
+const CLEANUP_RETAIN: u64 = 20;
+
 /// One-endpoint plans each store publishes as changes in `phases`.
 const PUBLISH_SAMPLES: usize = 20;
 /// How long one plan may take to be enacted everywhere, or served, before the bench fails.
@@ -53,7 +56,7 @@ fn start_enactors_on<S: Store>(stores: [S; 3]) -> anyhow::Result<tokio::sync::wa
     for (zone, store) in ["a", "b", "c"].into_iter().zip(stores) {
         let mut settings = Settings::new(&format!("bench-{zone}"), dnsplan_common::ZoneId::parse(zone)?);
         settings.max_removal_fraction = 1.0; // fixture plans replace every address
-        settings.cleanup_retain = Some(20);
+        settings.cleanup_retain = Some(CLEANUP_RETAIN);
         // Each figure is what one plan's change costs; the periodic write of every endpoint
         // (every 16th plan by default) would land in one of them at random.
         settings.full_write_every = u64::MAX;
@@ -207,6 +210,19 @@ async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> any
     let (e, _) = enact(store, g + 1, names, ten_pct, Generation(1), Some(&plan)).await?;
     row(format!("plan changing 10% ({ten_pct})"), ten_pct, &e);
     Ok(g + 1)
+}
+
+/// The size of the zone file (master file) that serves what `plan` serves: a line per
+/// address, names relative to the DNS zone, as `dns-bench-seed` writes it.
+fn zone_file_bytes(plan: &Plan) -> usize {
+    let origin = plan.dns_zone.as_str();
+    plan.endpoints
+        .iter()
+        .map(|(name, records)| {
+            let relative = name.as_str().strip_suffix(origin).map_or(name.as_str(), |r| r.trim_end_matches('.'));
+            records.targets.iter().map(|t| format!("{relative} IN A {}\n", t.address).len()).sum::<usize>()
+        })
+        .sum()
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -511,8 +527,20 @@ async fn main() -> anyhow::Result<()> {
     // Embedded: the store in-process, as `dnsplan up` runs the enactors.
     let embedded = SledStore::open(dir.path().join("embedded"))?;
     let stop = start_enactors(embedded.clone())?;
-    phases("embedded", &embedded, &names).await?;
+    let last = phases("embedded", &embedded, &names).await?;
     drop(stop);
+    // The store on disk after those plans and a cleanup, beside the zone file that says
+    // what the latest plan serves.
+    embedded.cleanup(CLEANUP_RETAIN).await?;
+    let zone = zone_file_bytes(embedded.plan(Generation(last)).await?.plan());
+    let disk = dnsplan_tests::fixtures::dir_bytes(&dir.path().join("embedded"));
+    println!(
+        "{:<52}{:>9.1}MB  zone file {:.1} MB, {:.2}x",
+        format!("embedded: store on disk ({last} plans, cleanup keeping {CLEANUP_RETAIN})"),
+        disk as f64 / 1e6,
+        zone as f64 / 1e6,
+        disk as f64 / zone as f64
+    );
 
     // Remote: the enactors through the control API, as separate daemons run.
     let remote_dir = dir.path().join("remote");

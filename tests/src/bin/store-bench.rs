@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 use dnsplan_common::{Generation, SledStore, Store};
-use dnsplan_tests::fixtures::{endpoint_for, name, plan, planner};
+use dnsplan_tests::fixtures::{dir_bytes, endpoint_for, name, plan, planner};
 use std::time::{Duration, Instant};
 
 const APPLIES: u64 = 2_000;
@@ -16,20 +16,6 @@ const PUBLISHES: u64 = 1_000;
 
 fn rate(count: u64, elapsed: Duration) -> f64 {
     count as f64 / elapsed.as_secs_f64()
-}
-
-fn dir_bytes(path: &std::path::Path) -> u64 {
-    walk(path).unwrap_or(0)
-}
-
-fn walk(path: &std::path::Path) -> std::io::Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() { walk(&entry.path())? } else { meta.len() };
-    }
-    Ok(total)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
