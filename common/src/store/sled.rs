@@ -57,7 +57,10 @@
 //! operation commit in one multi-tree sled transaction and are flushed before the mutex is
 //! released. Readers take the same mutex, so they only ever see flushed state: nothing the
 //! authority serves can be lost by a crash. sled locks its directory, so one process owns a
-//! store and the mutex is the whole story.
+//! store and the mutex is the whole story. Large reads take only the bytes under the mutex
+//! and decode them after it (a plan; the whole active state of `active_all` and of an
+//! `active_since` that answers with everything): at 1,000,000 endpoints that decode is most
+//! of a second, which every writer used to wait for.
 //!
 //! Cleanup is logical first: moving `horizon` is the one atomic, durable step that deletes
 //! plans; removing the bytes below it follows and is finished on the next open if a crash
@@ -190,6 +193,30 @@ impl Chain {
     fn checkpoint_due(&self) -> bool {
         !self.writing && self.plans > 0 && (self.plans >= CHECKPOINT_PLANS_MAX || self.change_bytes * 2 >= self.base_bytes)
     }
+}
+
+/// The active runs as stored, read under the lock and decoded after it.
+struct RunBytes {
+    applied_changes: u64,
+    runs: Vec<sled::IVec>,
+}
+
+impl RunBytes {
+    fn decode(self) -> StoreResult<ActiveSnapshot> {
+        let mut snapshot = ActiveSnapshot { applied_changes: self.applied_changes, endpoints: Default::default() };
+        for run in self.runs {
+            for (name, record) in codec::decode::<ActiveRun>(&run).map_err(|e| corrupt("active run", e))?.records {
+                snapshot.endpoints.insert(parse_name(name.as_bytes(), "active endpoint name")?, record);
+            }
+        }
+        Ok(snapshot)
+    }
+}
+
+/// `active_since` as read under the lock: the delta, or the whole state still to decode.
+enum Since {
+    Delta(ActiveDelta),
+    Whole(RunBytes),
 }
 
 /// What a read of a plan needs, taken under the lock and decoded after it.
@@ -1542,18 +1569,25 @@ impl Inner {
     }
 
     fn active_all(&self) -> StoreResult<ActiveSnapshot> {
-        let _guard = self.guard()?;
-        self.active_all_locked()
+        let runs = {
+            let _guard = self.guard()?;
+            self.active_runs_locked()?
+        };
+        runs.decode()
     }
 
+    #[cfg(test)]
     fn active_all_locked(&self) -> StoreResult<ActiveSnapshot> {
-        let mut snapshot = ActiveSnapshot { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Default::default() };
-        for run in self.active_runs.iter().values() {
-            for (name, record) in codec::decode::<ActiveRun>(&run.map_err(io)?).map_err(|e| corrupt("active run", e))?.records {
-                snapshot.endpoints.insert(parse_name(name.as_bytes(), "active endpoint name")?, record);
-            }
-        }
-        Ok(snapshot)
+        self.active_runs_locked()?.decode()
+    }
+
+    /// Every active run's bytes with the applied-change count they go with, read under the
+    /// writer lock: values sled shares, so this is cheap, and decoding them (most of a second
+    /// at 1,000,000 endpoints) happens after the lock is released.
+    fn active_runs_locked(&self) -> StoreResult<RunBytes> {
+        let applied_changes = self.meta_u64(META_APPLIED, 0)?;
+        let runs = self.active_runs.iter().values().collect::<Result<Vec<_>, _>>().map_err(io)?;
+        Ok(RunBytes { applied_changes, runs })
     }
 
     fn active_page(&self, after: Option<&EndpointName>, limit: usize) -> StoreResult<ActivePage> {
@@ -1584,16 +1618,24 @@ impl Inner {
     }
 
     fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
+        match self.active_since_locked(since)? {
+            Since::Delta(delta) => Ok(delta),
+            // The whole state, decoded after the lock is released.
+            Since::Whole(runs) => runs.decode().map(ActiveDelta::from),
+        }
+    }
+
+    fn active_since_locked(&self, since: u64) -> StoreResult<Since> {
         let _guard = self.guard()?;
         let applied = self.meta_u64(META_APPLIED, 0)?;
         if since == applied {
-            return Ok(ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() });
+            return Ok(Since::Delta(ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() }));
         }
         // The log must hold every change after `since`: its first entry is `since + 1` or
         // older. A follower ahead of the store (a store that was replaced) gets everything.
         let first = self.changes.first().map_err(io)?.map(|(key, names)| log_first(&key, &names)).transpose()?;
         if since > applied || first.is_none_or(|first| first > since + 1) {
-            return self.active_all_locked().map(ActiveDelta::from);
+            return self.active_runs_locked().map(Since::Whole);
         }
         let mut names = std::collections::BTreeSet::new();
         for entry in self.changes.range((since + 1).to_be_bytes()..) {
@@ -1603,7 +1645,7 @@ impl Inner {
             let skip = usize::try_from((since + 1).saturating_sub(first)).unwrap_or(usize::MAX);
             names.extend(log_names(&batch).skip(skip).map(<[u8]>::to_vec));
             if names.len() > DELTA_ENDPOINTS_MAX {
-                return self.active_all_locked().map(ActiveDelta::from);
+                return self.active_runs_locked().map(Since::Whole);
             }
         }
         let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() };
@@ -1615,7 +1657,7 @@ impl Inner {
             })?;
             delta.endpoints.insert(name, record);
         }
-        Ok(delta)
+        Ok(Since::Delta(delta))
     }
 
     fn decide(&self, retain: u64) -> StoreResult<CleanupDecision> {
