@@ -110,6 +110,7 @@ pub struct Plan {
     pub reason: String,
     /// The managed DNS zone's origin; every endpoint lies inside it.
     pub dns_zone: DnsName,
+    #[serde(deserialize_with = "crate::codec::sorted_map")]
     pub endpoints: BTreeMap<EndpointName, Endpoint>,
     /// Endpoints this plan stops serving (operator plans only).
     pub retired: BTreeSet<EndpointName>,
@@ -374,6 +375,33 @@ mod tests {
             rollback_of: None,
             provenance: vec![],
         }
+    }
+
+    /// Endpoints read in any order come out as inserting them would make them: sorted, and
+    /// a repeated name with its last entry. Read through the codec (in order) and through
+    /// JSON (as written, out of order and repeated).
+    #[test]
+    fn endpoints_are_read_as_inserting_them_would_make_them() {
+        let mut plan = plan_with(Endpoint { ttl_secs: 30, targets: vec![target("192.0.2.1", 1)] });
+        for (i, label) in ["m", "b", "z", "a"].iter().enumerate() {
+            plan.endpoints.insert(
+                name(&format!("{label}.example.test")),
+                Endpoint { ttl_secs: 30 + i as u32, targets: vec![target("192.0.2.9", 1)] },
+            );
+        }
+        let bytes = crate::codec::encode(&plan);
+        assert_eq!(crate::codec::decode::<Plan>(&bytes).unwrap(), plan);
+
+        // The same plan as JSON, its endpoints written in reverse order, with `z` given
+        // twice (first with other records).
+        let entry = |name: &EndpointName, records: &Endpoint| format!("\"{name}\":{}", serde_json::to_string(records).unwrap());
+        let mut entries: Vec<String> = plan.endpoints.iter().rev().map(|(n, r)| entry(n, r)).collect();
+        let z = name("z.example.test");
+        entries.insert(0, entry(&z, &Endpoint { ttl_secs: 99, targets: vec![target("192.0.2.8", 1)] }));
+        let mut value = serde_json::to_value(&plan).unwrap();
+        value["endpoints"] = serde_json::json!({});
+        let json = serde_json::to_string(&value).unwrap().replace("\"endpoints\":{}", &format!("\"endpoints\":{{{}}}", entries.join(",")));
+        assert_eq!(serde_json::from_str::<Plan>(&json).unwrap(), plan, "{json}");
     }
 
     #[test]

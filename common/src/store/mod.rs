@@ -93,6 +93,7 @@ impl Record for ActiveRecord {
 pub struct ActiveSnapshot {
     /// How many applies have switched a fence so far; the SOA serial derives from it.
     pub applied_changes: u64,
+    #[serde(deserialize_with = "crate::codec::sorted_map")]
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
 
@@ -135,6 +136,7 @@ pub struct ActiveDelta {
     /// (the change log no longer reaches back far enough, or too much changed).
     /// `false`: only the endpoints that switched, to merge.
     pub full: bool,
+    #[serde(deserialize_with = "crate::codec::sorted_map")]
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
 
