@@ -202,14 +202,16 @@ struct RunBytes {
 }
 
 impl RunBytes {
+    /// Runs and the records in them are in name order, so the map is built in one pass
+    /// (`BTreeMap::from_iter` over sorted entries), not an insert per name.
     fn decode(self) -> StoreResult<ActiveSnapshot> {
-        let mut snapshot = ActiveSnapshot { applied_changes: self.applied_changes, endpoints: Default::default() };
+        let mut entries = Vec::new();
         for run in self.runs {
             for (name, record) in codec::decode::<ActiveRun>(&run).map_err(|e| corrupt("active run", e))?.records {
-                snapshot.endpoints.insert(parse_name(name.as_bytes(), "active endpoint name")?, record);
+                entries.push((parse_name(name.as_bytes(), "active endpoint name")?, record));
             }
         }
-        Ok(snapshot)
+        Ok(ActiveSnapshot { applied_changes: self.applied_changes, endpoints: entries.into_iter().collect() })
     }
 }
 
