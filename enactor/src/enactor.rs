@@ -195,10 +195,14 @@ impl<S: Store> Enactor<S> {
             Ok(latest) => {
                 self.see_latest(latest);
                 let due = Instant::now() >= *next_reconcile;
+                if due {
+                    // Moved on even with no plan to reconcile: a reconcile left due would make
+                    // the loop wake at once, again and again, until the first plan.
+                    *next_reconcile = Instant::now() + self.settings.reconcile_interval;
+                }
                 let fresh = latest > self.last_applied && !self.refused.contains(&latest);
                 if latest > Generation::NONE && (fresh || due) {
                     if due {
-                        *next_reconcile = Instant::now() + self.settings.reconcile_interval;
                         tracing::debug!(enactor = %self.settings.id, generation = %latest, "reconciling the latest plan in full");
                     }
                     self.enact(latest, due, versions).await;

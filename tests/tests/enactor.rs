@@ -171,6 +171,8 @@ async fn refuses_a_plan_that_strips_too_much_weight_and_keeps_going() -> anyhow:
 #[derive(Clone)]
 struct Faulty<S> {
     inner: S,
+    /// How many times `latest` was asked.
+    latest_calls: Arc<AtomicU32>,
     fail_applies: Arc<AtomicU32>,
     lose: Arc<Mutex<Option<EndpointName>>>,
     tamper: Arc<Mutex<Option<EndpointName>>>,
@@ -178,7 +180,7 @@ struct Faulty<S> {
 
 impl<S> Faulty<S> {
     fn new(inner: S) -> Faulty<S> {
-        Faulty { inner, fail_applies: Arc::default(), lose: Arc::default(), tamper: Arc::default() }
+        Faulty { inner, latest_calls: Arc::default(), fail_applies: Arc::default(), lose: Arc::default(), tamper: Arc::default() }
     }
 }
 
@@ -202,6 +204,7 @@ impl<S: Store> Store for Faulty<S> {
         self.inner.plan(generation).await
     }
     async fn latest(&self) -> StoreResult<Generation> {
+        self.latest_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.latest().await
     }
     async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
@@ -262,6 +265,26 @@ impl<S: Store> Store for Faulty<S> {
     async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         self.inner.wait_for_change(seen, timeout).await
     }
+}
+
+/// An enactor started before any plan exists waits for one: it asks the store for the latest
+/// plan once, not in a loop (which it did while its first reconcile stayed due, a core busy
+/// until the first plan). Then it applies the first plan as soon as it is published.
+#[tokio::test]
+async fn an_enactor_on_an_empty_store_waits_without_spinning() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Faulty::new(SledStore::open(dir.path())?);
+    let calls = store.latest_calls.clone();
+    let mut en = Running::start(store.clone(), |_| {})?;
+    // A window to count in, not a wait for something to happen: the heartbeat (10 s) and
+    // the reconcile (60 s) are far off, so nothing should ask again within it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let asked = calls.load(Ordering::SeqCst);
+    anyhow::ensure!((1..=3).contains(&asked), "an enactor with no plan to apply asked for the latest plan {asked} times in 300 ms");
+    store.publish(&plan_with(1, endpoint(&["192.0.2.1"]), planner(), None)?).await?;
+    en.until(done(1)).await?;
+    assert_eq!(serving(&store).await?, (Generation(1), 1));
+    en.stop().await
 }
 
 /// A writer that sends other records than its plan holds is refused by the store at write

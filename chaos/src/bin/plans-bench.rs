@@ -212,6 +212,28 @@ async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> any
     Ok(g + 1)
 }
 
+/// `--full-only=RUNS`: the full plan alone, published and enacted by three embedded enactors
+/// on a new store each run.
+async fn full_plans(names: &[EndpointName], dir: &Path, runs: usize) -> anyhow::Result<()> {
+    for run in 0..runs {
+        let path = dir.join(format!("full-{run}"));
+        let store = SledStore::open(&path)?;
+        let stop = start_enactors(store.clone())?;
+        let (e, _) = enact(&store, 1, names, names.len(), Generation(1), None).await?;
+        let total = e.publish + e.apply;
+        println!(
+            "{:<52}{:>9.0}ms{:>10.1}ms{:>10.1}ms{:>12.0}",
+            format!("embedded: full plan enacted (run {})", run + 1),
+            total.as_secs_f64() * 1e3,
+            e.publish.as_secs_f64() * 1e3,
+            e.apply.as_secs_f64() * 1e3,
+            names.len() as f64 / total.as_secs_f64()
+        );
+        drop(stop);
+    }
+    Ok(())
+}
+
 /// The size of the zone file (master file) that serves what `plan` serves: a line per
 /// address, names relative to the DNS zone, as `dns-bench-seed` writes it.
 fn zone_file_bytes(plan: &Plan) -> usize {
@@ -482,10 +504,14 @@ async fn main() -> anyhow::Result<()> {
     if std::env::var_os("RUST_LOG").is_some() {
         dnsplan_common::daemon::init(dnsplan_common::daemon::LogFormat::Text);
     }
-    let (mut n, mut etcd, mut in_memory, mut txn_ops) = (10_000usize, true, false, None);
+    let (mut n, mut etcd, mut in_memory, mut txn_ops, mut full_only) = (10_000usize, true, false, None, None);
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--no-etcd" => etcd = false,
+            other if other.starts_with("--full-only=") => {
+                let value = &other["--full-only=".len()..];
+                full_only = Some(value.parse::<usize>().with_context(|| format!("--full-only takes a number, not {value:?}"))?);
+            }
             "--etcd-in-memory" => in_memory = true,
             other if other.starts_with("--etcd-max-txn-ops=") => {
                 let value = &other["--etcd-max-txn-ops=".len()..];
@@ -494,7 +520,7 @@ async fn main() -> anyhow::Result<()> {
             other => {
                 n = other.parse().with_context(|| {
                     format!(
-                        "ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]"
+                        "ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--full-only=RUNS] [ENDPOINTS]"
                     )
                 })?
             }
@@ -523,6 +549,10 @@ async fn main() -> anyhow::Result<()> {
     let baseline = count as f64 / started.elapsed().as_secs_f64();
     println!("{:<52}{:>11}{:>12}{:>12}{:>12.0}", "baseline: fenced apply, 1 writer, embedded", "", "", "", baseline);
     drop(raw);
+
+    if let Some(runs) = full_only {
+        return full_plans(&names, dir.path(), runs).await;
+    }
 
     // Embedded: the store in-process, as `dnsplan up` runs the enactors.
     let embedded = SledStore::open(dir.path().join("embedded"))?;
