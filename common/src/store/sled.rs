@@ -47,7 +47,8 @@
 //!   Plan `g`'s content for a name is then its newest `contents` entry at or below `g` if that
 //!   is not older than the newest whole generation `f` at or below `g`, else what `f`'s chunk
 //!   says (`Absent` when no chunk holds the name). Whole contents written before chunks are
-//!   per-name entries at `f` itself, which the same rule finds first.
+//!   per-name entries at `f` itself, which the same rule finds first. A plan that is itself
+//!   `f`, in chunks, is read from its chunks alone: no entry can come before them.
 //!   Applies are checked against these inside the writer lock, so no writer can switch an
 //!   endpoint to records its plan does not hold. Cleanup removes the entries no stored plan
 //!   can resolve to any more.
@@ -400,6 +401,10 @@ impl ContentWrite {
 struct ContentReader {
     generation: Generation,
     whole: Option<Generation>,
+    /// The plan itself is the newest whole content, and it is in chunks: no `contents` entry
+    /// can answer before them (only a whole content written before chunks has entries at
+    /// its own generation), so a name is not looked up there at all.
+    chunks_only: bool,
     chunk: Option<ReadChunk>,
 }
 
@@ -1429,7 +1434,9 @@ impl Inner {
     /// A reader of plan `generation`'s content, for `content_at`.
     fn content_reader(&self, generation: Generation) -> StoreResult<ContentReader> {
         let whole = self.contents_full.range(..=generation.to_be_bytes()).next_back().transpose().map_err(io)?;
-        Ok(ContentReader { generation, whole: whole.map(|(key, _)| generation_key(&key)).transpose()?, chunk: None })
+        let whole = whole.map(|(key, _)| generation_key(&key)).transpose()?;
+        let chunks_only = whole == Some(generation) && self.contents_chunks.scan_prefix(generation.to_be_bytes()).next().is_some();
+        Ok(ContentReader { generation, whole, chunks_only, chunk: None })
     }
 
     /// What plan `reader.generation` says of `name`, from `contents` and `contents_chunks`
@@ -1438,8 +1445,10 @@ impl Inner {
         // A name has few entries (cleanup keeps about one), and sled reads forward faster than
         // backward: the newest is the last one read.
         let mut newest = None;
-        for entry in self.contents.range(content_key(name, Generation::NONE)..=content_key(name, reader.generation)) {
-            newest = Some(entry.map_err(io)?);
+        if !reader.chunks_only {
+            for entry in self.contents.range(content_key(name, Generation::NONE)..=content_key(name, reader.generation)) {
+                newest = Some(entry.map_err(io)?);
+            }
         }
         if let Some((key, value)) = newest {
             let written = content_generation(&key)?;
@@ -2582,6 +2591,35 @@ mod tests {
         assert_eq!(store.cleanup(1).await.expect("cleanup").horizon_after, Generation(4));
         assert!(store.inner.contents_chunks.scan_prefix(Generation(1).to_be_bytes()).next().is_none(), "plan 1's chunks are gone");
         assert_eq!(contents_of(&store, Generation(4)), wide + 300 + 70_000);
+    }
+
+    /// A whole content written before chunks (an entry per name at the plan's own generation,
+    /// no chunks) is still read name by name: a plan read from chunks alone skips the
+    /// per-name lookup, and that must not apply to it.
+    #[tokio::test]
+    async fn a_whole_content_written_before_chunks_is_read_by_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let plan = uniform_plan(1, 20, 1);
+        store.publish(&plan).await.expect("publish");
+        // As an older dnsplan wrote it: the chunks become entries at generation 1.
+        let chunks: Vec<sled::IVec> = store.inner.contents_chunks.iter().keys().map(|k| k.expect("key")).collect();
+        assert!(!chunks.is_empty(), "plan 1 is written in chunks");
+        for key in chunks {
+            store.inner.contents_chunks.remove(key).expect("remove chunk");
+        }
+        for (name, records) in &plan.plan().endpoints {
+            let entry = codec::encode(&PlanEntry::Serve(records.clone()));
+            store.inner.contents.insert(content_key(name, Generation(1)), entry).expect("insert entry");
+        }
+        let batch: Vec<ApplyItem> =
+            plan.plan().endpoints.iter().map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() }).collect();
+        for result in store.apply_many(Generation(1), &batch).await.expect("batch") {
+            assert!(matches!(result, Ok(ApplyOutcome::Switched { .. })), "{result:?}");
+        }
+        let other = ApplyItem { endpoint: batch[0].endpoint.clone(), records: endpoint(2) };
+        let r = store.apply(&other.endpoint, Generation(1), &other.records).await;
+        assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "{r:?}");
     }
 
     /// Every run as stored: its key and its names.
