@@ -8,7 +8,9 @@
 # --etcd-max-txn-ops=N starts etcd with --max-txn-ops N (default 128) and has the enactors use it.
 # RUST_LOG (e.g. dnsplan_enactor=debug,dnsplan_etcd=trace) prints the in-process enactors',
 # authorities' and stores' logs on stderr; dnsplan_etcd=trace times every etcd call.
-# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]
+# --full-only=RUNS times only the full plan, embedded, RUNS times on a new store each (with
+# the baseline), to see the spread of that one figure.
+# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--full-only=RUNS] [ENDPOINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p dnsplan-chaos --bin plans-bench --locked
