@@ -82,6 +82,7 @@ use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
 use crate::plan::{ENDPOINTS_PER_PLAN_MAX, ValidationError};
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
+use compact_str::CompactString;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::path::Path;
@@ -267,7 +268,7 @@ fn change_key(key: &[u8]) -> StoreResult<u64> {
 /// A run of active records in name byte order (`active_runs`).
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 struct ActiveRun {
-    records: Vec<(String, ActiveRecord)>,
+    records: Vec<(CompactString, ActiveRecord)>,
 }
 
 impl codec::Record for ActiveRun {
@@ -281,7 +282,7 @@ impl codec::Record for ActiveRun {
 #[derive(Default)]
 struct LoadedRun {
     next: Option<Vec<u8>>,
-    records: Vec<(String, ActiveRecord)>,
+    records: Vec<(CompactString, ActiveRecord)>,
     dirty: bool,
 }
 
@@ -343,7 +344,7 @@ fn content_generation(key: &[u8]) -> StoreResult<Generation> {
 /// A run of one plan's whole content, in name byte order (`contents_chunks`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct ContentChunk {
-    entries: Vec<(String, PlanEntry)>,
+    entries: Vec<(CompactString, PlanEntry)>,
 }
 
 impl codec::Record for ContentChunk {
@@ -377,7 +378,7 @@ impl ContentWrite {
         let chunks = all
             .chunks(CONTENT_CHUNK_NAMES)
             .map(|run| {
-                let entries: Vec<(String, PlanEntry)> = run.iter().map(|(name, entry)| ((*name).to_owned(), entry.clone())).collect();
+                let entries: Vec<(CompactString, PlanEntry)> = run.iter().map(|(name, entry)| ((*name).into(), entry.clone())).collect();
                 (chunk_key(plan.generation, run[0].0.as_bytes()), codec::encode(&ContentChunk { entries }))
             })
             .collect();
@@ -410,7 +411,7 @@ struct ContentReader {
 
 /// The chunk read last: its key, the key of the chunk after it in the same whole content
 /// (`None`: it is the last), and its entries.
-type ReadChunk = (sled::IVec, Option<sled::IVec>, Vec<(String, PlanEntry)>);
+type ReadChunk = (sled::IVec, Option<sled::IVec>, Vec<(CompactString, PlanEntry)>);
 
 /// A `fence_counts` value, decoded: how many endpoints serve with the fence, and one of them
 /// (empty when not known).
@@ -632,7 +633,7 @@ impl Inner {
                     let first = std::mem::replace(&mut key, name.as_str().as_bytes().to_vec());
                     batch.insert(first, codec::encode(&ActiveRun { records: std::mem::take(&mut run) }));
                 }
-                run.push((name.as_str().to_owned(), record));
+                run.push((name.as_str().into(), record));
                 endpoints += 1;
             }
             if !run.is_empty() {
@@ -1365,7 +1366,7 @@ impl Inner {
             let record = ActiveRecord { generation, state };
             match at {
                 Ok(at) => run.records[at].1 = record,
-                Err(at) => run.records.insert(at, (name.as_str().to_owned(), record)),
+                Err(at) => run.records.insert(at, (name.as_str().into(), record)),
             }
             run.dirty = true;
             applied = applied.wrapping_add(1);
@@ -2631,7 +2632,7 @@ mod tests {
             .map(|entry| {
                 let (key, value) = entry.expect("entry");
                 let run = codec::decode::<ActiveRun>(&value).expect("run");
-                (key.to_vec(), run.records.into_iter().map(|(name, _)| name).collect())
+                (key.to_vec(), run.records.into_iter().map(|(name, _)| name.into_string()).collect())
             })
             .collect()
     }
