@@ -98,8 +98,10 @@ pub struct Enactor<S: Store> {
     /// make every one of them rewrite the same endpoints.
     carried: Option<(Generation, BTreeSet<EndpointName>)>,
     /// What the application in progress has written (or found held by a newer plan), and the
-    /// carried endpoints it skipped: carried to the next if it is abandoned.
-    attempt_done: std::sync::Mutex<BTreeSet<EndpointName>>,
+    /// carried endpoints it skipped: carried to the next if it is abandoned. A list, in the
+    /// order written, made a set only then: an insert per write into a set of a million
+    /// names cost more than the writes' own share of the enactor.
+    attempt_done: std::sync::Mutex<Vec<EndpointName>>,
     state: String,
     /// Called at fixed points of the loop; `NoHooks` unless a test installs its own.
     hooks: Arc<dyn Hooks>,
@@ -127,7 +129,7 @@ impl<S: Store> Enactor<S> {
             refused: BTreeSet::new(),
             base: None,
             carried: None,
-            attempt_done: std::sync::Mutex::new(BTreeSet::new()),
+            attempt_done: std::sync::Mutex::new(Vec::new()),
             last_full_write: Generation::NONE,
             active: std::sync::Mutex::new(None),
             state: "starting".into(),
@@ -254,7 +256,7 @@ impl<S: Store> Enactor<S> {
             let step = self.apply_plan(generation, full, deadline, versions).instrument(span.clone()).await;
             let done = self.attempt_done.lock().map(|mut done| std::mem::take(&mut *done)).unwrap_or_default();
             self.carried = match &step {
-                Step::MoveTo { .. } => Some((generation, done)),
+                Step::MoveTo { .. } => Some((generation, done.into_iter().collect())),
                 _ => None,
             };
             match step {
@@ -415,7 +417,7 @@ impl<S: Store> Enactor<S> {
                     return step;
                 }
                 if written && let Ok(mut done) = self.attempt_done.lock() {
-                    done.insert(item.endpoint.clone());
+                    done.push(item.endpoint.clone());
                 }
             }
         }
@@ -439,7 +441,7 @@ impl<S: Store> Enactor<S> {
                 return step;
             }
             if written && let Ok(mut done) = self.attempt_done.lock() {
-                done.insert(name.clone());
+                done.push(name.clone());
             }
         }
         Step::Done { written: work.serve, changed, wrote_all }
