@@ -396,8 +396,16 @@ async fn apply<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<Str
     Ok(Json(result?).into_response())
 }
 
-async fn apply_many<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<Response> {
-    let req: ApplyManyRequest = parse_json(&body)?;
+/// The batch as JSON (`application/json`) or as a codec envelope (`application/octet-stream`,
+/// what `RemoteStore` sends).
+async fn apply_many<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    let envelope =
+        headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/octet-stream"));
+    let req: ApplyManyRequest = if envelope {
+        codec::decode(&body).map_err(|e| ApiError::bad_request(format!("apply batch envelope: {e}")))?
+    } else {
+        parse_json(&body)?
+    };
     let results = ctl.store.apply_many(req.generation, &req.items).await?;
     results.iter().for_each(|r| ctl.count_apply(r));
     let answer: ApplyManyResponse = results.into_iter().map(|r| r.map_err(|e| WireError::from(&e))).collect();

@@ -74,6 +74,43 @@ async fn unknown_fields_routes_and_oversized_plans_are_refused() -> anyhow::Resu
     auth.stop().await
 }
 
+/// `POST /v1/apply` takes a batch as JSON or as a codec envelope (what `RemoteStore` sends),
+/// and refuses an envelope it cannot read with a 400 that says so, writing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_apply_takes_json_or_an_envelope() -> anyhow::Result<()> {
+    use dnsplan_common::store::Store;
+    use dnsplan_common::store::wire::ApplyManyRequest;
+    let dir = tempfile::tempdir()?;
+    let auth = TestAuthority::start(dir.path(), 8).await?;
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", auth.control);
+    let (status, body) =
+        call(client.post(url("/v1/plans")).header("content-type", "application/json").body(plan_json().to_string())).await?;
+    assert_eq!(status, 204, "{body}");
+    let records = plan_json()["endpoints"]["api.example.test."].clone();
+    let item = json!({"generation": 1, "items": [{"endpoint": "api.example.test.", "records": records}]});
+    let (status, body) = call(client.post(url("/v1/apply")).json(&item)).await?;
+    assert_eq!(status, 200, "{body}");
+    assert!(body[0]["Ok"]["Switched"].is_object(), "JSON batch: {body}");
+
+    let batch: ApplyManyRequest = serde_json::from_value(item)?;
+    let envelope = |bytes: Vec<u8>| client.post(url("/v1/apply")).header("content-type", "application/octet-stream").body(bytes);
+    let (status, body) = call(envelope(dnsplan_common::codec::encode(&batch))).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0]["Ok"], "Unchanged", "envelope batch: {body}");
+
+    // Damaged in transit: the envelope's checksum catches it.
+    let mut bad = dnsplan_common::codec::encode(&batch);
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    let (status, body) = call(envelope(bad)).await?;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("apply batch envelope")), "{body}");
+    let active = auth.store.active(&dnsplan_common::DnsName::parse("api.example.test")?).await?;
+    assert_eq!(active.map(|a| a.generation.0), Some(1), "the refused batch wrote nothing");
+    auth.stop().await
+}
+
 /// Sends only the headers of a JSON plan declared one byte over the limit, and reads the
 /// answer.
 async fn declare_oversized_plan(control: &str) -> anyhow::Result<(u16, Value)> {

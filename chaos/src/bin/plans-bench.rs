@@ -212,24 +212,37 @@ async fn phases<S: Store>(label: &str, store: &S, names: &[EndpointName]) -> any
     Ok(g + 1)
 }
 
-/// `--full-only=RUNS`: the full plan alone, published and enacted by three embedded enactors
-/// on a new store each run.
+/// `--full-only=RUNS`: the full plan alone, published and enacted by three enactors on a new
+/// store each run, embedded, then through the control API.
 async fn full_plans(names: &[EndpointName], dir: &Path, runs: usize) -> anyhow::Result<()> {
-    for run in 0..runs {
-        let path = dir.join(format!("full-{run}"));
-        let store = SledStore::open(&path)?;
-        let stop = start_enactors(store.clone())?;
-        let (e, _) = enact(&store, 1, names, names.len(), Generation(1), None).await?;
+    let row = |label: &str, run: usize, e: &Enacted| {
         let total = e.publish + e.apply;
         println!(
             "{:<52}{:>9.0}ms{:>10.1}ms{:>10.1}ms{:>12.0}",
-            format!("embedded: full plan enacted (run {})", run + 1),
+            format!("{label}: full plan enacted (run {})", run + 1),
             total.as_secs_f64() * 1e3,
             e.publish.as_secs_f64() * 1e3,
             e.apply.as_secs_f64() * 1e3,
             names.len() as f64 / total.as_secs_f64()
         );
+    };
+    for run in 0..runs {
+        let store = SledStore::open(dir.join(format!("full-{run}")))?;
+        let stop = start_enactors(store.clone())?;
+        let (e, _) = enact(&store, 1, names, names.len(), Generation(1), None).await?;
+        row("embedded", run, &e);
         drop(stop);
+    }
+    for run in 0..runs {
+        let remote_dir = dir.join(format!("full-remote-{run}"));
+        std::fs::create_dir_all(&remote_dir)?;
+        let authority = Authority::start(SledStore::open(remote_dir.join("store"))?, &remote_dir).await?;
+        let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+        let stop = start_enactors(remote.clone())?;
+        let (e, _) = enact(&remote, 1, names, names.len(), Generation(1), None).await?;
+        row("remote", run, &e);
+        drop(stop);
+        authority.stop().await?;
     }
     Ok(())
 }

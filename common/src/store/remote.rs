@@ -204,8 +204,12 @@ impl Store for RemoteStore {
             items.iter().map(|i| validate_endpoint(&i.endpoint, &i.records).map_err(StoreError::from)).collect();
         let body =
             ApplyManyRequest { generation, items: items.iter().zip(&valid).filter(|(_, v)| v.is_ok()).map(|(i, _)| i.clone()).collect() };
-        let answers: ApplyManyResponse =
-            if body.items.is_empty() { Vec::new() } else { self.json(self.inner.client.post(self.url("/v1/apply")).json(&body)).await? };
+        let answers: ApplyManyResponse = if body.items.is_empty() {
+            Vec::new()
+        } else {
+            let req = self.inner.client.post(self.url("/v1/apply")).header("content-type", "application/octet-stream");
+            self.json(req.body(codec::encode(&body))).await?
+        };
         if answers.len() != body.items.len() {
             return Err(StoreError::Unavailable(format!(
                 "control API answered {} results for a batch of {}",

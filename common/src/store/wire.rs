@@ -30,6 +30,14 @@ pub struct ApplyManyRequest {
     pub items: Vec<ApplyItem>,
 }
 
+/// A batch as a codec envelope (`application/octet-stream`), as `RemoteStore` sends it: a
+/// batch of 1,024 items decodes several times faster than as JSON. JSON is still taken.
+impl crate::codec::Record for ApplyManyRequest {
+    const KIND: u8 = 13;
+    const KIND_NAME: &'static str = "apply batch";
+    const BODY_BYTES_MAX: usize = crate::codec::BODY_BYTES_MAX;
+}
+
 /// Answer of `POST /v1/apply`: one result per item, in order.
 pub type ApplyManyResponse = Vec<Result<ApplyOutcome, WireError>>;
 
