@@ -337,11 +337,10 @@ async fn list<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ListParam
 /// A plan as a codec envelope, or as JSON with `Accept: application/json`.
 async fn plan<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Path(generation): Path<String>) -> ApiResult<Response> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
-    let plan = ctl.store.plan(Generation(g)).await?;
     if is_json(&headers, header::ACCEPT) {
-        return Ok(Json(plan.plan()).into_response());
+        return Ok(Json(ctl.store.plan(Generation(g)).await?.plan()).into_response());
     }
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode_plan(&plan)).into_response())
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], ctl.store.plan_envelope(Generation(g)).await?).into_response())
 }
 
 /// What plan `generation` changes since `?from=F`, as a codec envelope (JSON with

@@ -336,6 +336,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The current (possibly expired) lease, `None` if none was ever granted.
     fn lease(&self) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
     fn plan(&self, generation: Generation) -> impl Future<Output = StoreResult<ValidatedPlan>> + Send;
+    /// Plan `generation` as its codec envelope (`codec::encode_plan`), what the control API
+    /// sends. The default encodes `plan`; a store that keeps a plan's envelope sends it as
+    /// stored, without decoding a plan only to encode it again (the reader decodes and
+    /// checks it).
+    fn plan_envelope(&self, generation: Generation) -> impl Future<Output = StoreResult<Vec<u8>>> + Send {
+        async move { Ok(crate::codec::encode_plan(&self.plan(generation).await?)) }
+    }
     /// What plan `to` changes against plan `from` (`from < to`): every endpoint that any plan
     /// in `from + 1 ..= to` changed, with its entry in `to` (see [`crate::changes`]), for a
     /// follower that applied `from` and wants to read and write only what changed.

@@ -1908,6 +1908,14 @@ impl Store for SledStore {
         self.blocking(move |inner| inner.list(from, limit)).await
     }
 
+    async fn plan_envelope(&self, generation: Generation) -> StoreResult<Vec<u8>> {
+        self.blocking(move |inner| match inner.plan_bytes(generation)? {
+            PlanBytes::Whole(bytes) => Ok(bytes.to_vec()),
+            PlanBytes::Chain { .. } => Ok(codec::encode_plan(&inner.plan(generation)?)),
+        })
+        .await
+    }
+
     async fn apply(&self, endpoint: &EndpointName, generation: Generation, records: &Endpoint) -> StoreResult<ApplyOutcome> {
         let (name, state) = (endpoint.clone(), ActiveState::Serving(records.clone()));
         self.blocking(move |inner| inner.switch(&name, generation, state)).await
@@ -2592,6 +2600,31 @@ mod tests {
         assert_eq!(store.cleanup(1).await.expect("cleanup").horizon_after, Generation(4));
         assert!(store.inner.contents_chunks.scan_prefix(Generation(1).to_be_bytes()).next().is_none(), "plan 1's chunks are gone");
         assert_eq!(contents_of(&store, Generation(4)), wide + 300 + 70_000);
+    }
+
+    /// The control API sends a plan stored whole as its stored envelope, and a plan stored as
+    /// changes encoded from the plan read: both decode to the plan published.
+    #[tokio::test]
+    async fn plan_envelopes_decode_to_the_plans_published() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        let one = uniform_plan(1, 300, 1);
+        let mut two = uniform_plan(2, 300, 1).into_plan();
+        let first = two.endpoints.keys().next().expect("an endpoint").clone();
+        two.endpoints.insert(first, endpoint(2));
+        let two = ValidatedPlan::new(two).expect("valid");
+        store.publish(&one).await.expect("publish 1");
+        crate::store::publish_against(&store, Some(one.plan()), &two, None).await.expect("publish 2 as its changes");
+        assert!(store.inner.plans.get(Generation(2).to_be_bytes()).expect("read").is_none(), "plan 2 is stored as its changes");
+        for plan in [&one, &two] {
+            let g = plan.generation();
+            let envelope = store.plan_envelope(g).await.expect("envelope");
+            assert_eq!(codec::decode_plan(&envelope).expect("decodes").plan(), plan.plan(), "plan {g}");
+        }
+        let stored = store.inner.plans.get(Generation(1).to_be_bytes()).expect("read").expect("plan 1 is stored whole");
+        assert_eq!(store.plan_envelope(Generation(1)).await.expect("envelope"), stored.to_vec(), "sent as stored");
+        let r = store.plan_envelope(Generation(3)).await;
+        assert!(matches!(r, Err(StoreError::PlanNotFound(_))), "{r:?}");
     }
 
     /// A whole content written before chunks (an entry per name at the plan's own generation,
