@@ -155,3 +155,63 @@ async fn plan_changes_as_json() -> anyhow::Result<()> {
     assert_eq!(&back, two.plan());
     Ok(())
 }
+
+/// An enactor upgraded before its authority: the authority reads batch applies as JSON only
+/// (modelled by refusing envelopes as an older one did, with its JSON parser's error), and
+/// `RemoteStore` sends that batch and every later one as JSON. An authority that reads
+/// envelopes gets them: the first batch is sent once, as an envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_fall_back_to_json_for_an_authority_that_reads_only_json() -> anyhow::Result<()> {
+    use axum::response::IntoResponse;
+    use dnsplan_common::store::wire::{ErrorBody, WireError};
+    use dnsplan_common::{ApplyOutcome, Generation};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let envelopes = Arc::new(AtomicU32::new(0));
+    let json_only = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let dir = tempfile::tempdir()?;
+    let ctl = Control::new(SledStore::open(dir.path())?, TOKEN);
+    let (seen, refuse) = (envelopes.clone(), json_only.clone());
+    let app = router(ctl.clone()).with_state(ctl).layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let (seen, refuse) = (seen.clone(), refuse.clone());
+            async move {
+                let envelope = req.headers().get("content-type").is_some_and(|v| v.as_bytes() == b"application/octet-stream");
+                if req.uri().path() == "/v1/apply" && envelope {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    if refuse.load(Ordering::SeqCst) {
+                        let detail = "expected value at line 1 column 1".to_owned();
+                        let body = ErrorBody { message: format!("bad request: {detail}"), error: WireError::BadRequest { detail } };
+                        return (axum::http::StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+                    }
+                }
+                next.run(req).await
+            }
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let p = plan(1, &[name("x"), name("y")], planner());
+    let items: Vec<_> = p
+        .plan()
+        .endpoints
+        .iter()
+        .map(|(endpoint, records)| dnsplan_common::store::ApplyItem { endpoint: endpoint.clone(), records: records.clone() })
+        .collect();
+    let older = RemoteStore::new(&base, Some(TOKEN.into()))?;
+    older.publish(&p).await?;
+    for (batch, want) in [(&items[..1], 1), (&items[1..], 1)] {
+        let results = older.apply_many(Generation(1), batch).await?;
+        assert!(results.iter().all(|r| matches!(r, Ok(ApplyOutcome::Switched { .. }))), "{results:?}");
+        assert_eq!(envelopes.load(Ordering::SeqCst), want, "one envelope refused, then JSON only");
+    }
+    json_only.store(false, Ordering::SeqCst);
+    let newer = RemoteStore::new(&base, Some(TOKEN.into()))?;
+    let results = newer.apply_many(Generation(1), &items).await?;
+    assert!(results.iter().all(|r| matches!(r, Ok(ApplyOutcome::Unchanged))), "{results:?}");
+    assert_eq!(envelopes.load(Ordering::SeqCst), 2, "an authority that reads envelopes gets one");
+    Ok(())
+}

@@ -42,6 +42,9 @@ struct Inner {
     client: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// The authority refused a batch envelope as a body it cannot read (one from before
+    /// envelopes were taken): batches go as JSON from then on.
+    json_batches: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RemoteStore {
@@ -72,7 +75,9 @@ impl RemoteStore {
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build()
             .map_err(|e| StoreError::Unavailable(format!("cannot build an HTTP client: {e}")))?;
-        Ok(RemoteStore { inner: Arc::new(Inner { client, base: base.trim_end_matches('/').to_owned(), token }) })
+        Ok(RemoteStore {
+            inner: Arc::new(Inner { client, base: base.trim_end_matches('/').to_owned(), token, json_batches: Default::default() }),
+        })
     }
 
     fn url(&self, path: &str) -> String {
@@ -107,6 +112,25 @@ impl RemoteStore {
         let resp = self.send(req).await?;
         let bytes = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
         serde_json::from_slice(&bytes).map_err(|e| StoreError::Unavailable(format!("control API sent a body this client cannot read: {e}")))
+    }
+
+    /// `POST /v1/apply` with the batch as a codec envelope; as JSON to an authority that
+    /// answered an envelope with a body error that is not its own (an older authority reads
+    /// JSON only), so enactors can be upgraded before the authority.
+    async fn send_batch(&self, body: &ApplyManyRequest) -> StoreResult<ApplyManyResponse> {
+        use std::sync::atomic::Ordering;
+        let url = self.url("/v1/apply");
+        if !self.inner.json_batches.load(Ordering::Relaxed) {
+            let req = self.inner.client.post(&url).header("content-type", "application/octet-stream").body(codec::encode(body));
+            match self.json(req).await {
+                Err(StoreError::BadRequest(detail)) if !detail.contains("apply batch envelope") => {
+                    tracing::info!(control = %self.inner.base, detail = %detail, "the control API does not read batch envelopes; sending batches as JSON");
+                    self.inner.json_batches.store(true, Ordering::Relaxed);
+                }
+                other => return other,
+            }
+        }
+        self.json(self.inner.client.post(&url).json(body)).await
     }
 
     fn endpoint_path(endpoint: &EndpointName) -> String {
@@ -204,12 +228,7 @@ impl Store for RemoteStore {
             items.iter().map(|i| validate_endpoint(&i.endpoint, &i.records).map_err(StoreError::from)).collect();
         let body =
             ApplyManyRequest { generation, items: items.iter().zip(&valid).filter(|(_, v)| v.is_ok()).map(|(i, _)| i.clone()).collect() };
-        let answers: ApplyManyResponse = if body.items.is_empty() {
-            Vec::new()
-        } else {
-            let req = self.inner.client.post(self.url("/v1/apply")).header("content-type", "application/octet-stream");
-            self.json(req.body(codec::encode(&body))).await?
-        };
+        let answers: ApplyManyResponse = if body.items.is_empty() { Vec::new() } else { self.send_batch(&body).await? };
         if answers.len() != body.items.len() {
             return Err(StoreError::Unavailable(format!(
                 "control API answered {} results for a batch of {}",
