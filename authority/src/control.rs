@@ -411,8 +411,18 @@ async fn apply_many<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap,
     Ok(Json(answer).into_response())
 }
 
-async fn changes<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ChangesQuery>) -> ApiResult<Response> {
-    Ok(Json(ctl.store.active_since(q.since).await?).into_response())
+/// JSON, or a codec envelope with `Accept: application/octet-stream` (what `RemoteStore` asks
+/// for).
+async fn changes<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Query(q): Query<ChangesQuery>) -> ApiResult<Response> {
+    let delta = ctl.store.active_since(q.since).await?;
+    if wants_envelope(&headers) {
+        return Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode(&delta)).into_response());
+    }
+    Ok(Json(delta).into_response())
+}
+
+fn wants_envelope(headers: &HeaderMap) -> bool {
+    headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/octet-stream"))
 }
 
 async fn retire<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {

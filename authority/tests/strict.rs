@@ -111,6 +111,33 @@ async fn a_batch_apply_takes_json_or_an_envelope() -> anyhow::Result<()> {
     auth.stop().await
 }
 
+/// `GET /v1/changes` answers JSON by default (curl, older clients) and a codec envelope with
+/// `Accept: application/octet-stream` (what `RemoteStore` asks for); both say the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_come_as_json_or_an_envelope() -> anyhow::Result<()> {
+    use dnsplan_common::store::ActiveDelta;
+    let dir = tempfile::tempdir()?;
+    let auth = TestAuthority::start(dir.path(), 8).await?;
+    let client = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", auth.control);
+    let (status, body) =
+        call(client.post(url("/v1/plans")).header("content-type", "application/json").body(plan_json().to_string())).await?;
+    assert_eq!(status, 204, "{body}");
+    let records = plan_json()["endpoints"]["api.example.test."].clone();
+    let item = json!({"generation": 1, "items": [{"endpoint": "api.example.test.", "records": records}]});
+    let (status, body) = call(client.post(url("/v1/apply")).json(&item)).await?;
+    assert_eq!(status, 200, "{body}");
+    let resp = client.get(url("/v1/changes?since=0")).send().await?;
+    assert!(resp.headers()["content-type"].to_str()?.starts_with("application/json"));
+    let json: ActiveDelta = resp.json().await?;
+    let resp = client.get(url("/v1/changes?since=0")).header("accept", "application/octet-stream").send().await?;
+    assert_eq!(resp.headers()["content-type"].to_str()?, "application/octet-stream");
+    let envelope: ActiveDelta = dnsplan_common::codec::decode(&resp.bytes().await?)?;
+    assert_eq!(envelope, json);
+    assert_eq!(envelope.endpoints.len(), 1, "{envelope:?}");
+    auth.stop().await
+}
+
 /// Sends only the headers of a JSON plan declared one byte over the limit, and reads the
 /// answer.
 async fn declare_oversized_plan(control: &str) -> anyhow::Result<(u16, Value)> {

@@ -140,6 +140,14 @@ pub struct ActiveDelta {
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
 
+/// The control API's `GET /v1/changes` as a codec envelope, what `RemoteStore` asks for: the
+/// whole active state of a million endpoints decodes several times faster than as JSON.
+impl Record for ActiveDelta {
+    const KIND: u8 = 14;
+    const KIND_NAME: &'static str = "active changes";
+    const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
+}
+
 impl From<ActiveSnapshot> for ActiveDelta {
     fn from(snapshot: ActiveSnapshot) -> ActiveDelta {
         ActiveDelta { applied_changes: snapshot.applied_changes, full: true, endpoints: snapshot.endpoints }

@@ -268,7 +268,21 @@ impl Store for RemoteStore {
     }
 
     async fn active_since(&self, since: u64) -> StoreResult<ActiveDelta> {
-        self.json(self.inner.client.get(self.url(&format!("/v1/changes?since={since}")))).await
+        // An envelope when the authority sends one; an authority from before envelopes
+        // answers JSON, read as before.
+        let req = self.inner.client.get(self.url(&format!("/v1/changes?since={since}"))).header("accept", "application/octet-stream");
+        let resp = self.send(req).await?;
+        let envelope = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/octet-stream"));
+        let bytes = resp.bytes().await.map_err(|e| transport(&self.inner.base, e))?;
+        if envelope {
+            return codec::decode(&bytes)
+                .map_err(|e| StoreError::Corrupt { what: format!("changes since {since} from the control API"), source: e });
+        }
+        serde_json::from_slice(&bytes).map_err(|e| StoreError::Unavailable(format!("control API sent a body this client cannot read: {e}")))
     }
 
     async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {
