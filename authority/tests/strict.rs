@@ -74,6 +74,20 @@ async fn unknown_fields_routes_and_oversized_plans_are_refused() -> anyhow::Resu
     auth.stop().await
 }
 
+/// Publishes `plan_json` as plan 1 and applies its endpoint with a JSON batch; returns that
+/// batch and the JSON answer.
+async fn published_and_applied(auth: &TestAuthority, client: &reqwest::Client) -> anyhow::Result<(Value, Value)> {
+    let url = |path: &str| format!("{}{path}", auth.control);
+    let (status, body) =
+        call(client.post(url("/v1/plans")).header("content-type", "application/json").body(plan_json().to_string())).await?;
+    assert_eq!(status, 204, "{body}");
+    let records = plan_json()["endpoints"]["api.example.test."].clone();
+    let item = json!({"generation": 1, "items": [{"endpoint": "api.example.test.", "records": records}]});
+    let (status, body) = call(client.post(url("/v1/apply")).json(&item)).await?;
+    assert_eq!(status, 200, "{body}");
+    Ok((item, body))
+}
+
 /// `POST /v1/apply` takes a batch as JSON or as a codec envelope (what `RemoteStore` sends),
 /// and refuses an envelope it cannot read with a 400 that says so, writing nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,13 +98,7 @@ async fn a_batch_apply_takes_json_or_an_envelope() -> anyhow::Result<()> {
     let auth = TestAuthority::start(dir.path(), 8).await?;
     let client = reqwest::Client::new();
     let url = |path: &str| format!("{}{path}", auth.control);
-    let (status, body) =
-        call(client.post(url("/v1/plans")).header("content-type", "application/json").body(plan_json().to_string())).await?;
-    assert_eq!(status, 204, "{body}");
-    let records = plan_json()["endpoints"]["api.example.test."].clone();
-    let item = json!({"generation": 1, "items": [{"endpoint": "api.example.test.", "records": records}]});
-    let (status, body) = call(client.post(url("/v1/apply")).json(&item)).await?;
-    assert_eq!(status, 200, "{body}");
+    let (item, body) = published_and_applied(&auth, &client).await?;
     assert!(body[0]["Ok"]["Switched"].is_object(), "JSON batch: {body}");
 
     let batch: ApplyManyRequest = serde_json::from_value(item)?;
@@ -120,13 +128,7 @@ async fn changes_come_as_json_or_an_envelope() -> anyhow::Result<()> {
     let auth = TestAuthority::start(dir.path(), 8).await?;
     let client = reqwest::Client::new();
     let url = |path: &str| format!("{}{path}", auth.control);
-    let (status, body) =
-        call(client.post(url("/v1/plans")).header("content-type", "application/json").body(plan_json().to_string())).await?;
-    assert_eq!(status, 204, "{body}");
-    let records = plan_json()["endpoints"]["api.example.test."].clone();
-    let item = json!({"generation": 1, "items": [{"endpoint": "api.example.test.", "records": records}]});
-    let (status, body) = call(client.post(url("/v1/apply")).json(&item)).await?;
-    assert_eq!(status, 200, "{body}");
+    published_and_applied(&auth, &client).await?;
     let resp = client.get(url("/v1/changes?since=0")).send().await?;
     assert!(resp.headers()["content-type"].to_str()?.starts_with("application/json"));
     let json: ActiveDelta = resp.json().await?;
