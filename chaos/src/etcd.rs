@@ -10,6 +10,12 @@
 //!   publish the storm saw acknowledged, a plan an enactor logged as applied: every later
 //!   read must show it, and every acknowledged plan is still stored or cleaned up), and no
 //!   fence ever went back in etcd's whole history.
+//! - `etcd-member-down`: an etcd follower (not the leader) is SIGKILLed and kept down for a
+//!   while during a plan storm, again and again. With two members of three up, no call may fail
+//!   because of it: every publish and read of the storm, and every read through each
+//!   authority's control API (`GET /v1/version`, `GET /v1/plans`) during the fault must
+//!   succeed, and both authorities must serve the newest plan while the member is down. Judged
+//!   as `etcd-leader-kill` besides.
 //! - `etcd-partition`: authority b reaches etcd only through one fault proxy per member
 //!   (`proxy`), which partitions it, drops etcd's answers (one way), resets its connections
 //!   or delays them, while plans go on. While cut off, b must keep serving the last state it
@@ -25,6 +31,7 @@ use crate::harness::{Bins, CONVERGE_WITHIN, FAULTS_MAX, PLANS_MAX, Report};
 use crate::proxy::{Mode, Proxy};
 use crate::race;
 use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::store::{ActiveRecord, ActiveState, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, PauseState, StoreVersion};
 use dnsplan_common::store::{StoreError, StoreResult, lease::Lease};
 use dnsplan_common::{Endpoint, EndpointName, Generation, PlanChanges, PlanSummary, Store, ValidatedPlan};
@@ -76,12 +83,14 @@ fn quoted(endpoints: &[String]) -> String {
 pub struct AuthorityProcess {
     pub who: String,
     pub dns: SocketAddr,
+    /// The control API's base URL (`http://127.0.0.1:PORT`).
+    pub control: String,
     pub log: PathBuf,
     _daemon: Daemon,
 }
 
 /// Starts `dnsplan-authority` on `config`; returns once it announces its DNS address (it
-/// prints it when DNS answers).
+/// prints it when DNS answers) and its control API (printed next).
 fn start_authority(bin: &Path, config: &Path, who: &str, log: PathBuf) -> anyhow::Result<AuthorityProcess> {
     let mut child = Command::new(bin)
         .arg("--config")
@@ -100,12 +109,16 @@ fn start_authority(bin: &Path, config: &Path, who: &str, log: PathBuf) -> anyhow
         }
     });
     let deadline = Instant::now() + STEP_WITHIN;
+    let mut dns = None;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
                 if let Some(addr) = line.strip_prefix("dns").and_then(|rest| rest.split_whitespace().next()) {
-                    return Ok(AuthorityProcess { who: who.into(), dns: addr.parse()?, log, _daemon: daemon });
+                    dns = Some(addr.parse()?);
+                }
+                if let (Some(dns), Some(control)) = (dns, line.strip_prefix("control").map(str::trim)) {
+                    return Ok(AuthorityProcess { who: who.into(), dns, control: control.into(), log, _daemon: daemon });
                 }
             }
             Err(_) => {
@@ -425,8 +438,8 @@ async fn audit(
 /// Every write of every fence under `PREFIX`, from etcd's whole history (a watch from revision
 /// 1 replays it): what went back, and how many writes were read.
 async fn fence_history(store: &EtcdStore) -> anyhow::Result<(Vec<String>, usize)> {
-    use etcd_client::{EventType, GetOptions, WatchOptions};
-    let mut client = store.client().clone();
+    use dnsplan_etcd::client::{EventType, GetOptions, WatchOptions};
+    let client = store.client().clone();
     let key = format!("{PREFIX}fence/");
     let current = client.get(key.as_str(), Some(GetOptions::new().with_prefix())).await?;
     let Some(now) = current.kvs().iter().map(|kv| kv.mod_revision()).max() else { anyhow::bail!("no fence in the store") };
@@ -524,7 +537,7 @@ async fn leader(cluster: &EtcdCluster) -> anyhow::Result<(usize, u64)> {
 /// A member's own id and the leader it knows (0: none), asked of it alone.
 async fn member_status(url: &str) -> Option<(u64, u64)> {
     let status = async {
-        let mut client = etcd_client::Client::connect([url], None).await?;
+        let client = dnsplan_etcd::client::Client::new(&[url.to_string()], &Default::default())?;
         client.status().await
     };
     match tokio::time::timeout(Duration::from_secs(1), status).await {
@@ -651,6 +664,78 @@ pub async fn run_leader_kill(bins: Bins, seed: u64, duration: Duration) -> anyho
     finish(report, stack, storm, judges, &names, started).await
 }
 
+/// Control API calls made on each authority per fault, while the member is down.
+const CONTROL_CALLS_PER_FAULT: usize = 40;
+
+/// `etcd-member-down`: see the module documentation.
+pub async fn run_member_down(bins: Bins, seed: u64, duration: Duration) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut report = Report { scenario: "etcd-member-down".into(), seed, ..Report::default() };
+    let names = names();
+    let (mut stack, mut storm) = EtcdStack::start(&bins, &names, false).await?;
+    let judges = Judges::start(&stack, &storm, &names).await?;
+    let controls =
+        stack.authorities.iter().map(|a| Ok((a.who.clone(), RemoteStore::new(&a.control, None)?))).collect::<anyhow::Result<Vec<_>>>()?;
+    // How long each member stays down (the fault's length, not a synchronisation).
+    let hold = (duration / 4).clamp(Duration::from_millis(500), Duration::from_secs(5));
+    let end = Instant::now() + duration;
+    let mut faults = 0;
+    let mut result = Ok(());
+    while (Instant::now() < end || faults < KILLS_MIN) && faults < FAULTS_MAX {
+        faults += 1;
+        let step = async {
+            let (leader_index, _) = leader(&stack.cluster).await?;
+            // A follower, chosen by the seed.
+            let follower = (leader_index + rng.random_range(1..stack.cluster.members.len())) % stack.cluster.members.len();
+            stack.cluster.kill(follower)?;
+            report.fault("etcd follower SIGKILL");
+            let down_until = Instant::now() + hold;
+            let refused_before = storm.refused;
+            let mut published = 0;
+            let mut calls = 0;
+            while Instant::now() < down_until || published < 3 {
+                anyhow::ensure!((storm.attempted.len() as u64) < PLANS_MAX, "the storm ran out of plans");
+                // With two members of three up, a publish is acknowledged at the first try.
+                match storm.publish_next().await? {
+                    Some(_) => published += 1,
+                    None => anyhow::bail!("a publish failed with etcd member {follower} of 3 down"),
+                }
+                for (who, control) in &controls {
+                    if calls >= CONTROL_CALLS_PER_FAULT * controls.len() {
+                        break;
+                    }
+                    calls += 2;
+                    control.version().await.map_err(|e| anyhow::anyhow!("{who}'s control API: GET /v1/version failed: {e}"))?;
+                    control.list(Generation(0), 8).await.map_err(|e| anyhow::anyhow!("{who}'s control API: GET /v1/plans failed: {e}"))?;
+                }
+                // Pace (not synchronise): leaves the two cores to the daemons now and then.
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..10))).await;
+            }
+            anyhow::ensure!(storm.refused == refused_before, "{} publishes refused with one member down", storm.refused - refused_before);
+            report.fault("calls kept succeeding with a member down");
+            // Enactors and both authorities' followers go on too.
+            let newest = Generation(storm.acked_max.load(Ordering::SeqCst));
+            converge_store(&stack.store, &names, newest).await?;
+            for a in &stack.authorities {
+                until_serves(a.dns, &stack.store, &names, newest, STEP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.who))?;
+            }
+            report.fault("authorities served the newest plan with a member down");
+            stack.cluster.restart_killed().await?;
+            report.fault("etcd member restarted");
+            anyhow::Ok(())
+        };
+        if let Err(e) = step.await {
+            result = Err(e);
+            break;
+        }
+    }
+    if let Err(e) = result {
+        report.violations.push(format!("with one etcd member down: {e:#}"));
+    }
+    finish(report, stack, storm, judges, &names, started).await
+}
+
 /// `etcd-partition`: see the module documentation.
 pub async fn run_partition(bins: Bins, seed: u64, duration: Duration) -> anyhow::Result<Report> {
     let started = Instant::now();
@@ -751,7 +836,7 @@ pub struct NaiveEtcdStore {
     inner: EtcdStore,
 }
 
-fn unavailable(err: etcd_client::Error) -> StoreError {
+fn unavailable(err: dnsplan_etcd::client::Error) -> StoreError {
     StoreError::Unavailable(err.to_string())
 }
 
@@ -769,19 +854,19 @@ impl NaiveEtcdStore {
     }
 
     async fn get_u64(&self, key: Vec<u8>) -> StoreResult<Option<u64>> {
-        let mut client = self.inner.client().clone();
+        let client = self.inner.client().clone();
         let r = client.get(key, None).await.map_err(unavailable)?;
         Ok(r.kvs().first().and_then(|kv| kv.value().try_into().ok()).map(u64::from_be_bytes))
     }
 
-    async fn write(&self, ops: Vec<etcd_client::TxnOp>) -> StoreResult<()> {
-        let mut client = self.inner.client().clone();
-        client.txn(etcd_client::Txn::new().and_then(ops)).await.map_err(unavailable)?;
+    async fn write(&self, ops: Vec<dnsplan_etcd::client::TxnOp>) -> StoreResult<()> {
+        let client = self.inner.client().clone();
+        client.txn(dnsplan_etcd::client::Txn::new().and_then(ops)).await.map_err(unavailable)?;
         Ok(())
     }
 
     async fn switch(&self, endpoint: &EndpointName, g: Generation, state: ActiveState) -> StoreResult<ApplyOutcome> {
-        use etcd_client::TxnOp;
+        use dnsplan_etcd::client::TxnOp;
         let name = endpoint.as_str().as_bytes();
         // The check (read, and trusted later)...
         let fence = self.get_u64(self.key(&[b"fence/", name])).await?;
@@ -880,7 +965,7 @@ impl Store for NaiveEtcdStore {
     }
 
     async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
-        use etcd_client::{DeleteOptions, TxnOp};
+        use dnsplan_etcd::client::{DeleteOptions, TxnOp};
         let decision = self.cleanup_preview(retain).await?;
         let (before, after) = (decision.horizon_before, decision.horizon_after);
         let range = |kind: &[u8]| {

@@ -61,6 +61,9 @@ enum Scenario {
     /// Two authorities and three enactors on a three-member etcd cluster: the etcd leader
     /// SIGKILLed during a plan storm and restarted, again and again.
     EtcdLeaderKill,
+    /// Two authorities and three enactors on a three-member etcd cluster: an etcd follower
+    /// SIGKILLed and kept down during a plan storm; no publish, read or control API call may fail.
+    EtcdMemberDown,
     /// Two authorities and three enactors on etcd: one authority partitioned from etcd by a
     /// fault proxy (cut, one way, reset, delayed) keeps its last state and catches up after the heal.
     EtcdPartition,
@@ -134,6 +137,7 @@ async fn run_one(
         Scenario::Partition => harness::run_processes(bins()?, Faults::Partition, "partition", seed, duration).await,
         Scenario::GrayZone => harness::run_gray_zone(bins()?, seed, duration).await,
         Scenario::EtcdLeaderKill => etcd::run_leader_kill(bins()?, seed, duration).await,
+        Scenario::EtcdMemberDown => etcd::run_member_down(bins()?, seed, duration).await,
         Scenario::EtcdPartition => etcd::run_partition(bins()?, seed, duration).await,
         Scenario::All => unreachable_all(),
     }
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
             Scenario::GrayZone,
             Scenario::Aws2025RaceEtcd,
             Scenario::EtcdLeaderKill,
+            Scenario::EtcdMemberDown,
             Scenario::EtcdPartition,
         ],
         s if unsafe_naive && !matches!(s, Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary | Scenario::Aws2025RaceEtcd) => {

@@ -111,8 +111,8 @@ async fn observe(store: EtcdStore, stop: Arc<AtomicBool>) -> anyhow::Result<(Vec
 /// Every write of every fence under `PREFIX`, in order, from etcd's history (a watch from
 /// revision 1 replays it), and what went back.
 async fn fence_history(store: &EtcdStore) -> anyhow::Result<(Vec<String>, usize)> {
-    use etcd_client::{EventType, GetOptions, WatchOptions};
-    let mut client = store.client().clone();
+    use dnsplan_etcd::client::{EventType, GetOptions, WatchOptions};
+    let client = store.client().clone();
     let key = format!("{PREFIX}fence/");
     // The newest fence write: the replay is complete when it has been seen.
     let current = client.get(key.as_str(), Some(GetOptions::new().with_prefix())).await?;

@@ -12,7 +12,7 @@
 //! [`WRITES_MAX`]), and the watch has delivered through its end. Otherwise `active_since`
 //! asks etcd, as before.
 
-use etcd_client::{Client, EventType, WatchOptions};
+use crate::client::{Client, EventType, WatchOptions};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -96,9 +96,8 @@ async fn follow(client: Client, prefix: Vec<u8>, after: i64, log: Arc<Mutex<Log>
         tracing::debug!(why, "the log of active writes stopped; active_since reads from etcd");
         lock(&log).broken = true;
     };
-    let mut wc = client.watch_client();
     let options = WatchOptions::new().with_prefix().with_start_revision(after + 1);
-    let mut stream = match wc.watch(prefix, Some(options)).await {
+    let mut stream = match client.watch(prefix, Some(options)).await {
         Ok(stream) => stream,
         Err(err) => return broken(&err.to_string()),
     };

@@ -24,18 +24,7 @@ fn join(parts: &[&[u8]]) -> Vec<u8> {
     key
 }
 
-/// The first key after every key that starts with `prefix` (etcd's range end of a prefix).
-pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Only an all-0xff prefix gets here; our prefixes are text ending in `/`.
-    vec![0]
-}
+pub(crate) use crate::client::prefix_end;
 
 impl Keys {
     pub(crate) fn new(prefix: &str) -> Keys {

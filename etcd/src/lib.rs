@@ -27,9 +27,15 @@
 //! but whose reply was lost removed the chunks of the plan it had just made latest.
 
 mod active_log;
+pub mod client;
 mod keys;
 
 use active_log::ActiveLog;
+pub use client::EtcdTls;
+use client::{
+    Client, ClientOptions, Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse, WatchOptions,
+};
 use dnsplan_common::Generation;
 use dnsplan_common::changes::{PlanChanges, PlanEntry, decode_changes};
 use dnsplan_common::codec::{self, CodecError};
@@ -43,10 +49,6 @@ use dnsplan_common::store::{
     check_changes_range, check_page_limit, decide_cleanup,
 };
 use dnsplan_common::store_config::EtcdStoreConfig;
-use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KeyValue, PutOptions,
-    TlsOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
-};
 use keys::{Keys, prefix_end};
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -102,6 +104,9 @@ pub struct EtcdConfig {
     /// different prefixes in one cluster are independent.
     pub prefix: String,
     pub request_timeout: Duration,
+    /// A member not connected to within this long is skipped for the next (see `client`);
+    /// never more than `request_timeout`.
+    pub connect_timeout: Duration,
     /// The cluster's `--max-request-bytes`: plans larger than a quarter of it are written in
     /// chunks of half of it.
     pub request_bytes_max: usize,
@@ -113,30 +118,13 @@ pub struct EtcdConfig {
     pub tls: Option<EtcdTls>,
 }
 
-/// TLS to etcd: the CA that signed the members' certificates and, when the members check
-/// their clients (`--client-cert-auth`), this client's certificate and key. All PEM.
-#[derive(Clone)]
-pub struct EtcdTls {
-    pub ca_pem: Vec<u8>,
-    /// The client's certificate (chain) and private key.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for EtcdTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdTls")
-            .field("ca_pem_bytes", &self.ca_pem.len())
-            .field("identity", &self.identity.as_ref().map(|_| "<certificate and hidden key>"))
-            .finish()
-    }
-}
-
 impl std::fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdConfig")
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
             .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("request_bytes_max", &self.request_bytes_max)
             .field("txn_ops_max", &self.txn_ops_max)
             .field("user", &self.user.as_ref().map(|(user, _)| (user, "<hidden>")))
@@ -151,6 +139,7 @@ impl EtcdConfig {
             endpoints,
             prefix: prefix.into(),
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            connect_timeout: client::CONNECT_TIMEOUT_DEFAULT,
             request_bytes_max: REQUEST_BYTES_DEFAULT,
             txn_ops_max: TXN_OPS_DEFAULT,
             user: None,
@@ -192,6 +181,9 @@ impl EtcdConfig {
         if self.request_timeout.is_zero() || self.request_timeout > Duration::from_secs(60) {
             return bad(format!("request_timeout {:?} must be in (0, 60 s]", self.request_timeout));
         }
+        if self.connect_timeout.is_zero() {
+            return bad("connect_timeout must be above 0".into());
+        }
         Ok(())
     }
 
@@ -216,7 +208,7 @@ pub enum ConnectError {
     #[error("etcd store configuration: {0}")]
     Config(String),
     #[error("cannot set up the etcd client")]
-    Client(#[source] etcd_client::Error),
+    Client(#[source] client::Error),
 }
 
 /// The `Store` on etcd v3. Clones share one client.
@@ -435,24 +427,14 @@ impl EtcdStore {
     /// created while etcd is down; every call then fails with `Unavailable` until it is back.
     pub async fn connect(config: EtcdConfig) -> Result<EtcdStore, ConnectError> {
         config.check()?;
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.request_timeout)
-            .with_keep_alive(Duration::from_secs(10), config.request_timeout);
-        if let Some((user, password)) = &config.user {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        if let Some(tls) = &config.tls {
-            let mut settings = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.identity {
-                settings = settings.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(settings);
-        }
-        let connect = Client::connect(config.endpoints.clone(), Some(options));
-        let client = match tokio::time::timeout(config.request_timeout, connect).await {
-            Ok(client) => client.map_err(ConnectError::Client)?,
-            Err(_) => return Err(ConnectError::Config(format!("etcd did not answer within {:?}", config.request_timeout))),
+        let options = ClientOptions {
+            connect_timeout: config.connect_timeout.min(config.request_timeout),
+            keep_alive: Some((Duration::from_secs(10), config.request_timeout)),
+            user: config.user.clone(),
+            tls: config.tls.clone(),
+            response_bytes_max: RESPONSE_BYTES_MAX,
         };
+        let client = Client::new(&config.endpoints, &options).map_err(ConnectError::Client)?;
         Ok(EtcdStore {
             inner: Arc::new(Inner {
                 client,
@@ -534,7 +516,7 @@ impl EtcdStore {
     }
 
     /// Runs `fut` under the request timeout and maps etcd's errors to the store's.
-    async fn call<T>(&self, what: &str, fut: impl Future<Output = Result<T, etcd_client::Error>>) -> StoreResult<T> {
+    async fn call<T>(&self, what: &str, fut: impl Future<Output = Result<T, client::Error>>) -> StoreResult<T> {
         let limit = self.inner.config.request_timeout;
         let started = std::time::Instant::now();
         let answer = tokio::time::timeout(limit, fut).await;
@@ -555,10 +537,9 @@ impl EtcdStore {
     }
 
     async fn txn(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
-        let mut kv = self.inner.client.kv_client().max_decoding_message_size(RESPONSE_BYTES_MAX);
-        let response = self.call(what, kv.txn(txn)).await?;
+        let response = self.call(what, self.inner.client.txn(txn)).await?;
         #[cfg(feature = "testing")]
-        if response.succeeded() && response.op_responses().iter().any(|r| matches!(r, TxnOpResponse::Put(_))) {
+        if response.succeeded() && response.put_any() {
             let lost = self.inner.lose_reply.lock().ok().and_then(|mut lose| lose.take_if(|w| *w == what)).is_some();
             if lost {
                 return Err(StoreError::Unavailable(format!(
@@ -721,9 +702,9 @@ impl EtcdStore {
         }
         let nonce = fresh_nonce();
         let staging = self.inner.keys.staging(g, nonce);
-        let mut kv = self.inner.client.kv_client();
+        let kv = &self.inner.client;
         self.call("publish staging", kv.put(staging.clone(), lease::now_unix_ms().to_be_bytes().to_vec(), None)).await?;
-        let mut write = async |bytes: &[u8], kind: u8| -> StoreResult<Vec<u8>> {
+        let write = async |bytes: &[u8], kind: u8| -> StoreResult<Vec<u8>> {
             if !large(bytes) {
                 return Ok(inline(bytes));
             }
@@ -776,8 +757,7 @@ impl EtcdStore {
             let rest = Keys::strip(kv.key(), &keys.staging_all()).unwrap_or_default();
             if rest.len() != 16 {
                 tracing::warn!(key = ?kv.key(), "a staging key of the wrong shape; removing it");
-                let mut kvc = self.inner.client.kv_client();
-                self.call("staging sweep", kvc.delete(kv.key().to_vec(), None)).await?;
+                self.call("staging sweep", self.inner.client.delete(kv.key().to_vec(), None)).await?;
                 continue;
             }
             let g = Generation::from_be_bytes(rest[..8].try_into().expect("8 bytes"));
@@ -1189,25 +1169,10 @@ impl EtcdStore {
     }
 }
 
-fn etcd_error(what: &str, err: etcd_client::Error) -> StoreError {
-    match &err {
-        etcd_client::Error::GRpcStatus(status) => {
-            // Codes 4 (deadline exceeded), 14 (unavailable) and 1 (cancelled), and 2
-            // (unknown) with a transport error under it: etcd or the path to it is down or has
-            // no leader; anything else is etcd refusing the request.
-            let code = status.code() as i32;
-            let transport = code == 2 && std::error::Error::source(status).is_some();
-            if matches!(code, 1 | 4 | 14) || transport {
-                StoreError::Unavailable(format!("etcd {what}: {}", status.message()))
-            } else {
-                StoreError::Io(Box::new(err))
-            }
-        }
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) | etcd_client::Error::WatchError(_) => {
-            StoreError::Unavailable(format!("etcd {what}: {err}"))
-        }
-        _ => StoreError::Io(Box::new(err)),
-    }
+fn etcd_error(what: &str, err: client::Error) -> StoreError {
+    // Down, partitioned, without a leader or too slow: unavailable; anything else is etcd
+    // refusing the request.
+    if err.is_unavailable() { StoreError::Unavailable(format!("etcd {what}: {err}")) } else { StoreError::Io(Box::new(err)) }
 }
 
 impl Store for EtcdStore {
@@ -1234,8 +1199,7 @@ impl Store for EtcdStore {
             let granted = lease::decide_acquire(current.as_ref(), holder, ttl, now)?;
             // etcd's lease holds the live key; whole seconds, at least one.
             let ttl_secs = (ttl.as_millis().div_ceil(1000) as i64).max(1);
-            let mut lc = self.inner.client.lease_client();
-            let etcd_lease = self.call("lease grant", lc.grant(ttl_secs, None)).await?.id();
+            let etcd_lease = self.call("lease grant", self.inner.client.lease_grant(ttl_secs)).await?;
             let txn = Txn::new()
                 .when(vec![
                     cmp_bytes(keys.lease_record(), record_kv.map(|kv| kv.value())),
@@ -1267,11 +1231,10 @@ impl Store for EtcdStore {
                 Ok(true) => old,
                 _ => Some(etcd_lease),
             };
-            if let Some(id) = revoke {
-                let mut lc = self.inner.client.lease_client();
-                if let Err(err) = self.call("lease revoke", lc.revoke(id)).await {
-                    tracing::debug!(error = %err, "could not revoke an unused etcd lease; it expires at its TTL");
-                }
+            if let Some(id) = revoke
+                && let Err(err) = self.call("lease revoke", self.inner.client.lease_revoke(id)).await
+            {
+                tracing::debug!(error = %err, "could not revoke an unused etcd lease; it expires at its TTL");
             }
             if committed? {
                 return Ok(granted);
@@ -1301,11 +1264,10 @@ impl Store for EtcdStore {
                 ])
                 .and_then(vec![put(keys.lease_record(), codec::encode(&after)), TxnOp::delete(keys.lease_live(), None)]);
             if self.txn("lease release", txn).await?.succeeded() {
-                if let Some(id) = live_kv.map(|kv| kv.lease()).filter(|id| *id != 0) {
-                    let mut lc = self.inner.client.lease_client();
-                    if let Err(err) = self.call("lease revoke", lc.revoke(id)).await {
-                        tracing::debug!(error = %err, "could not revoke a released etcd lease; it expires at its TTL");
-                    }
+                if let Some(id) = live_kv.map(|kv| kv.lease()).filter(|id| *id != 0)
+                    && let Err(err) = self.call("lease revoke", self.inner.client.lease_revoke(id)).await
+                {
+                    tracing::debug!(error = %err, "could not revoke a released etcd lease; it expires at its TTL");
                 }
                 return Ok(());
             }
@@ -1657,9 +1619,8 @@ impl Store for EtcdStore {
             // unsynced-watcher loop (every 100 ms). So once etcd confirms the watch, read
             // again: a change in between is returned from that read, and any other write in
             // between (a heartbeat) means a fresh watch from the newer revision.
-            let mut wc = self.inner.client.watch_client();
             let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-            let mut stream = self.call("watch", wc.watch(meta.clone(), Some(options))).await?;
+            let mut stream = self.call("watch", self.inner.client.watch(meta.clone(), Some(options))).await?;
             let mut confirmed = false;
             loop {
                 let message = match tokio::time::timeout_at(deadline, stream.message()).await {

@@ -133,8 +133,8 @@ impl EtcdCluster {
     }
 
     /// A plain client of the cluster, for what the store does not do (compaction).
-    pub async fn client(&self) -> anyhow::Result<etcd_client::Client> {
-        Ok(etcd_client::Client::connect(self.endpoints(), None).await?)
+    pub async fn client(&self) -> anyhow::Result<dnsplan_etcd::client::Client> {
+        Ok(dnsplan_etcd::client::Client::new(&self.endpoints(), &Default::default())?)
     }
 
     /// Starts again every member that was killed, with its data (a member that finds its data
@@ -179,9 +179,9 @@ fn spawn_member(m: &Member) -> anyhow::Result<Child> {
 /// Whether the member at `url` serves a linearizable read within a second.
 async fn answers(url: &str) -> bool {
     let attempt = async {
-        let mut client = etcd_client::Client::connect([url], None).await?;
+        let client = dnsplan_etcd::client::Client::new(&[url.to_string()], &Default::default())?;
         client.get("health", None).await?;
-        Ok::<_, etcd_client::Error>(())
+        Ok::<_, dnsplan_etcd::client::Error>(())
     };
     matches!(tokio::time::timeout(Duration::from_secs(1), attempt).await, Ok(Ok(())))
 }

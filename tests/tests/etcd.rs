@@ -92,7 +92,7 @@ async fn a_plan_larger_than_a_request_is_published_whole() -> anyhow::Result<()>
     let bytes = dnsplan_common::codec::encode_plan(&first).len();
     assert!(bytes > 2 * SMALL_REQUEST_BYTES, "the plan is {bytes} bytes: too small to need chunks");
     // The limit is real: etcd refuses the plan in one request.
-    let mut client = cluster.client().await?;
+    let client = cluster.client().await?;
     let refused = client.put("/chunked-raw", vec![0u8; bytes], None).await;
     assert!(refused.is_err(), "etcd took a {bytes}-byte request over a {SMALL_REQUEST_BYTES}-byte limit");
 
@@ -205,9 +205,9 @@ async fn a_follower_gets_what_changed_even_after_a_compaction() -> anyhow::Resul
 
     apply("a", 3).await?;
     apply("c", 4).await?;
-    let mut client = cluster.client().await?;
+    let client = cluster.client().await?;
     let revision = client.get("/follower/", None).await?.header().map(|h| h.revision()).expect("a header");
-    client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+    client.compact(revision, true).await?;
     // Each key keeps its last write through a compaction, so the delta is still exact.
     let delta = store.active_since(seen).await?;
     assert!(!delta.full, "the keys' last writes survive a compaction: want a delta");
@@ -249,7 +249,7 @@ async fn a_follower_gets_what_changed_even_after_a_compaction() -> anyhow::Resul
         store.heartbeat(beat).await?;
     }
     let revision = client.get("/follower/", None).await?.header().map(|h| h.revision()).expect("a header");
-    client.compact(revision, Some(etcd_client::CompactionOptions::new().with_physical())).await?;
+    client.compact(revision, true).await?;
     let waited = Instant::now();
     let quiet = store.wait_for_change(seen, Duration::from_millis(300)).await?;
     assert_eq!(quiet, seen, "nothing changed");
@@ -343,7 +343,7 @@ async fn bad_data_in_etcd_is_a_clear_error() -> anyhow::Result<()> {
     let mut config = cluster.config("/bad/");
     config.request_bytes_max = SMALL_REQUEST_BYTES;
     let store = EtcdStore::connect(config).await?;
-    let mut client = cluster.client().await?;
+    let client = cluster.client().await?;
     store.publish(&large_plan(1, 3_000)).await?;
     store.apply(&name("endpoint-00000"), Generation(1), &large_plan(1, 3_000).plan().endpoints[&name("endpoint-00000")]).await?;
 
@@ -354,7 +354,7 @@ async fn bad_data_in_etcd_is_a_clear_error() -> anyhow::Result<()> {
     assert!(is_corrupt(&r, "active record"), "{r:?}");
 
     // A chunk of the stored plan goes missing: a fresh store (no cache) reports it.
-    let chunks = client.get("/bad/blobs/", Some(etcd_client::GetOptions::new().with_prefix().with_keys_only())).await?;
+    let chunks = client.get("/bad/blobs/", Some(dnsplan_etcd::client::GetOptions::new().with_prefix().with_keys_only())).await?;
     let chunk = chunks.kvs().first().expect("the plan is chunked").key().to_vec();
     client.delete(chunk, None).await?;
     let fresh = cluster.store("/bad/").await?;
