@@ -143,7 +143,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
+        // An unavailable store is logged once when it goes and once when it comes back (the
+        // follower's reachability), not on every call it fails.
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::debug!(message = %self.message, "control API call failed: the store is unavailable");
+        } else if status.is_server_error() {
             tracing::error!(message = %self.message, "control API call failed");
         }
         let mut resp = (status, Json(ErrorBody { error: self.error, message: self.message })).into_response();

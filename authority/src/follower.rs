@@ -151,10 +151,10 @@ impl Serving {
 
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the
     /// task is dropped. Changes that arrive during a rebuild are picked up by the next one.
-    pub async fn follow<S: Store>(self: Arc<Self>, store: S) {
+    /// `reach` is told whether the store answers (`/readyz` and the metrics read it).
+    pub async fn follow<S: Store>(self: Arc<Self>, store: S, reach: Arc<Reachability>) {
         // An outage is logged when it begins and when it ends, not on every retry: the
         // authority keeps serving its snapshot meanwhile, which is the point.
-        let reach = Reachability::new("the store");
         let mut seen = StoreVersion { applied_changes: self.snapshot.load().applied_changes, ..StoreVersion::default() };
         loop {
             match store.wait_for_change(seen, FOLLOW_WAIT).await {

@@ -18,6 +18,7 @@ pub mod budget;
 pub mod compress;
 pub mod config;
 pub mod control;
+pub mod control_gate;
 pub mod control_server;
 pub mod dns_zone;
 pub mod fast;

@@ -270,6 +270,8 @@ struct StoreGauges {
     latest_generation: Gauge,
     applied_changes: Gauge,
     read_errors: Counter,
+    /// 1 while the store answers (the last call to it succeeded), 0 while it does not.
+    reachable: Gauge,
     paused: Gauge,
     paused_since_seconds: Gauge,
     lease_held: Gauge,
@@ -290,6 +292,11 @@ impl StoreGauges {
             "store_read_errors",
             "Scrapes whose store reads failed or timed out (the store gauges kept their values)",
             self.read_errors.clone(),
+        );
+        registry.register(
+            "store_reachable",
+            "1 while the store (etcd, or the embedded one) answers; 0 while it does not and the authority serves the state it has",
+            self.reachable.clone(),
         );
         registry.register(
             "automation_paused",
@@ -553,6 +560,7 @@ impl Metrics {
     /// decides whether the lease is live).
     pub fn observe_store(&self, reading: &StoreReading, now_unix_ms: u64) {
         let g = &self.store;
+        g.reachable.set(1);
         g.latest_generation.set(reading.version.latest.0 as i64);
         g.applied_changes.set(reading.version.applied_changes as i64);
         g.paused.set(i64::from(reading.paused.is_some()));
@@ -593,6 +601,12 @@ impl Metrics {
     /// A scrape could not read the store: the store gauges keep their last values.
     pub fn observe_store_read_error(&self) {
         self.store.read_errors.inc();
+        self.store.reachable.set(0);
+    }
+
+    /// Whether the store answers now (`dnsplan_store_reachable`).
+    pub fn observe_store_reachable(&self, reachable: bool) {
+        self.store.reachable.set(i64::from(reachable));
     }
 
     /// The Prometheus text exposition.

@@ -6,6 +6,7 @@ use crate::answer::AnswerLimits;
 use crate::budget;
 use crate::config::AuthorityConfig;
 use crate::control::{self, ApiError, Control};
+use crate::control_gate::Gate;
 use crate::control_server::{self, ControlLimits};
 use crate::dns_zone::StaticZone;
 use crate::follower::{LoadError, Serving, check_dns_zone};
@@ -23,7 +24,7 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::response::Html;
 use axum::routing::get;
-use dnsplan_common::daemon::{self, StartFailure};
+use dnsplan_common::daemon::{self, Reachability, StartFailure};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_common::{Generation, SledStore, Store, StoreError};
@@ -134,6 +135,24 @@ fn start_failure(err: anyhow::Error) -> StartFailure {
     }
 }
 
+/// A spawned task aborted when dropped (an early return), or awaited to its end (`finish`).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    async fn finish(mut self) {
+        let handle = std::mem::replace(&mut self.0, tokio::spawn(async {}));
+        if let Err(err) = handle.await {
+            tracing::error!(error = %err, "the control API's server task failed");
+        }
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Resolves once shutdown was asked for; cloned by everything that stops on it.
 #[derive(Clone)]
 struct Stop(tokio::sync::watch::Receiver<bool>);
@@ -235,6 +254,24 @@ where
     let mut on_bound = Some(on_bound);
     let mut tasks = tokio::task::JoinSet::new();
 
+    // The control API answers from now on: health and readiness from this process's own
+    // state, the other routes 503 until the store is reached (`control_gate`).
+    let store_reach = Arc::new(Reachability::unreached("the store"));
+    let gate = Gate::new(store_reach.clone(), metrics.clone());
+    let control_limits = ControlLimits {
+        connections_max: caps.control,
+        header_timeout: Duration::from_secs(config.control.header_timeout_secs),
+        body_timeout: Duration::from_secs(config.control.body_timeout_secs),
+        request_timeout: Duration::from_secs(config.control.request_timeout_secs),
+    };
+    let control_server = AbortOnDrop(tokio::spawn(control_server::serve(
+        listener,
+        gate.router(),
+        control_limits,
+        metrics.connections.clone(),
+        stop.clone().wait(),
+    )));
+
     // Static stability: the state saved on our own disk, served before anything else.
     let mut rrl = Some(rrl);
     let mut transfer = Some(transfer);
@@ -268,6 +305,7 @@ where
                     on_bound(bound.clone());
                 }
                 tracing::info!(dns = ?dns, origin = %zone.origin, "authority serving its saved state");
+                gate.dns_ready();
                 serving = Some(saved);
             }
             Ok(None) => tracing::info!(path = %path.display(), "no saved state yet (first start); DNS answers once the store is read"),
@@ -278,7 +316,11 @@ where
         }
     }
 
-    let Some(store) = reach(stop.clone()).await? else {
+    let reached = reach(stop.clone()).await?;
+    // `reach` said so when the store answered after a wait.
+    store_reach.mark_quietly(false);
+    let Some(store) = reached else {
+        drop(control_server);
         tasks.shutdown().await;
         drop(udp);
         tracing::info!("authority stopped before the store answered");
@@ -327,16 +369,16 @@ where
             };
             let serving = dress(serving);
             udp = Some(start_dns(udp_sockets, tcp_listeners, &serving, tcp_limits, &mut tasks)?);
+            gate.dns_ready();
             serving
         }
     };
     if let Some(keeper) = &keeper {
         tasks.spawn(keeper.clone().keep_saved(serving.clone(), store.clone()));
     }
-    tasks.spawn(serving.clone().follow(store.clone()));
+    tasks.spawn(serving.clone().follow(store.clone(), store_reach.clone()));
     crate::notify::spawn(&mut tasks, &serving);
 
-    let connection_metrics = metrics.connections.clone();
     let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
     let extra_metrics = extras.metrics.clone();
     let metrics_store = store.clone();
@@ -366,7 +408,16 @@ where
     // `/v1/status` and the status page share `control.status_reads_max` permits.
     let status_reads = tower::limit::GlobalConcurrencyLimitLayer::new(config.control.status_reads_max);
     let mut app = control::router(ctl.clone())
-        .route("/readyz", get(|| async { "ready\n" }))
+        .route(
+            "/readyz",
+            get({
+                let gate = gate.clone();
+                move || {
+                    let gate = gate.clone();
+                    async move { gate.readiness() }
+                }
+            }),
+        )
         .route(
             "/v1/status",
             get({
@@ -406,12 +457,7 @@ where
     if let Some(routes) = extras.routes {
         app = app.merge(routes);
     }
-    let control_limits = ControlLimits {
-        connections_max: caps.control,
-        header_timeout: Duration::from_secs(config.control.header_timeout_secs),
-        body_timeout: Duration::from_secs(config.control.body_timeout_secs),
-        request_timeout: Duration::from_secs(config.control.request_timeout_secs),
-    };
+    gate.open(app);
     if let Some(on_bound) = on_bound.take() {
         on_bound(bound);
         tracing::info!(dns = ?dns, control = %control_addr, origin = %zone.origin, "authority serving");
@@ -419,7 +465,8 @@ where
         tracing::info!(control = %control_addr, "following the store; the control API serves");
     }
     // Stop accepting control requests on shutdown, finish those in flight, then stop DNS.
-    control_server::serve(listener, app, control_limits, connection_metrics, stop.wait()).await;
+    stop.clone().wait().await;
+    control_server.finish().await;
     tasks.shutdown().await;
     drop(udp);
     if let Some(keeper) = keeper {

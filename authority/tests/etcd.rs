@@ -39,9 +39,19 @@ fn names() -> Vec<EndpointName> {
     ["api", "www", "db"].iter().map(|label| name(label)).collect()
 }
 
+/// A control API call with etcd away answers within this (it hung until etcd came back). The
+/// answers are local and take a millisecond; the margin is for a loaded machine.
+const CONTROL_ANSWER_WITHIN: Duration = Duration::from_secs(2);
+/// How long etcd stays away while the authority waits for it.
+const OUTAGE_HELD: Duration = Duration::from_secs(7);
+/// An authority follows the store within about a second of etcd answering again (its start-up
+/// retry is at most 1 s apart); the margin is for a loaded machine.
+const CATCH_UP_AFTER_OUTAGE: Duration = Duration::from_secs(3);
+
 /// One authority running in this process.
 struct Running {
     dns: SocketAddr,
+    control: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -80,7 +90,7 @@ async fn start(config_path: &Path, within: Duration) -> anyhow::Result<Running> 
         .await
     });
     match tokio::time::timeout(within, bound_rx).await {
-        Ok(Ok(bound)) => Ok(Running { dns: bound.dns[0], stop, task }),
+        Ok(Ok(bound)) => Ok(Running { dns: bound.dns[0], control: bound.control, stop, task }),
         Ok(Err(_)) => match task.await {
             Ok(Err(err)) => anyhow::bail!("authority stopped before serving: {err:#}"),
             other => anyhow::bail!("authority stopped before serving: {other:?}"),
@@ -177,12 +187,18 @@ async fn two_authorities_on_one_etcd_serve_the_same_answers_and_serial() -> anyh
 }
 
 /// Static stability: an authority started while every etcd member is down answers every
-/// name at once from the state saved on its own disk, with the serial it had; when etcd is
-/// back it catches up with the change made while it was stopped, and follows later ones.
+/// name at once from the state saved on its own disk, with the serial it had; its control API
+/// answers meanwhile (`/healthz`, `/readyz` ready with the store unreachable, the metric, and
+/// a quick 503 naming the store for a store route); when etcd is back it catches up within
+/// about a second with the change made while it was stopped, and follows later ones.
 ///
 /// Teeth: with `serve` in `run.rs` skipping the saved state (`local` read as `None`), this
 /// test failed at the restart with etcd down: "the authority did not answer DNS within 5s"
-/// (it waits for the store and answers nothing).
+/// (it waits for the store and answers nothing). Without the control API's front door
+/// (`control_gate`: the control server started only once the store answers), it failed with
+/// "GET /healthz: error sending request" (the request timed out). With the start-up retry at
+/// its old 10 s ceiling (`START_RETRY_MAX`), it failed with "caught up 5.4s after etcd
+/// answered".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authority_serves_its_saved_state_with_etcd_down_and_catches_up() -> anyhow::Result<()> {
     let mut cluster = EtcdCluster::start(3, &[]).await?;
@@ -208,8 +224,36 @@ async fn an_authority_serves_its_saved_state_with_etcd_down_and_catches_up() -> 
     let elapsed = started.elapsed();
     assert!(elapsed < Duration::from_secs(5), "served after {elapsed:?}");
 
+    // The control API answers with etcd down: health from local state, other routes 503.
+    let http = reqwest::Client::builder().timeout(CONTROL_ANSWER_WITHIN).build()?;
+    let base = format!("http://{}", authority.control);
+    let get = |path: &'static str| {
+        let (http, url) = (http.clone(), format!("{base}{path}"));
+        async move { http.get(&url).send().await.map_err(|e| anyhow::anyhow!("GET {path}: {e}")) }
+    };
+    assert_eq!(get("/healthz").await?.status(), 200);
+    let ready = get("/readyz").await?;
+    assert_eq!(ready.status(), 200, "serving the saved state is ready");
+    let ready: serde_json::Value = ready.json().await?;
+    assert_eq!((ready["ready"].as_bool(), ready["store"].as_str()), (Some(true), Some("unreachable")), "{ready}");
+    let version = get("/v1/version").await?;
+    assert_eq!(version.status(), 503);
+    let body: serde_json::Value = version.json().await?;
+    assert_eq!(body["error"]["kind"], "unavailable", "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("store")), "{body}");
+    let metrics = get("/metrics").await?.text().await?;
+    assert!(metrics.lines().any(|l| l == "dnsplan_store_reachable 0"), "{metrics}");
+
+    // An outage long enough for a doubling start-up backoff to reach several seconds (the
+    // fault's length, not a synchronisation).
+    tokio::time::sleep(OUTAGE_HELD).await;
     cluster.restart_killed().await?;
+    let back = Instant::now();
     until_serves(authority.dns, &second, CONVERGE).await?;
+    let caught_up = back.elapsed();
+    assert!(caught_up < CATCH_UP_AFTER_OUTAGE, "caught up {caught_up:?} after etcd answered");
+    let ready: serde_json::Value = get("/readyz").await?.json().await?;
+    assert_eq!(ready["store"], "reachable", "{ready}");
     publish_and_apply(&store, 3).await?;
     until_serves(authority.dns, &expected(3, store.version().await?.applied_changes), CONVERGE).await?;
     authority.stop().await

@@ -86,9 +86,10 @@ pub fn token_from_env_or(configured: Option<String>) -> Option<String> {
 /// First wait of a daemon that cannot reach its store at start; it doubles up to
 /// [`START_RETRY_MAX`]. Short, so a daemon started together with its store starts at once.
 pub const START_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(200);
-/// Longest wait between attempts at start: an operator fixing the store sees the daemon
-/// follow within this long, and a daemon that waits for hours costs nothing.
-pub const START_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+/// Longest wait between attempts at start: a daemon follows its store within this long of the
+/// store coming back. An attempt costs a refused connect per member (or one connect timeout
+/// for an unreachable one), so trying every second for hours costs nothing.
+pub const START_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why one attempt to reach the store at start failed.
 #[derive(Debug)]
@@ -177,6 +178,16 @@ impl Reachability {
         if self.down.swap(false, std::sync::atomic::Ordering::Relaxed) {
             tracing::info!("{} reachable again", self.what);
         }
+    }
+
+    /// Not reached yet, before the first call (a daemon starting while its store is away).
+    pub const fn unreached(what: &'static str) -> Reachability {
+        Reachability { what, down: std::sync::atomic::AtomicBool::new(true) }
+    }
+
+    /// Sets the state without a log line, for a caller that logged the change itself.
+    pub fn mark_quietly(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn is_down(&self) -> bool {
