@@ -195,7 +195,12 @@ pub enum CliError {
     Unauthorized(String),
     Refused(String),
     Failed(String),
+    /// The control API answered, but the store behind it (etcd) did not.
+    StoreUnavailable(String),
 }
+
+/// How long the check of whether the control API answers at all may take, after a call failed.
+const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl CliError {
     pub fn exit(self) -> ExitCode {
@@ -204,6 +209,7 @@ impl CliError {
             CliError::Unreachable(m) => (3, m),
             CliError::Unauthorized(m) => (4, m),
             CliError::Refused(m) => (5, m),
+            CliError::StoreUnavailable(m) => (6, m),
         };
         eprintln!("error: {message}");
         ExitCode::from(code)
@@ -213,9 +219,8 @@ impl CliError {
 impl From<StoreError> for CliError {
     fn from(err: StoreError) -> CliError {
         match err {
-            StoreError::Unavailable(m) => {
-                CliError::Unreachable(format!("{m}; is the stack running (`dnsplan up`)? Use --control to point elsewhere"))
-            }
+            // Either the control API or the store behind it: `run` tells which.
+            StoreError::Unavailable(m) => CliError::Unreachable(m),
             StoreError::Unauthorized => {
                 CliError::Unauthorized("the control API refused the token; pass --token or set DNSPLAN_TOKEN to the stack's token".into())
             }
@@ -246,14 +251,14 @@ impl Client {
 
     async fn get_json<T: for<'de> Deserialize<'de>>(&self, path: &str) -> CliResult<Option<T>> {
         let url = format!("{}{path}", self.control);
-        let resp = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}; is the stack running?")))?;
+        let resp = self.http.get(&url).send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}")))?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
+        }
+        if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            let body: Option<dnsplan_common::store::wire::ErrorBody> = resp.json().await.ok();
+            let detail = body.map(|b| b.message).unwrap_or_else(|| "503 Service Unavailable".into());
+            return Err(self.store_unavailable(format!("{url}: {detail}")));
         }
         if !resp.status().is_success() {
             return Err(CliError::Refused(format!("{url} answered {}", resp.status())));
@@ -320,7 +325,37 @@ fn secondary_row(s: &SecondaryView) -> Vec<String> {
     vec![s.address.clone(), serial, state]
 }
 
+/// Runs `command`. A failure to reach the stack is told apart: the control API does not answer
+/// (exit 3), or it answers and its store does not (exit 6).
 pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
+    match run_command(client, command).await {
+        Err(CliError::Unreachable(detail)) => Err(client.why_unreachable(detail).await),
+        other => other,
+    }
+}
+
+impl Client {
+    fn store_unavailable(&self, detail: String) -> CliError {
+        CliError::StoreUnavailable(format!(
+            "{detail}; the control API at {} answers, but its store does not (is etcd up and reachable from the authority?)",
+            self.control
+        ))
+    }
+
+    /// Whether the control API answers at all (`GET /healthz`, which needs nothing behind it).
+    async fn why_unreachable(&self, detail: String) -> CliError {
+        let url = format!("{}/healthz", self.control);
+        match self.http.get(&url).timeout(HEALTH_CHECK_TIMEOUT).send().await {
+            Ok(resp) if resp.status().is_success() => self.store_unavailable(detail),
+            _ => CliError::Unreachable(format!(
+                "{detail}; the control API at {} does not answer: is the stack running (`dnsplan up`)? Use --control to point elsewhere",
+                self.control
+            )),
+        }
+    }
+}
+
+async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
     if client.format == Format::Toml && !matches!(command, Command::Plans { command: PlansCommand::Show { .. } }) {
         return Err(CliError::Failed(
             "--output toml is for `dnsplan plans show` (the file `plans publish` reads); use text or json".into(),
@@ -893,7 +928,7 @@ async fn backend(client: &Client, command: BackendCommand) -> CliResult<ExitCode
     if let Some(t) = &client.token {
         req = req.bearer_auth(t);
     }
-    let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}; is `dnsplan up` running?")))?;
+    let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}")))?;
     match resp.status().as_u16() {
         200 => {
             crate::out!("{address}: {}", if action == "fail" { "failed (listeners closed)" } else { "healed (listening again)" });

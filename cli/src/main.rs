@@ -4,8 +4,9 @@
 //! write its man pages (`man --dir DIR`).
 //!
 //! Exit codes: 0 ok; 1 a check failed (`verify` mismatch, `rollback` not served in time);
-//! 2 bad usage; 3 the stack is unreachable; 4 missing or wrong token; 5 the store refused
-//! (conflict, paused, not found, invalid).
+//! 2 bad usage; 3 the control API is unreachable; 4 missing or wrong token; 5 the store refused
+//! (conflict, paused, not found, invalid); 6 the control API answered but its store (etcd) is
+//! unavailable.
 
 use clap::Parser;
 use dnsplan_cli::args::{Cli, Command};

@@ -224,7 +224,12 @@ fn the_local_script_checks_both_authorities_agree_and_stops_everything() -> anyh
 
 /// Without `--check` the script serves until Ctrl-C: both authorities answer alike, go on
 /// answering alike from their own state with every etcd member SIGKILLed, and Ctrl-C stops
-/// everything.
+/// everything. With etcd down the CLI exits 6 (the stack answers, its store does not), once
+/// everything stopped 3.
+///
+/// Teeth: with `dnsplan` mapping every unavailable store to exit 3 (as it did), this fails with
+/// "[\"status\"] with etcd down" (it exited 5 for status, whose 503 read as a refusal, and 3 for
+/// the list).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_script_serves_through_etcd_down_until_ctrl_c() -> anyhow::Result<()> {
     let ports = Ports::free()?;
@@ -258,11 +263,21 @@ async fn the_local_script_serves_through_etcd_down_until_ctrl_c() -> anyhow::Res
     for i in 0..2 {
         assert_eq!(served(ports.dns(i)).await?, want, "authority-{} with etcd down", i + 1);
     }
+    // The CLI tells "the stack answers, its store does not" (6) from "nothing answers" (3).
+    let control = format!("http://127.0.0.1:{}", ports.control[0]);
+    for args in [&["status"][..], &["plans", "list"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", &control]).args(args).output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(6), "{args:?} with etcd down: {stderr}");
+        assert!(stderr.contains("answers, but its store does not"), "{args:?}: {stderr}");
+    }
 
     script.signal("-INT", script.child.id())?;
     let status = script.exit(STOP)?;
     assert_eq!(status.code(), Some(130), "Ctrl-C: {status}\n{}", script.seen.join("\n"));
     assert!(script.seen.iter().any(|l| l.starts_with("stopped;")), "{}", script.seen.join("\n"));
     ports.assert_all_free();
+    let out = Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", &control, "status"]).output()?;
+    assert_eq!(out.status.code(), Some(3), "nothing answers: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())
 }
