@@ -30,7 +30,21 @@ pub struct AuthorityConfig {
     pub dns: DnsConfig,
     pub control: ControlConfig,
     pub dns_zone: DnsZoneConfig,
+    /// On etcd, at start: when the store answers within this long, the state saved on disk is
+    /// brought up to the store's before DNS answers, so a restart never first answers with an
+    /// older state; otherwise the saved state is served at once and followed up after.
+    #[serde(default = "default_catch_up_at_start_ms")]
+    pub catch_up_at_start_ms: u64,
 }
+
+/// Half a second: a healthy etcd answers and the saved state catches up in milliseconds; a
+/// start waits no longer than this for an etcd that is away.
+fn default_catch_up_at_start_ms() -> u64 {
+    500
+}
+
+/// Most `catch_up_at_start_ms`: DNS must answer soon after a start, etcd or not.
+pub const CATCH_UP_AT_START_MS_MAX: u64 = 10_000;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -428,6 +442,12 @@ impl AuthorityConfig {
                             embedded store in data_dir (leave [store] out) or follows etcd (kind = \"etcd\" with endpoints)"
                     .into());
             }
+        }
+        if self.catch_up_at_start_ms > CATCH_UP_AT_START_MS_MAX {
+            return Err(format!(
+                "catch_up_at_start_ms: {} is above {CATCH_UP_AT_START_MS_MAX}; DNS waits for it at every start",
+                self.catch_up_at_start_ms
+            ));
         }
         let dns = &self.dns;
         if dns.listen.is_empty() {

@@ -181,8 +181,9 @@ impl Serving {
     }
 
     /// Brings the snapshot up to the store: merges what switched since the current snapshot,
-    /// or rebuilds from the whole state when the store answers with it.
-    async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
+    /// or rebuilds from the whole state when the store answers with it. Cancel-safe: the
+    /// snapshot is swapped after the last await. Returns the applied-change count served.
+    pub(crate) async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
         let started = Instant::now();
         let current = self.snapshot.load_full();
         let from = current.serial;

@@ -280,6 +280,8 @@ where
     };
     let mut serving = None;
     let mut udp = None;
+    // The saved state, loaded, not answered from yet (see below).
+    let mut saved = None;
     // What writes the state served to disk: `local` on etcd, the serving image on the
     // embedded store (set once the store is read).
     let mut keeper = None;
@@ -298,15 +300,7 @@ where
                     "serving the state saved on disk at once; the store is followed once it answers"
                 );
                 keeper = Some(image::Keeper::new(path.clone(), Some(snapshot.applied_changes), local_state::SAVE_INTERVAL));
-                let saved = dress(Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started));
-                udp =
-                    Some(start_dns(std::mem::take(&mut udp_sockets), std::mem::take(&mut tcp_listeners), &saved, tcp_limits, &mut tasks)?);
-                if let Some(on_bound) = on_bound.take() {
-                    on_bound(bound.clone());
-                }
-                tracing::info!(dns = ?dns, origin = %zone.origin, "authority serving its saved state");
-                gate.dns_ready();
-                serving = Some(saved);
+                saved = Some(dress(Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started)));
             }
             Ok(None) => tracing::info!(path = %path.display(), "no saved state yet (first start); DNS answers once the store is read"),
             Err(err) => tracing::error!(
@@ -316,7 +310,42 @@ where
         }
     }
 
-    let reached = reach(stop.clone()).await?;
+    let reach = reach(stop.clone());
+    tokio::pin!(reach);
+    let mut reached = None;
+    if let Some(saved) = saved.take() {
+        // Catch up first when the store answers at once: a restart then never answers with a
+        // state older than the one it answered with before it stopped (the saved one may
+        // lag it by up to the save interval). Else the saved state now, and catch up after.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(config.catch_up_at_start_ms);
+        if let Ok(result) = tokio::time::timeout_at(deadline, reach.as_mut()).await {
+            let result = result?;
+            if let Some(store) = &result {
+                match tokio::time::timeout_at(deadline, saved.rebuild(store)).await {
+                    Ok(Ok(applied)) => {
+                        tracing::info!(applied_changes = applied, "caught the saved state up with the store before answering")
+                    }
+                    Ok(Err(err)) => tracing::warn!(error = %format!("{err:#}"), "cannot catch the saved state up now; serving it as saved"),
+                    Err(_) => tracing::info!(
+                        catch_up_at_start_ms = config.catch_up_at_start_ms,
+                        "the store did not catch the saved state up in time; serving it as saved, catching up after"
+                    ),
+                }
+            }
+            reached = Some(result);
+        }
+        udp = Some(start_dns(std::mem::take(&mut udp_sockets), std::mem::take(&mut tcp_listeners), &saved, tcp_limits, &mut tasks)?);
+        if let Some(on_bound) = on_bound.take() {
+            on_bound(bound.clone());
+        }
+        tracing::info!(dns = ?dns, origin = %zone.origin, "authority serving its saved state");
+        gate.dns_ready();
+        serving = Some(saved);
+    }
+    let reached = match reached {
+        Some(reached) => reached,
+        None => reach.await?,
+    };
     // `reach` said so when the store answered after a wait.
     store_reach.mark_quietly(false);
     let Some(store) = reached else {

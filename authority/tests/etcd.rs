@@ -259,6 +259,33 @@ async fn an_authority_serves_its_saved_state_with_etcd_down_and_catches_up() -> 
     authority.stop().await
 }
 
+/// A restart with etcd up answers first with the store's state, not with the older state saved
+/// on disk: the saved state is caught up before DNS answers when etcd answers at once
+/// (`catch_up_at_start_ms`).
+///
+/// Teeth: with the saved state served before the store is reached (the catch-up skipped),
+/// this fails with "the first answer after a restart with etcd up": it answers plan 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_etcd_up_answers_first_with_the_stores_state() -> anyhow::Result<()> {
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let store = cluster.store(PREFIX).await?;
+    publish_and_apply(&store, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let config = write_config(dir.path(), &cluster.all_endpoints())?;
+    let authority = start(&config, CONVERGE).await?;
+    let first = expected(1, store.version().await?.applied_changes);
+    until_serves(authority.dns, &first, CONVERGE).await?;
+    until_saved(&dir.path().join("data"), u64::from(first.1)).await?;
+    authority.stop().await?;
+
+    // A change while it is stopped; etcd stays up.
+    publish_and_apply(&store, 2).await?;
+    let second = expected(2, store.version().await?.applied_changes);
+    let authority = start(&config, CONVERGE).await?;
+    assert_eq!(served(authority.dns).await?, second, "the first answer after a restart with etcd up");
+    authority.stop().await
+}
+
 /// A torn or corrupt saved state is refused whole with a clear error: the authority answers
 /// nothing from it while etcd is down, and serves the store's state once etcd answers (and
 /// saves a good file again).

@@ -175,6 +175,8 @@ impl Stack {
             dns,
             control: ControlConfig { listen: control_listen, token: Some(token.clone()), ..ControlConfig::default() },
             dns_zone: up.authority.dns_zone,
+            // The embedded store has no saved state to catch up: it is the store.
+            catch_up_at_start_ms: 0,
         };
         authority.check().map_err(|detail| invalid(format!("authority.{detail}")))?;
 
