@@ -7,6 +7,7 @@
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;
 use crate::journal::{Journal, JournalChange};
+use crate::local_log::LocalLog;
 use crate::metrics::Metrics;
 use crate::notify::Statuses;
 use crate::rrl::Rrl;
@@ -77,6 +78,8 @@ pub struct Serving {
     /// The history IXFR answers from. The follower appends each swap and swaps the snapshot
     /// while holding it, so a transfer that loads the snapshot under it sees both at once.
     pub journal: Mutex<Journal>,
+    /// On etcd, the log each change is made durable in before it is swapped in (`local_log`).
+    pub served_log: Option<Arc<LocalLog>>,
 }
 
 impl Serving {
@@ -134,10 +137,16 @@ impl Serving {
             served_serial,
             secondaries: Statuses::default(),
             journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
+            served_log: None,
         }
     }
 
     /// With UDP answers limited by `rrl` (`None`: not limited).
+    /// With each change logged durably before it is served (`local_log`).
+    pub fn with_served_log(self, served_log: Option<Arc<LocalLog>>) -> Serving {
+        Serving { served_log, ..self }
+    }
+
     pub fn with_rrl(self, rrl: Option<Rrl>) -> Serving {
         Serving { rrl, ..self }
     }
@@ -188,9 +197,16 @@ impl Serving {
         let current = self.snapshot.load_full();
         let from = current.serial;
         let delta = store.active_since(current.applied_changes).await?;
+        let served_log = self.served_log.clone();
         let (snapshot, delta, changes) = tokio::task::spawn_blocking(move || {
             let next = current.apply(&delta);
             let changes = (!delta.full).then(|| changed_entries(&current, &next, &delta));
+            // Persist before serve: on disk before any answer carries it.
+            if let Some(log) = &served_log
+                && delta.applied_changes != current.applied_changes
+            {
+                log.append_or_say(&delta);
+            }
             (next, delta, changes)
         })
         .await?;

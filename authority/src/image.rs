@@ -327,6 +327,8 @@ pub struct Keeper {
     /// The applied-change count last written; held through each write, so a write left
     /// running by a cancelled `keep_saved` and the one at shutdown take turns.
     saved: Mutex<Option<u64>>,
+    /// On etcd, the log of changes served since the saved state: what a write saved leaves it.
+    served_log: Option<Arc<crate::local_log::LocalLog>>,
 }
 
 impl Keeper {
@@ -334,7 +336,12 @@ impl Keeper {
     /// written at once); `floor`: the shortest time between two writes ([`SAVE_INTERVAL`] on
     /// the embedded store, `local_state::SAVE_INTERVAL` on etcd).
     pub fn new(path: PathBuf, saved: Option<u64>, floor: Duration) -> Arc<Keeper> {
-        Arc::new(Keeper { path, floor, saved: Mutex::new(saved) })
+        Arc::new(Keeper { path, floor, saved: Mutex::new(saved), served_log: None })
+    }
+
+    /// As `new`, emptying `served_log` of what each write saves.
+    pub fn with_served_log(path: PathBuf, saved: Option<u64>, floor: Duration, served_log: Arc<crate::local_log::LocalLog>) -> Arc<Keeper> {
+        Arc::new(Keeper { path, floor, saved: Mutex::new(saved), served_log: Some(served_log) })
     }
 
     /// Runs until the task is dropped. A failed write is an ERROR line once and INFO when
@@ -383,6 +390,9 @@ impl Keeper {
             let mut saved = keeper.saved.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let bytes = save(&keeper.path, &snapshot, mark.as_ref())?;
             *saved = Some(snapshot.applied_changes);
+            if let Some(log) = &keeper.served_log {
+                log.compact(snapshot.applied_changes).map_err(std::io::Error::other)?;
+            }
             Ok::<_, std::io::Error>(bytes)
         })
         .await??;

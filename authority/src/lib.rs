@@ -25,6 +25,7 @@ pub mod fast;
 pub mod follower;
 pub mod image;
 pub mod journal;
+pub mod local_log;
 pub mod local_state;
 pub mod metrics;
 pub mod notify;

@@ -11,6 +11,7 @@ use crate::control_server::{self, ControlLimits};
 use crate::dns_zone::StaticZone;
 use crate::follower::{LoadError, Serving, check_dns_zone};
 use crate::image;
+use crate::local_log::{self, LocalLog};
 use crate::local_state;
 use crate::metrics::{Metrics, StoreReading};
 use crate::rrl::Rrl;
@@ -132,6 +133,14 @@ fn start_failure(err: anyhow::Error) -> StartFailure {
     match outage {
         true => StartFailure::Retry(format!("{err:#}")),
         false => StartFailure::Fatal(format!("{err:#}")),
+    }
+}
+
+/// The keeper of the saved state on etcd, emptying the log of served changes as it saves.
+fn keeper_for(path: PathBuf, saved: Option<u64>, served_log: Option<Arc<LocalLog>>) -> Arc<image::Keeper> {
+    match served_log {
+        Some(log) => image::Keeper::with_served_log(path, saved, local_state::SAVE_INTERVAL, log),
+        None => image::Keeper::new(path, saved, local_state::SAVE_INTERVAL),
     }
 }
 
@@ -285,22 +294,55 @@ where
     // What writes the state served to disk: `local` on etcd, the serving image on the
     // embedded store (set once the store is read).
     let mut keeper = None;
+    // On etcd, the log each change is made durable in before it is served (`local_log`).
+    let mut served_log = None;
     if let Some(path) = &local {
         let (file, started) = (path.clone(), std::time::Instant::now());
         let read = {
             let zone = zone.clone();
             tokio::task::spawn_blocking(move || image::read(&file, zone)).await?
         };
+        let log_path = local_log::path_in(&config.data_dir);
+        let base = match &read {
+            Ok(Some((_, snapshot))) => Some(snapshot.applied_changes),
+            _ => None,
+        };
+        // Without a saved state, the log's changes have no base to apply to: it is emptied.
+        let opened = tokio::task::spawn_blocking(move || {
+            let (log, changes) = LocalLog::open(&log_path, base.unwrap_or(u64::MAX))?;
+            if base.is_none() {
+                log.compact(u64::MAX)?;
+            }
+            Ok::<_, local_log::LogError>((Arc::new(log), changes))
+        })
+        .await?;
+        let changes = match opened {
+            Ok((log, changes)) => {
+                served_log = Some(log);
+                changes
+            }
+            Err(err) => {
+                tracing::error!(error = %format!("{:#}", anyhow::Error::new(err)), "cannot open the log of served changes; serving without it (a restart may answer with the older saved state)");
+                Vec::new()
+            }
+        };
         match read {
             Ok(Some((_, snapshot))) => {
+                let saved_at = snapshot.applied_changes;
+                let logged = changes.len();
+                let snapshot =
+                    tokio::task::spawn_blocking(move || changes.iter().fold(snapshot, |snapshot, delta| snapshot.apply(delta))).await?;
                 tracing::info!(
                     applied_changes = snapshot.applied_changes,
                     endpoints = snapshot.managed_count(),
+                    logged_changes = logged,
                     path = %path.display(),
                     "serving the state saved on disk at once; the store is followed once it answers"
                 );
-                keeper = Some(image::Keeper::new(path.clone(), Some(snapshot.applied_changes), local_state::SAVE_INTERVAL));
-                saved = Some(dress(Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started)));
+                keeper = Some(keeper_for(path.clone(), Some(saved_at), served_log.clone()));
+                saved = Some(dress(
+                    Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started).with_served_log(served_log.clone()),
+                ));
             }
             Ok(None) => tracing::info!(path = %path.display(), "no saved state yet (first start); DNS answers once the store is read"),
             Err(err) => tracing::error!(
@@ -372,11 +414,11 @@ where
                 // On etcd, a member that answered the first read may not answer the next ones
                 // (a cluster coming back): the load is retried as the connect is.
                 Some(path) => {
-                    keeper = Some(image::Keeper::new(path.clone(), None, local_state::SAVE_INTERVAL));
-                    let (store, zone, metrics) = (&store, &zone, &metrics);
+                    keeper = Some(keeper_for(path.clone(), None, served_log.clone()));
+                    let (store, zone, metrics, served_log) = (&store, &zone, &metrics, &served_log);
                     let load = move || {
-                        let (zone, metrics) = (zone.clone(), metrics.clone());
-                        async move { Serving::load(store, zone, limits, metrics).await.map_err(start_failure) }
+                        let (zone, metrics, served_log) = (zone.clone(), metrics.clone(), served_log.clone());
+                        async move { Ok(Serving::load(store, zone, limits, metrics).await.map_err(start_failure)?.with_served_log(served_log)) }
                     };
                     let stopped = stop.clone().wait();
                     tokio::pin!(stopped);

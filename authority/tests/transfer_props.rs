@@ -59,6 +59,7 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         served_serial: tokio::sync::watch::Sender::new(serial),
         secondaries: Arc::default(),
         journal: Mutex::new(Journal::new(serial, 1_000)),
+        served_log: None,
     }
 });
 
