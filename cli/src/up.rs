@@ -26,9 +26,11 @@ use std::sync::Arc;
 /// The built-in configuration, also shipped as `examples/dnsplan.toml`.
 pub const BUILT_IN: &str = include_str!("../../examples/dnsplan.toml");
 
+/// `dnsplan.toml` as written, before `Stack::load` checks it and builds each daemon's config.
+/// Public so that the documentation's test can trace the keys it takes; its fields are not.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct UpConfig {
+pub struct UpConfig {
     data_dir: PathBuf,
     token: Option<String>,
     authority: AuthoritySection,
