@@ -25,6 +25,14 @@
 //! `apply.full_write_every` removed from the reference it failed with "enactor.toml:
 //! apply.full_write_every", and with a row for a key `apply.batch_bytes` added, with
 //! "`enactor.toml`: apply.batch_bytes" (checked once each).
+//!
+//! `every_link_between_the_docs_resolves`: every relative link of README.md and docs/*.md
+//! (outside code blocks) names a file that exists and, with `#anchor`, a heading of that file
+//! (GitHub's anchors: lower case, punctuation dropped, spaces as `-`), so that moving a guide
+//! or renaming a section cannot leave a link dangling. Teeth: with the README's link to
+//! `docs/etcd.md` changed to `docs/etc.md` it failed with "README.md:196: docs/etc.md: no such
+//! file", and with the anchor `#the-soa-serial` changed to `#the-serial`, with
+//! "docs/runbook.md:117: secondaries.md#the-serial: no such heading" (checked once each).
 
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_cli::up::{Overrides, Stack, UpConfig};
@@ -420,4 +428,82 @@ fn the_configuration_reference_lists_every_key() {
         }
     }
     assert!(unknown.is_empty(), "docs/configuration.md lists keys no config type takes:\n{}", unknown.join("\n"));
+}
+
+/// Every `](target)` of a markdown text outside fenced code blocks, with its line.
+fn links(markdown: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut fenced = false;
+    for (i, line) in markdown.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            found.push((i + 1, after[..end].to_owned()));
+            rest = &after[end..];
+        }
+    }
+    found
+}
+
+/// GitHub's anchor of a heading: lower case, backticks and punctuation dropped, spaces as `-`.
+fn anchor_of(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut found = BTreeSet::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            found.insert(anchor_of(line.trim_start_matches('#')));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_link_between_the_docs_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for doc in documents() {
+        let text = std::fs::read_to_string(&doc).expect("readable");
+        let shown = doc.strip_prefix(root()).unwrap_or(&doc).display().to_string();
+        let dir = doc.parent().map(Path::to_path_buf).unwrap_or_else(root);
+        for (line, target) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, anchor) = target.split_once('#').unwrap_or((target.as_str(), ""));
+            let path = if file.is_empty() { doc.clone() } else { dir.join(file) };
+            if !path.exists() {
+                broken.push(format!("{shown}:{line}: {target}: no such file"));
+                continue;
+            }
+            if !anchor.is_empty() {
+                let headings = std::fs::read_to_string(&path).map(|t| anchors(&t)).unwrap_or_default();
+                if !headings.contains(anchor) {
+                    broken.push(format!("{shown}:{line}: {target}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links that lead nowhere:\n{}", broken.join("\n"));
+    assert!(checked >= 10, "only {checked} links found: is the extraction broken?");
 }
