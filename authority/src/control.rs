@@ -4,6 +4,19 @@
 //! `Authorization: Bearer <token>`, compared in constant time and never logged. Plans travel
 //! as codec envelopes, everything else as JSON; errors are `ErrorBody` JSON whose `message`
 //! says what to do. Bodies are limited per route.
+//!
+//! Batches, plans and change feeds have a codec-envelope form beside JSON, which `RemoteStore`
+//! uses (`application/octet-stream`): `POST /v1/apply` takes an `ApplyManyRequest` envelope,
+//! `GET /v1/plans/{g}` sends `Store::plan_envelope` (a plan stored whole goes out as stored,
+//! not decoded only to be encoded again), `GET /v1/changes?since=N` answers an `ActiveDelta`
+//! envelope to `Accept: application/octet-stream`, `POST /v1/plans/{g}/changes` takes a
+//! `PlanDelta`. JSON stays for any client that sends it. Every wire type refuses unknown fields,
+//! framework refusals (404, 405, a bad query) get the same JSON error body, and a JSON plan
+//! over `JSON_PLAN_BODY_BYTES_MAX` is refused by its declared length before it is read.
+//!
+//! Audit lines, on [`AUDIT_TARGET`], for publish, pause, resume and cleanup, are written only
+//! after the store accepted the operation, every text field Debug-escaped, so a refused
+//! operation is never logged as done and a newline in a reason cannot forge a line.
 
 use crate::metrics::{ApplyLabels, Metrics};
 use axum::body::Bytes;

@@ -3,6 +3,14 @@
 //! store and swaps in a merged snapshot whenever its applied-change count moves
 //! (`Serving::follow`). `Serving` is what the DNS listeners in `server` and `udp` read; this
 //! module does no DNS I/O.
+//!
+//! Before the first load, [`check_dns_zone`] compares the configured origin with the store's
+//! DNS zone and refuses to start on a mismatch, naming both zones and what to change (an empty
+//! store is any zone's). The first snapshot is one moment of the store however long the load
+//! took (`Loader`); after it, `follow` asks `active_since(snapshot's applied_changes)` and
+//! merges only what switched (changes during a merge coalesce into the next one). A store
+//! outage is logged once when it begins and once when it ends (`daemon::Reachability`), and the
+//! snapshot is kept meanwhile: serving never waits for the store.
 
 use crate::answer::AnswerLimits;
 use crate::dns_zone::StaticZone;

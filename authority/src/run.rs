@@ -1,6 +1,16 @@
 //! Wiring: binds DNS and the control API, serves the last applied state at once (from the
 //! file `local_state` keeps on an authority on etcd, else from the store), reaches the store
 //! (`[store]`: embedded sled, or etcd with retries), follows it, and shuts down cleanly.
+//!
+//! The store seam: everything that serves (follower, DNS, control API, metrics, status page,
+//! transfers, NOTIFY) is generic over `S: Store`, in one function, `serve`, which takes a
+//! future that reaches the store. `run` picks it from `[store]`: none, `SledStore::open`,
+//! ready at once; `kind = "etcd"`, `EtcdStore::connect` and a first read, retried with
+//! `daemon::start_with_retry`. `run_with_store` and `run_with_extras` (`dnsplan up`, the tests'
+//! `stack`) pass a store already open. On etcd the control API serves the etcd store, so a write
+//! through it meets etcd's fences. DNS UDP and TCP share one port per listen address; for port
+//! 0 it tries up to 16 ports for one free for both (a port free for UDP may be held by an
+//! outgoing TCP connection).
 
 use crate::answer::AnswerLimits;
 use crate::budget;

@@ -2,6 +2,21 @@
 //! transfers and signed queries go to `transfer`. UDP is
 //! served by threads of its own (`udp::UdpServers`); building the snapshot and following the
 //! store is `follower`'s job.
+//!
+//! Accepts back off on failure (`accept`), connections are capped (`dns.tcp_connections_max`,
+//! fitted by `budget`; one over the cap is accepted and closed at once, so the client tries
+//! another server) and closed after `dns.tcp_idle_timeout_secs` of silence. A packet it does
+//! not answer (short, or a response) is counted by reason, as over UDP.
+//!
+//! Why this listener and the transfers are ours, not hickory-server's: its TCP transport
+//! spawns a task for every accepted connection with no cap, no counted refusal and no place
+//! for `budget`'s descriptor fit, so it would undo the bounds here and in `accept`; and its
+//! `ResponseHandler::send_response` sends one message per request, so an AXFR of more than
+//! 64 KiB, a chain of signed messages and a snapshot held across them do not fit its
+//! request/response shape. Its catalog would also need the zone as hickory records, a second
+//! copy of a snapshot that holds a million names. What we take from hickory is its message
+//! encoder (with compression) and its TSIG, through common's `tsig`. UDP stays on our own
+//! threads for the reasons in `udp`.
 
 use crate::accept::{Acceptor, LogLimiter};
 use crate::answer::{Malformed, TCP_MESSAGE_BYTES_MAX, Transport};

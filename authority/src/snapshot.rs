@@ -6,6 +6,17 @@
 //! into `SHARDS` shards, so a miss costs the same in a 10-name zone as in a 1,000,000-name
 //! one, and a change copies only the shards it touches: `apply(delta)` shares every other
 //! shard, and every untouched entry, with the previous snapshot.
+//!
+//! A managed endpoint's key is built from its `EndpointName` text (lower case, labels of
+//! letters, digits, `-` and `_`), with no DNS name parse; a name whose wire form ends with the
+//! origin's bytes but not on a label boundary is outside the zone and not served. An entry
+//! keeps its key and its managed targets inline, and its static records behind one pointer
+//! that is null for the names without any (`Statics`), so a million names cost no allocation
+//! each for what they do not have. Each entry counts the names with data below it, so an
+//! empty non-terminal is an entry without data and a miss is one lookup. The SOA's RDATA with
+//! the current serial and the apex NS answer with its in-zone glue (`ApexNs`) are
+//! precompiled; the fast path uses the latter only while no in-zone name server is a managed
+//! endpoint and the apex has no CNAME.
 
 use crate::compress::{Written, is_label_start, write_name};
 use crate::dns_zone::StaticZone;

@@ -1,4 +1,11 @@
-//! The operator commands, against a running stack's control API.
+//! The operator commands, against a running stack's control API (`RemoteStore` and the status
+//! routes). [`CliError`] maps every failure to the documented exit codes. `rollback` and
+//! `verify` call `workflow`; `plans publish` calls `plan_file`. `status` prints the planner's
+//! `deferred` as a HELD BACK section (at most `HELD_BACK_LINES_MAX` lines; the JSON has them
+//! all), and `plans explain` of the latest plan ends with it (deferrals are relative to the
+//! latest plan, and no plan records them); it also prints the authority's secondaries (a
+//! summary line and each one's serial and state). `zone export` names the applied-change count
+//! it read, not a serial (the SOA serial is the authority's `serial_base` plus that count).
 
 use crate::output::{self, Format, table};
 use crate::plan_file::{self, addresses, diff};

@@ -1,6 +1,14 @@
 //! `dnsplan up`: the authority, the planner, one enactor per zone and the demo backends in one
 //! process, sharing one embedded sled store. Each part is the same library code the separate
 //! daemons run; only the store is shared in-process instead of reached over HTTP.
+//!
+//! `Stack::load` reads `examples/dnsplan.toml` (built in) or `--config`, builds the
+//! authority's, the planner's and one enactor's config per zone from its sections, and checks
+//! each with that daemon's own checks. `Stack::run` opens one `SledStore` and runs the
+//! authority (`run_with_extras`, with the planner's and enactors' metrics merged into its
+//! `/metrics` and the routes `/v1/planner` and `/v1/demo/backends`), one `Enactor` per zone and
+//! the `Planner`, all on that store. On shutdown the enactors and the planner stop first (the
+//! planner releases its lease), then the authority.
 
 use crate::demo::Backends;
 use anyhow::Context;
@@ -26,9 +34,11 @@ use std::sync::Arc;
 /// The built-in configuration, also shipped as `examples/dnsplan.toml`.
 pub const BUILT_IN: &str = include_str!("../../examples/dnsplan.toml");
 
+/// `dnsplan.toml` as written, before `Stack::load` checks it and builds each daemon's config.
+/// Public so that the documentation's test can trace the keys it takes; its fields are not.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct UpConfig {
+pub struct UpConfig {
     data_dir: PathBuf,
     token: Option<String>,
     authority: AuthoritySection,

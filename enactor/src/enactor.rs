@@ -11,6 +11,27 @@
 //! per endpoint, then the acknowledged writes recorded in the store). Everything else (which
 //! plan, what changed, the guard, verification, cleanup, heartbeats) is the same for both.
 //!
+//! The cleanup floor with an RFC 2136 target: the store stays the source of truth for plans,
+//! and the markers are the fences for what the target serves. After the target acknowledges a
+//! write (applied, or the marker already at this generation), the enactor records it in the
+//! store through the store's own fence (`apply_many`; `Stale` there means a newer acknowledged
+//! write is recorded). So for every name the store's active generation is at most the
+//! marker's (the store records only what the target acknowledged, and both fences only move
+//! forward), and cleanup, which deletes only plans older than the oldest active generation in
+//! the store, never deletes a plan the target serves. The one gap: a name's first write
+//! acknowledged by the target and not yet recorded (the enactor stopped in between) is not in
+//! the store's floor until some enactor writes it again (the next reconcile reads the marker,
+//! finds it at that generation and records it). Served records are copies on the target too,
+//! so even then deletion changes nothing served. Reading every marker at cleanup time was the
+//! alternative; recording writes keeps cleanup one store call and the store's floor the only
+//! floor.
+//!
+//! Writing only what changed is safe: after the base (the plan this enactor last applied in
+//! full), a skipped endpoint serves the base's records at some generation `g`; every plan from
+//! `g` on has those records for it or leaves it out, and the fence admits only writes from
+//! plans newer than `g`. A plan in between that changes it (a flap A→B→A) is in the store's
+//! folded changes (`plan_changes`), so it is written.
+//!
 //! The hook points (`hooks`) are called in every build; they do nothing unless a test installs
 //! its own. The naive 2025 enactor of the race tests lives in `naive`, built with feature
 //! `testing` only; the one place that can choose it is the start of `apply_plan`.

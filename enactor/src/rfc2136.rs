@@ -24,7 +24,7 @@
 //! validation (`validate_endpoint`), and it always adds at least one address.
 //!
 //! Not responsible for: which plan to write (the enactor's loop), the cleanup floor (the
-//! enactor records acknowledged writes in the store; see ARCHITECTURE.md), TSIG itself
+//! enactor records acknowledged writes in the store; see `crate::enactor`), TSIG itself
 //! (`dnsplan_common::tsig`, over hickory-proto's).
 //!
 //! With feature `testing` only, [`Fence::Off`] sends the same UPDATE without its

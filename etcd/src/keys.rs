@@ -5,6 +5,20 @@
 //! comparison (`Compare::value` with `Less`) is numeric comparison and a key range over
 //! generations is a numeric range. An endpoint name is always the last part of its key, so
 //! no separator has to follow it.
+//!
+//! The keys, under the prefix:
+//!
+//! | key | value |
+//! |---|---|
+//! | `meta/latest`, `meta/applied` and `meta/applied/NN`, `meta/control` | the version: latest generation, applied-change count (the sum of 16 slots), control count (what `wait_for_change` watches) |
+//! | `state/horizon`, `state/dns_zone`, `state/pause`, `state/heartbeats` | oldest stored plan (written by the first publish), the DNS zone, the pause, the heartbeat count |
+//! | `plans/g`, `summaries/g`, `changes/g` | plan `g` (inline, or a manifest of its chunks), its summary, its `PlanChanges` against its parent |
+//! | `blobs/g nonce kind index` | chunks of a plan or its changes larger than a quarter of a request (each half a request) |
+//! | `staging/g nonce` | a publish in progress that wrote chunks |
+//! | `active/name`, `fence/name` | the endpoint's `ActiveRecord`, and its fence (generation) alone |
+//! | `serving/g name` | index of serving endpoints by generation: the first key is the oldest active fence |
+//! | `lease/record`, `lease/live` | the planner `Lease`; the live key (epoch ++ holder) is attached to an etcd lease of the TTL |
+//! | `heartbeats/id` | an enactor's heartbeat |
 
 use dnsplan_common::Generation;
 use dnsplan_common::names::EndpointName;

@@ -8,12 +8,99 @@
 //! whose compares restate exactly what was read. A compare that fails means someone wrote in
 //! between: read again and decide again, at most [`ATTEMPTS_MAX`] times. So every fence is
 //! checked by etcd at write time, atomically with the write; the earlier read only chooses
-//! what to write and which error to report. The key layout and each transaction's compares
-//! are in ARCHITECTURE.md ("dnsplan-etcd").
+//! what to write and which error to report. The key layout is in `keys`; each transaction's
+//! compares are below. Bad data under the store's keys is `Corrupt`, never a panic.
 //!
 //! Not here: connecting daemons to etcd (their configs), keeping an authority serving while
 //! etcd is away (the authority keeps its own copy), and TLS options beyond what the client
-//! offers.
+//! offers. Plans are immutable, so decoded ones are cached ([`PLAN_CACHE_MAX`]): the cache
+//! assumes a prefix is never wiped and reused while a store runs on it.
+//!
+//! Where each fence is checked (the compares of each transaction):
+//!
+//! - **publish** (`publish_inner`): `meta/latest` = parent (absent for the first plan);
+//!   `lease/live` = the caller's epoch and holder (leased), or absent (an automation publish
+//!   without a lease); `state/pause` absent (automation); `state/dns_zone` = the stored zone (or
+//!   absent); and, for a chunked plan, its `staging/g nonce` key exists. It writes plan, summary,
+//!   changes, `meta/latest` (and the DNS zone and horizon on the first publish) and deletes the
+//!   staging key: a plan becomes visible only through this compare-and-swap, so no reader sees half
+//!   of one. Chunks are written before it under a fresh nonce. A publish that fails settles in one
+//!   more transaction: if `plans/g` (and `changes/g`) hold its own values, its transaction
+//!   committed and only the reply was lost (a timeout after the commit), and it reports success;
+//!   otherwise the same transaction removes its chunks and staging key, so a commit still in flight
+//!   fails its staging compare. (A plan small enough to be inline has no staging key: when its
+//!   transaction's reply is lost and etcd does not hold it yet, it may still commit: the caller
+//!   hears `Unavailable`, and `latest` tells.) After each commit the store removes (16
+//!   at most per publish) staging areas of generations at or below the new latest, which can never
+//!   commit, left by a publisher that died between chunks and commit. Chunks without a staging key
+//!   (a publisher that died after another's sweep) go with cleanup's range delete.
+//! - **apply, retire, apply_many** (`switch_many`, `switch_part`): validation and the content
+//!   check come first, against plan `g` decoded (plans are immutable, so a decoded plan is cached,
+//!   8 at most); then each transaction compares `state/horizon` < `g + 1` (plan `g` still
+//!   stored), every switching endpoint's `fence/name` = the generation read (absent for a new
+//!   endpoint), and the store's slot of the applied-change counter = the slot's value read. It
+//!   writes record, fence, the `serving/` index entries and the slot plus the switches. A batch
+//!   is split into transactions of at most `(max-txn-ops − 1) / 4` endpoints (31) and half a
+//!   request of records; each part is atomic for its endpoints, and the outcomes (`Stale`,
+//!   `Unchanged`, `Switched`) are sled's; a batch refused part-way (`Pruned`, `Unavailable`)
+//!   keeps its earlier parts, which a retry finds `Unchanged`. The fence compare is what keeps
+//!   switches monotonic. The counter is kept in 16 slots (`APPLIED_SLOTS`) so that it does not
+//!   serialise them: with one counter key every apply transaction would compare it, and of
+//!   enactors' concurrent transactions on different endpoints all but one would fail and go
+//!   round Raft again. A store picks a slot at random and moves to another after a failed
+//!   transaction.
+//!   The count is the sum of the slots, read in one range read; every switch writes a slot, so
+//!   the highest `mod_revision` among them is the last switch's revision.
+//! - **cleanup**: `state/horizon` and `meta/control` = as read, and no key in
+//!   `serving/ 0 .. serving/ horizon_after` (a range compare: no endpoint serves a generation
+//!   that would be deleted, checked at write time, so an endpoint first applied at an old plan
+//!   during cleanup holds it back or is refused as `Pruned`). The same transaction moves the
+//!   horizon and deletes the plans, summaries, changes, chunks and staging below it: logical and
+//!   physical deletion are one step.
+//! - **lease**: acquire and release compare `lease/record` and `lease/live` as read; liveness is
+//!   the live key's existence, so etcd's clock decides expiry (TTL in whole seconds, at least
+//!   one; etcd raises a shorter one to 1.5 election timeouts, 2 s with its defaults, so a lease
+//!   of `LEASE_TTL_MIN` lasts that long there), not any client's. Renewal moves the live key to a
+//!   new etcd lease and revokes the old. An acquire whose transaction fails without an answer
+//!   reads the live key: on the new etcd lease, etcd committed it and the lease is granted;
+//!   otherwise the new etcd lease is revoked, and a commit still in flight then fails (its put
+//!   names a lease etcd no longer has). So a renewal whose reply is lost never takes away the
+//!   lease its holder had.
+//! - **pause/resume** compare `meta/control`; a **heartbeat** of a new enactor compares its key
+//!   absent and `state/heartbeats` = the count read, so at most `HEARTBEATS_MAX` are stored.
+//!
+//! The fences among these compares (publish's latest, lease and pause; apply's fence, counter
+//! and horizon; cleanup's `serving/` range) each have a test that fails without them. Races alone
+//! land in the window between decision and commit too rarely to show that, so feature `testing`
+//! (test builds only) adds two hooks: hold a write between its decision and its transaction
+//! while the test changes what it decided on (`hold_next_commit`), and report a committed
+//! transaction as `Unavailable`, as a timeout after the commit would (`lose_next_reply`).
+//!
+//! Followers: `wait_for_change` reads the version and watches `meta/` from the revision after
+//! that read, so no change after it is missed, and it never polls. etcd delivers at once only to
+//! a watch that starts after its current revision; one that starts in the past gets its history
+//! from etcd's unsynced-watcher loop, every 100 ms. So once etcd confirms the watch, the waiter
+//! reads the version again: a change in between is answered from that read, and any other write
+//! in between (a heartbeat) means a fresh watch from the newer revision. A compacted revision
+//! makes it read the version again and watch from there; at its timeout it reads the version, so
+//! it answers the current one even when a change has not reached its watch yet.
+//!
+//! `active_since(n)` knows the revision at which this store last saw count `n` (the counts it
+//! answered, 1,024 kept), reads the counter, and answers the endpoints written after that
+//! revision up to the last switch's:
+//! - from the store's own log of the writes to `active/` (`active_log`): one watch per store,
+//!   opened at the current revision at its first `active_since` (so etcd sends each write as it
+//!   commits), keeping the last 32,768 writes in memory. It answers when it holds the whole
+//!   stretch: it started before it, dropped none of it, and has received the last switch (waited
+//!   for at most 100 ms). This is the usual path, and costs one read of the counter.
+//! - else from etcd: a range read of `active/` at the counter's revision with
+//!   `min_mod_revision` just above `n`'s revision. Active records are never deleted and
+//!   compaction keeps each key's last write, so this is exact even after a compaction; but etcd
+//!   reads every active record to filter them (15-40 ms at 10,000 endpoints on a busy machine),
+//!   which is why the log comes first.
+//!
+//! A count it never saw, or more than `DELTA_ENDPOINTS_MAX` endpoints, fall back to the whole
+//! state, marked `full`.
 //!
 //! Teeth: with the `latest` compare taken out of publish's transaction, the conformance suite
 //! fails `racing_publishes_have_no_gaps` (two publishers acknowledged the same generation);

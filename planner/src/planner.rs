@@ -18,6 +18,10 @@
 //! change" would say why a dead target is still served. The list is the last decision's; it
 //! is emptied on standby and while an operator pauses automation (nothing is decided then),
 //! and kept while the breaker's pause lasts (it lists what the breaker stopped).
+//!
+//! Known limit: `PlannerState` (the zone shift, the window's removals) lives in memory, so a
+//! standby that takes over starts with an empty window and derives a zone shift again from
+//! health; the previous plan still bounds every step by the per-plan limit.
 
 use crate::config::PlannerConfig;
 use crate::decide::{Decision, Deferred, Health, PlannerState, UNMANAGED_RULE, decide, summarize};

@@ -61,7 +61,7 @@
 //! store and the mutex is the whole story. Large reads take only the bytes under the mutex
 //! and decode them after it (a plan; the whole active state of `active_all` and of an
 //! `active_since` that answers with everything): at 1,000,000 endpoints that decode is most
-//! of a second, which every writer used to wait for.
+//! of a second, which no writer should wait for.
 //!
 //! Cleanup is logical first: moving `horizon` is the one atomic, durable step that deletes
 //! plans; removing the bytes below it follows and is finished on the next open if a crash
