@@ -44,7 +44,7 @@ use crate::{guard, verify};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
 use dnsplan_common::{
-    ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
+    ApplyOutcome, Author, Endpoint, EndpointName, Generation, Heartbeat, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
 };
 use rand::RngExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -386,7 +386,8 @@ impl<S: Store> Enactor<S> {
         self.write(generation, work, deadline, versions).await
     }
 
-    /// Writes `work` through the store's fence: the removal guard (rollbacks skip it), then the
+    /// Writes `work` through the store's fence: the removal guard (rollbacks and operators'
+    /// plans pass it), then the
     /// endpoints in batches and the retirements, checking before each for a newer plan and
     /// the deadline.
     async fn write(&self, generation: Generation, work: Work, deadline: Instant, versions: &watch::Receiver<StoreVersion>) -> Step {
@@ -396,7 +397,18 @@ impl<S: Store> Enactor<S> {
                 Err(err) => return Step::Failed(err),
             };
             if let Some(removal) = guard::excessive_removal(generation, &work.serve, &active, self.settings.max_removal_fraction) {
-                return Step::Refused { reason: "removal", detail: removal.to_string() };
+                // An operator's plan is the operator's decision, as a rollback is: `plans
+                // publish` showed the removal before it was confirmed. Refusing it would also
+                // refuse every planner plan after it that carries its content.
+                match self.call("list", || self.store.list(generation, 1)).await {
+                    Ok(summaries) => match summaries.into_iter().find(|s| s.generation == generation).map(|s| s.author) {
+                        Some(Author::Operator { name }) => {
+                            tracing::warn!(operator = %name, detail = %removal, "plan {generation} is an operator's: applying it beyond the removal limit");
+                        }
+                        _ => return Step::Refused { reason: "removal", detail: removal.to_string() },
+                    },
+                    Err(err) => return Step::Failed(err),
+                }
             }
         }
 

@@ -19,7 +19,7 @@ impl std::fmt::Display for ExcessiveRemoval {
         write!(
             f,
             "it would stop serving {:.0}% of {}'s active weight in one step (limit {:.0}%; {} endpoint(s) over the limit); \
-             an operator rollback is not limited",
+             an operator's plan or rollback is not limited",
             self.fraction * 100.0,
             self.endpoint,
             self.max_fraction * 100.0,

@@ -165,6 +165,35 @@ async fn refuses_a_plan_that_strips_too_much_weight_and_keeps_going() -> anyhow:
     Ok(())
 }
 
+/// An operator's plan is the operator's decision: one that replaces an endpoint's only target
+/// (100% of its weight, beyond the removal limit) is applied, as `plans publish` says in its
+/// preview, and the planner's next plan, which carries its content, is applied after it. So
+/// no operator plan can wedge automation (a refused plan 2, then a refused plan 3 with the
+/// same content, and a dead backend served on).
+///
+/// Teeth: with the removal guard applied to operators' plans, this fails with "plan 2 by an
+/// operator: want it done, got PlanRefused".
+#[tokio::test]
+async fn an_operators_plan_beyond_the_removal_limit_is_applied_and_automation_goes_on() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    store.publish(&plan_with(1, endpoint(&["192.0.2.1"]), planner(), None)?).await?;
+    let mut en = Running::start(store.clone(), |_| {})?;
+    en.until(done(1)).await?;
+
+    let operator = Author::Operator { name: "alice".into() };
+    store.publish(&plan_with(2, endpoint(&["192.0.2.2"]), operator, None)?).await?;
+    let event = en.next().await?;
+    assert!(matches!(event, Event::PlanDone { generation: Generation(2), .. }), "plan 2 by an operator: want it done, got {event:?}");
+    assert_eq!(serving(&store).await?, (Generation(2), 1));
+
+    store.publish(&plan_with(3, endpoint(&["192.0.2.2", "192.0.2.3"]), planner(), None)?).await?;
+    en.until(done(3)).await?;
+    assert_eq!(serving(&store).await?, (Generation(3), 2));
+    assert_eq!(en.metrics.refusals.get_or_create(&ReasonLabels { reason: "removal" }).get(), 0);
+    en.stop().await
+}
+
 /// A store that fails the first `fail_applies` applies as unreachable, acknowledges the
 /// first apply of `lose` without writing it (a lost write), and sends other records than it
 /// was given for `tamper` (a buggy writer).
