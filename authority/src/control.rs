@@ -232,7 +232,7 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
 
 /// axum's own refusals (body too large, wrong method) are plain text; give them the same
 /// JSON error body as ours.
-async fn json_for_framework_errors(resp: Response) -> Response {
+pub(crate) async fn json_for_framework_errors(resp: Response) -> Response {
     let status = resp.status();
     let ours = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
     if ours || !(status.is_client_error() || status.is_server_error()) {

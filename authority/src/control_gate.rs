@@ -67,13 +67,16 @@ impl Gate {
         (status, axum::Json(Readiness { ready, store }))
     }
 
-    /// The router to serve from the start.
+    /// The router to serve from the start. Framework refusals get the JSON error body here,
+    /// outermost, whatever routes the full router merged in (`dnsplan up` adds its own).
     pub fn router(&self) -> Router {
         let gate = self.clone();
-        Router::new().fallback(move |request: Request| {
-            let gate = gate.clone();
-            async move { gate.answer(request).await }
-        })
+        Router::new()
+            .fallback(move |request: Request| {
+                let gate = gate.clone();
+                async move { gate.answer(request).await }
+            })
+            .layer(axum::middleware::map_response(crate::control::json_for_framework_errors))
     }
 
     async fn answer(&self, request: Request) -> Response {

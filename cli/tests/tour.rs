@@ -87,6 +87,14 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
         .args(["--control", &up.control, "--token", "wrong-token-0123456789", "pause", "--reason", "x"])
         .output()?;
     assert_eq!(wrong.status.code(), Some(4), "{}", String::from_utf8_lossy(&wrong.stderr));
+    // A route nobody serves gets the control API's JSON error, from `dnsplan up` as from the
+    // authority alone (`authority/tests/strict.rs`): one assembly. Teeth: with the JSON layer
+    // only on the authority's own routes, `dnsplan up`'s merged router answered 404 with an
+    // empty body, and this failed.
+    let nope = reqwest::get(format!("{}/v1/nope", up.control)).await?;
+    assert_eq!(nope.status(), 404);
+    let body: serde_json::Value = nope.json().await?;
+    assert!(body["message"].is_string() && body["error"]["kind"].is_string(), "a JSON error body: {body}");
     let down = Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", "http://127.0.0.1:1", "status"]).output()?;
     assert_eq!(down.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&down.stderr).contains("is the stack running"));
