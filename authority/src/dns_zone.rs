@@ -26,6 +26,10 @@ pub struct DnsZoneConfig {
     /// An RFC 1035 master file with static records (relative paths are relative to the config
     /// file). `$ORIGIN` defaults to `origin`.
     pub master_file: Option<PathBuf>,
+    /// The same records written in the config itself, as master-file text (a config that
+    /// carries its whole zone, as `dnsplan up`'s built-in one does); not with `master_file`.
+    #[serde(default)]
+    pub records: Option<String>,
 }
 
 fn default_ns_ttl() -> u32 {
@@ -82,6 +86,8 @@ pub enum DnsZoneError {
     TwoSoas,
     #[error("dns_zone: no NS records; set dns_zone.ns or put NS records at the apex of the master file")]
     NoNs,
+    #[error("dns_zone: set master_file or records, not both")]
+    TwoSources,
     #[error("dns_zone.master_file {path}: cannot read it")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("dns_zone.master_file {path}: {detail}")]
@@ -124,9 +130,18 @@ impl StaticZone {
         let mut soa_ttl = 0;
         let mut ns = Vec::new();
         let mut records = Vec::new();
-        if let Some(file) = &config.master_file {
-            let path = config_dir.join(file);
-            let text = std::fs::read_to_string(&path).map_err(|source| DnsZoneError::Read { path: path.clone(), source })?;
+        let source = match (&config.master_file, &config.records) {
+            (Some(_), Some(_)) => return Err(DnsZoneError::TwoSources),
+            (Some(file), None) => {
+                let path = config_dir.join(file);
+                let text = std::fs::read_to_string(&path).map_err(|source| DnsZoneError::Read { path: path.clone(), source })?;
+                Some((path, text))
+            }
+            // Errors name it as a path would be named.
+            (None, Some(text)) => Some((PathBuf::from("(dns_zone.records)"), text.clone())),
+            (None, None) => None,
+        };
+        if let Some((path, text)) = source {
             let (_, sets) = Parser::new(text, Some(path.clone()), Some(origin.clone()))
                 .parse()
                 .map_err(|e| DnsZoneError::Parse { path: path.clone(), detail: e.to_string() })?;
@@ -214,8 +229,14 @@ pub(crate) fn test_zone(origin: &str) -> std::sync::Arc<StaticZone> {
         minimum_secs: 30,
         serial_base: 0,
     };
-    let config =
-        DnsZoneConfig { origin: origin.into(), soa: Some(soa), ns: vec![format!("ns1.{origin}")], ns_ttl_secs: 3600, master_file: None };
+    let config = DnsZoneConfig {
+        origin: origin.into(),
+        soa: Some(soa),
+        ns: vec![format!("ns1.{origin}")],
+        ns_ttl_secs: 3600,
+        master_file: None,
+        records: None,
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     std::sync::Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
 }
@@ -240,6 +261,7 @@ mod tests {
             ns: vec!["ns1.example.test.".into()],
             ns_ttl_secs: default_ns_ttl(),
             master_file: Some(master_file.into()),
+            records: None,
         }
     }
 

@@ -20,6 +20,15 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
 
     // dig: all six api targets.
     until_dns(up.dns, "api.example.test.", |a| a.len() == 6).await?;
+    // The demo zone is whole: its name server has an address, given with the apex NS as glue.
+    // Teeth: without the built-in config's static records, this fails with "ns1.example.test.
+    // never answered as wanted" (a lame name server).
+    let ns1: IpAddr = "127.0.0.1".parse()?;
+    assert_eq!(until_dns(up.dns, "ns1.example.test.", |_| true).await?, [ns1].into());
+    let dig = Command::new("dig").args(["@127.0.0.1", "-p", &up.dns.port().to_string(), "+norec", "example.test.", "NS"]).output()?;
+    let dig = String::from_utf8_lossy(&dig.stdout);
+    let additional = dig.split(";; ADDITIONAL SECTION:").nth(1).unwrap_or_default();
+    assert!(additional.lines().any(|l| l.starts_with("ns1.example.test.") && l.ends_with("127.0.0.1")), "no glue for ns1: {dig}");
     let status = ok(&dnsplan(&up, &["status"])?);
     assert!(status.contains("automation    running") && status.contains("enactor-c"), "{status}");
 
