@@ -69,6 +69,8 @@ struct Status {
     serial: u32,
     applied_changes: u64,
     managed_endpoints: usize,
+    /// Where this authority serves DNS (UDP and TCP each), so that clients ask it there.
+    dns: Vec<SocketAddr>,
     heartbeats: Vec<dnsplan_common::Heartbeat>,
     /// The first `limit` endpoints after `after`, in name order.
     endpoints: std::collections::BTreeMap<dnsplan_common::EndpointName, dnsplan_common::ActiveRecord>,
@@ -502,12 +504,12 @@ where
         .route(
             "/v1/status",
             get({
-                let serving = serving.clone();
+                let (serving, dns) = (serving.clone(), dns.clone());
                 move |State(ctl): State<Control<S>>, q: Result<Query<StatusQuery>, QueryRejection>| {
-                    let serving = serving.clone();
+                    let (serving, dns) = (serving.clone(), dns.clone());
                     async move {
                         let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-                        status(ctl, serving, q).await
+                        status(ctl, serving, dns, q).await
                     }
                 }
             })
@@ -577,7 +579,7 @@ fn start_dns(
     Ok(udp)
 }
 
-async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery) -> Result<Json<Status>, ApiError> {
+async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, dns: Vec<SocketAddr>, q: StatusQuery) -> Result<Json<Status>, ApiError> {
     let store = &ctl.store;
     let limit = q.limit.unwrap_or(STATUS_ENDPOINTS_DEFAULT);
     let after = q.after.as_deref().map(control::parse_endpoint).transpose()?;
@@ -595,6 +597,7 @@ async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, q: StatusQuery
         serial: snapshot.serial,
         applied_changes: snapshot.applied_changes,
         managed_endpoints: snapshot.managed_count(),
+        dns,
         heartbeats: store.heartbeats().await?,
         endpoints,
         endpoints_more,

@@ -47,9 +47,9 @@ pub enum Command {
         /// Who rolls back (default: $USER).
         #[arg(long)]
         by: Option<String>,
-        /// The DNS server to check the result on.
-        #[arg(long, default_value = "127.0.0.1:5353")]
-        dns: SocketAddr,
+        /// The DNS server to check the result on (default: the stack's own, as its status says).
+        #[arg(long, env = "DNSPLAN_DNS")]
+        dns: Option<SocketAddr>,
         /// How long to wait for the rollback to be enacted and served.
         #[arg(long, default_value_t = 60)]
         wait_secs: u64,
@@ -74,9 +74,9 @@ pub enum Command {
     /// Ask DNS for every managed endpoint and compare with the active state; check that the
     /// latest plan's content is served everywhere and say which endpoints and enactors lag.
     Verify {
-        /// The DNS server to ask.
-        #[arg(long, default_value = "127.0.0.1:5353")]
-        dns: SocketAddr,
+        /// The DNS server to ask (default: the stack's own, as its status says).
+        #[arg(long, env = "DNSPLAN_DNS")]
+        dns: Option<SocketAddr>,
         /// How long the latest plan may take to be enacted before verify fails.
         #[arg(long, default_value_t = 10)]
         wait_secs: u64,
@@ -146,9 +146,9 @@ pub enum PlansCommand {
         /// Who publishes (default: $USER).
         #[arg(long)]
         by: Option<String>,
-        /// The DNS server to check the result on.
-        #[arg(long, default_value = "127.0.0.1:5353")]
-        dns: SocketAddr,
+        /// The DNS server to check the result on (default: the stack's own, as its status says).
+        #[arg(long, env = "DNSPLAN_DNS")]
+        dns: Option<SocketAddr>,
         /// How long to wait for the plan to be enacted and served.
         #[arg(long, default_value_t = 60)]
         wait_secs: u64,
@@ -290,6 +290,9 @@ struct StatusView {
     #[serde(default)]
     managed_endpoints: usize,
     heartbeats: Vec<Heartbeat>,
+    /// Where the authority serves DNS (absent from an older authority).
+    #[serde(default)]
+    dns: Vec<SocketAddr>,
     endpoints: BTreeMap<EndpointName, ActiveRecord>,
     /// The one-process stack's planner (`/v1/planner`), when there is one.
     #[serde(default)]
@@ -341,7 +344,34 @@ pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
     }
 }
 
+/// Where DNS is asked when the stack does not say (an authority from before `dns` in its
+/// status), and what a preview that asks nothing carries.
+const DNS_FALLBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 5353);
+
+/// What `/v1/status` says of where the authority serves DNS.
+#[derive(Deserialize)]
+struct DnsOfStatus {
+    #[serde(default)]
+    dns: Vec<SocketAddr>,
+}
+
 impl Client {
+    /// The DNS server to check answers on: `given` (`--dns`, `DNSPLAN_DNS`), else the first
+    /// address the authority says it serves DNS on (a wildcard one asked on loopback).
+    async fn dns(&self, given: Option<SocketAddr>) -> CliResult<SocketAddr> {
+        if let Some(dns) = given {
+            return Ok(dns);
+        }
+        let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
+        let Some(mut dns) = status.and_then(|s| s.dns.into_iter().next()) else {
+            return Ok(DNS_FALLBACK);
+        };
+        if dns.ip().is_unspecified() {
+            dns.set_ip(if dns.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+        }
+        Ok(dns)
+    }
+
     fn store_unavailable(&self, detail: String) -> CliError {
         CliError::StoreUnavailable(format!(
             "{detail}; the control API at {} answers, but its store does not (is etcd up and reachable from the authority?)",
@@ -362,6 +392,23 @@ impl Client {
     }
 }
 
+/// Unmanaged endpoints `status` names on its line; the rest are counted (there may be
+/// thousands, and `dnsplan endpoints list` lists them all).
+const UNMANAGED_NAMED_MAX: usize = 5;
+
+/// The `UNMANAGED` line of `status`: a count, a few names, the commands that list and retire.
+fn unmanaged_line(unmanaged: &[EndpointName]) -> String {
+    let named: Vec<String> = unmanaged.iter().take(UNMANAGED_NAMED_MAX).map(ToString::to_string).collect();
+    let more = unmanaged.len().saturating_sub(named.len());
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+    format!(
+        "UNMANAGED     {} endpoint(s) not in the planner's config, kept as served: {}{more} (all: `dnsplan endpoints list`; retire with \
+         `dnsplan endpoints retire NAME --reason TEXT`)",
+        unmanaged.len(),
+        named.join(", ")
+    )
+}
+
 async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
     if client.format == Format::Toml && !matches!(command, Command::Plans { command: PlansCommand::Show { .. } }) {
         return Err(CliError::Failed(
@@ -372,6 +419,7 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
         Command::Status => status(client).await,
         Command::Plans { command } => plans(client, command).await,
         Command::Rollback { to, reason, keep_automation, by, dns, wait_secs } => {
+            let dns = client.dns(dns).await?;
             rollback(client, Generation(to), &reason, keep_automation, by, dns, Duration::from_secs(wait_secs)).await
         }
         Command::Endpoints { command } => endpoints(client, command).await,
@@ -386,7 +434,7 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
             crate::out!("automation resumed");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify { dns, wait_secs } => verify(client, dns, Duration::from_secs(wait_secs)).await,
+        Command::Verify { dns, wait_secs } => verify(client, client.dns(dns).await?, Duration::from_secs(wait_secs)).await,
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
         Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
         Command::Backend { command } => backend(client, command).await,
@@ -409,6 +457,9 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     crate::out!("latest plan   {}", view.latest);
+    if !view.dns.is_empty() {
+        crate::out!("dns           {}", view.dns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "));
+    }
     let automation = match &view.paused {
         None => "running".to_owned(),
         Some(p) if p.by.starts_with("planner:") => format!("BREAKER TRIPPED ({}) {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
@@ -431,12 +482,7 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         print_held_back(&held);
     }
     if !view.unmanaged.is_empty() {
-        let names: Vec<String> = view.unmanaged.iter().map(ToString::to_string).collect();
-        crate::out!(
-            "UNMANAGED     {} endpoint(s) not in the planner's config, kept as served: {} (retire with `dnsplan endpoints retire NAME --reason TEXT`)",
-            names.len(),
-            names.join(", ")
-        );
+        crate::out!("{}", unmanaged_line(&view.unmanaged));
     }
     crate::out!();
     let rows: Vec<Vec<String>> = view
@@ -634,6 +680,7 @@ async fn plans(client: &Client, command: PlansCommand) -> CliResult<ExitCode> {
             }
         }
         PlansCommand::Publish { file, reason, yes, keep_automation, by, dns, wait_secs } => {
+            let dns = if yes { client.dns(dns).await? } else { dns.unwrap_or(DNS_FALLBACK) };
             return publish_file(client, &file, &reason, yes, keep_automation, by, dns, Duration::from_secs(wait_secs)).await;
         }
         PlansCommand::Explain { generation } => {
@@ -950,6 +997,19 @@ async fn backend(client: &Client, command: BackendCommand) -> CliResult<ExitCode
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Teeth: with every name joined (as status did), the line for 2,002 names is 44,209 bytes
+    /// and this fails.
+    #[test]
+    fn the_unmanaged_line_stays_short_however_many_there_are() {
+        let names: Vec<EndpointName> = (0..2_002).map(|i| EndpointName::parse(&format!("e{i:05}.example.test.")).expect("name")).collect();
+        let line = unmanaged_line(&names);
+        assert!(line.len() < 400, "{} bytes", line.len());
+        assert!(line.contains("2002 endpoint(s)") && line.contains("e00000.example.test.") && line.contains("and 1997 more"), "{line}");
+        assert!(line.contains("dnsplan endpoints list"), "{line}");
+        let one = unmanaged_line(&names[..1]);
+        assert!(!one.contains("more"), "{one}");
+    }
 
     /// The secondaries of `/v1/status` read into the status table: current, behind (with the
     /// serial it was told of), unreachable (with why), and a status without them (an older

@@ -40,7 +40,10 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
     assert!(explain.contains("127.0.0.11") && explain.contains("down"), "{explain}");
 
     // Roll back to plan 1: enacted, served, automation paused.
-    let rollback = ok(&dnsplan(&up, &["rollback", "--to", "1", "--reason", "tour", "--dns", &up.dns.to_string()])?);
+    // No --dns: the CLI asks the stack where it serves DNS (not 127.0.0.1:5353, where this
+    // stack does not listen). Teeth: with the old default of 127.0.0.1:5353, the rollback
+    // exited 1, "enacted but not served".
+    let rollback = ok(&dnsplan(&up, &["rollback", "--to", "1", "--reason", "tour"])?);
     assert!(rollback.contains("enacted: all") && rollback.contains("served"), "{rollback}");
     until_dns(up.dns, "api.example.test.", |a| a.contains(&failed)).await?;
     let status = ok(&dnsplan(&up, &["status"])?);
@@ -52,7 +55,7 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
     let again = until_plan(&store, |p| p.generation() > rolled && weight(p, "127.0.0.11") == Some(0)).await?;
     assert!(again.plan().author.to_string().starts_with("planner:"));
     until_dns(up.dns, "api.example.test.", |a| !a.contains(&failed)).await?;
-    let verify = ok(&dnsplan(&up, &["verify", "--dns", &up.dns.to_string()])?);
+    let verify = ok(&dnsplan(&up, &["verify"])?);
     assert!(verify.contains("2 of 2 endpoints served as active"), "{verify}");
     assert!(verify.contains("its content is served on every endpoint"), "{verify}");
 
@@ -85,7 +88,7 @@ async fn the_readme_tour_works() -> anyhow::Result<()> {
     let preview = ok(&dnsplan(&up, &["plans", "publish", &path, "--reason", "drain .11"])?);
     assert!(preview.contains("- api.example.test. 127.0.0.11 zone a weight 1") && preview.contains("not published"), "{preview}");
     assert_eq!(store.latest().await?, latest, "a preview publishes nothing");
-    let published = ok(&dnsplan(&up, &["plans", "publish", &path, "--reason", "drain .11", "--yes", "--dns", &up.dns.to_string()])?);
+    let published = ok(&dnsplan(&up, &["plans", "publish", &path, "--reason", "drain .11", "--yes"])?);
     assert!(published.contains("published plan") && published.contains("served"), "{published}");
     until_dns(up.dns, "api.example.test.", |a| !a.contains(&failed)).await?;
     let status = ok(&dnsplan(&up, &["status"])?);
