@@ -32,39 +32,54 @@ pub struct Readiness {
     pub store: &'static str,
 }
 
-/// The shared state of the front door.
+/// What `/readyz` reads: whether DNS answers and whether the store does. The full router's
+/// `/readyz` holds this, not the `Gate`, which holds the full router (no cycle, so the store
+/// is closed when the authority stops).
 #[derive(Clone)]
-pub struct Gate {
-    /// The full router, once the store is reached.
-    full: Arc<OnceLock<Router>>,
+pub struct Ready {
     /// Whether DNS answers (a state is loaded).
     dns_ready: Arc<AtomicBool>,
     store: Arc<Reachability>,
     metrics: Arc<Metrics>,
 }
 
-impl Gate {
-    /// A gate for a process whose store has not answered yet (`store` says so until it does).
-    pub fn new(store: Arc<Reachability>, metrics: Arc<Metrics>) -> Gate {
-        Gate { full: Arc::default(), dns_ready: Arc::default(), store, metrics }
-    }
-
-    /// DNS answers from a loaded state from now on.
-    pub fn dns_ready(&self) {
-        self.dns_ready.store(true, Ordering::Relaxed);
-    }
-
-    /// Every request goes to `full` from now on.
-    pub fn open(&self, full: Router) {
-        let _ = self.full.set(full);
-    }
-
+impl Ready {
     pub fn readiness(&self) -> (StatusCode, axum::Json<Readiness>) {
         let ready = self.dns_ready.load(Ordering::Relaxed);
         let store = if self.store.is_down() { "unreachable" } else { "reachable" };
         self.metrics.observe_store_reachable(!self.store.is_down());
         let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
         (status, axum::Json(Readiness { ready, store }))
+    }
+}
+
+/// The shared state of the front door.
+#[derive(Clone)]
+pub struct Gate {
+    /// The full router, once the store is reached.
+    full: Arc<OnceLock<Router>>,
+    ready: Ready,
+}
+
+impl Gate {
+    /// A gate for a process whose store has not answered yet (`store` says so until it does).
+    pub fn new(store: Arc<Reachability>, metrics: Arc<Metrics>) -> Gate {
+        Gate { full: Arc::default(), ready: Ready { dns_ready: Arc::default(), store, metrics } }
+    }
+
+    /// DNS answers from a loaded state from now on.
+    pub fn dns_ready(&self) {
+        self.ready.dns_ready.store(true, Ordering::Relaxed);
+    }
+
+    /// What the full router's `/readyz` answers from.
+    pub fn ready(&self) -> Ready {
+        self.ready.clone()
+    }
+
+    /// Every request goes to `full` from now on.
+    pub fn open(&self, full: Router) {
+        let _ = self.full.set(full);
     }
 
     /// The router to serve from the start. Framework refusals get the JSON error body here,
@@ -90,10 +105,11 @@ impl Gate {
         }
         match request.uri().path() {
             "/healthz" => "ok\n".into_response(),
-            "/readyz" => self.readiness().into_response(),
+            "/readyz" => self.ready.readiness().into_response(),
             "/metrics" => {
-                self.metrics.observe_store_reachable(false);
-                ([(axum::http::header::CONTENT_TYPE, dnsplan_common::daemon::METRICS_CONTENT_TYPE)], self.metrics.render()).into_response()
+                self.ready.metrics.observe_store_reachable(false);
+                let body = self.ready.metrics.render();
+                ([(axum::http::header::CONTENT_TYPE, dnsplan_common::daemon::METRICS_CONTENT_TYPE)], body).into_response()
             }
             _ => {
                 let message = "the store has not answered since this authority started (etcd unreachable?); DNS is served from \

@@ -494,10 +494,10 @@ where
         .route(
             "/readyz",
             get({
-                let gate = gate.clone();
+                let ready = gate.ready();
                 move || {
-                    let gate = gate.clone();
-                    async move { gate.readiness() }
+                    let ready = ready.clone();
+                    async move { ready.readiness() }
                 }
             }),
         )
