@@ -38,6 +38,7 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         "gray-zone",
         "aws-2025-race-etcd",
         "etcd-leader-kill",
+        "etcd-member-down",
         "etcd-partition",
     ];
     for scenario in scenarios {
@@ -58,6 +59,7 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         ("enactor-kill-loop", "enactor SIGKILL+restart"),
         ("authority-kill9", "authority SIGKILL+restart"),
         ("partition", "partition enactors from the store"),
+        ("etcd-member-down", "calls kept succeeding with a member down"),
         ("etcd-leader-kill", "etcd leader SIGKILL"),
         ("etcd-partition", "partition authority b from etcd"),
     ] {
