@@ -4,7 +4,8 @@
 //!
 //! `diff_since(serial)` condenses every swap after `serial` into one difference (RFC 1995
 //! §4: each changed name once): the records a name had at `serial` that it no longer has,
-//! and the records it has now that it did not have then; a name changed and changed back is
+//! and the records it has now that it did not have then, a record's TTL counting as part of
+//! it (a TTL change is a deletion at the old TTL and an addition at the new); a name changed and changed back is
 //! left out. `None` when the history does not reach back to `serial` (the authority started
 //! later, the follower rebuilt from the whole state, or `names_max` pushed it out): the
 //! caller sends the whole zone.
@@ -109,16 +110,28 @@ impl Journal {
         for (before, after) in names.values() {
             let old = before.map(|e| entry_records(e)).unwrap_or_default();
             let now = after.map(|e| entry_records(e)).unwrap_or_default();
-            gone.extend(old.iter().filter(|r| !now.contains(r)).cloned());
-            new.extend(now.iter().filter(|r| !old.contains(r)).cloned());
+            gone.extend(old.iter().filter(|r| !holds(&now, r)).cloned());
+            new.extend(now.iter().filter(|r| !holds(&old, r)).cloned());
         }
         Some((gone, new))
     }
 }
 
+/// Whether `records` holds `record` with the same TTL. hickory's `Record` equality is RFC
+/// 2136's, which leaves the TTL out: a change of TTL alone would make no difference at all,
+/// and secondaries would keep the old TTL under the new serial. A record whose TTL changed is
+/// deleted at the old TTL and added at the new one, as Knot's IXFR sends it.
+fn holds(records: &[Record], record: &Record) -> bool {
+    records.iter().any(|r| r == record && r.ttl == record.ttl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::{Snapshot, wire_key};
+    use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
+    use dnsplan_common::{Endpoint, EndpointName, Generation, Target, ZoneId};
+    use hickory_proto::rr::Name;
 
     fn changes(n: usize) -> Vec<JournalChange> {
         (0..n).map(|i| (vec![1, b'a' + i as u8, 0].into_boxed_slice(), None, None)).collect()
@@ -147,5 +160,32 @@ mod tests {
         let mut journal = Journal::new(u32::MAX, 10);
         journal.push(u32::MAX, 1, changes(1));
         assert!(journal.diff_since(u32::MAX).is_some() && journal.diff_since(0).is_none());
+    }
+
+    /// The snapshot of `example.test.` serving `api` with one target at `ttl_secs`.
+    fn serving_api(ttl_secs: u32, g: u64) -> Snapshot {
+        let target = Target { address: "10.0.0.1".parse().expect("address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 };
+        let record = ActiveRecord { generation: Generation(g), state: ActiveState::Serving(Endpoint { ttl_secs, targets: vec![target] }) };
+        let active =
+            ActiveSnapshot { applied_changes: g, endpoints: [(EndpointName::parse("api.example.test.").expect("name"), record)].into() };
+        Snapshot::build(crate::dns_zone::test_zone("example.test."), &active)
+    }
+
+    /// A change of TTL alone is a difference: the record at the old TTL goes, the one at the
+    /// new TTL comes. A TTL changed and changed back is none.
+    ///
+    /// Teeth: with `holds` comparing by hickory's `Record` equality (which leaves the TTL
+    /// out, RFC 2136 §1.1.1), both lists were empty and the test failed at "gone".
+    #[test]
+    fn a_ttl_change_alone_deletes_at_the_old_ttl_and_adds_at_the_new() {
+        let key = wire_key(&Name::from_ascii("api.example.test.").expect("name")).into_boxed_slice();
+        let (at_60, at_90, at_60_again) = (serving_api(60, 1), serving_api(90, 2), serving_api(60, 3));
+        let mut journal = Journal::new(1, 10);
+        journal.push(1, 2, vec![(key.clone(), at_60.entry_arc(&key), at_90.entry_arc(&key))]);
+        let (gone, new) = journal.diff_since(1).expect("the history reaches back");
+        assert_eq!(gone.iter().map(|r| r.ttl).collect::<Vec<_>>(), [60], "gone: {gone:?}");
+        assert_eq!(new.iter().map(|r| r.ttl).collect::<Vec<_>>(), [90], "new: {new:?}");
+        journal.push(2, 3, vec![(key.clone(), at_90.entry_arc(&key), at_60_again.entry_arc(&key))]);
+        assert_eq!(journal.diff_since(1), Some((Vec::new(), Vec::new())), "changed back");
     }
 }
