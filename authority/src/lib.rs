@@ -6,8 +6,8 @@
 //! hand), and `rrl` limits UDP answers per client; `snapshot` the immutable state they read;
 //! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
 //! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
-//! `transfer` feeds secondaries (AXFR, IXFR from `journal`, TSIG) and `notify` tells them of
-//! changes; `accept` and `budget` keep both listeners within the process's descriptors;
+//! `transfer` feeds secondaries (AXFR, IXFR from `journal`, TSIG), `notify` tells them of
+//! changes and `secondary_check` reads their zones back to see that they hold ours; `accept` and `budget` keep both listeners within the process's descriptors;
 //! `local_state` keeps the state served on disk for an authority on etcd; `run` the wiring of
 //! one authority process.
 
@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod notify;
 pub mod rrl;
 pub mod run;
+pub mod secondary_check;
 pub mod server;
 pub mod snapshot;
 pub mod transfer;

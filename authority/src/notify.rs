@@ -10,12 +10,16 @@
 //! served at the time (a newer change replaces the one being retried). Once acknowledged, it
 //! asks the secondary's SOA (signed) until the secondary serves that serial or
 //! `CONVERGE_WATCH` passes, so `/v1/status` says which serial each secondary serves and
-//! whether it is behind. No NOTIFY is sent for the serial served at start: a secondary asks
+//! whether it is behind. Once it serves ours, and every `secondary_check::CHECK_INTERVAL`
+//! while nothing changes, its whole zone is read back and compared with ours
+//! (`secondary_check`): a secondary is current only when that found it equal at the serial
+//! served here, not on its serial alone. No NOTIFY is sent for the serial served at start: a secondary asks
 //! on its own refresh schedule, and a restart changes nothing it holds.
 //!
 //! Answering transfers is `transfer`'s business; a secondary's reaction to a NOTIFY is its own.
 
 use crate::follower::Serving;
+use crate::secondary_check::{self, Found};
 use crate::snapshot::serial_newer;
 use dnsplan_common::tsig::{self, TsigKey};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
@@ -61,6 +65,22 @@ pub struct SecondaryStatus {
     pub behind: bool,
     /// Why the last NOTIFY or SOA query failed, until one succeeds.
     pub last_error: Option<String>,
+    /// The serial at which its whole zone, read by AXFR, was last found equal to ours. The
+    /// secondary is current only when this is the serial served here.
+    pub content_equal_serial: Option<u32>,
+    /// What the last check found different (serial, records missing and extra, a few of
+    /// them), until a check finds the zone equal.
+    pub content_differs: Option<String>,
+    /// Why the last check could not compare (the AXFR refused, a timeout), until one does.
+    pub content_error: Option<String>,
+}
+
+impl SecondaryStatus {
+    /// Known to serve exactly the zone served here at `served`: its serial is ours and its
+    /// zone was found equal at that serial.
+    pub fn is_current(&self, served: u32) -> bool {
+        self.last_error.is_none() && !self.behind && self.serial == Some(served) && self.content_equal_serial == Some(served)
+    }
 }
 
 /// Every notified secondary's status, shared by the tasks and `/v1/status`.
@@ -74,7 +94,16 @@ pub fn spawn(tasks: &mut tokio::task::JoinSet<()>, serving: &Arc<Serving>) {
         let mut statuses = serving.secondaries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         *statuses = targets
             .iter()
-            .map(|t| SecondaryStatus { address: t.addr, notified_serial: None, serial: None, behind: true, last_error: None })
+            .map(|t| SecondaryStatus {
+                address: t.addr,
+                notified_serial: None,
+                serial: None,
+                behind: true,
+                last_error: None,
+                content_equal_serial: None,
+                content_differs: None,
+                content_error: None,
+            })
             .collect();
     }
     for (index, target) in targets.into_iter().enumerate() {
@@ -96,14 +125,29 @@ async fn notify_loop(index: usize, target: NotifyTarget, serving: Arc<Serving>, 
     let mut acked = Some(*changes.borrow_and_update()); // nothing to say about the start
     let mut backoff = NOTIFY_TIMEOUT;
     let mut warned = false;
+    // What it holds from before this start is read back after `FIRST_CHECK_AFTER`, unless a
+    // change comes first (its own check then says it).
+    let mut checks = Pacing::default();
     loop {
         let serial = serving.snapshot.load().serial;
         if acked == Some(serial) {
-            if changes.changed().await.is_err() {
-                return; // the serving state is gone: shutting down
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return; // the serving state is gone: shutting down
+                    }
+                    tokio::time::sleep(COALESCE).await;
+                    changes.borrow_and_update();
+                }
+                // A check put off, or nothing changed for a while: is its zone still ours?
+                () = tokio::time::sleep_until(checks.next) => {
+                    if let Some(reached) = watch_serial(index, &target, &origin, &serving, &statuses).await {
+                        checks.run(index, &target, &serving, &statuses, reached).await;
+                    } else {
+                        checks.next = tokio::time::Instant::now() + secondary_check::CHECK_INTERVAL;
+                    }
+                }
             }
-            tokio::time::sleep(COALESCE).await;
-            changes.borrow_and_update();
             continue;
         }
         match notify(&target, &origin).await {
@@ -116,7 +160,9 @@ async fn notify_loop(index: usize, target: NotifyTarget, serving: Arc<Serving>, 
                     s.last_error = None;
                 });
                 tracing::debug!(secondary = %target.addr, serial, "NOTIFY acknowledged");
-                watch_serial(index, &target, &origin, &serving, &statuses, &mut changes).await;
+                if let Some(reached) = watch_serial(index, &target, &origin, &serving, &statuses).await {
+                    checks.run_when_due(index, &target, &serving, &statuses, reached).await;
+                }
             }
             Err(err) => {
                 if !warned {
@@ -135,19 +181,99 @@ async fn notify_loop(index: usize, target: NotifyTarget, serving: Arc<Serving>, 
     }
 }
 
-/// Asks the secondary's SOA until it serves the serial served here, a newer change arrives,
-/// or `CONVERGE_WATCH` passes.
-async fn watch_serial(
-    index: usize,
-    target: &NotifyTarget,
-    origin: &Name,
-    serving: &Serving,
-    statuses: &Statuses,
-    changes: &mut tokio::sync::watch::Receiver<u32>,
-) {
+/// When a secondary's zone is read back: after each change it converged on, but no sooner than
+/// `CHECK_PACING` times the last check's duration after it ended (a check of a large zone is
+/// a whole AXFR: under a stream of changes it gets at most about a tenth of the time), and
+/// every `CHECK_INTERVAL` while nothing changes.
+struct Pacing {
+    /// When the next check is due while nothing changes.
+    next: tokio::time::Instant,
+    /// The earliest a check may start after a change.
+    earliest: tokio::time::Instant,
+}
+
+/// A check starts no sooner than this many times the last one's duration after it ended.
+const CHECK_PACING: u32 = 10;
+
+/// When the first check after a start runs if no change comes first. Not at once: the
+/// changes that follow a start would meet it, and NSD applies a transfer it received while it
+/// sends an AXFR up to a second late (its reload waits), which delays what secondaries serve.
+const FIRST_CHECK_AFTER: Duration = Duration::from_secs(10);
+
+impl Default for Pacing {
+    fn default() -> Pacing {
+        let now = tokio::time::Instant::now();
+        Pacing { next: now + FIRST_CHECK_AFTER, earliest: now }
+    }
+}
+
+impl Pacing {
+    async fn run(&mut self, index: usize, target: &NotifyTarget, serving: &Serving, statuses: &Statuses, serial: u32) {
+        let started = tokio::time::Instant::now();
+        check_content(index, target, serving, statuses, serial).await;
+        let ended = tokio::time::Instant::now();
+        self.earliest = ended + (ended - started) * CHECK_PACING;
+        self.next = ended + secondary_check::CHECK_INTERVAL;
+    }
+
+    /// Checks now if the pacing allows it, else puts the check off until it does.
+    async fn run_when_due(&mut self, index: usize, target: &NotifyTarget, serving: &Serving, statuses: &Statuses, serial: u32) {
+        if tokio::time::Instant::now() >= self.earliest {
+            self.run(index, target, serving, statuses, serial).await;
+        } else {
+            self.next = self.earliest;
+        }
+    }
+}
+
+/// Reads the secondary's zone back and records whether it is ours at `serial`
+/// (`secondary_check`). A check of a serial no longer served says nothing: it is not started,
+/// or given up as soon as the served serial moves (the NOTIFY of the new one must not wait).
+async fn check_content(index: usize, target: &NotifyTarget, serving: &Serving, statuses: &Statuses, serial: u32) {
+    let snapshot = serving.snapshot.load_full();
+    if snapshot.serial != serial {
+        return;
+    }
+    let mut served = serving.served_serial.subscribe();
+    let moved = async {
+        while served.changed().await.is_ok() {
+            if *served.borrow_and_update() != serial {
+                return;
+            }
+        }
+    };
+    let found = tokio::select! {
+        found = secondary_check::check(target, snapshot) => found,
+        () = moved => return,
+    };
+    match found {
+        Ok(Found::Equal { serial, .. }) => update(statuses, index, |s| {
+            s.content_equal_serial = Some(serial);
+            s.content_differs = None;
+            s.content_error = None;
+        }),
+        Ok(Found::Differs { serial, missing, extra, shown }) => {
+            let what = format!("at serial {serial}: {missing} of our records missing, {extra} not ours, e.g. {}", shown.join(" | "));
+            tracing::warn!(secondary = %target.addr, serial, "a secondary serves our serial with other records: {what}");
+            update(statuses, index, |s| {
+                s.content_equal_serial = None;
+                s.content_differs = Some(what);
+                s.content_error = None;
+            });
+        }
+        Err(err) => {
+            tracing::debug!(secondary = %target.addr, error = %err, "the secondary's zone could not be read back");
+            update(statuses, index, |s| s.content_error = Some(err));
+        }
+    }
+}
+
+/// Asks the secondary's SOA until it serves the serial served here (`Some` of it), the served
+/// serial moves on (the caller notifies the new one), or `CONVERGE_WATCH` passes.
+async fn watch_serial(index: usize, target: &NotifyTarget, origin: &Name, serving: &Serving, statuses: &Statuses) -> Option<u32> {
     let deadline = tokio::time::Instant::now() + CONVERGE_WATCH;
+    let ours = serving.snapshot.load().serial;
     loop {
-        let ours = serving.snapshot.load().serial;
         let mut query = Message::query();
         query.add_query(Query::query(origin.clone(), RecordType::SOA));
         match exchange(target, query).await {
@@ -162,13 +288,13 @@ async fn watch_serial(
                     s.behind = behind;
                 });
                 if !behind {
-                    return;
+                    return (theirs == Some(ours)).then_some(ours);
                 }
             }
             Err(err) => update(statuses, index, |s| s.last_error = Some(err)),
         }
-        if tokio::time::Instant::now() >= deadline || changes.has_changed().unwrap_or(true) {
-            return;
+        if tokio::time::Instant::now() >= deadline || serving.snapshot.load().serial != ours {
+            return None;
         }
         tokio::time::sleep(CONVERGE_POLL).await;
     }

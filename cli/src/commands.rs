@@ -319,18 +319,39 @@ struct SecondaryView {
     behind: bool,
     #[serde(default)]
     last_error: Option<String>,
+    /// The serial at which the authority read its whole zone back and found it equal.
+    #[serde(default)]
+    content_equal_serial: Option<u32>,
+    #[serde(default)]
+    content_differs: Option<String>,
+    #[serde(default)]
+    content_error: Option<String>,
 }
 
-/// A secondary's line: its address, the serial it serves and whether that is current.
-fn secondary_row(s: &SecondaryView) -> Vec<String> {
+impl SecondaryView {
+    /// At the serial served (`served`), with its zone read back and found equal there: the
+    /// serial alone does not say which records a secondary holds.
+    fn is_current(&self, served: u32) -> bool {
+        self.last_error.is_none() && !self.behind && self.serial == Some(served) && self.content_equal_serial == Some(served)
+    }
+}
+
+/// A secondary's line: its address, the serial it serves and whether it is current (see
+/// `SecondaryView::is_current`).
+fn secondary_row(s: &SecondaryView, served: u32) -> Vec<String> {
     let serial = s.serial.map_or_else(|| "?".to_owned(), |n| n.to_string());
-    let state = match (&s.last_error, s.behind) {
-        (Some(err), _) => format!("UNREACHABLE: {err}"),
-        (None, true) => match s.notified_serial {
+    let state = match (&s.last_error, s.behind, &s.content_differs) {
+        (Some(err), _, _) => format!("UNREACHABLE: {err}"),
+        (None, true, _) => match s.notified_serial {
             Some(n) => format!("BEHIND (notified of {n})"),
             None => "BEHIND".to_owned(),
         },
-        (None, false) => "current".to_owned(),
+        (None, false, Some(what)) => format!("DIFFERS {what}"),
+        _ if s.is_current(served) => "current".to_owned(),
+        _ => match &s.content_error {
+            Some(err) => format!("UNVERIFIED: {err}"),
+            None => "UNVERIFIED (zone not read back yet)".to_owned(),
+        },
     };
     vec![s.address.clone(), serial, state]
 }
@@ -469,7 +490,13 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
     crate::out!("serial        {}", view.serial);
     if !view.secondaries.is_empty() {
         let behind = view.secondaries.iter().filter(|s| s.behind).count();
-        let summary = if behind == 0 { "all current".to_owned() } else { format!("{behind} BEHIND") };
+        let other = view.secondaries.iter().filter(|s| !s.behind && !s.is_current(view.serial)).count();
+        let summary = match (behind, other) {
+            (0, 0) => "all current".to_owned(),
+            (0, n) => format!("{n} NOT KNOWN CURRENT (zone differs or not read back)"),
+            (b, 0) => format!("{b} BEHIND"),
+            (b, n) => format!("{b} BEHIND, {n} NOT KNOWN CURRENT"),
+        };
         crate::out!("secondaries   {} notified, {summary}", view.secondaries.len());
     }
     if let Some(p) = &view.planner {
@@ -518,7 +545,7 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
     crate::out_raw!("{}", table(&["ENACTOR", "ZONE", "APPLIED", "LAG", "STATE", "SEEN"], &rows));
     if !view.secondaries.is_empty() {
         crate::out!();
-        let rows: Vec<Vec<String>> = view.secondaries.iter().map(secondary_row).collect();
+        let rows: Vec<Vec<String>> = view.secondaries.iter().map(|s| secondary_row(s, view.serial)).collect();
         crate::out_raw!("{}", table(&["SECONDARY", "SERIAL", "STATE"], &rows));
     }
     Ok(ExitCode::SUCCESS)
@@ -1011,24 +1038,37 @@ mod tests {
         assert!(!one.contains("more"), "{one}");
     }
 
-    /// The secondaries of `/v1/status` read into the status table: current, behind (with the
-    /// serial it was told of), unreachable (with why), and a status without them (an older
-    /// authority) still reads.
+    /// The secondaries of `/v1/status` read into the status table: current (its zone read back
+    /// and equal at our serial), behind (with the serial it was told of), unreachable (with
+    /// why), at our serial but not known equal (not read back, differing, unreadable), and a
+    /// status without them (an older authority) still reads.
+    ///
+    /// Teeth: with `is_current` looking at the serial alone (`!behind`), the row of 5304 (at
+    /// our serial, its zone never read back) read "current" and the test failed there.
     #[test]
     fn secondaries_read_and_say_their_state() {
         let json = serde_json::json!({
             "latest": 3, "paused": null, "serial": 12, "applied_changes": 12, "heartbeats": [], "endpoints": {},
             "secondaries": [
-                {"address": "127.0.0.1:5301", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null},
+                {"address": "127.0.0.1:5301", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null, "content_equal_serial": 12},
                 {"address": "127.0.0.1:5302", "notified_serial": 12, "serial": 11, "behind": true, "last_error": null},
-                {"address": "127.0.0.1:5303", "notified_serial": null, "serial": null, "behind": true, "last_error": "connection refused"}
+                {"address": "127.0.0.1:5303", "notified_serial": null, "serial": null, "behind": true, "last_error": "connection refused"},
+                {"address": "127.0.0.1:5304", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null, "content_equal_serial": 11},
+                {"address": "127.0.0.1:5305", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null,
+                 "content_differs": "at serial 12: 1 of our records missing, 1 not ours"},
+                {"address": "127.0.0.1:5306", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null,
+                 "content_error": "the AXFR was answered REFUSED"}
             ]
         });
         let view: StatusView = serde_json::from_value(json).expect("reads");
-        let rows: Vec<Vec<String>> = view.secondaries.iter().map(secondary_row).collect();
+        let rows: Vec<Vec<String>> = view.secondaries.iter().map(|s| secondary_row(s, view.serial)).collect();
         assert_eq!(rows[0], ["127.0.0.1:5301", "12", "current"]);
         assert_eq!(rows[1], ["127.0.0.1:5302", "11", "BEHIND (notified of 12)"]);
         assert_eq!(rows[2], ["127.0.0.1:5303", "?", "UNREACHABLE: connection refused"]);
+        // At our serial, but its zone not found equal there: not current.
+        assert_eq!(rows[3], ["127.0.0.1:5304", "12", "UNVERIFIED (zone not read back yet)"]);
+        assert_eq!(rows[4], ["127.0.0.1:5305", "12", "DIFFERS at serial 12: 1 of our records missing, 1 not ours"]);
+        assert_eq!(rows[5], ["127.0.0.1:5306", "12", "UNVERIFIED: the AXFR was answered REFUSED"]);
 
         let older =
             serde_json::json!({"latest": 3, "paused": null, "serial": 12, "applied_changes": 12, "heartbeats": [], "endpoints": {}});
