@@ -402,13 +402,6 @@ async fn a_secondary_at_our_serial_with_other_records_is_not_current() -> anyhow
     authority.stop().await
 }
 
-/// RFC 1982 §3.2 with 32 bits, as a secondary compares (written here again, not imported, so
-/// the test does not trust the code it checks).
-fn newer(a: u32, b: u32) -> bool {
-    let d = a.wrapping_sub(b);
-    d != 0 && d < 1 << 31
-}
-
 /// `name` from PATH or Debian's sbin directories; missing is a failing test saying what to
 /// install.
 fn which(name: &str, package: &str) -> anyhow::Result<std::path::PathBuf> {
