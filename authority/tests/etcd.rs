@@ -186,6 +186,23 @@ async fn two_authorities_on_one_etcd_serve_the_same_answers_and_serial() -> anyh
     b.stop().await
 }
 
+/// Plan 1 applied in etcd, then served by an authority (in this process) with its config in a
+/// new directory, saved to its disk, and the authority stopped: the start of the restart tests.
+async fn plan_1_served_and_saved(
+    cluster: &EtcdCluster,
+    store: &EtcdStore,
+) -> anyhow::Result<(tempfile::TempDir, PathBuf, (Vec<BTreeSet<IpAddr>>, u32))> {
+    publish_and_apply(store, 1).await?;
+    let dir = tempfile::tempdir()?;
+    let config = write_config(dir.path(), &cluster.all_endpoints())?;
+    let authority = start(&config, CONVERGE).await?;
+    let first = expected(1, store.version().await?.applied_changes);
+    until_serves(authority.dns, &first, CONVERGE).await?;
+    until_saved(&dir.path().join("data"), u64::from(first.1)).await?;
+    authority.stop().await?;
+    Ok((dir, config, first))
+}
+
 /// Static stability: an authority started while every etcd member is down answers every
 /// name at once from the state saved on its own disk, with the serial it had; its control API
 /// answers meanwhile (`/healthz`, `/readyz` ready with the store unreachable, the metric, and
@@ -203,14 +220,7 @@ async fn two_authorities_on_one_etcd_serve_the_same_answers_and_serial() -> anyh
 async fn an_authority_serves_its_saved_state_with_etcd_down_and_catches_up() -> anyhow::Result<()> {
     let mut cluster = EtcdCluster::start(3, &[]).await?;
     let store = cluster.store(PREFIX).await?;
-    publish_and_apply(&store, 1).await?;
-    let dir = tempfile::tempdir()?;
-    let config = write_config(dir.path(), &cluster.all_endpoints())?;
-    let authority = start(&config, CONVERGE).await?;
-    let first = expected(1, store.version().await?.applied_changes);
-    until_serves(authority.dns, &first, CONVERGE).await?;
-    until_saved(&dir.path().join("data"), u64::from(first.1)).await?;
-    authority.stop().await?;
+    let (_dir, config, first) = plan_1_served_and_saved(&cluster, &store).await?;
 
     // A change the authority does not see, then etcd goes away entirely.
     publish_and_apply(&store, 2).await?;
@@ -269,14 +279,7 @@ async fn an_authority_serves_its_saved_state_with_etcd_down_and_catches_up() -> 
 async fn a_restart_with_etcd_up_answers_first_with_the_stores_state() -> anyhow::Result<()> {
     let cluster = EtcdCluster::start(1, &[]).await?;
     let store = cluster.store(PREFIX).await?;
-    publish_and_apply(&store, 1).await?;
-    let dir = tempfile::tempdir()?;
-    let config = write_config(dir.path(), &cluster.all_endpoints())?;
-    let authority = start(&config, CONVERGE).await?;
-    let first = expected(1, store.version().await?.applied_changes);
-    until_serves(authority.dns, &first, CONVERGE).await?;
-    until_saved(&dir.path().join("data"), u64::from(first.1)).await?;
-    authority.stop().await?;
+    let (_dir, config, _) = plan_1_served_and_saved(&cluster, &store).await?;
 
     // A change while it is stopped; etcd stays up.
     publish_and_apply(&store, 2).await?;
