@@ -10,6 +10,10 @@ pub struct Args {
     /// Path to authority.toml.
     #[arg(long, short)]
     pub config: PathBuf,
+    /// Open an embedded store that went back behind its high-water mark (a damaged `db`
+    /// file): keep what is left and move the SOA serial past everything served.
+    #[arg(long)]
+    pub accept_store_loss: bool,
     #[command(flatten)]
     pub log: dnsplan_common::daemon::LogArgs,
 }

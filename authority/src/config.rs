@@ -35,6 +35,10 @@ pub struct AuthorityConfig {
     /// older state; otherwise the saved state is served at once and followed up after.
     #[serde(default = "default_catch_up_at_start_ms")]
     pub catch_up_at_start_ms: u64,
+    /// `--accept-store-loss`, not a config key: open an embedded store that went back behind
+    /// its high-water mark, moving the SOA serial past what was served (`high_water`).
+    #[serde(skip)]
+    pub accept_store_loss: bool,
 }
 
 /// Half a second: a healthy etcd answers and the saved state catches up in milliseconds; a

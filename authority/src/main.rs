@@ -14,7 +14,7 @@ async fn main() -> anyhow::Result<()> {
     dnsplan_common::open_files::raise_to_hard();
     // Before anything slow: a SIGTERM during start-up is then a clean stop, not a kill.
     let shutdown = dnsplan_common::daemon::shutdown_signal();
-    let config = AuthorityConfig::load(&args.config)?;
+    let config = AuthorityConfig { accept_store_loss: args.accept_store_loss, ..AuthorityConfig::load(&args.config)? };
     let config_dir = args.config.parent().map(PathBuf::from).unwrap_or_default();
     let bound = |b: dnsplan_authority::run::Bound| {
         for addr in &b.dns {

@@ -37,6 +37,7 @@ use axum::response::Html;
 use axum::routing::get;
 use dnsplan_common::daemon::{self, Reachability, StartFailure};
 use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::store::sled::OnLoss;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_common::{Generation, SledStore, Store, StoreError};
 use dnsplan_etcd::{EtcdConfig, EtcdStore};
@@ -103,7 +104,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match config.store.clone() {
         None => {
-            let store = SledStore::open(&config.data_dir).with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
+            let store = open_embedded(&config)?;
             run_with_store(store, config, config_dir, shutdown, on_bound).await
         }
         Some(StoreConfig::Etcd(etcd)) => {
@@ -120,6 +121,13 @@ pub async fn run(
             anyhow::bail!("store.kind: an authority serves the embedded store or follows etcd, not another authority's control API")
         }
     }
+}
+
+/// Opens the embedded store in `config.data_dir`, refusing one that went back behind its
+/// high-water mark unless `config.accept_store_loss`.
+pub fn open_embedded(config: &AuthorityConfig) -> anyhow::Result<SledStore> {
+    let on_loss = if config.accept_store_loss { OnLoss::Accept } else { OnLoss::Refuse };
+    SledStore::open_with(&config.data_dir, on_loss).with_context(|| format!("opening the store in {}", config.data_dir.display()))
 }
 
 /// Connects to etcd and reads the store's version once, so that the store answers before the

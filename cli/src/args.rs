@@ -43,6 +43,10 @@ pub enum Command {
         /// Serve the control API here instead of the config's address.
         #[arg(long = "listen-control")]
         listen_control: Option<SocketAddr>,
+        /// Open a store that went back behind its high-water mark (a damaged `db` file): keep
+        /// what is left and move the SOA serial past everything served.
+        #[arg(long)]
+        accept_store_loss: bool,
         #[command(flatten)]
         log: LogArgs,
     },

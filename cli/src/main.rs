@@ -26,12 +26,12 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Up { config, data_dir, dns, listen_control, log } => {
+            Command::Up { config, data_dir, dns, listen_control, accept_store_loss, log } => {
                 daemon::init(log.log_format);
                 // Before any socket or file is opened: connections come out of this limit.
                 dnsplan_common::open_files::raise_to_hard();
                 let shutdown = daemon::shutdown_signal();
-                let overrides = up::Overrides { data_dir, dns, control: listen_control };
+                let overrides = up::Overrides { data_dir, dns, control: listen_control, accept_store_loss };
                 match up(config, overrides, shutdown).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(err) => {

@@ -20,7 +20,7 @@ use dnsplan_authority::config::{AuthorityConfig, ControlConfig, DnsConfig, TOKEN
 use dnsplan_authority::dns_zone::DnsZoneConfig;
 use dnsplan_authority::run::{Bound, Extras, run_with_extras};
 use dnsplan_common::daemon::{self, ConfigError};
-use dnsplan_common::{DnsName, SledStore, ZoneId};
+use dnsplan_common::{DnsName, ZoneId};
 use dnsplan_enactor::config::{ApplyConfig, CleanupConfig, EnactorConfig, MetricsConfig as EnactorMetrics, StoreConfig, VerifyConfig};
 use dnsplan_planner::config::{EndpointConfig, LoopConfig, MetricsConfig, Policy};
 use dnsplan_planner::health::{HealthBook, spawn_checks};
@@ -136,6 +136,8 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     pub dns: Option<SocketAddr>,
     pub control: Option<SocketAddr>,
+    /// `--accept-store-loss`.
+    pub accept_store_loss: bool,
 }
 
 /// Everything `up` runs, checked.
@@ -187,6 +189,7 @@ impl Stack {
             dns_zone: up.authority.dns_zone,
             // The embedded store has no saved state to catch up: it is the store.
             catch_up_at_start_ms: 0,
+            accept_store_loss: overrides.accept_store_loss,
         };
         authority.check().map_err(|detail| invalid(format!("authority.{detail}")))?;
 
@@ -236,7 +239,7 @@ impl Stack {
     ) -> anyhow::Result<()> {
         let data_dir = self.authority.data_dir.clone();
         std::fs::create_dir_all(&data_dir).with_context(|| format!("creating the data directory {}", data_dir.display()))?;
-        let store = SledStore::open(&data_dir).with_context(|| format!("opening the store in {}", data_dir.display()))?;
+        let store = dnsplan_authority::run::open_embedded(&self.authority)?;
         let planner_config = Arc::new(self.planner);
         let backends = if self.demo { Backends::start(&planner_config).await? } else { Backends::default() };
 

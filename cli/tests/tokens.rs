@@ -30,7 +30,7 @@ fn a_standalone_authority_refuses_the_placeholder_tokens() -> anyhow::Result<()>
 
 #[test]
 fn dnsplan_up_takes_the_demo_token_on_loopback_only() -> anyhow::Result<()> {
-    let on = |addr: &str| Overrides { data_dir: None, dns: None, control: Some(addr.parse().expect("address")) };
+    let on = |addr: &str| Overrides { data_dir: None, dns: None, control: Some(addr.parse().expect("address")), accept_store_loss: false };
     // The built-in config carries the demo token (DNSPLAN_TOKEN unset in tests).
     assert!(std::env::var_os(dnsplan_common::daemon::TOKEN_ENV).is_none(), "run without {}", dnsplan_common::daemon::TOKEN_ENV);
     Stack::load(None, on("127.0.0.1:0"))?;

@@ -300,7 +300,12 @@ async fn rules_and_dashboard_query_only_exported_metrics() -> anyhow::Result<()>
     let config_path = dir.path().join("dnsplan.toml");
     std::fs::write(&config_path, config)?;
     let loopback_any: SocketAddr = "127.0.0.1:0".parse()?;
-    let overrides = Overrides { data_dir: Some(dir.path().join("data")), dns: Some(loopback_any), control: Some(loopback_any) };
+    let overrides = Overrides {
+        data_dir: Some(dir.path().join("data")),
+        dns: Some(loopback_any),
+        control: Some(loopback_any),
+        accept_store_loss: false,
+    };
     let stack = Stack::load(Some(&config_path), overrides)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -413,7 +418,12 @@ async fn one_process_stack_metrics_pass_promtool() -> anyhow::Result<()> {
     let config_path = dir.path().join("dnsplan.toml");
     std::fs::write(&config_path, config)?;
     let loopback_any: SocketAddr = "127.0.0.1:0".parse()?;
-    let overrides = Overrides { data_dir: Some(dir.path().join("data")), dns: Some(loopback_any), control: Some(loopback_any) };
+    let overrides = Overrides {
+        data_dir: Some(dir.path().join("data")),
+        dns: Some(loopback_any),
+        control: Some(loopback_any),
+        accept_store_loss: false,
+    };
     let stack = Stack::load(Some(&config_path), overrides)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

@@ -34,20 +34,12 @@ pub fn free_port() -> anyhow::Result<u16> {
 }
 
 pub fn up(dir: &Path) -> anyhow::Result<Up> {
-    // The built-in config with its demo backends on ports nobody else uses.
-    let config = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
-    std::fs::write(dir.join("dnsplan.toml"), config)?;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan"))
-        .arg("up")
-        .arg("--config")
-        .arg(dir.join("dnsplan.toml"))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--dns", "127.0.0.1:0", "--listen-control", "127.0.0.1:0"])
-        .env_remove("DNSPLAN_TOKEN")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
+    up_with(dir, &[])
+}
+
+/// `dnsplan up` in `dir` as [`up`] does, with `extra` flags.
+pub fn up_with(dir: &Path, extra: &[&str]) -> anyhow::Result<Up> {
+    let mut child = up_command(dir)?.args(extra).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let (mut dns, mut control) = (None, None);
     let mut lines = std::io::BufReader::new(stdout).lines();
@@ -67,6 +59,27 @@ pub fn up(dir: &Path) -> anyhow::Result<Up> {
     std::thread::spawn(move || for _ in lines {});
     let (Some(dns), Some(control)) = (dns, control) else { anyhow::bail!("dnsplan up did not say where it listens") };
     Ok(Up { child, dns, control })
+}
+
+/// The command of `dnsplan up` on the built-in config in `dir` (written there on first use,
+/// with its demo backends on ports nobody else uses), its store in `dir/data`, DNS and the
+/// control API on free loopback ports.
+pub fn up_command(dir: &Path) -> anyhow::Result<Command> {
+    let config = dir.join("dnsplan.toml");
+    if !config.exists() {
+        let text = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
+        std::fs::write(&config, text)?;
+    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
+    command
+        .arg("up")
+        .arg("--config")
+        .arg(config)
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--dns", "127.0.0.1:0", "--listen-control", "127.0.0.1:0"])
+        .env_remove("DNSPLAN_TOKEN");
+    Ok(command)
 }
 
 pub fn dnsplan(up: &Up, args: &[&str]) -> anyhow::Result<Output> {

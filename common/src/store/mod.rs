@@ -21,6 +21,7 @@
 //!   state, marked `full`), so a follower's cost follows the change, not the state.
 
 pub mod cleanup;
+pub mod high_water;
 pub mod lease;
 #[cfg(feature = "remote")]
 pub mod remote;
@@ -275,6 +276,9 @@ pub enum StoreError {
     Io(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("store is unavailable: {0}")]
     Unavailable(String),
+    /// The embedded store opened behind its high-water mark (see `high_water`).
+    #[error("{0}")]
+    WentBack(String),
     #[error("the control API refused the request: missing or wrong bearer token (check the token in your config or DNSPLAN_TOKEN)")]
     Unauthorized,
     #[error("the control API could not understand the request: {0}")]

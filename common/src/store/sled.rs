@@ -68,6 +68,7 @@
 //! interrupts it. The bytes kept start at the newest plan stored whole at or below the
 //! horizon, which the plans above it are read from.
 
+use super::high_water::{self, Found, HighWater};
 use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
@@ -85,8 +86,8 @@ use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
 use compact_str::CompactString;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -108,6 +109,9 @@ const META_DNS_ZONE: &[u8] = b"dns_zone";
 /// A random `u64` drawn when the store is first opened: the store's part of a [`HistoryMark`].
 const META_STORE_ID: &[u8] = b"store_id";
 const META_PAUSE: &[u8] = b"pause";
+/// When the database was last reopened after a failed write (Unix milliseconds): the write
+/// that proves a reopened database writes again.
+const META_REOPENED: &[u8] = b"reopened";
 const META_LEASE: &[u8] = b"lease";
 /// The layout's version: absent or 1 before `fence_counts`, 2 since, 3 since `active_runs`.
 const META_LAYOUT: &[u8] = b"layout";
@@ -146,7 +150,28 @@ pub const CHECKPOINT_PLANS_MAX: u64 = 1_024;
 /// The embedded store. Clones share one database.
 #[derive(Clone)]
 pub struct SledStore {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
+}
+
+/// What outlives one opening of the database: sled refuses every call after an I/O error
+/// (a full disk), so the store reopens it (see [`Shared::failed`]).
+struct Shared {
+    path: PathBuf,
+    /// The open database; `None` while a reopen replaces it, so that the old one lets go of
+    /// sled's lock.
+    inner: RwLock<Option<Arc<Inner>>>,
+    version: Arc<watch::Sender<StoreVersion>>,
+    high_water: Arc<Mutex<HighWater>>,
+    fault: Mutex<Option<Fault>>,
+}
+
+/// A write that failed, until a reopen writes again.
+struct Fault {
+    shown: StoreFault,
+    /// When it was last logged at ERROR.
+    logged: std::time::Instant,
+    /// A reopen thread is running.
+    reopening: bool,
 }
 
 struct Inner {
@@ -175,7 +200,9 @@ struct Inner {
     contents_chunks: sled::Tree,
     /// Serialises every operation; see the module docs.
     lock: Mutex<()>,
-    version: watch::Sender<StoreVersion>,
+    version: Arc<watch::Sender<StoreVersion>>,
+    /// Written after each write that moves the version (see `high_water`).
+    high_water: Arc<Mutex<HighWater>>,
     /// What lies after the newest plan stored whole; changed under `lock`.
     chain: Mutex<Chain>,
 }
@@ -473,10 +500,209 @@ fn log_first(key: &[u8], value: &[u8]) -> StoreResult<u64> {
     })
 }
 
+/// What `open` does with a store behind its high-water mark (see `high_water`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLoss {
+    /// Refuse to open it, naming the file, what was lost and the ways out.
+    Refuse,
+    /// Open what is left and move the applied-change count (and with it the SOA serial) past
+    /// everything the mark says was served; the operator's `--accept-store-loss`.
+    Accept,
+}
+
+/// Why the embedded store's writes fail, while they do: for `/v1/status`, the metrics and
+/// the logs.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreFault {
+    /// When the first write failed (Unix milliseconds).
+    pub since_unix_ms: u64,
+    /// The last error: the failed write, or the failed reopen.
+    pub error: String,
+    /// The store's directory.
+    pub path: String,
+    /// Free bytes on its filesystem, for an unprivileged process, when known.
+    pub free_bytes: Option<u64>,
+    /// Reopens tried since the first failure.
+    pub reopens: u64,
+}
+
+/// How often a store whose writes fail tries to reopen its database.
+pub const REOPEN_EVERY: Duration = Duration::from_secs(1);
+/// The shortest time between two ERROR lines about one fault.
+const FAULT_LOG_EVERY: Duration = Duration::from_secs(60);
+
 impl SledStore {
-    /// Opens (or creates) the store in directory `path`.
+    /// Opens (or creates) the store in directory `path`; a store behind its high-water mark
+    /// is refused (`OnLoss::Refuse`).
     pub fn open(path: impl AsRef<Path>) -> StoreResult<SledStore> {
+        SledStore::open_with(path, OnLoss::Refuse)
+    }
+
+    /// Opens (or creates) the store in directory `path`, doing `on_loss` with a store behind
+    /// its high-water mark.
+    pub fn open_with(path: impl AsRef<Path>, on_loss: OnLoss) -> StoreResult<SledStore> {
         let path = path.as_ref();
+        let (high_water, found) = HighWater::open(path).map_err(|err| {
+            StoreError::Unavailable(format!(
+                "cannot open the store's high-water mark {}: {err}",
+                path.join(high_water::FILE_NAME).display()
+            ))
+        })?;
+        let high_water = Arc::new(Mutex::new(high_water));
+        let version = Arc::new(watch::Sender::new(StoreVersion::default()));
+        let inner = Inner::open(path, version.clone(), high_water.clone(), Some((found, on_loss)))?;
+        Ok(SledStore {
+            shared: Arc::new(Shared {
+                path: path.to_path_buf(),
+                inner: RwLock::new(Some(Arc::new(inner))),
+                version,
+                high_water,
+                fault: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Why writes fail now, if they do: set by a failed write, cleared once a reopened
+    /// database has written again.
+    pub fn fault(&self) -> Option<StoreFault> {
+        self.shared.fault.lock().ok()?.as_ref().map(|f| f.shown.clone())
+    }
+
+    #[cfg(test)]
+    fn inner(&self) -> Arc<Inner> {
+        self.current().expect("the store is open")
+    }
+
+    fn current(&self) -> StoreResult<Arc<Inner>> {
+        let inner = self.shared.inner.read().map_err(|_| poisoned())?.clone();
+        inner.ok_or_else(|| {
+            let why = self.fault().map_or_else(String::new, |f| format!(": {}", f.error));
+            StoreError::Unavailable(format!("the store at {} is being reopened after a failed write{why}", self.shared.path.display()))
+        })
+    }
+
+    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Inner) -> StoreResult<T> + Send + 'static,
+    {
+        let inner = self.current()?;
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = f(&inner);
+            drop(inner);
+            if let Err(StoreError::Io(err)) = &result {
+                Shared::failed(&shared, &super::wire::error_chain(err.as_ref()));
+            }
+            result
+        })
+        .await
+        .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?
+    }
+}
+
+fn poisoned() -> StoreError {
+    StoreError::Unavailable("store lock poisoned by an earlier failure; restart the process".into())
+}
+
+impl Shared {
+    /// Records a failed write and starts reopening the database: sled answers every later
+    /// call with the same error until it is opened again. The fault stays until a reopened
+    /// database has made a write durable.
+    fn failed(shared: &Arc<Shared>, error: &str) {
+        let Ok(mut fault) = shared.fault.lock() else { return };
+        let free_bytes = fs2::available_space(&shared.path).ok();
+        let now = std::time::Instant::now();
+        let fault = fault.get_or_insert_with(|| Fault {
+            shown: StoreFault {
+                since_unix_ms: lease::now_unix_ms(),
+                error: String::new(),
+                path: shared.path.display().to_string(),
+                free_bytes,
+                reopens: 0,
+            },
+            logged: now - FAULT_LOG_EVERY,
+            reopening: false,
+        });
+        fault.shown.error = error.to_string();
+        fault.shown.free_bytes = free_bytes;
+        if now.duration_since(fault.logged) >= FAULT_LOG_EVERY {
+            fault.logged = now;
+            tracing::error!(
+                path = %shared.path.display(),
+                free_bytes = free_bytes.map_or_else(|| "unknown".to_string(), |b| b.to_string()),
+                error,
+                "the store's writes fail; DNS keeps answering what it serves, publishes and applies wait. If the disk is full, free space on it: the store reopens itself every second and writes resume without a restart"
+            );
+        }
+        if !fault.reopening {
+            fault.reopening = true;
+            let weak = Arc::downgrade(shared);
+            let spawned =
+                std::thread::Builder::new().name("dnsplan-store-reopen".into()).spawn(move || Shared::reopen_until_written(&weak));
+            if let Err(err) = spawned {
+                fault.reopening = false;
+                tracing::error!(error = %err, "could not start reopening the store; the next failed write tries again");
+            }
+        }
+    }
+
+    /// Reopens the database every [`REOPEN_EVERY`] until one opens and makes a write
+    /// durable, or the store is dropped.
+    fn reopen_until_written(weak: &std::sync::Weak<Shared>) {
+        loop {
+            // The pace of the retries, not a synchronisation: nothing waits on it.
+            std::thread::sleep(REOPEN_EVERY);
+            let Some(shared) = weak.upgrade() else { return };
+            match shared.reopen() {
+                Ok(()) => {
+                    if let Ok(mut fault) = shared.fault.lock()
+                        && let Some(was) = fault.take()
+                    {
+                        tracing::info!(path = %shared.path.display(), reopens = was.shown.reopens + 1, "the store reopened and writes again");
+                    }
+                    return;
+                }
+                Err(err) => {
+                    let Ok(mut fault) = shared.fault.lock() else { return };
+                    if let Some(fault) = fault.as_mut() {
+                        fault.shown.reopens += 1;
+                        fault.shown.error = format!("reopening failed: {}", super::wire::error_chain(&err));
+                        fault.shown.free_bytes = fs2::available_space(&shared.path).ok();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops the database that failed, opens it again (checked against its high-water mark
+    /// like any open) and makes one write durable, which fails as long as the disk is full.
+    fn reopen(&self) -> StoreResult<()> {
+        // Taken out first, so sled's lock is released once the calls still on it return
+        // (`Inner::open` waits up to `OPEN_LOCK_WAIT` for that).
+        drop(self.inner.write().map_err(|_| poisoned())?.take());
+        let inner = Inner::open(&self.path, self.version.clone(), self.high_water.clone(), None)?;
+        {
+            let _guard = inner.guard()?;
+            inner.meta.insert(META_REOPENED, &lease::now_unix_ms().to_be_bytes()).map_err(io)?;
+            inner.flush()?;
+            inner.publish_version()?;
+        }
+        *self.inner.write().map_err(|_| poisoned())? = Some(Arc::new(inner));
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Opens the database in `path`; `check` is the high-water mark found at the store's
+    /// first open and what to do with a store behind it (a reopen checks against the mark
+    /// kept since).
+    fn open(
+        path: &Path,
+        version: Arc<watch::Sender<StoreVersion>>,
+        high_water: Arc<Mutex<HighWater>>,
+        check: Option<(Found, OnLoss)>,
+    ) -> StoreResult<Inner> {
         // A process that just exited (or a store just dropped) releases sled's file lock from
         // background threads a moment later, so lock contention is retried briefly before it
         // is reported. Other errors are not retried.
@@ -523,35 +749,87 @@ impl SledStore {
             contents_chunks: tree("contents_chunks")?,
             db,
             lock: Mutex::new(()),
-            version: watch::Sender::new(StoreVersion::default()),
+            version,
+            high_water,
             chain: Mutex::new(Chain::default()),
         };
+        inner.check_high_water(path, check)?;
         inner.migrate_fences()?;
         inner.migrate_active()?;
         inner.recover()?;
         inner.ensure_store_id()?;
         let chain = inner.read_chain()?;
         *inner.chain_state()? = chain;
-        let version = inner.read_version()?;
-        inner.version.send_replace(version);
-        Ok(SledStore { inner: Arc::new(inner) })
+        {
+            let _guard = inner.guard()?;
+            inner.publish_version()?;
+        }
+        Ok(inner)
     }
 
-    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Inner) -> StoreResult<T> + Send + 'static,
-    {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?
+    /// Refuses a store behind its high-water mark, or accepts the loss (see `high_water`).
+    /// `check` is `None` on a reopen: the mark is then the one this process kept.
+    fn check_high_water(&self, path: &Path, check: Option<(Found, OnLoss)>) -> StoreResult<()> {
+        let (found, on_loss) = match check {
+            Some(check) => check,
+            None => match self.high_water.lock().map_err(|_| poisoned())?.last() {
+                Some(mark) => (Found::Mark(mark), OnLoss::Refuse),
+                None => (Found::None, OnLoss::Refuse),
+            },
+        };
+        let store_id = self.meta.get(META_STORE_ID).map_err(io)?.map(|_| self.meta_u64(META_STORE_ID, 0)).transpose()?;
+        let applied = self.meta_u64(META_APPLIED, 0)?;
+        let latest = self.latest()?;
+        let mark_path = path.join(high_water::FILE_NAME);
+        let lost = match found {
+            Found::None => return Ok(()),
+            Found::Mark(mark) if store_id == Some(mark.store_id) && applied >= mark.applied_changes && latest >= mark.latest => {
+                return Ok(());
+            }
+            Found::Mark(mark) => {
+                let now = match store_id {
+                    None => "it opens empty".to_string(),
+                    Some(id) if id != mark.store_id => format!("it is another store (id {id:016x}, the mark's is {:016x})", mark.store_id),
+                    Some(_) => format!("it holds {applied} applied changes and plans up to {latest}"),
+                };
+                Some((mark, format!("it had reached {} applied changes and plan {}, but {now}", mark.applied_changes, mark.latest)))
+            }
+            Found::Torn => None,
+        };
+        let what =
+            lost.as_ref().map_or_else(|| "its high-water mark is torn, so nothing says how far it had been".to_string(), |l| l.1.clone());
+        if on_loss == OnLoss::Refuse {
+            return Err(StoreError::WentBack(format!(
+                "the store in {} went back: {what} ({}). sled drops a damaged page and everything written after it without an \
+                 error, so data was lost; serving it would answer older records and restart the SOA serial below what \
+                 secondaries hold. Ways out: restore a copy of the whole directory {} taken from this store (it carries its \
+                 own mark), or start once with --accept-store-loss, which keeps what is left, moves the SOA serial past \
+                 everything served and lets the planner publish again",
+                path.display(),
+                mark_path.display(),
+                path.display(),
+            )));
+        }
+        tracing::warn!(path = %path.display(), "--accept-store-loss: the store went back ({what}); opening what is left");
+        if let Some((mark, _)) = lost {
+            // One past the mark: the state now served is new, so its serial must be too.
+            let past = mark.applied_changes.saturating_add(1);
+            if applied < past {
+                self.meta.insert(META_APPLIED, &past.to_be_bytes()).map_err(io)?;
+                self.flush()?;
+                tracing::warn!(
+                    applied_changes = past,
+                    "moved the applied-change count, and with it the SOA serial, past everything served"
+                );
+            }
+        }
+        Ok(())
     }
 }
 
 impl Inner {
     fn guard(&self) -> StoreResult<MutexGuard<'_, ()>> {
-        self.lock.lock().map_err(|_| StoreError::Unavailable("store lock poisoned by an earlier failure; restart the process".into()))
+        self.lock.lock().map_err(|_| poisoned())
     }
 
     fn meta_u64(&self, key: &[u8], default: u64) -> StoreResult<u64> {
@@ -774,8 +1052,16 @@ impl Inner {
         })
     }
 
+    /// Tells the store's watchers of its version and moves the high-water mark to it; called
+    /// under the lock once the write that moved it is flushed.
     fn publish_version(&self) -> StoreResult<()> {
         let version = self.read_version()?;
+        let store_id = self.meta_u64(META_STORE_ID, 0)?;
+        let marked = self.high_water.lock().map_err(|_| poisoned())?.advance(store_id, version.applied_changes, version.latest);
+        if let Err(err) = marked {
+            // The write itself is durable; only the check of a later open lags behind it.
+            tracing::warn!(error = %err, "could not write the store's high-water mark; a store damaged later is noticed only up to the last mark written");
+        }
         self.version.send_replace(version);
         Ok(())
     }
@@ -1815,7 +2101,10 @@ impl SledStore {
     /// thread holds the store only while it works; a store dropped first skips it, and the
     /// next publish finds the checkpoint due again.
     fn spawn_checkpoint(&self, generation: Generation) {
-        let weak = Arc::downgrade(&self.inner);
+        let weak = match self.current() {
+            Ok(inner) => Arc::downgrade(&inner),
+            Err(_) => return self.checkpoint_not_started(),
+        };
         let spawned = std::thread::Builder::new().name("dnsplan-checkpoint".into()).spawn(move || {
             let Some(inner) = weak.upgrade() else { return };
             if let Err(err) = inner.write_checkpoint(generation) {
@@ -1824,9 +2113,15 @@ impl SledStore {
         });
         if let Err(err) = spawned {
             tracing::warn!(error = %err, "could not start writing a plan whole; trying again after the next publish");
-            if let Ok(mut chain) = self.inner.chain_state() {
-                chain.writing = false;
-            }
+            self.checkpoint_not_started();
+        }
+    }
+
+    fn checkpoint_not_started(&self) {
+        if let Ok(inner) = self.current()
+            && let Ok(mut chain) = inner.chain_state()
+        {
+            chain.writing = false;
         }
     }
 }
@@ -1893,7 +2188,7 @@ impl Store for SledStore {
     }
 
     async fn latest(&self) -> StoreResult<Generation> {
-        Ok(self.inner.version.borrow().latest)
+        Ok(self.shared.version.borrow().latest)
     }
 
     async fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
@@ -1990,11 +2285,11 @@ impl Store for SledStore {
     }
 
     async fn version(&self) -> StoreResult<StoreVersion> {
-        Ok(*self.inner.version.borrow())
+        Ok(*self.shared.version.borrow())
     }
 
     async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
-        let mut rx = self.inner.version.subscribe();
+        let mut rx = self.shared.version.subscribe();
         let deadline = tokio::time::Instant::now() + timeout.min(WAIT_TIMEOUT_MAX);
         loop {
             let current = *rx.borrow_and_update();
@@ -2072,14 +2367,14 @@ mod tests {
     /// The names plan `generation`'s own content entries and chunks hold.
     fn contents_of(store: &SledStore, generation: Generation) -> usize {
         let entries = store
-            .inner
+            .inner()
             .contents
             .iter()
             .keys()
             .filter(|k| content_generation(k.as_ref().expect("key")).expect("generation") == generation)
             .count();
         let chunked: usize = store
-            .inner
+            .inner()
             .contents_chunks
             .scan_prefix(generation.to_be_bytes())
             .values()
@@ -2130,16 +2425,17 @@ mod tests {
             store.publish(&uniform_plan(2, wide, 7)).await.expect("publish");
             // Its changes against plan 1: every `e` served, and `a` left out.
             assert_eq!(contents_of(&store, Generation(2)), wide + 1);
-            assert!(store.inner.meta.get(META_CONTENTS_PENDING).expect("meta").is_none());
+            assert!(store.inner().meta.get(META_CONTENTS_PENDING).expect("meta").is_none());
             // The next one writes its contents and dies before its transaction.
             let orphan = uniform_plan(3, wide, 9);
-            let _guard = store.inner.guard().expect("lock");
-            store.inner.write_contents_ahead(Generation(3), &ContentWrite::whole(orphan.plan())).expect("write ahead");
+            let inner = store.inner();
+            let _guard = inner.guard().expect("lock");
+            inner.write_contents_ahead(Generation(3), &ContentWrite::whole(orphan.plan())).expect("write ahead");
             assert_eq!(contents_of(&store, Generation(3)), wide);
         }
         let store = SledStore::open(dir.path()).expect("reopen");
         assert_eq!(contents_of(&store, Generation(3)), 0, "the entries of the publish that did not commit survived the reopen");
-        assert!(store.inner.meta.get(META_CONTENTS_PENDING).expect("meta").is_none());
+        assert!(store.inner().meta.get(META_CONTENTS_PENDING).expect("meta").is_none());
         // Plan 3 is now another one: plan 2 with `e0` changed, so it writes an entry for `e0`
         // alone. The dead publish's records for `e1` are refused at plan 3 (its entry would
         // have been found first), plan 3's own are taken.
@@ -2196,14 +2492,14 @@ mod tests {
             store.publish(&churning_plan(g)).await.expect("publish");
             apply_plan(&store, g).await;
             store.cleanup(3).await.expect("cleanup");
-            let entries = store.inner.contents.len();
+            let entries = store.inner().contents.len();
             assert!(entries <= 3 * 4 + 3, "plan {g}: {entries} content entries for 3 endpoints and 3 plans kept");
-            assert!(store.inner.contents_chunks.len() <= 1, "plan {g}: chunks of whole contents older than the horizon's are kept");
+            assert!(store.inner().contents_chunks.len() <= 1, "plan {g}: chunks of whole contents older than the horizon's are kept");
         }
         let c = items(&["c"], 1)[0].endpoint.clone();
         let r = store.apply(&c, Generation(299), &endpoint(2)).await;
         assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::NothingOf, .. })), "c is not in odd plans: {r:?}");
-        assert!(store.inner.contents_full.len() <= 1, "markers older than the horizon go");
+        assert!(store.inner().contents_full.len() <= 1, "markers older than the horizon go");
     }
 
     /// A store written before plan contents were recorded gets them on open, and an open
@@ -2215,17 +2511,17 @@ mod tests {
         for g in 1..=6 {
             store.publish(&churning_plan(g)).await.expect("publish");
         }
-        store.inner.contents.clear().expect("clear");
-        store.inner.contents.insert(b"half-written", &[]).expect("insert");
-        store.inner.meta.remove(META_CONTENTS).expect("remove");
-        store.inner.flush().expect("flush");
+        store.inner().contents.clear().expect("clear");
+        store.inner().contents.insert(b"half-written", &[]).expect("insert");
+        store.inner().meta.remove(META_CONTENTS).expect("remove");
+        store.inner().flush().expect("flush");
         drop(store);
         let store = SledStore::open(dir.path()).expect("reopen");
         apply_plan(&store, 5).await;
         let b = items(&["b"], 1)[0].endpoint.clone();
         let r = store.apply(&b, Generation(6), &endpoint(2)).await;
         assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "{r:?}");
-        assert!(!store.inner.contents.contains_key(b"half-written").expect("read"));
+        assert!(!store.inner().contents.contains_key(b"half-written").expect("read"));
     }
 
     /// A store with plans 1..=`plans`, plan `g` serving a, b, c and d with `endpoint(g)`.
@@ -2261,7 +2557,7 @@ mod tests {
         store.apply_many(Generation(1), &items(&["b"], 1)).await.expect("batch");
         store.apply_many(Generation(2), &items(&["b"], 2)).await.expect("batch");
         // A store written before the log existed, or a log trimmed past the follower.
-        store.inner.changes.remove(1u64.to_be_bytes()).expect("remove");
+        store.inner().changes.remove(1u64.to_be_bytes()).expect("remove");
         let delta = store.active_since(0).await.expect("delta");
         assert!(delta.full, "the log misses change 1: want the whole state");
         assert_eq!(delta.endpoints.len(), 2);
@@ -2285,7 +2581,7 @@ mod tests {
         let store = SledStore::open(dir.path()).expect("reopen");
         assert!(store.plan_changes(Generation(2), Generation(4)).await.expect("changes").is_some());
         // A plan without a record (the first plan has no parent; an older store kept none).
-        store.inner.plan_changes.remove(3u64.to_be_bytes()).expect("remove");
+        store.inner().plan_changes.remove(3u64.to_be_bytes()).expect("remove");
         assert_eq!(store.plan_changes(Generation(1), Generation(4)).await.expect("changes"), None);
         assert!(store.plan_changes(Generation(3), Generation(4)).await.expect("changes").is_some());
         assert!(store.plan_changes(Generation(0), Generation(2)).await.expect("changes").is_none(), "plan 1 has no parent");
@@ -2303,7 +2599,7 @@ mod tests {
             far.plan_changes(Generation(PLAN_CHANGES_GAP_MAX - 1), Generation(PLAN_CHANGES_GAP_MAX + 2)).await.expect("changes"),
             None
         );
-        assert_eq!(far.inner.plan_changes.len(), 2, "records below the horizon are gone");
+        assert_eq!(far.inner().plan_changes.len(), 2, "records below the horizon are gone");
     }
 
     /// Plan `g` serving `count` endpoints, endpoint `g % count` with records of its own.
@@ -2330,13 +2626,13 @@ mod tests {
     }
 
     fn whole_plans(store: &SledStore) -> Vec<u64> {
-        store.inner.plans.iter().keys().map(|k| generation_key(&k.expect("key")).expect("key").0).collect()
+        store.inner().plans.iter().keys().map(|k| generation_key(&k.expect("key")).expect("key").0).collect()
     }
 
     /// Waits until the checkpoint thread is done (it clears `writing`), with a deadline.
     fn wait_checkpoint_done(store: &SledStore) {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while store.inner.chain_state().expect("chain").writing {
+        while store.inner().chain_state().expect("chain").writing {
             assert!(std::time::Instant::now() < deadline, "the checkpoint did not finish");
             std::thread::yield_now();
         }
@@ -2360,14 +2656,14 @@ mod tests {
             previous = next;
         }
         assert_eq!(whole_plans(&store), [1], "no plan was written whole");
-        let chain = *store.inner.chain_state().expect("chain");
+        let chain = *store.inner().chain_state().expect("chain");
         assert_eq!(chain.plans, 19);
         assert!(chain.change_bytes * 2 < chain.base_bytes, "{chain:?}");
         // Read back the same after a restart.
         drop(store);
         let store = SledStore::open(dir.path()).expect("reopen");
         assert_eq!(store.plan(Generation(20)).await.expect("read"), previous);
-        assert_eq!(store.inner.chain_state().expect("chain").plans, 19, "the chain is counted again on open");
+        assert_eq!(store.inner().chain_state().expect("chain").plans, 19, "the chain is counted again on open");
     }
 
     /// Once the changes since the last whole plan add up to half of it, the plan is written
@@ -2388,7 +2684,7 @@ mod tests {
         }
         let whole = whole_plans(&store);
         assert!(whole.len() > 10, "checkpoints written: {whole:?}");
-        let chain = *store.inner.chain_state().expect("chain");
+        let chain = *store.inner().chain_state().expect("chain");
         assert!(chain.change_bytes * 2 < chain.base_bytes + 2_000, "{chain:?}");
         for p in &plans {
             assert_eq!(&store.plan(p.generation()).await.expect("read"), p);
@@ -2398,7 +2694,7 @@ mod tests {
         assert_eq!(horizon, Generation(111));
         let base = *whole.iter().filter(|g| **g <= horizon.0).max().expect("a whole plan below the horizon");
         assert_eq!(whole_plans(&store).first(), Some(&base), "bytes kept from the newest whole plan at or below the horizon");
-        let oldest_head = store.inner.plan_heads.iter().keys().next().map(|k| generation_key(&k.expect("key")).expect("key").0);
+        let oldest_head = store.inner().plan_heads.iter().keys().next().map(|k| generation_key(&k.expect("key")).expect("key").0);
         assert!(oldest_head.is_none_or(|g| g >= base), "heads kept from {oldest_head:?}, whole plan {base}");
         for p in &plans {
             match store.plan(p.generation()).await {
@@ -2415,7 +2711,7 @@ mod tests {
     /// The fence counts as the active records give them: generation → serving endpoints.
     fn recount(store: &SledStore) -> BTreeMap<Generation, u64> {
         let mut counts = BTreeMap::new();
-        for (_, record) in store.inner.active_all_locked().expect("active").endpoints {
+        for (_, record) in store.inner().active_all_locked().expect("active").endpoints {
             if matches!(record.state, ActiveState::Serving(_)) {
                 *counts.entry(record.generation).or_default() += 1;
             }
@@ -2425,7 +2721,7 @@ mod tests {
 
     fn stored_counts(store: &SledStore) -> BTreeMap<Generation, u64> {
         store
-            .inner
+            .inner()
             .fence_counts
             .iter()
             .map(|entry| {
@@ -2513,19 +2809,19 @@ mod tests {
         let want = recount(&store);
         assert_eq!(want, BTreeMap::from([(Generation(1), 2), (Generation(2), 2)]));
         // Back to the older layout: the index, no counts, no layout mark.
-        let fences = store.inner.db.open_tree(LEGACY_FENCES).expect("tree");
-        for (name, record) in store.inner.active_all_locked().expect("active").endpoints {
+        let fences = store.inner().db.open_tree(LEGACY_FENCES).expect("tree");
+        for (name, record) in store.inner().active_all_locked().expect("active").endpoints {
             let mut key = record.generation.to_be_bytes().to_vec();
             key.extend_from_slice(name.as_str().as_bytes());
             fences.insert(key, &[]).expect("insert");
         }
-        store.inner.fence_counts.clear().expect("clear");
-        store.inner.meta.remove(META_LAYOUT).expect("remove");
-        store.inner.flush().expect("flush");
+        store.inner().fence_counts.clear().expect("clear");
+        store.inner().meta.remove(META_LAYOUT).expect("remove");
+        store.inner().flush().expect("flush");
         drop((fences, store));
         let store = SledStore::open(dir.path()).expect("reopen");
         assert_eq!(stored_counts(&store), want);
-        assert!(!store.inner.db.tree_names().iter().any(|n| n.as_ref() == LEGACY_FENCES.as_bytes()), "the index is dropped");
+        assert!(!store.inner().db.tree_names().iter().any(|n| n.as_ref() == LEGACY_FENCES.as_bytes()), "the index is dropped");
         let (oldest, name) = store.cleanup_preview(1).await.expect("preview").oldest_active.expect("oldest");
         assert_eq!(oldest, Generation(1));
         assert!(["a.example.test.", "c.example.test."].contains(&name.as_str()), "{name} is not on plan 1");
@@ -2544,7 +2840,7 @@ mod tests {
         let gone = items(&["zz-retired"], 1)[0].endpoint.clone();
         one.retired.insert(gone.clone());
         store.publish(&ValidatedPlan::new(one).expect("valid")).await.expect("publish");
-        assert_eq!(store.inner.contents_chunks.len(), 3, "{wide} names and one retired in chunks of {CONTENT_CHUNK_NAMES}");
+        assert_eq!(store.inner().contents_chunks.len(), 3, "{wide} names and one retired in chunks of {CONTENT_CHUNK_NAMES}");
         assert_eq!(contents_of(&store, Generation(1)), wide + 1);
         let name = |i: usize| items(&[&format!("e{i}")], 1)[0].endpoint.clone();
         for i in [0, 1, 99, 255, 256, 511, wide - 1] {
@@ -2563,7 +2859,7 @@ mod tests {
         two.endpoints.remove(&name(7));
         two.retired.insert(gone.clone());
         store.publish(&ValidatedPlan::new(two).expect("valid")).await.expect("publish");
-        assert_eq!(store.inner.contents_chunks.len(), 3, "plan 2 is stored as its change");
+        assert_eq!(store.inner().contents_chunks.len(), 3, "plan 2 is stored as its change");
         // Everything applied at plan 1 moves to plan 2, so cleanup can delete plan 1.
         let mut batch: Vec<ApplyItem> = [0, 1, 5, 6, 99, 255, 256, 511, wide - 1]
             .into_iter()
@@ -2585,11 +2881,11 @@ mod tests {
         }
         // A whole plan later: the older chunks go with cleanup.
         store.publish(&uniform_plan(3, 10, 3)).await.expect("publish");
-        assert_eq!(store.inner.contents_chunks.len(), 3, "plan 3 is stored as its change");
+        assert_eq!(store.inner().contents_chunks.len(), 3, "plan 3 is stored as its change");
         let mut big = uniform_plan(4, wide + 300, 4).into_plan();
         big.endpoints.extend((0..70_000).map(|i| (items(&[&format!("w{i}")], 4)[0].endpoint.clone(), endpoint(4))));
         store.publish(&ValidatedPlan::new(big).expect("valid")).await.expect("publish a change too large to record");
-        let whole: Vec<u64> = store.inner.contents_full.iter().keys().map(|k| generation_key(&k.expect("key")).expect("g").0).collect();
+        let whole: Vec<u64> = store.inner().contents_full.iter().keys().map(|k| generation_key(&k.expect("key")).expect("g").0).collect();
         assert_eq!(whole, [1, 4]);
         for item in &mut batch {
             item.records = endpoint(4);
@@ -2598,7 +2894,7 @@ mod tests {
             result.expect("plan 4's content");
         }
         assert_eq!(store.cleanup(1).await.expect("cleanup").horizon_after, Generation(4));
-        assert!(store.inner.contents_chunks.scan_prefix(Generation(1).to_be_bytes()).next().is_none(), "plan 1's chunks are gone");
+        assert!(store.inner().contents_chunks.scan_prefix(Generation(1).to_be_bytes()).next().is_none(), "plan 1's chunks are gone");
         assert_eq!(contents_of(&store, Generation(4)), wide + 300 + 70_000);
     }
 
@@ -2615,13 +2911,13 @@ mod tests {
         let two = ValidatedPlan::new(two).expect("valid");
         store.publish(&one).await.expect("publish 1");
         crate::store::publish_against(&store, Some(one.plan()), &two, None).await.expect("publish 2 as its changes");
-        assert!(store.inner.plans.get(Generation(2).to_be_bytes()).expect("read").is_none(), "plan 2 is stored as its changes");
+        assert!(store.inner().plans.get(Generation(2).to_be_bytes()).expect("read").is_none(), "plan 2 is stored as its changes");
         for plan in [&one, &two] {
             let g = plan.generation();
             let envelope = store.plan_envelope(g).await.expect("envelope");
             assert_eq!(codec::decode_plan(&envelope).expect("decodes").plan(), plan.plan(), "plan {g}");
         }
-        let stored = store.inner.plans.get(Generation(1).to_be_bytes()).expect("read").expect("plan 1 is stored whole");
+        let stored = store.inner().plans.get(Generation(1).to_be_bytes()).expect("read").expect("plan 1 is stored whole");
         assert_eq!(store.plan_envelope(Generation(1)).await.expect("envelope"), stored.to_vec(), "sent as stored");
         let r = store.plan_envelope(Generation(3)).await;
         assert!(matches!(r, Err(StoreError::PlanNotFound(_))), "{r:?}");
@@ -2637,14 +2933,14 @@ mod tests {
         let plan = uniform_plan(1, 20, 1);
         store.publish(&plan).await.expect("publish");
         // As an older dnsplan wrote it: the chunks become entries at generation 1.
-        let chunks: Vec<sled::IVec> = store.inner.contents_chunks.iter().keys().map(|k| k.expect("key")).collect();
+        let chunks: Vec<sled::IVec> = store.inner().contents_chunks.iter().keys().map(|k| k.expect("key")).collect();
         assert!(!chunks.is_empty(), "plan 1 is written in chunks");
         for key in chunks {
-            store.inner.contents_chunks.remove(key).expect("remove chunk");
+            store.inner().contents_chunks.remove(key).expect("remove chunk");
         }
         for (name, records) in &plan.plan().endpoints {
             let entry = codec::encode(&PlanEntry::Serve(records.clone()));
-            store.inner.contents.insert(content_key(name, Generation(1)), entry).expect("insert entry");
+            store.inner().contents.insert(content_key(name, Generation(1)), entry).expect("insert entry");
         }
         let batch: Vec<ApplyItem> =
             plan.plan().endpoints.iter().map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() }).collect();
@@ -2659,7 +2955,7 @@ mod tests {
     /// Every run as stored: its key and its names.
     fn stored_runs(store: &SledStore) -> Vec<(Vec<u8>, Vec<String>)> {
         store
-            .inner
+            .inner()
             .active_runs
             .iter()
             .map(|entry| {
@@ -2769,20 +3065,20 @@ mod tests {
             }
             let before = store.active_all().await.expect("all");
             // Back to the older layout: a key per endpoint, no runs, layout 2.
-            let legacy = store.inner.db.open_tree(LEGACY_ACTIVE).expect("tree");
+            let legacy = store.inner().db.open_tree(LEGACY_ACTIVE).expect("tree");
             for (name, record) in &before.endpoints {
                 legacy.insert(name.as_str().as_bytes(), codec::encode(record)).expect("insert");
             }
-            store.inner.active_runs.clear().expect("clear");
-            store.inner.meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).expect("layout");
-            store.inner.flush().expect("flush");
+            store.inner().active_runs.clear().expect("clear");
+            store.inner().meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).expect("layout");
+            store.inner().flush().expect("flush");
             before
         };
         let store = SledStore::open(dir.path()).expect("reopen");
         assert_eq!(store.active_all().await.expect("all").endpoints, before.endpoints);
-        assert!(!store.inner.db.tree_names().iter().any(|n| n.as_ref() == LEGACY_ACTIVE.as_bytes()), "the tree is dropped");
+        assert!(!store.inner().db.tree_names().iter().any(|n| n.as_ref() == LEGACY_ACTIVE.as_bytes()), "the tree is dropped");
         assert_eq!(stored_runs(&store).len(), count.div_ceil(ACTIVE_RUN_MAX));
-        assert_eq!(store.inner.meta_u64(META_LAYOUT, 0).expect("layout"), LAYOUT_ACTIVE_RUNS);
+        assert_eq!(store.inner().meta_u64(META_LAYOUT, 0).expect("layout"), LAYOUT_ACTIVE_RUNS);
     }
 
     /// A store held open is reported as in use, after `OPEN_LOCK_WAIT` of retries (the time

@@ -192,6 +192,10 @@ pub enum WireError {
     Unavailable {
         detail: String,
     },
+    /// The embedded store went back behind its high-water mark.
+    WentBack {
+        detail: String,
+    },
     /// The request lacked a valid bearer token.
     Unauthorized,
     /// The request itself was malformed (bad body, bad name, bad envelope).
@@ -215,7 +219,7 @@ impl WireError {
             WireError::Unauthorized => 401,
             WireError::BadRequest { .. } => 400,
             WireError::Corrupt { .. } | WireError::Io { .. } => 500,
-            WireError::Unavailable { .. } => 503,
+            WireError::Unavailable { .. } | WireError::WentBack { .. } => 503,
         }
     }
 }
@@ -252,6 +256,7 @@ impl From<&StoreError> for WireError {
             StoreError::Corrupt { what, source } => WireError::Corrupt { what: what.clone(), source: source.clone() },
             StoreError::Io(e) => WireError::Io { detail: error_chain(e.as_ref()) },
             StoreError::Unavailable(d) => WireError::Unavailable { detail: d.clone() },
+            StoreError::WentBack(d) => WireError::WentBack { detail: d.clone() },
             StoreError::Unauthorized => WireError::Unauthorized,
             StoreError::BadRequest(d) => WireError::BadRequest { detail: d.clone() },
         }
@@ -278,6 +283,7 @@ impl From<WireError> for StoreError {
             WireError::Corrupt { what, source } => StoreError::Corrupt { what, source },
             WireError::Io { detail } => StoreError::Io(Box::new(RemoteIo(detail))),
             WireError::Unavailable { detail } => StoreError::Unavailable(detail),
+            WireError::WentBack { detail } => StoreError::WentBack(detail),
             WireError::Unauthorized => StoreError::Unauthorized,
             WireError::BadRequest { detail } => StoreError::BadRequest(detail),
         }
@@ -285,7 +291,7 @@ impl From<WireError> for StoreError {
 }
 
 /// The text of an error and its sources, `outer: inner: ...`.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {
@@ -337,9 +343,10 @@ mod tests {
             StoreError::Unavailable(_) => 16,
             StoreError::Unauthorized => 17,
             StoreError::BadRequest(_) => 18,
+            StoreError::WentBack(_) => 19,
         }
     }
-    const VARIANTS: usize = 19;
+    const VARIANTS: usize = 20;
 
     fn build(index: usize, g: u64, n: u64, text: &str, label: &str) -> StoreError {
         let name = |l: &str| EndpointName::parse(&format!("{l}.example.test.")).expect("name");
@@ -374,6 +381,7 @@ mod tests {
             15 => StoreError::Io(Box::new(std::io::Error::other(text.to_owned()))),
             16 => StoreError::Unavailable(text.into()),
             17 => StoreError::Unauthorized,
+            19 => StoreError::WentBack(text.into()),
             _ => StoreError::BadRequest(text.into()),
         }
     }
