@@ -272,6 +272,11 @@ struct StoreGauges {
     read_errors: Counter,
     /// 1 while the store answers (the last call to it succeeded), 0 while it does not.
     reachable: Gauge,
+    /// 1 while the embedded store's writes fail (a full disk), until it has reopened and
+    /// written again.
+    writes_failing: Gauge,
+    /// Free bytes on the embedded store's filesystem; -1 for a store not on local disk.
+    disk_free_bytes: Gauge,
     paused: Gauge,
     paused_since_seconds: Gauge,
     lease_held: Gauge,
@@ -297,6 +302,17 @@ impl StoreGauges {
             "store_reachable",
             "1 while the store (etcd, or the embedded one) answers; 0 while it does not and the authority serves the state it has",
             self.reachable.clone(),
+        );
+        registry.register(
+            "store_writes_failing",
+            "1 while the embedded store's writes fail (a full disk, an I/O error); DNS keeps answering, nothing is published or applied; the store reopens itself every second",
+            self.writes_failing.clone(),
+        );
+        self.disk_free_bytes.set(-1);
+        registry.register(
+            "store_disk_free_bytes",
+            "Free bytes on the embedded store's filesystem, for the daemon; -1 for a store not on local disk (etcd)",
+            self.disk_free_bytes.clone(),
         );
         registry.register(
             "automation_paused",
@@ -602,6 +618,13 @@ impl Metrics {
     pub fn observe_store_read_error(&self) {
         self.store.read_errors.inc();
         self.store.reachable.set(0);
+    }
+
+    /// Whether the store's writes fail (`dnsplan_store_writes_failing`) and the free bytes on
+    /// its disk (`dnsplan_store_disk_free_bytes`), for a store on local disk.
+    pub fn observe_store_disk(&self, writes_failing: bool, free_bytes: Option<u64>) {
+        self.store.writes_failing.set(i64::from(writes_failing));
+        self.store.disk_free_bytes.set(free_bytes.map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)));
     }
 
     /// Whether the store answers now (`dnsplan_store_reachable`).

@@ -478,6 +478,7 @@ where
     let render = move || {
         let (metrics, extra, store, reach) = (metrics.clone(), extra_metrics.clone(), metrics_store.clone(), metrics_reach.clone());
         async move {
+            metrics.observe_store_disk(store.fault().is_some(), store.disk_free_bytes());
             // The store's own figures, read now: independent of the follower, which they check.
             match StoreReading::read(&store).await {
                 Ok(reading) => {

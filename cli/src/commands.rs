@@ -395,7 +395,7 @@ impl Client {
 
     fn store_unavailable(&self, detail: String) -> CliError {
         CliError::StoreUnavailable(format!(
-            "{detail}; the control API at {} answers, but its store does not (is etcd up and reachable from the authority?)",
+            "{detail}; the control API at {} answers, but its store does not (on etcd: is etcd up and reachable from the authority?)",
             self.control
         ))
     }

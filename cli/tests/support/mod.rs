@@ -39,7 +39,12 @@ pub fn up(dir: &Path) -> anyhow::Result<Up> {
 
 /// `dnsplan up` in `dir` as [`up`] does, with `extra` flags.
 pub fn up_with(dir: &Path, extra: &[&str]) -> anyhow::Result<Up> {
-    let mut child = up_command(dir)?.args(extra).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    spawn_up(up_command(dir)?.args(extra))
+}
+
+/// Starts `command`, a `dnsplan up`, and reads where it listens from its stdout.
+pub fn spawn_up(command: &mut Command) -> anyhow::Result<Up> {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
     let (mut dns, mut control) = (None, None);
     let mut lines = std::io::BufReader::new(stdout).lines();

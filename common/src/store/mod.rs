@@ -324,7 +324,46 @@ pub type StoreResult<T> = Result<T, StoreError>;
 ///
 /// Every method is a future so that remote implementations fit, and so that callers can put
 /// a timeout on every call.
+/// Why the embedded store's writes fail, while they do: for `/v1/status`, the metrics and
+/// the logs.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreFault {
+    /// When the first write failed (Unix milliseconds).
+    pub since_unix_ms: u64,
+    /// The last error: the failed write, or the failed reopen.
+    pub error: String,
+    /// The store's directory.
+    pub path: String,
+    /// Free bytes on its filesystem, for an unprivileged process, when known.
+    pub free_bytes: Option<u64>,
+    /// Reopens tried since the first failure.
+    pub reopens: u64,
+}
+
+impl std::fmt::Display for StoreFault {
+    /// What failed, where, and what to do, in one line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let free = self.free_bytes.map_or_else(|| "unknown".to_string(), |b| b.to_string());
+        write!(
+            f,
+            "the store's writes fail ({}); {free} bytes free on the disk of {}. If it is full, free space there: the store \
+             reopens itself every second and writes resume without a restart; DNS keeps answering meanwhile",
+            self.error, self.path
+        )
+    }
+}
+
 pub trait Store: Clone + Send + Sync + 'static {
+    /// Why the store's writes fail now, when it knows (the embedded store after a failed
+    /// write, until it has reopened and written again); `None` otherwise.
+    fn fault(&self) -> Option<StoreFault> {
+        None
+    }
+    /// Free bytes on the filesystem of a store on local disk (the embedded one).
+    fn disk_free_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Publishes `plan` iff `plan.generation == latest + 1` and `plan.parent == latest`.
     fn publish(&self, plan: &ValidatedPlan) -> impl Future<Output = StoreResult<()>> + Send;
     /// As `publish`, under the planner lease: refused with [`StoreError::NotLeaseHolder`] unless

@@ -73,7 +73,7 @@ use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
     DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
-    PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
+    PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreFault, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
     check_changes_range, check_len, check_page_limit, decide_cleanup,
 };
 use crate::changes::{PlanChanges, PlanEntry, decode_changes};
@@ -510,22 +510,6 @@ pub enum OnLoss {
     Accept,
 }
 
-/// Why the embedded store's writes fail, while they do: for `/v1/status`, the metrics and
-/// the logs.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StoreFault {
-    /// When the first write failed (Unix milliseconds).
-    pub since_unix_ms: u64,
-    /// The last error: the failed write, or the failed reopen.
-    pub error: String,
-    /// The store's directory.
-    pub path: String,
-    /// Free bytes on its filesystem, for an unprivileged process, when known.
-    pub free_bytes: Option<u64>,
-    /// Reopens tried since the first failure.
-    pub reopens: u64,
-}
-
 /// How often a store whose writes fail tries to reopen its database.
 pub const REOPEN_EVERY: Duration = Duration::from_secs(1);
 /// The shortest time between two ERROR lines about one fault.
@@ -562,23 +546,19 @@ impl SledStore {
         })
     }
 
-    /// Why writes fail now, if they do: set by a failed write, cleared once a reopened
-    /// database has written again.
-    pub fn fault(&self) -> Option<StoreFault> {
-        self.shared.fault.lock().ok()?.as_ref().map(|f| f.shown.clone())
-    }
-
     #[cfg(test)]
     fn inner(&self) -> Arc<Inner> {
         self.current().expect("the store is open")
     }
 
+    /// The open database; while a failed write is not yet undone by a reopen, an error that
+    /// says why (sled refuses every call after it anyway).
     fn current(&self) -> StoreResult<Arc<Inner>> {
+        if let Some(fault) = self.fault() {
+            return Err(StoreError::Unavailable(fault.to_string()));
+        }
         let inner = self.shared.inner.read().map_err(|_| poisoned())?.clone();
-        inner.ok_or_else(|| {
-            let why = self.fault().map_or_else(String::new, |f| format!(": {}", f.error));
-            StoreError::Unavailable(format!("the store at {} is being reopened after a failed write{why}", self.shared.path.display()))
-        })
+        inner.ok_or_else(|| StoreError::Unavailable(format!("the store at {} is being reopened", self.shared.path.display())))
     }
 
     async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
@@ -591,14 +571,26 @@ impl SledStore {
         tokio::task::spawn_blocking(move || {
             let result = f(&inner);
             drop(inner);
-            if let Err(StoreError::Io(err)) = &result {
-                Shared::failed(&shared, &super::wire::error_chain(err.as_ref()));
+            if let Err(err @ StoreError::Io(_)) = &result {
+                Shared::failed(&shared, &fault_text(err));
             }
             result
         })
         .await
         .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?
     }
+}
+
+/// What a failed call says in a [`StoreFault`]: a full disk in the operating system's words
+/// (sled passes it on as the debug form of its `io::Error`), anything else with its causes.
+fn fault_text(err: &StoreError) -> String {
+    if let StoreError::Io(source) = err
+        && let Some(sled::Error::Io(io)) = source.downcast_ref::<sled::Error>()
+        && io.kind() == std::io::ErrorKind::StorageFull
+    {
+        return "No space left on device".into();
+    }
+    super::wire::error_chain(err)
 }
 
 fn poisoned() -> StoreError {
@@ -628,12 +620,7 @@ impl Shared {
         fault.shown.free_bytes = free_bytes;
         if now.duration_since(fault.logged) >= FAULT_LOG_EVERY {
             fault.logged = now;
-            tracing::error!(
-                path = %shared.path.display(),
-                free_bytes = free_bytes.map_or_else(|| "unknown".to_string(), |b| b.to_string()),
-                error,
-                "the store's writes fail; DNS keeps answering what it serves, publishes and applies wait. If the disk is full, free space on it: the store reopens itself every second and writes resume without a restart"
-            );
+            tracing::error!(path = %shared.path.display(), "{}; publishes and applies wait", fault.shown);
         }
         if !fault.reopening {
             fault.reopening = true;
@@ -667,7 +654,7 @@ impl Shared {
                     let Ok(mut fault) = shared.fault.lock() else { return };
                     if let Some(fault) = fault.as_mut() {
                         fault.shown.reopens += 1;
-                        fault.shown.error = format!("reopening failed: {}", super::wire::error_chain(&err));
+                        fault.shown.error = format!("reopening failed: {}", fault_text(&err));
                         fault.shown.free_bytes = fs2::available_space(&shared.path).ok();
                     }
                 }
@@ -2286,6 +2273,15 @@ impl Store for SledStore {
 
     async fn version(&self) -> StoreResult<StoreVersion> {
         Ok(*self.shared.version.borrow())
+    }
+
+    /// Set by a failed write, cleared once a reopened database has written again.
+    fn fault(&self) -> Option<StoreFault> {
+        self.shared.fault.lock().ok()?.as_ref().map(|f| f.shown.clone())
+    }
+
+    fn disk_free_bytes(&self) -> Option<u64> {
+        fs2::available_space(&self.shared.path).ok()
     }
 
     async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
