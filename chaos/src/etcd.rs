@@ -16,6 +16,12 @@
 //!   authority's control API (`GET /v1/version`, `GET /v1/plans`) during the fault must
 //!   succeed, and both authorities must serve the newest plan while the member is down. Judged
 //!   as `etcd-leader-kill` besides.
+//! - `etcd-crash-in-outage`: every etcd member is SIGKILLed during a plan storm, and authority
+//!   a is SIGKILLed a seeded 0-50 ms after, then started again with etcd still down; again
+//!   and again. Restarted, a must answer at once, never with an older state than it answered
+//!   before the kill (its SOA serial at least the one it gave, and every answer judged by the
+//!   watcher, which sees no generation go backwards across the restart); b serves throughout;
+//!   once etcd is back both catch up. Judged as `etcd-leader-kill` besides.
 //! - `etcd-partition`: authority b reaches etcd only through one fault proxy per member
 //!   (`proxy`), which partitions it, drops etcd's answers (one way), resets its connections
 //!   or delays them, while plans go on. While cut off, b must keep serving the last state it
@@ -198,6 +204,12 @@ impl Storm {
 /// the scenario partitions it), three enactors.
 pub struct EtcdStack {
     pub authorities: Vec<AuthorityProcess>,
+    /// Each authority's config file, to start it again (its DNS port is fixed in it).
+    authority_configs: Vec<PathBuf>,
+    authority_bin: PathBuf,
+    /// Which authorities were killed on purpose: their watchers' unanswered queries are not
+    /// violations (a resolver asks another server).
+    restarted: Vec<bool>,
     _enactors: Vec<Daemon>,
     /// One per etcd member, between authority b and that member (`etcd-partition`).
     pub proxies: Vec<Proxy>,
@@ -250,7 +262,7 @@ impl EtcdStack {
                 proxies.push(Proxy::start(upstream).await?);
             }
         }
-        let mut authorities = Vec::new();
+        let (mut authorities, mut authority_configs) = (Vec::new(), Vec::new());
         for who in ["a", "b"] {
             let endpoints = if who == "b" && proxied_b {
                 proxies.iter().map(|p| format!("http://{}", p.addr)).collect()
@@ -259,16 +271,30 @@ impl EtcdStack {
             };
             let data = dir.path().join(format!("authority-{who}"));
             std::fs::create_dir_all(&data)?;
+            // A fixed DNS port, so that a restarted authority answers where it did.
+            let dns = format!("listen = [\"127.0.0.1:{}\"]", dnsplan_tests::knot::free_port()?);
             let text = format!(
                 "{}\n[store]\nkind = \"etcd\"\nendpoints = [{}]\nprefix = \"{PREFIX}\"\n",
-                authority_config_text(&data.join("data")),
+                authority_config_text(&data.join("data")).replace("listen = [\"127.0.0.1:0\"]", &dns),
                 quoted(&endpoints)
             );
             let config = data.join("authority.toml");
             std::fs::write(&config, text)?;
             authorities.push(start_authority(&bins.authority, &config, &format!("authority {who}"), data.join("authority.log"))?);
+            authority_configs.push(config);
         }
-        let stack = EtcdStack { authorities, _enactors: enactors, proxies, applied, store, cluster, _dir: dir };
+        let stack = EtcdStack {
+            authorities,
+            restarted: vec![false; authority_configs.len()],
+            authority_configs,
+            authority_bin: bins.authority.clone(),
+            _enactors: enactors,
+            proxies,
+            applied,
+            store,
+            cluster,
+            _dir: dir,
+        };
         for a in &stack.authorities {
             until_serves(a.dns, &stack.store, names, first, STEP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.who))?;
         }
@@ -282,6 +308,19 @@ impl EtcdStack {
             watchers.push(Watcher::start_caught_up(a.dns, fixtures::dns_zone(), names.to_vec(), self.store.clone()).await?);
         }
         Ok(watchers)
+    }
+
+    /// SIGKILLs authority `index` and starts it again on its config; returns once it answers
+    /// DNS.
+    fn restart_authority(&mut self, index: usize) -> anyhow::Result<()> {
+        self.restarted[index] = true;
+        let killed = self.authorities.remove(index);
+        let (who, log) = (killed.who.clone(), killed.log.clone());
+        // Its daemon goes with it: SIGKILL, and waited for.
+        drop(killed);
+        let restarted = start_authority(&self.authority_bin, &self.authority_configs[index], &who, log)?;
+        self.authorities.insert(index, restarted);
+        Ok(())
     }
 
     fn set_proxies(&self, mode: Mode) {
@@ -368,6 +407,31 @@ async fn until_serves(dns: SocketAddr, store: &EtcdStore, names: &[EndpointName]
         anyhow::ensure!(
             Instant::now() < deadline,
             "{dns} did not serve plan {g} (store applied-change count {applied:?}) within {within:?}: last {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `dns` until its SOA serial is at least the store's applied-change count as read
+/// first, with an address for every name: the authority has caught up with a store that
+/// moves on meanwhile (the watcher judges what it served on the way).
+async fn until_caught_up(dns: SocketAddr, store: &EtcdStore, names: &[EndpointName], within: Duration) -> anyhow::Result<u32> {
+    let deadline = Instant::now() + within;
+    let mut applied = None;
+    loop {
+        if applied.is_none() {
+            applied = store.active_all().await.ok().map(|s| s.applied_changes as u32);
+        }
+        let got = served(dns, names).await;
+        if let (Some(applied), Ok((addresses, Some(serial)))) = (applied, &got)
+            && addresses.iter().all(|a| !a.is_empty())
+            && serial.wrapping_sub(applied) < 1 << 31
+        {
+            return Ok(*serial);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{dns} did not reach the store's applied-change count {applied:?} within {within:?}: last {got:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -588,11 +652,12 @@ async fn finish(
     }
     let _ = audit_stop.send(true);
     let (lost, _reads) = auditor.await?;
-    for (watcher, a) in watchers.into_iter().zip(&stack.authorities) {
+    for ((watcher, a), restarted) in watchers.into_iter().zip(&stack.authorities).zip(&stack.restarted) {
         let history = watcher.stop().await?;
         report.answers_checked += history.answers.len();
         report.snapshots_checked += history.snapshots.len();
-        report.violations.extend(watch::check(&history, &storm.attempted).into_iter().map(|v| format!("{}: {v}", a.who)));
+        let options = watch::CheckOptions { unanswered_ok: *restarted };
+        report.violations.extend(watch::check_with(&history, &storm.attempted, options).into_iter().map(|v| format!("{}: {v}", a.who)));
     }
     report.violations.extend(lost);
     report.violations.extend(acked_plans_kept(&stack.store, &storm).await?);
@@ -732,6 +797,77 @@ pub async fn run_member_down(bins: Bins, seed: u64, duration: Duration) -> anyho
     }
     if let Err(e) = result {
         report.violations.push(format!("with one etcd member down: {e:#}"));
+    }
+    finish(report, stack, storm, judges, &names, started).await
+}
+
+/// How long etcd stays down after the authority's restart in `etcd-crash-in-outage` (the
+/// fault's length, not a synchronisation).
+const OUTAGE_AFTER_RESTART: Duration = Duration::from_millis(500);
+
+/// `etcd-crash-in-outage`: see the module documentation.
+pub async fn run_crash_in_outage(bins: Bins, seed: u64, duration: Duration) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut report = Report { scenario: "etcd-crash-in-outage".into(), seed, ..Report::default() };
+    let names = names();
+    let (mut stack, storm) = EtcdStack::start(&bins, &names, false).await?;
+    let judges = Judges::start(&stack, &storm, &names).await?;
+    let acked = storm.acked_max.clone();
+    let (storm_stop, storm_stopped) = channel::channel(false);
+    let storm_task = tokio::spawn(storm_loop(storm, seed, storm_stopped));
+    let end = Instant::now() + duration;
+    let mut crashes = 0;
+    let mut result = Ok(());
+    while (Instant::now() < end || crashes < KILLS_MIN) && crashes < FAULTS_MAX {
+        crashes += 1;
+        let step = async {
+            until_acked(&acked, acked.load(Ordering::SeqCst) + rng.random_range(3..=10), "before the outage").await?;
+            let a = &stack.authorities[0];
+            let (_, before) = served(a.dns, &names).await?;
+            let before = before.ok_or_else(|| anyhow::anyhow!("{} answered no SOA serial before the outage", a.who))?;
+            for member in 0..stack.cluster.members.len() {
+                stack.cluster.kill(member)?;
+            }
+            report.fault("every etcd member SIGKILL");
+            // When the crash lands in the outage, chosen by the seed (the fault's timing).
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..=50))).await;
+            stack.restart_authority(0)?;
+            report.fault("authority SIGKILL+restart in the outage");
+            let a = &stack.authorities[0];
+            let (addresses, after) = served(a.dns, &names).await?;
+            let after = after.ok_or_else(|| anyhow::anyhow!("{} answered no SOA serial after its restart", a.who))?;
+            anyhow::ensure!(addresses.iter().all(|a| !a.is_empty()), "{} answered a name with no address after its restart", a.who);
+            // RFC 1982: `after` is at or past `before`.
+            anyhow::ensure!(
+                after.wrapping_sub(before) < 1 << 31,
+                "{} restarted in the outage older than it answered before: serial {after} after, {before} before",
+                a.who
+            );
+            report.fault("restarted in the outage, not older");
+            tokio::time::sleep(OUTAGE_AFTER_RESTART).await;
+            stack.cluster.restart_killed().await?;
+            report.fault("etcd restarted");
+            // The storm goes on: each authority must reach the store's state as read now.
+            for a in &stack.authorities {
+                until_caught_up(a.dns, &stack.store, &names, CATCH_UP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.who))?;
+            }
+            report.fault("authorities caught up after the outage");
+            anyhow::Ok(())
+        };
+        if let Err(e) = step.await {
+            result = Err(e);
+            break;
+        }
+    }
+    let _ = storm_stop.send(true);
+    let storm = storm_task.await??;
+    if let Err(e) = result {
+        report.violations.push(format!("a crash in an etcd outage: {e:#}"));
+        // A step that failed in the outage left etcd down; the end needs it.
+        if let Err(e) = stack.cluster.restart_killed().await {
+            report.violations.push(format!("etcd did not come back: {e:#}"));
+        }
     }
     finish(report, stack, storm, judges, &names, started).await
 }

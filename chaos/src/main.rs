@@ -64,6 +64,10 @@ enum Scenario {
     /// Two authorities and three enactors on a three-member etcd cluster: an etcd follower
     /// SIGKILLed and kept down during a plan storm; no publish, read or control API call may fail.
     EtcdMemberDown,
+    /// Two authorities and three enactors on etcd: every etcd member SIGKILLed, then one
+    /// authority SIGKILLed a moment later and restarted during the outage; it must never
+    /// answer older than it did before the kill.
+    EtcdCrashInOutage,
     /// Two authorities and three enactors on etcd: one authority partitioned from etcd by a
     /// fault proxy (cut, one way, reset, delayed) keeps its last state and catches up after the heal.
     EtcdPartition,
@@ -138,6 +142,7 @@ async fn run_one(
         Scenario::GrayZone => harness::run_gray_zone(bins()?, seed, duration).await,
         Scenario::EtcdLeaderKill => etcd::run_leader_kill(bins()?, seed, duration).await,
         Scenario::EtcdMemberDown => etcd::run_member_down(bins()?, seed, duration).await,
+        Scenario::EtcdCrashInOutage => etcd::run_crash_in_outage(bins()?, seed, duration).await,
         Scenario::EtcdPartition => etcd::run_partition(bins()?, seed, duration).await,
         Scenario::All => unreachable_all(),
     }
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
             Scenario::Aws2025RaceEtcd,
             Scenario::EtcdLeaderKill,
             Scenario::EtcdMemberDown,
+            Scenario::EtcdCrashInOutage,
             Scenario::EtcdPartition,
         ],
         s if unsafe_naive && !matches!(s, Scenario::Aws2025Race | Scenario::Aws2025RaceSecondary | Scenario::Aws2025RaceEtcd) => {

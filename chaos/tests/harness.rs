@@ -39,6 +39,7 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         "aws-2025-race-etcd",
         "etcd-leader-kill",
         "etcd-member-down",
+        "etcd-crash-in-outage",
         "etcd-partition",
     ];
     for scenario in scenarios {
@@ -60,6 +61,7 @@ fn every_scenario_passes_briefly_and_the_naive_counterfactual_is_caught() {
         ("authority-kill9", "authority SIGKILL+restart"),
         ("partition", "partition enactors from the store"),
         ("etcd-member-down", "calls kept succeeding with a member down"),
+        ("etcd-crash-in-outage", "restarted in the outage, not older"),
         ("etcd-leader-kill", "etcd leader SIGKILL"),
         ("etcd-partition", "partition authority b from etcd"),
     ] {

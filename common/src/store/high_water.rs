@@ -70,6 +70,7 @@ pub enum Found {
 impl HighWater {
     /// Opens (creating) the mark file in the store directory `dir` and reads it.
     pub fn open(dir: &Path) -> std::io::Result<(HighWater, Found)> {
+        std::fs::create_dir_all(dir)?;
         let path = dir.join(FILE_NAME);
         let existed = match std::fs::metadata(&path) {
             Ok(_) => true,
