@@ -2,6 +2,19 @@
 //! timeout each and a bound on how many run at once, folded into per-target state with
 //! rise/fall hysteresis.
 //!
+//! Each target has its own task, on its check's interval, so one target has at most one probe
+//! in flight. `probe_concurrency` bounds the probes in flight of targets that answer: a probe
+//! holds one of its permits for at most [`SLOW_PROBE_AFTER`], then gives it back and goes on
+//! to its timeout outside the bound; while a target stays slow (its last probe took that
+//! long, or timed out) its probes take no permit at all. So backends that accept and never
+//! answer (a gray failure) cannot hold the permits for their whole timeout and delay every
+//! other target's probe; they cost one socket each, at most one per target. The sizing rule:
+//! `probe_concurrency` at least the probes/s of all targets times the time a probe of a
+//! target that answers takes (64 covers 5,000 probes/s at 10 ms each), and file descriptors
+//! for `probe_concurrency` plus every target that may hang (the daemon raises its limit to the
+//! hard limit at start). When probes start later than one interval after their time, one WARN
+//! line says so, with what is in flight; `dnsplan_planner_probe_lag_seconds` has the spread.
+//!
 //! A probe that fails on the checker's own side (no file descriptor, no buffer space, no
 //! memory, no local address) says nothing about the target: it is [`Verdict::Inconclusive`],
 //! which makes the target's health `Unknown` (the planner then keeps its weight), never
@@ -14,9 +27,14 @@ use dnsplan_common::EndpointName;
 use rand::RngExt;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
+
+/// How long a probe holds a `probe_concurrency` permit at most (or its check's timeout, if
+/// shorter); a target whose probe took that long is slow until a probe of it is quicker.
+pub const SLOW_PROBE_AFTER: Duration = Duration::from_millis(100);
 
 /// Most body bytes an HTTP check reads looking for `body_contains`.
 pub const HTTP_BODY_BYTES_MAX: usize = 64 * 1024;
@@ -211,27 +229,82 @@ async fn read_prefix(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
     Ok(body)
 }
 
+/// Whether probes run behind their interval, to say so once when they start to and once when
+/// they stop.
+#[derive(Default)]
+struct Behind(AtomicBool);
+
+impl Behind {
+    /// A probe started `lag` after its time, on a check of `interval`.
+    fn observe(&self, lag: Duration, interval: Duration, permits: &Semaphore, concurrency: usize, metrics: &Metrics) {
+        if lag > interval {
+            if !self.0.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    lag_ms = lag.as_millis() as u64,
+                    interval_ms = interval.as_millis() as u64,
+                    in_flight = metrics.probes_in_flight.get(),
+                    slow_targets = metrics.probe_slow_targets.get(),
+                    permits_free = permits.available_permits(),
+                    probe_concurrency = concurrency,
+                    "health probes run behind their interval: every probe_concurrency permit is taken by targets that answer slowly but within 100 ms; raise planner.probe_concurrency, or lengthen the checks' interval_ms"
+                );
+            }
+        } else if lag < interval / 10 && self.0.swap(false, Ordering::Relaxed) {
+            tracing::info!("health probes run on time again");
+        }
+    }
+}
+
 /// Starts one probing task per target (each on its check's interval, with a random start
 /// offset so that probes spread out) and returns their handles; dropping the set stops them.
+/// See the module docs for how `probe_concurrency` bounds them.
 pub fn spawn_checks(config: &PlannerConfig, book: Arc<HealthBook>, metrics: Arc<Metrics>) -> tokio::task::JoinSet<()> {
-    let permits = Arc::new(Semaphore::new(config.planner.probe_concurrency.0.min(10_000) as usize));
+    let concurrency = config.planner.probe_concurrency.0.min(10_000) as usize;
+    let permits = Arc::new(Semaphore::new(concurrency));
+    let behind = Arc::new(Behind::default());
     // No connection reuse: each probe tests a fresh connection, as a client would make one.
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_default();
     let mut tasks = tokio::task::JoinSet::new();
     for ep in config.endpoints() {
         for target in &ep.targets {
             let Some(check) = ep.check_for(target).cloned() else { continue }; // config validation requires one
-            let (book, metrics, permits, client) = (book.clone(), metrics.clone(), permits.clone(), client.clone());
+            let (book, metrics, permits, client, behind) = (book.clone(), metrics.clone(), permits.clone(), client.clone(), behind.clone());
             let (endpoint, address, zone) = (ep.name.clone(), target.address, target.zone.clone());
             tasks.spawn(async move {
                 let interval = Duration::from_millis(check.interval_ms.0);
+                let slow_after = SLOW_PROBE_AFTER.min(Duration::from_millis(check.timeout_ms.0));
                 let offset = Duration::from_millis(rand::rng().random_range(0..check.interval_ms.0));
                 let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset / 4, interval);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut slow = false;
                 loop {
-                    ticks.tick().await;
-                    let Ok(_permit) = permits.acquire().await else { return };
-                    let result = verdict(&client, address, &check).await;
+                    let due = ticks.tick().await;
+                    let permit = if slow {
+                        None
+                    } else {
+                        let Ok(permit) = permits.acquire().await else { return };
+                        Some(permit)
+                    };
+                    let lag = due.elapsed();
+                    metrics.probe_lag_seconds.observe(lag.as_secs_f64());
+                    behind.observe(lag, interval, &permits, concurrency, &metrics);
+                    metrics.probes_in_flight.inc();
+                    let started = tokio::time::Instant::now();
+                    let probe = verdict(&client, address, &check);
+                    tokio::pin!(probe);
+                    let result = match tokio::time::timeout(slow_after, &mut probe).await {
+                        Ok(result) => result,
+                        Err(_slow) => {
+                            // The permit goes back: the rest of this probe waits outside the bound.
+                            drop(permit);
+                            probe.await
+                        }
+                    };
+                    metrics.probes_in_flight.dec();
+                    let was_slow = std::mem::replace(&mut slow, started.elapsed() >= slow_after);
+                    if slow != was_slow {
+                        metrics.probe_slow_targets.inc_by(if slow { 1 } else { -1 });
+                    }
                     let changed = match &result {
                         Verdict::Up => {
                             metrics.probe("ok");

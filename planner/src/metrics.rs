@@ -9,6 +9,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::borrow::Cow;
 
@@ -53,6 +54,12 @@ pub struct Metrics {
     pub last_published_generation: Gauge,
     /// Decisions the last decision's rules held back, by rule (`DeferredRule::as_str`).
     pub deferred: Family<RuleLabels, Gauge>,
+    /// Health probes in flight now.
+    pub probes_in_flight: Gauge,
+    /// Targets whose last probe was slow: their probes take no `probe_concurrency` permit.
+    pub probe_slow_targets: Gauge,
+    /// How late each probe started after its scheduled time.
+    pub probe_lag_seconds: Histogram,
 }
 
 impl Metrics {
@@ -69,6 +76,9 @@ impl Metrics {
             targets: Family::default(),
             last_published_generation: Gauge::default(),
             deferred: Family::default(),
+            probes_in_flight: Gauge::default(),
+            probe_slow_targets: Gauge::default(),
+            probe_lag_seconds: Histogram::new([0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
         };
         let r = registry.sub_registry_with_prefix("planner").sub_registry_with_label((Cow::Borrowed("planner"), Cow::Owned(id.to_owned())));
         r.register("decisions", "Decisions by kind", m.decisions.clone());
@@ -85,6 +95,17 @@ impl Metrics {
             "deferred",
             "Decisions the last decision's rules held back (a dead target still served, a change not published), by rule",
             m.deferred.clone(),
+        );
+        r.register("probes_in_flight", "Health probes in flight", m.probes_in_flight.clone());
+        r.register(
+            "probe_slow_targets",
+            "Targets whose last probe took longer than 100 ms (or timed out): their probes run outside probe_concurrency, so they cannot delay the others",
+            m.probe_slow_targets.clone(),
+        );
+        r.register(
+            "probe_lag_seconds",
+            "How late each health probe started after its scheduled time (waiting for a probe_concurrency permit, or its own previous probe)",
+            m.probe_lag_seconds.clone(),
         );
         for kind in DECISION_KINDS {
             let _ = m.decisions.get_or_create(&KindLabels { kind });

@@ -3,10 +3,17 @@
 
 use axum::http::StatusCode;
 use axum::routing::get;
+use dnsplan_common::EndpointName;
 use dnsplan_planner::config::{Check, PlannerConfig};
-use dnsplan_planner::health::probe;
+use dnsplan_planner::decide::Health;
+use dnsplan_planner::health::{HealthBook, probe, spawn_checks};
+use dnsplan_planner::metrics::{Metrics, ResultLabels};
+use dnsplan_tests::backends::{Behaviour, backend};
+use prometheus_client::registry::Registry;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// The check of a one-endpoint config with `check` as its TOML inline table.
 fn check(check: &str) -> Check {
@@ -92,4 +99,77 @@ fn bad_check_configs_are_clear_errors() {
     let outside = format!("{base}check = {{ kind = \"tcp\", port = 1 }}\n{target}").replace("api.example.test.", "api.other.test.");
     let err = PlannerConfig::parse(&outside).expect_err("outside");
     assert!(err.contains("line 5") && err.contains("outside the DNS zone"), "{err}");
+}
+
+/// Targets of the hanging-backends test, and how many of them hang.
+const TARGETS: u8 = 48;
+const HANGING: u8 = 16;
+const INTERVAL_MS: u64 = 250;
+const FALL: u64 = 2;
+
+/// 48 targets on 127.0.2.N, probed every 250 ms with `probe_concurrency` 2, of which 16
+/// accept and never answer: a target that starts failing with a 500 must still be found down
+/// within about `fall` intervals, and the others must keep their probe rate.
+///
+/// Teeth: with every probe holding its permit until its timeout (the pool before), the
+/// failing target was found down only after 3.8 s (100 targets, 25 hanging; bound 1.05 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_that_hang_do_not_delay_the_probes_of_the_others() -> anyhow::Result<()> {
+    let failing = Arc::new(AtomicBool::new(false));
+    let address = |n: u8| IpAddr::from([127, 0, 2, n]);
+    let mut port = 0;
+    for n in 1..=TARGETS {
+        let behaviour = match n {
+            1 => Behaviour::FailsLater,
+            n if n > TARGETS - HANGING => Behaviour::Hangs,
+            _ => Behaviour::Ok,
+        };
+        port = backend(address(n), port, behaviour, failing.clone()).await?;
+    }
+    let mut text =
+        "id = \"p\"\ndns_zone = \"example.test.\"\n[store]\nurl = \"http://127.0.0.1:1\"\n[planner]\nprobe_concurrency = 2\n".to_string();
+    for n in 1..=TARGETS {
+        text.push_str(&format!(
+            "[[endpoint]]\nname = \"t{n}.example.test.\"\nttl_secs = 30\ncheck = {{ kind = \"http\", port = {port}, interval_ms = {INTERVAL_MS}, timeout_ms = {INTERVAL_MS}, rise = 1, fall = {FALL} }}\n[[endpoint.target]]\naddress = \"{}\"\nzone = \"a\"\n",
+            address(n)
+        ));
+    }
+    let config = PlannerConfig::parse(&text).map_err(anyhow::Error::msg)?;
+    let book = Arc::new(HealthBook::default());
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), "p"));
+    let _checks = spawn_checks(&config, book.clone(), metrics.clone());
+    let watched = (EndpointName::parse("t1.example.test.")?, address(1));
+    let health_of = || book.view().get(&watched).copied();
+
+    // Every answering target up, the hanging ones down.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let down = |view: &dnsplan_planner::decide::HealthView| view.values().filter(|h| **h == Health::Down).count();
+    while health_of() != Some(Health::Up) || down(&book.view()) < HANGING as usize {
+        anyhow::ensure!(Instant::now() < deadline, "the targets were not all probed within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let probes = || {
+        metrics.probes.get_or_create(&ResultLabels { result: "ok" }).get()
+            + metrics.probes.get_or_create(&ResultLabels { result: "fail" }).get()
+    };
+    let (before, window) = (probes(), Instant::now());
+
+    failing.store(true, Ordering::SeqCst);
+    let failed_at = Instant::now();
+    let bound = Duration::from_millis(INTERVAL_MS * (FALL + 1) + 500);
+    while health_of() != Some(Health::Down) {
+        anyhow::ensure!(failed_at.elapsed() < Duration::from_secs(5), "the failing target was not found down within 5 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let found = failed_at.elapsed();
+    assert!(found <= bound, "found down after {found:?}, more than {bound:?} ({} intervals and one)", FALL);
+
+    // The answering targets keep their rate: one probe per interval each, counted over a
+    // window of a second (the window's length, not a synchronisation).
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let rate = (probes() - before) as f64 / window.elapsed().as_secs_f64();
+    let want = f64::from(TARGETS - HANGING) * 1000.0 / INTERVAL_MS as f64;
+    assert!(rate >= 0.7 * want, "{rate:.0} probes/s of answering targets, want about {want:.0}");
+    assert_eq!(metrics.probe_slow_targets.get(), i64::from(HANGING), "every hanging target is slow, no other");
+    Ok(())
 }

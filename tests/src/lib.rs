@@ -13,6 +13,7 @@
 //! (`knotd`) on a loopback port for the tests of RFC 2136 targets and secondaries, `bind` a real
 //! BIND 9 (`named`) the same way, `nsd` a real NSD for answer sizes and secondaries.
 
+pub mod backends;
 pub mod bind;
 pub mod conformance;
 pub mod daemon;
