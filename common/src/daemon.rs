@@ -148,23 +148,36 @@ where
     }
 }
 
-/// Whether a running daemon's store answers, so that an outage is logged once when it begins
-/// (WARN) and once when it ends (INFO), not on every failed call.
+/// Whether something a running daemon calls (its store, an RFC 2136 server) answers, so that
+/// an outage is logged once when it begins (WARN) and once when it ends (INFO, with the count
+/// of calls that failed meanwhile), not on every failed call.
 #[derive(Debug)]
 pub struct Reachability {
-    what: &'static str,
+    what: std::borrow::Cow<'static, str>,
     down: std::sync::atomic::AtomicBool,
+    /// Calls that failed since the outage began.
+    failures: std::sync::atomic::AtomicU64,
 }
 
 impl Reachability {
     pub const fn new(what: &'static str) -> Reachability {
-        Reachability { what, down: std::sync::atomic::AtomicBool::new(false) }
+        Reachability::starting(std::borrow::Cow::Borrowed(what), false)
     }
 
-    /// A call failed because the store did not answer: WARN if it answered until now.
-    /// Returns whether this failure began the outage.
+    /// As `new`, for a name known at run time (`the RFC 2136 server 192.0.2.1:53`).
+    pub fn named(what: String) -> Reachability {
+        Reachability::starting(std::borrow::Cow::Owned(what), false)
+    }
+
+    const fn starting(what: std::borrow::Cow<'static, str>, down: bool) -> Reachability {
+        Reachability { what, down: std::sync::atomic::AtomicBool::new(down), failures: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// A call failed because it got no answer: WARN if it answered until now. Returns
+    /// whether this failure began the outage.
     pub fn failed(&self, err: &dyn std::fmt::Display) -> bool {
         let began = !self.down.swap(true, std::sync::atomic::Ordering::Relaxed);
+        self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if began {
             tracing::warn!(error = %err, "{} unreachable; retrying quietly until it answers", self.what);
         } else {
@@ -173,16 +186,17 @@ impl Reachability {
         began
     }
 
-    /// A call got an answer: INFO if the store was unreachable until now.
+    /// A call got an answer: INFO if it was unreachable until now.
     pub fn answered(&self) {
         if self.down.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            tracing::info!("{} reachable again", self.what);
+            let failed = self.failures.swap(0, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(failed_calls = failed, "{} reachable again", self.what);
         }
     }
 
     /// Not reached yet, before the first call (a daemon starting while its store is away).
     pub const fn unreached(what: &'static str) -> Reachability {
-        Reachability { what, down: std::sync::atomic::AtomicBool::new(true) }
+        Reachability::starting(std::borrow::Cow::Borrowed(what), true)
     }
 
     /// Sets the state without a log line, for a caller that logged the change itself.

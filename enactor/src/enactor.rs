@@ -350,8 +350,13 @@ impl<S: Store> Enactor<S> {
                 }
                 Step::TargetFailed(err) => {
                     self.metrics.abandoned("target_error");
-                    let error = format!("{err:#}");
-                    tracing::error!(parent: &span, error = %error, "writing to the RFC 2136 target failed; starting again from the latest plan");
+                    let error = crate::rfc2136::describe(&err);
+                    if err.is_transient() && self.rfc2136.as_ref().is_some_and(Rfc2136::is_unreachable) {
+                        // The target logged the outage when it began, with its cause.
+                        tracing::debug!(parent: &span, error = %error, "the RFC 2136 server is unreachable; starting again from the latest plan once it answers");
+                    } else {
+                        tracing::error!(parent: &span, error = %error, "writing to the RFC 2136 target failed; starting again from the latest plan");
+                    }
                     self.state = if err.is_transient() { "target-unreachable".into() } else { "target-refusing".into() };
                     self.event_abandoned(generation);
                     return;

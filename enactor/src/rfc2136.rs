@@ -27,10 +27,17 @@
 //! enactor records acknowledged writes in the store; see `crate::enactor`), TSIG itself
 //! (`dnsplan_common::tsig`, over hickory-proto's).
 //!
+//! An outage of the server is logged once when it begins (WARN, with the cause: "Connection
+//! refused", a timeout) and once when it ends (INFO, with the count of exchanges that failed
+//! meanwhile), not on every attempt: `Rfc2136` keeps a [`Reachability`] shared by its clones.
+//! Every error's log line carries its causes (`describe`), so BADSIG and BADKEY, or a refused
+//! connection and a reset one, read differently.
+//!
 //! With feature `testing` only, [`Fence::Off`] sends the same UPDATE without its
 //! prerequisite, the unfenced writer of today's tools, for the race tests' counterfactual.
 
 use crate::metrics::Metrics;
+use dnsplan_common::daemon::Reachability;
 use dnsplan_common::plan::validate_endpoint;
 use dnsplan_common::tsig::{TsigFailure, TsigKey, now_unix_secs};
 use dnsplan_common::{DnsName, Endpoint, EndpointName, Generation, ValidationError};
@@ -151,8 +158,9 @@ pub enum TargetError {
     #[error("{server} is not authoritative for DNS zone {zone} (NOTAUTH); set target.dns_zone to a zone this server is primary for")]
     NotAuth { server: SocketAddr, zone: DnsName },
     #[error(
-        "{server} refused the update of DNS zone {zone} (REFUSED); allow TSIG key {key} to update it (Knot: an acl with action update \
-         on the zone; BIND: update-policy)"
+        "{server} refused the update of DNS zone {zone} (REFUSED): allow TSIG key {key} to update it (Knot: an acl with action update \
+         on the zone; BIND: update-policy; PowerDNS: TSIG-ALLOW-DNSUPDATE), or check its secret (PowerDNS answers a wrong secret with \
+         an unsigned REFUSED)"
     )]
     Refused { server: SocketAddr, zone: DnsName, key: String },
     #[error("{server} answered {rcode} to an update of {endpoint}")]
@@ -309,11 +317,24 @@ enum UpdateAnswer {
 #[derive(Clone, Debug)]
 pub struct Rfc2136 {
     settings: Arc<Rfc2136Settings>,
+    /// Whether the server answers, shared by every clone (see the module docs).
+    reach: Arc<Reachability>,
+}
+
+/// The text of `err` with every cause, for a log line: `outer: inner: ...`.
+pub fn describe(err: &TargetError) -> String {
+    dnsplan_common::store::wire::error_chain(err)
 }
 
 impl Rfc2136 {
     pub fn new(settings: Rfc2136Settings) -> Rfc2136 {
-        Rfc2136 { settings: Arc::new(settings) }
+        let reach = Arc::new(Reachability::named(format!("the RFC 2136 server {}", settings.server)));
+        Rfc2136 { settings: Arc::new(settings), reach }
+    }
+
+    /// Whether the server is in an outage now (its last exchange got no answer).
+    pub fn is_unreachable(&self) -> bool {
+        self.reach.is_down()
     }
 
     /// The markers of `names`, in order, at most `in_flight` reads at once.
@@ -456,19 +477,17 @@ impl Rfc2136 {
             let bytes = match result {
                 Ok(Ok(bytes)) => bytes,
                 Ok(Err(err)) => {
-                    tracing::warn!(attempt, error = %err, "DNS exchange with the target failed");
+                    // Once when the outage begins, with its cause; quietly after.
+                    self.reach.failed(&describe(&err));
                     last = Some(err);
                     continue;
                 }
                 Err(_) => {
-                    tracing::warn!(
-                        attempt,
-                        timeout_ms = self.settings.timeout.as_millis() as u64,
-                        "DNS exchange with the target timed out"
-                    );
+                    self.reach.failed(&format!("no answer within {:?} (attempt {attempt} of {attempts})", self.settings.timeout));
                     continue;
                 }
             };
+            self.reach.answered();
             let answer = match verifier {
                 Some(mut verifier) => match Message::from_vec(&bytes) {
                     // An error the server could not sign (RFC 8945 §5.3.2; Knot's NOTAUTH for
@@ -572,6 +591,26 @@ mod tests {
                 .map(|(a, w)| Target { address: a.parse().expect("address"), zone: "a".parse().expect("zone"), weight: *w })
                 .collect(),
         }
+    }
+
+    /// The log line of a target error carries its cause: BADSIG and BADKEY, or a refused
+    /// connection, read differently. Teeth: the enactor printed `{err:#}`, which for these
+    /// errors is the outer message alone (the same line for BADSIG and BADKEY).
+    #[test]
+    fn an_error_is_described_with_its_cause() {
+        let s = settings();
+        let tsig = |source| TargetError::Tsig {
+            server: s.server,
+            zone: s.dns_zone.clone(),
+            key: "dnsplan.".into(),
+            source: Box::new(source),
+        };
+        let badsig = describe(&tsig(TsigFailure::BadSig { key: "dnsplan.".into() }));
+        let badkey = describe(&tsig(TsigFailure::BadKey { key: "dnsplan.".into() }));
+        assert!(badsig.contains("BADSIG") && badkey.contains("BADKEY"), "{badsig} / {badkey}");
+        let refused = TargetError::Io { server: s.server, source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused) };
+        assert!(describe(&refused).contains("connection refused"), "{}", describe(&refused));
+        assert_ne!(format!("{:#}", tsig(TsigFailure::BadSig { key: "k".into() })), badsig, "the plain form has no cause");
     }
 
     #[test]

@@ -643,7 +643,17 @@ impl UpdateGate {
         held: mpsc::UnboundedSender<()>,
         answered: mpsc::UnboundedSender<ResponseCode>,
     ) -> anyhow::Result<UpdateGate> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        UpdateGate::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), knot, held, answered).await
+    }
+
+    /// As `start`, listening on `on`.
+    async fn start_on(
+        on: SocketAddr,
+        knot: SocketAddr,
+        held: mpsc::UnboundedSender<()>,
+        answered: mpsc::UnboundedSender<ResponseCode>,
+    ) -> anyhow::Result<UpdateGate> {
+        let listener = tokio::net::TcpListener::bind(on).await?;
         let addr = listener.local_addr()?;
         let open = tokio::sync::watch::Sender::new(true);
         let gate = open.clone();
@@ -984,5 +994,62 @@ async fn a_retired_name_leaves_knot_and_stays_fenced() -> anyhow::Result<()> {
     assert!(matches!(store.active(&old).await?.map(|r| r.state), Some(dnsplan_common::store::ActiveState::Retired)));
     let _ = stop_tx.send(true);
     task.await?;
+    Ok(())
+}
+
+/// A server that is down while a plan waits, then comes back: the enactor process logs the
+/// outage once when it begins, with its cause ("Connection refused"), and once when it ends,
+/// with the count of failed exchanges, not a line per attempt; then it applies the plan.
+///
+/// Teeth: with a WARN per failed exchange and an ERROR per abandoned attempt (as before), the
+/// 2 s outage gave "9 WARN or ERROR lines for one outage" (checked once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_outage_is_logged_once_with_its_cause() -> anyhow::Result<()> {
+    /// The outage's length (the fault, not a synchronisation).
+    const OUTAGE: Duration = Duration::from_secs(2);
+    let server = start_primary(Kind::Knot).await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path().join("store"))?;
+    let authority = Authority::start(store.clone(), dir.path()).await?;
+    let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    // The enactor's server: a port where nothing listens until the outage ends.
+    let down = SocketAddr::from(([127, 0, 0, 1], dnsplan_tests::knot::free_port()?));
+    let config = process_config(&authority.control, down, server.addr(), dir.path(), "a.toml")?;
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let _a = Daemon::spawn(
+        Path::new(env!("CARGO_BIN_EXE_dnsplan-enactor")),
+        &["--config", &config.display().to_string(), "--id", "a", "--zone", "a"],
+        "a",
+        tx,
+    )?;
+    let api = name("api");
+    remote.publish(&fixtures::plan(1, std::slice::from_ref(&api), planner())).await?;
+    let mut seen = Vec::new();
+    let outage_began = tokio::time::timeout(WITHIN, async {
+        while let Some(line) = lines.recv().await {
+            let began = line.message.contains("unreachable; retrying quietly");
+            seen.push(line);
+            if began {
+                return true;
+            }
+        }
+        false
+    })
+    .await?;
+    anyhow::ensure!(outage_began, "the enactor never said its server is unreachable: {seen:?}");
+    tokio::time::sleep(OUTAGE).await;
+    // The server comes back on the address the enactor writes to.
+    let (held_tx, _held) = mpsc::unbounded_channel();
+    let (answers_tx, _answers) = mpsc::unbounded_channel();
+    let _back = UpdateGate::start_on(down, server.addr(), held_tx, answers_tx).await?;
+    daemon::until(&mut lines, WITHIN, |line| seen.push(line.clone()), |line| line.message == "plan applied" && line.generation == Some(1))
+        .await?;
+    let loud: Vec<&LogLine> = seen.iter().filter(|l| l.level == "WARN" || l.level == "ERROR").collect();
+    assert_eq!(loud.len(), 1, "{} WARN or ERROR lines for one outage: {loud:?}", loud.len());
+    let cause = loud[0].error.as_deref().unwrap_or_default();
+    assert!(cause.contains("Connection refused") || cause.contains("connection refused"), "the outage's line has no cause: {cause:?}");
+    let back = seen.iter().find(|l| l.message.contains(&format!("the RFC 2136 server {down} reachable again")));
+    assert!(back.is_some(), "the end of the outage was not logged: {seen:?}");
+    assert_eq!(served(server.addr(), &api).await, Ok(Some(Generation(1))));
     Ok(())
 }

@@ -12,8 +12,12 @@ use tokio::sync::mpsc;
 #[derive(Clone, Debug)]
 pub struct LogLine {
     pub who: String,
+    /// `TRACE` to `ERROR`.
+    pub level: String,
     pub message: String,
     pub generation: Option<u64>,
+    /// The event's `error` field, if it has one.
+    pub error: Option<String>,
 }
 
 /// Reads one JSON log line of `tracing-subscriber`; `None` for anything else.
@@ -24,7 +28,9 @@ pub fn parse(who: &str, line: &str) -> Option<LogLine> {
         .into_iter()
         .flatten()
         .find_map(|g| g.as_str().and_then(|s| s.parse().ok()).or(g.as_u64()));
-    Some(LogLine { who: who.into(), message, generation })
+    let level = value.get("level").and_then(|l| l.as_str()).unwrap_or_default().to_owned();
+    let error = value.pointer("/fields/error").and_then(|e| e.as_str()).map(str::to_owned);
+    Some(LogLine { who: who.into(), level, message, generation, error })
 }
 
 pub struct Daemon {

@@ -291,7 +291,7 @@ impl From<WireError> for StoreError {
 }
 
 /// The text of an error and its sources, `outer: inner: ...`.
-pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(inner) = source {
