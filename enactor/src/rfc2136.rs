@@ -17,6 +17,14 @@
 //!    again, at most [`CAS_ROUNDS_MAX`] times. A newer marker ends it as stale, the same
 //!    outcome the store's fence gives.
 //!
+//! Retiring `N` at `g` deletes its A and AAAA RRsets and its marker, so that `N` answers
+//! NXDOMAIN when nothing else lives there, and writes a tombstone instead,
+//! `TXT N-relative._dnsplan-retired.<zone>` holding `g`: outside `N`'s subtree (a marker
+//! under `N` would keep it an empty non-terminal, NOERROR without data), and still a fence. A
+//! write expecting no marker also requires no tombstone, so a writer of an older plan that read
+//! the name before it was retired is refused, reads the tombstone and finds its plan stale; a
+//! newer plan that serves `N` again requires the tombstone it read and deletes it.
+//!
 //! A write whose answer was lost is safe to send again: if the first copy was applied, the
 //! second one's prerequisite fails, and the marker then reads as this very generation.
 //!
@@ -102,18 +110,22 @@ pub struct Rfc2136Settings {
     pub fence: Fence,
 }
 
-/// What the marker of a name holds.
+/// What the fence of a name holds: its marker, or for a retired name its tombstone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Marker {
+    /// Neither: never written.
     Absent,
+    /// The marker: the name serves plan `g`'s addresses.
     At(Generation),
+    /// The tombstone: plan `g` retired the name.
+    Retired(Generation),
 }
 
 impl Marker {
     pub fn generation(self) -> Generation {
         match self {
             Marker::Absent => Generation::NONE,
-            Marker::At(g) => g,
+            Marker::At(g) | Marker::Retired(g) => g,
         }
     }
 }
@@ -205,6 +217,15 @@ impl TargetError {
     }
 }
 
+/// The label under the DNS zone's apex that holds the tombstones of retired names.
+pub const TOMBSTONES_LABEL: &str = "_dnsplan-retired";
+
+/// `<endpoint relative to zone>._dnsplan-retired.<zone>`: outside the endpoint's subtree.
+pub fn tombstone_name(endpoint: &EndpointName, zone: &DnsName) -> String {
+    let relative = endpoint.as_str().strip_suffix(zone.as_str()).unwrap_or(endpoint.as_str());
+    format!("{relative}{TOMBSTONES_LABEL}.{zone}")
+}
+
 /// `_dnsplan.<endpoint>`.
 pub fn marker_name(endpoint: &EndpointName) -> String {
     format!("{MARKER_LABEL}.{endpoint}")
@@ -259,49 +280,58 @@ pub fn update_message(
     let zone = dns_name(settings.dns_zone.as_str(), server)?;
     let name = dns_name(endpoint.as_str(), server)?;
     let marker = dns_name(&marker_name(endpoint), server)?;
+    let tombstone = dns_name(&tombstone_name(endpoint, &settings.dns_zone), server)?;
     let mut message = Message::new(rand::random(), MessageType::Query, OpCode::Update);
     message.add_zone(Query::query(zone, RecordType::SOA));
 
+    // RFC 2136 §2.4.3: RRset does not exist (class NONE, TTL 0, no RDATA).
+    let absent = |owner: &Name| {
+        let mut none = Record::update0(owner.clone(), 0, RecordType::TXT);
+        none.dns_class = DNSClass::NONE;
+        none.into_record_of_rdata()
+    };
+    // §2.4.2: RRset exists, value dependent (class of the zone, TTL 0, the RDATA).
+    let exactly = |owner: &Name, g: Generation| Record::from_rdata(owner.clone(), 0, RData::TXT(TXT::new(vec![marker_text(g)])));
     match (settings.fence, expect) {
         (Fence::Prerequisites, Marker::Absent) => {
-            // RFC 2136 §2.4.3: RRset does not exist (class NONE, TTL 0, no RDATA).
-            let mut none = Record::update0(marker.clone(), 0, RecordType::TXT);
-            none.dns_class = DNSClass::NONE;
-            message.add_pre_requisite(none.into_record_of_rdata());
+            message.add_pre_requisite(absent(&marker));
+            message.add_pre_requisite(absent(&tombstone));
         }
         (Fence::Prerequisites, Marker::At(read)) => {
-            // §2.4.2: RRset exists, value dependent (class of the zone, TTL 0, the RDATA).
-            let exact = Record::from_rdata(marker.clone(), 0, RData::TXT(TXT::new(vec![marker_text(read)])));
-            message.add_pre_requisite(exact);
+            message.add_pre_requisite(exactly(&marker, read));
+        }
+        (Fence::Prerequisites, Marker::Retired(read)) => {
+            message.add_pre_requisite(exactly(&tombstone, read));
         }
         #[cfg(feature = "testing")]
         (Fence::Off, _) => {}
     }
 
     // §2.5.2: delete an RRset (class ANY, TTL 0, no RDATA), then add the new ones.
-    for rtype in [RecordType::A, RecordType::AAAA] {
-        let mut delete = Record::update0(name.clone(), 0, rtype);
+    for (owner, rtype) in [(&name, RecordType::A), (&name, RecordType::AAAA), (&marker, RecordType::TXT), (&tombstone, RecordType::TXT)] {
+        let mut delete = Record::update0(owner.clone(), 0, rtype);
         delete.dns_class = DNSClass::ANY;
         message.add_update(delete.into_record_of_rdata());
     }
-    let mut delete = Record::update0(marker.clone(), 0, RecordType::TXT);
-    delete.dns_class = DNSClass::ANY;
-    message.add_update(delete.into_record_of_rdata());
 
     let ttl = records.map_or(dnsplan_common::plan::TTL_SECS_MIN, |r| r.ttl_secs);
-    if let Some(records) = records {
-        let (v4, v6) = addresses(records);
-        // Validation above guarantees a weighted target, so at least one address.
-        assert!(!(v4.is_empty() && v6.is_empty()), "a validated endpoint has an address");
-        for address in v4.into_iter().chain(v6) {
-            let data = match address {
-                IpAddr::V4(a) => RData::A(A(a)),
-                IpAddr::V6(a) => RData::AAAA(AAAA(a)),
-            };
-            message.add_update(Record::from_rdata(name.clone(), ttl, data));
+    let fence = match records {
+        Some(records) => {
+            let (v4, v6) = addresses(records);
+            // Validation above guarantees a weighted target, so at least one address.
+            assert!(!(v4.is_empty() && v6.is_empty()), "a validated endpoint has an address");
+            for address in v4.into_iter().chain(v6) {
+                let data = match address {
+                    IpAddr::V4(a) => RData::A(A(a)),
+                    IpAddr::V6(a) => RData::AAAA(AAAA(a)),
+                };
+                message.add_update(Record::from_rdata(name.clone(), ttl, data));
+            }
+            marker
         }
-    }
-    message.add_update(Record::from_rdata(marker, ttl, RData::TXT(TXT::new(vec![marker_text(generation)]))));
+        None => tombstone,
+    };
+    message.add_update(Record::from_rdata(fence, ttl, RData::TXT(TXT::new(vec![marker_text(generation)]))));
     Ok(message)
 }
 
@@ -366,11 +396,19 @@ impl Rfc2136 {
         &self.settings
     }
 
-    /// What `endpoint`'s marker holds now (an unsigned query; the answer is advisory, the
-    /// prerequisite decides).
+    /// What `endpoint`'s fence holds now: its marker, else its tombstone (unsigned queries;
+    /// the answer is advisory, the prerequisite decides).
     pub async fn read_marker(&self, endpoint: &EndpointName) -> Result<Marker, TargetError> {
+        if let Some(g) = self.read_generation(endpoint, marker_name(endpoint)).await? {
+            return Ok(Marker::At(g));
+        }
+        let tombstone = tombstone_name(endpoint, &self.settings.dns_zone);
+        Ok(self.read_generation(endpoint, tombstone).await?.map_or(Marker::Absent, Marker::Retired))
+    }
+
+    /// The generation the TXT RRset at `name` (`endpoint`'s marker or tombstone) holds.
+    async fn read_generation(&self, endpoint: &EndpointName, name: String) -> Result<Option<Generation>, TargetError> {
         let server = self.settings.server;
-        let name = marker_name(endpoint);
         let mut query = Message::new(rand::random(), MessageType::Query, OpCode::Query);
         query.add_query(Query::query(dns_name(&name, server)?, RecordType::TXT));
         let answer = self.exchange(&query, None).await?;
@@ -393,10 +431,10 @@ impl Rfc2136 {
             })
             .collect();
         match texts.as_slice() {
-            [] => Ok(Marker::Absent),
-            [one] => parse_marker(one)
-                .map(Marker::At)
-                .ok_or_else(|| TargetError::BadMarker { name, text: String::from_utf8_lossy(one).into_owned() }),
+            [] => Ok(None),
+            [one] => {
+                parse_marker(one).map(Some).ok_or_else(|| TargetError::BadMarker { name, text: String::from_utf8_lossy(one).into_owned() })
+            }
             many => Err(TargetError::BadMarker { name, text: format!("{} strings", many.len()) }),
         }
     }
@@ -599,12 +637,8 @@ mod tests {
     #[test]
     fn an_error_is_described_with_its_cause() {
         let s = settings();
-        let tsig = |source| TargetError::Tsig {
-            server: s.server,
-            zone: s.dns_zone.clone(),
-            key: "dnsplan.".into(),
-            source: Box::new(source),
-        };
+        let tsig =
+            |source| TargetError::Tsig { server: s.server, zone: s.dns_zone.clone(), key: "dnsplan.".into(), source: Box::new(source) };
         let badsig = describe(&tsig(TsigFailure::BadSig { key: "dnsplan.".into() }));
         let badkey = describe(&tsig(TsigFailure::BadKey { key: "dnsplan.".into() }));
         assert!(badsig.contains("BADSIG") && badkey.contains("BADKEY"), "{badsig} / {badkey}");
@@ -647,13 +681,25 @@ mod tests {
         let first = update_message(&settings(), &name, Generation(3), Some(&records), Marker::Absent).expect("message");
         assert_eq!(
             show(&first),
-            "pre: _dnsplan.api.example.test. 0 NONE TXT UPDATE\n\
+            "pre: _dnsplan.api.example.test. 0 NONE TXT UPDATE; api._dnsplan-retired.example.test. 0 NONE TXT UPDATE\n\
              update: api.example.test. 0 ANY A UPDATE; api.example.test. 0 ANY AAAA UPDATE; _dnsplan.api.example.test. 0 ANY TXT UPDATE; \
+             api._dnsplan-retired.example.test. 0 ANY TXT UPDATE; \
              api.example.test. 30 IN A 192.0.2.1; api.example.test. 30 IN AAAA 2001:db8::1; \
              _dnsplan.api.example.test. 30 IN TXT 00000000000000000003"
         );
         let next = update_message(&settings(), &name, Generation(4), Some(&records), Marker::At(Generation(3))).expect("message");
         assert!(show(&next).starts_with("pre: _dnsplan.api.example.test. 0 IN TXT 00000000000000000003\n"), "{}", show(&next));
+        // A retirement: the addresses and the marker go, the tombstone holds the generation.
+        let retire = update_message(&settings(), &name, Generation(5), None, Marker::At(Generation(4))).expect("message");
+        assert_eq!(
+            show(&retire),
+            "pre: _dnsplan.api.example.test. 0 IN TXT 00000000000000000004\n\
+             update: api.example.test. 0 ANY A UPDATE; api.example.test. 0 ANY AAAA UPDATE; _dnsplan.api.example.test. 0 ANY TXT UPDATE; \
+             api._dnsplan-retired.example.test. 0 ANY TXT UPDATE; api._dnsplan-retired.example.test. 1 IN TXT 00000000000000000005"
+        );
+        // Served again after it: requires the tombstone it read.
+        let back = update_message(&settings(), &name, Generation(6), Some(&records), Marker::Retired(Generation(5))).expect("message");
+        assert!(show(&back).starts_with("pre: api._dnsplan-retired.example.test. 0 IN TXT 00000000000000000005\n"), "{}", show(&back));
     }
 
     /// Never empty: an endpoint without targets is refused before anything is built.

@@ -947,11 +947,26 @@ async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An operator's plan that retires a name removes its addresses from the primary and moves
-/// its marker on (so no older plan can bring them back); the other names keep answering.
+/// An operator's plan that retires a name removes its addresses and its marker from the
+/// primary, so that the name answers NXDOMAIN, and leaves a tombstone outside the name that
+/// fences it: a writer of an older plan is refused, and a newer plan serves it again. The
+/// other names keep answering.
+///
+/// Teeth, checked once each: with the marker moved on instead (as before), the name answered
+/// NOERROR without an address (its marker below it kept it); without the tombstone's
+/// prerequisite on a first write, the writer of plan 1 brought the name back ("Switched").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retired_name_leaves_knot_and_stays_fenced() -> anyhow::Result<()> {
-    let kind = Kind::Knot;
+    retired_name(Kind::Knot).await
+}
+
+/// The same on BIND 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_name_leaves_bind_and_stays_fenced() -> anyhow::Result<()> {
+    retired_name(Kind::Bind).await
+}
+
+async fn retired_name(kind: Kind) -> anyhow::Result<()> {
     let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
@@ -981,17 +996,25 @@ async fn a_retired_name_leaves_knot_and_stays_fenced() -> anyhow::Result<()> {
     wait_done(&mut events, &["a"], Generation(2)).await?;
 
     assert_eq!(served(server.addr(), &keep).await, Ok(Some(Generation(2))));
-    assert_eq!(served(server.addr(), &old).await, Ok(None), "the retired name has no address");
-    assert_eq!(dig(server.addr(), old.as_str(), "A")?, Vec::<String>::new());
-    assert_eq!(dig(server.addr(), &format!("_dnsplan.{old}"), "TXT")?, vec![format!("\"{:020}\"", 2)], "its marker moved on");
-    // A writer of plan 1 that read the marker before plan 1 was written (none then) is
-    // refused by the marker (YXRRSET), reads it again and finds the retirement: stale.
+    let gone = dns_probe::query(server.addr(), old.as_str(), RecordType::A, Duration::from_secs(1)).await?;
+    assert_eq!(gone.rcode, ResponseCode::NXDomain, "the retired name must be gone: {gone:?}");
+    assert_eq!(dig(server.addr(), &format!("_dnsplan.{old}"), "TXT")?, Vec::<String>::new(), "its marker went with it");
+    let tombstone = format!("old._dnsplan-retired.{}", fixtures::DNS_ZONE);
+    assert_eq!(dig(server.addr(), &tombstone, "TXT")?, vec![format!("\"{:020}\"", 2)], "its tombstone fences it");
+    // A writer of plan 1 that read the name before plan 1 was written (nothing then) is
+    // refused by the tombstone's prerequisite, reads it and finds the retirement: stale.
     let target = Rfc2136::new(target(server.addr(), good_key(), Fence::Prerequisites));
     let stale = target.write(&old, Generation(1), Some(&endpoint_for(Generation(1))), Marker::Absent, &metrics).await?;
     assert_eq!(stale, dnsplan_enactor::rfc2136::Written::Stale { active: Generation(2) });
     assert_eq!(metrics.target_updates("prerequisite_failed"), 1, "the target refused it");
     assert_eq!(served(server.addr(), &old).await, Ok(None), "still retired");
     assert!(matches!(store.active(&old).await?.map(|r| r.state), Some(dnsplan_common::store::ActiveState::Retired)));
+
+    // A newer plan serves it again: the tombstone goes, the marker comes back.
+    store.publish(&fixtures::plan(3, &[keep.clone(), old.clone()], fixtures::operator())).await?;
+    wait_done(&mut events, &["a"], Generation(3)).await?;
+    assert_eq!(served(server.addr(), &old).await, Ok(Some(Generation(3))));
+    assert_eq!(dig(server.addr(), &tombstone, "TXT")?, Vec::<String>::new(), "the tombstone went");
     let _ = stop_tx.send(true);
     task.await?;
     Ok(())
