@@ -433,7 +433,7 @@ impl<S: Store> Enactor<S> {
                 return step;
             }
             let results = match &self.rfc2136 {
-                Some(target) => match self.write_target(target, generation, batch).await {
+                Some(target) => match self.write_target(target, generation, batch, wrote_all).await {
                     Ok(results) => results,
                     Err(step) => return step,
                 },
@@ -491,12 +491,15 @@ impl<S: Store> Enactor<S> {
     /// and UPDATEs `in_flight` at a time (a target setting). The
     /// writes the target acknowledged are then recorded in the store through its own fence,
     /// so that the store's fences, and the cleanup floor behind them, never run ahead of
-    /// what the target serves. Results are the store's words for the same outcomes.
+    /// what the target serves. Results are the store's words for the same outcomes. On a
+    /// `full` pass (a reconcile), the names already at this plan are checked for drift and
+    /// repaired through the fence (`Rfc2136::repair_many`).
     async fn write_target(
         &self,
         target: &Rfc2136,
         generation: Generation,
         batch: &[ApplyItem],
+        full: bool,
     ) -> Result<Vec<StoreResult<ApplyOutcome>>, Step> {
         let names: Vec<EndpointName> = batch.iter().map(|item| item.endpoint.clone()).collect();
         let markers = target.read_markers(&names).await.map_err(Step::TargetFailed)?;
@@ -506,6 +509,17 @@ impl<S: Store> Enactor<S> {
         }
         let writes = batch.iter().zip(markers).map(|(item, marker)| (item.endpoint.clone(), item.records.clone(), marker)).collect();
         let written = target.write_many(generation, writes, self.metrics.clone()).await.map_err(Step::TargetFailed)?;
+        if full {
+            let at_plan: Vec<(EndpointName, Endpoint)> = batch
+                .iter()
+                .zip(&written)
+                .filter(|(_, w)| matches!(w, Written::Unchanged))
+                .map(|(item, _)| (item.endpoint.clone(), item.records.clone()))
+                .collect();
+            if !at_plan.is_empty() {
+                target.repair_many(generation, at_plan, self.metrics.clone()).await.map_err(Step::TargetFailed)?;
+            }
+        }
         let mut results = Vec::with_capacity(batch.len());
         let mut acknowledged = Vec::new();
         for (item, written) in batch.iter().zip(written) {

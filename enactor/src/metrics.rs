@@ -52,6 +52,11 @@ pub const ABANDON_REASONS: [&str; 5] = ["newer_plan", "pruned", "deadline", "sto
 /// stale write the target's fence stopped), or failed (`error`).
 pub const TARGET_UPDATE_OUTCOMES: [&str; 3] = ["applied", "prerequisite_failed", "error"];
 
+/// Every cause `Metrics::target_drift` takes: what a reconcile found on an RFC 2136 server for
+/// a name whose marker holds the plan's generation: no address (`missing`), other addresses
+/// (`other_addresses`), or the plan's addresses at another TTL (`other_ttl`).
+pub const DRIFT_CAUSES: [&str; 3] = ["missing", "other_addresses", "other_ttl"];
+
 fn apply_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
@@ -66,6 +71,7 @@ pub struct Families {
     apply_seconds: Family<EnactorLabels, Histogram, fn() -> Histogram>,
     writes: PerEnactorBy<OutcomeLabels>,
     target_updates: PerEnactorBy<OutcomeLabels>,
+    target_drift: PerEnactorBy<ReasonLabels>,
     plans_applied: PerEnactor<Counter>,
     skipped_unchanged: PerEnactor<Counter>,
     plan_reads: PerEnactorBy<HowLabels>,
@@ -89,6 +95,7 @@ impl Families {
             apply_seconds: Family::new_with_constructor(apply_histogram),
             writes: Family::default(),
             target_updates: Family::default(),
+            target_drift: Family::default(),
             plans_applied: Family::default(),
             skipped_unchanged: Family::default(),
             plan_reads: Family::default(),
@@ -109,6 +116,11 @@ impl Families {
             "target_updates",
             "RFC 2136 UPDATEs sent to the target, by outcome (prerequisite_failed: the marker had moved, a stale write refused)",
             f.target_updates.clone(),
+        );
+        r.register(
+            "target_drift",
+            "Names a reconcile found changed on the RFC 2136 server behind dnsplan's back (its marker at the plan, its addresses not), by cause; each is written again through the fence",
+            f.target_drift.clone(),
         );
         r.register("plans_applied", "Plans applied fully", f.plans_applied.clone());
         r.register(
@@ -141,6 +153,7 @@ impl Families {
             apply_seconds: self.apply_seconds.get_or_create(&label).clone(),
             writes: ByLabel::new(&self.writes, &label),
             target_updates: ByLabel::new(&self.target_updates, &label),
+            target_drift: ByLabel::new(&self.target_drift, &label),
             plans_applied: self.plans_applied.get_or_create(&label).clone(),
             skipped_unchanged: self.skipped_unchanged.get_or_create(&label).clone(),
             plan_reads: ByLabel::new(&self.plan_reads, &label),
@@ -162,6 +175,9 @@ impl Families {
         }
         for outcome in TARGET_UPDATE_OUTCOMES {
             let _ = m.target_updates.get_or_create(&OutcomeLabels { outcome });
+        }
+        for reason in DRIFT_CAUSES {
+            let _ = m.target_drift.get_or_create(&ReasonLabels { reason });
         }
         m
     }
@@ -196,6 +212,8 @@ pub struct Metrics {
     pub writes: ByLabel<OutcomeLabels>,
     /// UPDATEs sent to an RFC 2136 target, by outcome (`TARGET_UPDATE_OUTCOMES`).
     pub target_updates: ByLabel<OutcomeLabels>,
+    /// Names found drifted on an RFC 2136 target, by cause (`DRIFT_CAUSES`).
+    pub target_drift: ByLabel<ReasonLabels>,
     pub plans_applied: Counter,
     /// Endpoints not written because nothing changed them since the base plan.
     pub skipped_unchanged: Counter,

@@ -25,6 +25,13 @@
 //! the name before it was retired is refused, reads the tombstone and finds its plan stale; a
 //! newer plan that serves `N` again requires the tombstone it read and deletes it.
 //!
+//! Drift: a reconcile (a full pass) also reads the A and AAAA RRsets of every name whose marker
+//! already holds the plan's generation, and when they differ from the plan (an address deleted
+//! or replaced by hand, another TTL) writes the name again through the same fence: the
+//! prerequisites are the marker *and* both RRsets exactly as read, so a newer write made
+//! meanwhile still wins. Each repair is counted by cause (`target_drift`) and logged once per
+//! name and cause.
+//!
 //! A write whose answer was lost is safe to send again: if the first copy was applied, the
 //! second one's prerequisite fails, and the marker then reads as this very generation.
 //!
@@ -335,6 +342,64 @@ pub fn update_message(
     Ok(message)
 }
 
+/// The address RRsets a server serves for a name, as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    pub v4: Vec<std::net::Ipv4Addr>,
+    pub v6: Vec<std::net::Ipv6Addr>,
+    /// The lowest TTL of those records, when there is one.
+    pub ttl: Option<u32>,
+}
+
+/// What differs between what a name serves and what `records` says it should (a cause of
+/// `DRIFT_CAUSES`), or `None`.
+pub fn drift(served: &Served, records: &Endpoint) -> Option<&'static str> {
+    let (v4, v6) = addresses(records);
+    let want: std::collections::BTreeSet<IpAddr> = v4.into_iter().chain(v6).collect();
+    let have: std::collections::BTreeSet<IpAddr> =
+        served.v4.iter().map(|a| IpAddr::V4(*a)).chain(served.v6.iter().map(|a| IpAddr::V6(*a))).collect();
+    if have.is_empty() {
+        Some("missing")
+    } else if have != want {
+        Some("other_addresses")
+    } else if served.ttl != Some(records.ttl_secs) {
+        Some("other_ttl")
+    } else {
+        None
+    }
+}
+
+/// The UPDATE that writes `records` at `generation` over a drifted name: `update_message`'s,
+/// with the marker at `generation` and both address RRsets exactly as `served` required, so
+/// that any write made since the read wins.
+pub fn repair_message(
+    settings: &Rfc2136Settings,
+    endpoint: &EndpointName,
+    generation: Generation,
+    records: &Endpoint,
+    served: &Served,
+) -> Result<Message, TargetError> {
+    let mut message = update_message(settings, endpoint, generation, Some(records), Marker::At(generation))?;
+    let name = dns_name(endpoint.as_str(), settings.server)?;
+    for (rtype, data) in [
+        (RecordType::A, served.v4.iter().map(|a| RData::A(A(*a))).collect::<Vec<_>>()),
+        (RecordType::AAAA, served.v6.iter().map(|a| RData::AAAA(AAAA(*a))).collect()),
+    ] {
+        if data.is_empty() {
+            // RFC 2136 §2.4.3: RRset does not exist.
+            let mut none = Record::update0(name.clone(), 0, rtype);
+            none.dns_class = DNSClass::NONE;
+            message.add_pre_requisite(none.into_record_of_rdata());
+        } else {
+            // §2.4.2: RRset exists, value dependent: every record of it, TTL 0.
+            for data in data {
+                message.add_pre_requisite(Record::from_rdata(name.clone(), 0, data));
+            }
+        }
+    }
+    Ok(message)
+}
+
 /// How the server answered one UPDATE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum UpdateAnswer {
@@ -349,6 +414,8 @@ pub struct Rfc2136 {
     settings: Arc<Rfc2136Settings>,
     /// Whether the server answers, shared by every clone (see the module docs).
     reach: Arc<Reachability>,
+    /// The names and causes of drift logged already (each is logged once).
+    drift_logged: Arc<std::sync::Mutex<std::collections::HashSet<(EndpointName, &'static str)>>>,
 }
 
 /// The text of `err` with every cause, for a log line: `outer: inner: ...`.
@@ -359,7 +426,7 @@ pub fn describe(err: &TargetError) -> String {
 impl Rfc2136 {
     pub fn new(settings: Rfc2136Settings) -> Rfc2136 {
         let reach = Arc::new(Reachability::named(format!("the RFC 2136 server {}", settings.server)));
-        Rfc2136 { settings: Arc::new(settings), reach }
+        Rfc2136 { settings: Arc::new(settings), reach, drift_logged: Arc::default() }
     }
 
     /// Whether the server is in an outage now (its last exchange got no answer).
@@ -396,6 +463,84 @@ impl Rfc2136 {
         &self.settings
     }
 
+    /// For each `(endpoint, records)` whose marker holds `generation` already: reads its
+    /// address RRsets and, when they drifted from `records`, writes it again through the
+    /// fence (`repair_message`), at most `in_flight` at once. Returns how many were repaired.
+    pub async fn repair_many(
+        &self,
+        generation: Generation,
+        items: Vec<(EndpointName, Endpoint)>,
+        metrics: Arc<Metrics>,
+    ) -> Result<usize, TargetError> {
+        let jobs = items.into_iter().map(|(name, records)| {
+            let (target, metrics) = (self.clone(), metrics.clone());
+            async move { target.repair(&name, generation, &records, &metrics).await }
+        });
+        Ok(in_flight(jobs.collect(), self.settings.in_flight).await?.into_iter().filter(|repaired| *repaired).count())
+    }
+
+    async fn repair(
+        &self,
+        endpoint: &EndpointName,
+        generation: Generation,
+        records: &Endpoint,
+        metrics: &Metrics,
+    ) -> Result<bool, TargetError> {
+        let served = self.read_served(endpoint).await?;
+        self.repair_from(endpoint, generation, records, &served, metrics).await
+    }
+
+    /// Writes `records` over `endpoint` if what it served when read (`served`) drifted from
+    /// them, fenced on that read (`repair_message`). Whether the server applied it.
+    pub async fn repair_from(
+        &self,
+        endpoint: &EndpointName,
+        generation: Generation,
+        records: &Endpoint,
+        served: &Served,
+        metrics: &Metrics,
+    ) -> Result<bool, TargetError> {
+        let Some(cause) = drift(served, records) else { return Ok(false) };
+        metrics.target_drift.get_or_create(&crate::metrics::ReasonLabels { reason: cause }).inc();
+        let first = self.drift_logged.lock().map(|mut logged| logged.insert((endpoint.clone(), cause))).unwrap_or(true);
+        if first {
+            tracing::warn!(endpoint = %endpoint, cause, served = ?served, plan = %generation, "the server's records of this name were changed behind dnsplan's back; writing the plan's again");
+        }
+        let message = repair_message(&self.settings, endpoint, generation, records, served)?;
+        match self.update(endpoint, message).await {
+            Ok(UpdateAnswer::Applied) => {
+                metrics.target_update("applied");
+                Ok(true)
+            }
+            Ok(UpdateAnswer::PrerequisiteFailed) => {
+                // Changed again since the read (a newer plan, or a person): the next reconcile looks again.
+                metrics.target_update("prerequisite_failed");
+                Ok(false)
+            }
+            Err(err) => {
+                metrics.target_update("error");
+                Err(err)
+            }
+        }
+    }
+
+    /// The A and AAAA RRsets `endpoint` serves now (unsigned queries).
+    pub async fn read_served(&self, endpoint: &EndpointName) -> Result<Served, TargetError> {
+        let mut served = Served::default();
+        for rtype in [RecordType::A, RecordType::AAAA] {
+            let answer = self.query(endpoint, endpoint.as_str(), rtype).await?;
+            for record in &answer.answers {
+                match &record.data {
+                    RData::A(a) => served.v4.push(a.0),
+                    RData::AAAA(a) => served.v6.push(a.0),
+                    _ => continue,
+                }
+                served.ttl = Some(served.ttl.map_or(record.ttl, |t| t.min(record.ttl)));
+            }
+        }
+        Ok(served)
+    }
+
     /// What `endpoint`'s fence holds now: its marker, else its tombstone (unsigned queries;
     /// the answer is advisory, the prerequisite decides).
     pub async fn read_marker(&self, endpoint: &EndpointName) -> Result<Marker, TargetError> {
@@ -406,11 +551,11 @@ impl Rfc2136 {
         Ok(self.read_generation(endpoint, tombstone).await?.map_or(Marker::Absent, Marker::Retired))
     }
 
-    /// The generation the TXT RRset at `name` (`endpoint`'s marker or tombstone) holds.
-    async fn read_generation(&self, endpoint: &EndpointName, name: String) -> Result<Option<Generation>, TargetError> {
+    /// The authoritative answer to `name` `rtype` (about `endpoint`), NXDOMAIN included.
+    async fn query(&self, endpoint: &EndpointName, name: &str, rtype: RecordType) -> Result<Message, TargetError> {
         let server = self.settings.server;
         let mut query = Message::new(rand::random(), MessageType::Query, OpCode::Query);
-        query.add_query(Query::query(dns_name(&name, server)?, RecordType::TXT));
+        query.add_query(Query::query(dns_name(name, server)?, rtype));
         let answer = self.exchange(&query, None).await?;
         match answer.metadata.response_code {
             ResponseCode::NoError | ResponseCode::NXDomain => {}
@@ -422,6 +567,12 @@ impl Rfc2136 {
         if !answer.metadata.authoritative {
             return Err(TargetError::NotAuth { server, zone: self.settings.dns_zone.clone() });
         }
+        Ok(answer)
+    }
+
+    /// The generation the TXT RRset at `name` (`endpoint`'s marker or tombstone) holds.
+    async fn read_generation(&self, endpoint: &EndpointName, name: String) -> Result<Option<Generation>, TargetError> {
+        let answer = self.query(endpoint, &name, RecordType::TXT).await?;
         let texts: Vec<Vec<u8>> = answer
             .answers
             .iter()

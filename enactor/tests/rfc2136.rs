@@ -1076,3 +1076,107 @@ async fn a_server_outage_is_logged_once_with_its_cause() -> anyhow::Result<()> {
     assert_eq!(served(server.addr(), &api).await, Ok(Some(Generation(1))));
     Ok(())
 }
+
+/// `nsupdate` with the enactors' own key, as an operator would edit the server by hand.
+fn nsupdate(server: SocketAddr, commands: &[String]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut child = Command::new("nsupdate")
+        .args(["-y", &format!("hmac-sha256:{KEY_NAME}:{SECRET_B64}")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run nsupdate ({e}); install it with `apt-get install -y dnsutils` (.ci/run does)"))?;
+    let script = format!("server {} {}\nzone {}\n{}\nsend\n", server.ip(), server.port(), fixtures::DNS_ZONE, commands.join("\n"));
+    child.stdin.take().ok_or_else(|| anyhow::anyhow!("no stdin"))?.write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "nsupdate failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Records changed on the server by hand (an address deleted, one replaced, a marker deleted)
+/// are written again by the next reconcile, through the fence, counted by cause; and a repair
+/// built on a read that a later change overtook is refused by the server.
+///
+/// Teeth, checked once each: with the marker alone deciding (no drift check), ep05 and ep06
+/// were never repaired ("ep05 ... not served as plan 1"); without the prerequisites on the
+/// address RRsets as read, the overtaken repair was applied over the later change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_by_hand_on_knot_are_repaired_through_the_fence() -> anyhow::Result<()> {
+    drift_repaired(Kind::Knot).await
+}
+
+/// The same on BIND 9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_by_hand_on_bind_are_repaired_through_the_fence() -> anyhow::Result<()> {
+    drift_repaired(Kind::Bind).await
+}
+
+async fn drift_repaired(kind: Kind) -> anyhow::Result<()> {
+    let server = start_primary(kind).await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(u64::MAX),
+        reached: Mutex::new(None),
+        a_holding: tokio::sync::watch::Sender::new(true),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(None),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
+    let mut settings = settings("a", server.addr(), Fence::Prerequisites)?;
+    settings.reconcile_interval = Duration::from_millis(200);
+    let enactor = Enactor::new(store.clone(), settings, metrics.clone()).with_hooks(gate);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(enactor.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let names: Vec<EndpointName> = ["ep05", "ep06", "ep07", "ep08"].iter().map(|l| name(l)).collect();
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+    wait_done(&mut events, &["a"], Generation(1)).await?;
+
+    nsupdate(server.addr(), &[format!("update delete ep05.{} A", fixtures::DNS_ZONE)])?;
+    nsupdate(server.addr(), &[format!("update delete ep06.{z} A\nupdate add ep06.{z} 30 A 192.0.2.99", z = fixtures::DNS_ZONE)])?;
+    nsupdate(server.addr(), &[format!("update delete _dnsplan.ep07.{} TXT", fixtures::DNS_ZONE)])?;
+    let deadline = std::time::Instant::now() + WITHIN;
+    for n in &names {
+        while served(server.addr(), n).await != Ok(Some(Generation(1))) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "{n} was not served as plan 1 again within {WITHIN:?}: {:?}",
+                served(server.addr(), n).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // ep07 kept its addresses: its marker is what comes back.
+    let marker = vec![format!("\"{:020}\"", 1)];
+    while dig(server.addr(), &format!("_dnsplan.ep07.{}", fixtures::DNS_ZONE), "TXT")? != marker {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "ep07's marker was not written again within {WITHIN:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let drift = |cause| metrics.target_drift.get_or_create(&ReasonLabels { reason: cause }).get();
+    assert_eq!((drift("missing"), drift("other_addresses")), (1, 1), "ep05 missing, ep06 replaced");
+    let _ = stop_tx.send(true);
+    task.await?;
+
+    // A repair built on a read that a later change overtook is refused.
+    let ep06 = &names[1];
+    nsupdate(server.addr(), &[format!("update delete ep06.{z} A\nupdate add ep06.{z} 30 A 192.0.2.99", z = fixtures::DNS_ZONE)])?;
+    let target = Rfc2136::new(target(server.addr(), good_key(), Fence::Prerequisites));
+    let read = target.read_served(ep06).await?;
+    nsupdate(server.addr(), &[format!("update delete ep06.{z} A\nupdate add ep06.{z} 30 A 192.0.2.98", z = fixtures::DNS_ZONE)])?;
+    let applied = target.repair_from(ep06, Generation(1), &endpoint_for(Generation(1)), &read, &metrics).await?;
+    assert!(!applied, "a repair over an overtaken read was applied");
+    assert_eq!(dig(server.addr(), ep06.as_str(), "A")?, vec!["192.0.2.98".to_string()], "the later change stands");
+    Ok(())
+}
