@@ -485,10 +485,10 @@ impl<S: Store> Enactor<S> {
         Step::Done { written: work.serve, changed, wrote_all }
     }
 
-    /// Writes one batch onto the RFC 2136 target: every marker of the batch is read first
-    /// (the decisions), then each endpoint gets its fenced UPDATE (the hook points
-    /// `before_write` sit between the two, where a slow writer holds a stale read), reads
-    /// and UPDATEs `in_flight` at a time (a target setting). The
+    /// Writes one batch onto the RFC 2136 target, `in_flight` names (a target setting) at a
+    /// time: their markers are read (the decisions), then each gets its fenced UPDATE (the
+    /// hook points `before_write` sit between the two, where a slow writer holds a stale
+    /// read). The
     /// writes the target acknowledged are then recorded in the store through its own fence,
     /// so that the store's fences, and the cleanup floor behind them, never run ahead of
     /// what the target serves. Results are the store's words for the same outcomes. On a
@@ -501,14 +501,21 @@ impl<S: Store> Enactor<S> {
         batch: &[ApplyItem],
         full: bool,
     ) -> Result<Vec<StoreResult<ApplyOutcome>>, Step> {
-        let names: Vec<EndpointName> = batch.iter().map(|item| item.endpoint.clone()).collect();
-        let markers = target.read_markers(&names).await.map_err(Step::TargetFailed)?;
-        // As for the store, every write of the batch waits for its hook before any is sent.
-        for item in batch {
-            self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
+        // A part of `in_flight` names at a time, each read just before it is written: the
+        // enactors of the other zones, which start at other points of the plan, then find
+        // the names they reach already written (unchanged, a read) instead of all reading
+        // the whole batch first and each sending every UPDATE.
+        let mut written = Vec::with_capacity(batch.len());
+        for part in batch.chunks(target.settings().in_flight.max(1)) {
+            let names: Vec<EndpointName> = part.iter().map(|item| item.endpoint.clone()).collect();
+            let markers = target.read_markers(&names).await.map_err(Step::TargetFailed)?;
+            // As for the store, every write of the part waits for its hook before any is sent.
+            for item in part {
+                self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
+            }
+            let writes = part.iter().zip(markers).map(|(item, marker)| (item.endpoint.clone(), item.records.clone(), marker)).collect();
+            written.extend(target.write_many(generation, writes, self.metrics.clone()).await.map_err(Step::TargetFailed)?);
         }
-        let writes = batch.iter().zip(markers).map(|(item, marker)| (item.endpoint.clone(), item.records.clone(), marker)).collect();
-        let written = target.write_many(generation, writes, self.metrics.clone()).await.map_err(Step::TargetFailed)?;
         if full {
             let at_plan: Vec<(EndpointName, Endpoint)> = batch
                 .iter()

@@ -48,9 +48,12 @@ pub const REFUSAL_REASONS: [&str; 3] = ["invalid", "removal", "content_mismatch"
 pub const ABANDON_REASONS: [&str; 5] = ["newer_plan", "pruned", "deadline", "store_error", "target_error"];
 
 /// Every outcome `Metrics::target_update` takes: an UPDATE to an RFC 2136 target was
-/// `applied`, refused because the marker moved since it was read (`prerequisite_failed`: a
-/// stale write the target's fence stopped), or failed (`error`).
-pub const TARGET_UPDATE_OUTCOMES: [&str; 3] = ["applied", "prerequisite_failed", "error"];
+/// `applied`; refused on its prerequisite, and the marker read again then held this very
+/// plan (`peer_wrote`: another enactor wrote it first), a newer plan (`prerequisite_failed`:
+/// a stale write the target's fence stopped, what an alert may watch), or another older one
+/// or other records (`contended`: written again, or left to the next reconcile); or it failed
+/// (`error`).
+pub const TARGET_UPDATE_OUTCOMES: [&str; 5] = ["applied", "peer_wrote", "prerequisite_failed", "contended", "error"];
 
 /// Every cause `Metrics::target_drift` takes: what a reconcile found on an RFC 2136 server for
 /// a name whose marker holds the plan's generation: no address (`missing`), other addresses
@@ -114,7 +117,7 @@ impl Families {
         r.register("endpoint_writes", "Endpoint writes by outcome (stale: a newer plan was already there)", f.writes.clone());
         r.register(
             "target_updates",
-            "RFC 2136 UPDATEs sent to the target, by outcome (prerequisite_failed: the marker had moved, a stale write refused)",
+            "RFC 2136 UPDATEs sent to the target, by outcome (prerequisite_failed: a newer plan was there, a stale write refused; peer_wrote: another enactor wrote this plan first; contended: the marker or records moved otherwise)",
             f.target_updates.clone(),
         );
         r.register(

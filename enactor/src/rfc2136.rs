@@ -514,7 +514,7 @@ impl Rfc2136 {
             }
             Ok(UpdateAnswer::PrerequisiteFailed) => {
                 // Changed again since the read (a newer plan, or a person): the next reconcile looks again.
-                metrics.target_update("prerequisite_failed");
+                metrics.target_update("contended");
                 Ok(false)
             }
             Err(err) => {
@@ -614,9 +614,16 @@ impl Rfc2136 {
                     return Ok(Written::Switched { previous: expect.generation() });
                 }
                 Ok(UpdateAnswer::PrerequisiteFailed) => {
-                    metrics.target_update("prerequisite_failed");
-                    tracing::info!(endpoint = %endpoint, read = %expect.generation(), "the target refused the write: the marker moved since it was read");
                     marker = self.read_marker(endpoint).await?;
+                    // What moved the marker says what the refusal was.
+                    match decide(generation, marker) {
+                        Decision::Unchanged => metrics.target_update("peer_wrote"),
+                        Decision::Stale { active } => {
+                            metrics.target_update("prerequisite_failed");
+                            tracing::info!(endpoint = %endpoint, read = %expect.generation(), %active, "the target refused a stale write: a newer plan is there");
+                        }
+                        Decision::Write { .. } => metrics.target_update("contended"),
+                    }
                 }
                 Err(err) => {
                     metrics.target_update("error");

@@ -1180,3 +1180,67 @@ async fn drift_repaired(kind: Kind) -> anyhow::Result<()> {
     assert_eq!(dig(server.addr(), ep06.as_str(), "A")?, vec!["192.0.2.98".to_string()], "the later change stands");
     Ok(())
 }
+
+/// Three enactors (zones a, b, c) enact a change of 240 names onto the server: in the normal
+/// case about one UPDATE per name in all, not one per name from each, and no refusal counted
+/// as a stale write (`prerequisite_failed`): a peer's earlier write is `peer_wrote`.
+///
+/// Teeth, checked once each: with each enactor reading the markers of its whole batch before
+/// writing (as before), the three sent 474 UPDATEs for 240 names (250 now); with every
+/// refused UPDATE counted as `prerequisite_failed` (as before), the 10 a peer had written first
+/// counted as stale writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_enactors_send_about_one_update_per_changed_name() -> anyhow::Result<()> {
+    const NAMES: usize = 240;
+    let server = start_primary(Kind::Knot).await?;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path())?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let gate = Arc::new(Gate {
+        hold: Generation(u64::MAX),
+        reached: Mutex::new(None),
+        a_holding: tokio::sync::watch::Sender::new(true),
+        release: Notify::new(),
+        released: AtomicBool::new(false),
+        next: Mutex::new(None),
+        release_next: Notify::new(),
+        events: events_tx,
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    let mut all = Vec::new();
+    for id in ["a", "b", "c"] {
+        let metrics = Arc::new(Metrics::register(&mut Registry::default(), id));
+        let enactor =
+            Enactor::new(store.clone(), settings(id, server.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate.clone());
+        let mut stop = stop_rx.clone();
+        tasks.push(tokio::spawn(enactor.run(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })));
+        all.push(metrics);
+    }
+    let names: Vec<EndpointName> = (0..NAMES).map(|i| name(&format!("n{i:03}"))).collect();
+    store.publish(&fixtures::plan(1, &names, planner())).await?;
+    wait_done(&mut events, &["a", "b", "c"], Generation(1)).await?;
+    let sent = |outcome| all.iter().map(|m| m.target_updates(outcome)).sum::<u64>();
+    let outcomes = ["applied", "peer_wrote", "prerequisite_failed", "contended"];
+    let before: Vec<u64> = outcomes.iter().map(|o| sent(o)).collect();
+
+    store.publish(&fixtures::plan(2, &names, planner())).await?;
+    wait_done(&mut events, &["a", "b", "c"], Generation(2)).await?;
+    let after: Vec<u64> = outcomes.iter().map(|o| sent(o)).collect();
+    let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    let total: u64 = delta.iter().sum();
+    eprintln!("plan 2 of {NAMES} names: {total} UPDATEs; by outcome {outcomes:?}: {delta:?}");
+    assert_eq!(delta[0], NAMES as u64, "each name applied once");
+    assert_eq!(delta[2], 0, "no write of this plan is stale");
+    assert!(total <= NAMES as u64 * 3 / 2, "{total} UPDATEs for {NAMES} names");
+    for n in &names {
+        assert_eq!(served(server.addr(), n).await, Ok(Some(Generation(2))));
+    }
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        task.await?;
+    }
+    Ok(())
+}
