@@ -24,6 +24,7 @@ use dnsplan_tests::bind::{Bind, BindSpec, BindZone};
 use dnsplan_tests::daemon::{self, Daemon, LogLine};
 use dnsplan_tests::fixtures::{self, endpoint_for, name, planner};
 use dnsplan_tests::knot::{KeyAction, Knot, KnotSpec, KnotZone, TsigKey as KnotKey};
+use dnsplan_tests::pdns::PowerDns;
 use dnsplan_tests::stack::{Authority, TOKEN};
 use hickory_proto::op::{Message, OpCode};
 use prometheus_client::registry::Registry;
@@ -57,6 +58,7 @@ const WRONG_SECRET_B64: &str = "d3Jvbmctd3Jvbmctd3Jvbmctd3Jvbmctd3Jvbmctd3I=";
 enum Kind {
     Knot,
     Bind,
+    PowerDns,
 }
 
 /// A running primary with the test zone and keys: [`KEY_NAME`] may update it,
@@ -64,6 +66,7 @@ enum Kind {
 enum Primary {
     Knot(Knot),
     Bind(Bind),
+    PowerDns(PowerDns),
 }
 
 impl Primary {
@@ -71,6 +74,7 @@ impl Primary {
         match self {
             Primary::Knot(k) => k.addr(),
             Primary::Bind(b) => b.addr(),
+            Primary::PowerDns(p) => p.addr(),
         }
     }
 }
@@ -79,6 +83,7 @@ async fn start_primary(kind: Kind) -> anyhow::Result<Primary> {
     Ok(match kind {
         Kind::Knot => Primary::Knot(start_knot().await?),
         Kind::Bind => Primary::Bind(start_bind().await?),
+        Kind::PowerDns => Primary::PowerDns(PowerDns::start(fixtures::DNS_ZONE, &zone_text(), &primary_keys()).await?),
     })
 }
 
@@ -489,13 +494,17 @@ async fn tsig_and_acl_failures(kind: Kind) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut Registry::default(), "a");
     let api = name("api");
     let records = endpoint_for(Generation(1));
+    // PowerDNS answers all three with an unsigned REFUSED; the error then names both the
+    // key's permission and its secret.
+    let powerdns = kind == Kind::PowerDns;
     let cases: [(TsigKey, &str); 3] = [
-        (key("unknown-key.", SECRET_B64), "BADKEY"),
-        (key(KEY_NAME, WRONG_SECRET_B64), "BADSIG"),
+        (key("unknown-key.", SECRET_B64), if powerdns { "check its secret" } else { "BADKEY" }),
+        (key(KEY_NAME, WRONG_SECRET_B64), if powerdns { "check its secret" } else { "BADSIG" }),
         // Knot answers BADKEY when no ACL lets a key update; BIND answers REFUSED.
         (key(TRANSFER_KEY, SECRET_B64), if kind == Kind::Knot { "BADKEY" } else { "REFUSED" }),
     ];
     for (key, want) in cases {
+        let key_name = key.name().to_string();
         let target = Rfc2136::new(target(server.addr(), key, Fence::Prerequisites));
         let got = target.write(&api, Generation(1), Some(&records), Marker::Absent, &metrics).await;
         let err = match got {
@@ -503,7 +512,7 @@ async fn tsig_and_acl_failures(kind: Kind) -> anyhow::Result<()> {
             Ok(written) => anyhow::bail!("the update was accepted: {written:?}"),
         };
         assert!(err.contains(want), "want {want:?} in {err:?}");
-        let fix = ["let it update DNS zone example.test.", "allow TSIG key transfer-only. to update it"];
+        let fix = ["let it update DNS zone example.test.", &format!("allow TSIG key {} to update it", key_name)];
         assert!(fix.iter().any(|f| err.contains(f)), "the error says what to fix: {err:?}");
         assert_eq!(served(server.addr(), &api).await, Ok(None), "nothing written after {want}");
     }
@@ -1243,4 +1252,38 @@ async fn three_enactors_send_about_one_update_per_changed_name() -> anyhow::Resu
         task.await?;
     }
     Ok(())
+}
+
+/// The 2025 race on PowerDNS (SQLite backend), fenced: its four stale UPDATEs refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn powerdns_refuses_the_stale_writes_of_the_2025_race() -> anyhow::Result<()> {
+    fenced_race(Kind::PowerDns).await
+}
+
+/// Its teeth on PowerDNS: without prerequisites the newer plan is overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_race_without_prerequisites_overwrites_newer_plans_on_powerdns() -> anyhow::Result<()> {
+    unfenced_race(Kind::PowerDns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_are_enacted_onto_powerdns() -> anyhow::Result<()> {
+    plans_are_enacted(Kind::PowerDns).await
+}
+
+/// PowerDNS answers a key it does not know, and a wrong secret, with an unsigned REFUSED or
+/// NOTAUTH; the error says what to check either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tsig_and_acl_failures_are_clear_and_write_nothing_on_powerdns() -> anyhow::Result<()> {
+    tsig_and_acl_failures(Kind::PowerDns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_name_leaves_powerdns_and_stays_fenced() -> anyhow::Result<()> {
+    retired_name(Kind::PowerDns).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_by_hand_on_powerdns_are_repaired_through_the_fence() -> anyhow::Result<()> {
+    drift_repaired(Kind::PowerDns).await
 }

@@ -167,19 +167,19 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, spe
     }
 }
 
-async fn soa_at(addr: SocketAddr, origin: &str) -> Option<u32> {
+pub(crate) async fn soa_at(addr: SocketAddr, origin: &str) -> Option<u32> {
     match dns_probe::query(addr, origin, RecordType::SOA, PROBE_TIMEOUT).await {
         Ok(a) if a.rcode == ResponseCode::NoError && a.authoritative => a.soa_serial,
         _ => None,
     }
 }
 
-fn logs_at(log: &Path) -> String {
+pub(crate) fn logs_at(log: &Path) -> String {
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
     format!("{}{}", read(log), read(&log.with_extension("stderr")))
 }
 
-fn stop(child: &mut Option<Child>) {
+pub(crate) fn stop(child: &mut Option<Child>) {
     let Some(mut child) = child.take() else { return };
     let pid = child.id().to_string();
     let _ = Command::new("kill").args(["-TERM", &pid]).status();

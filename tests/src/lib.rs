@@ -22,5 +22,6 @@ pub mod fixtures;
 pub mod knot;
 pub mod naive;
 pub mod nsd;
+pub mod pdns;
 pub mod stack;
 pub mod watch;
