@@ -427,6 +427,9 @@ impl<S: Store> Enactor<S> {
         // race for the same endpoints, which on etcd means transactions that fail and retry.
         let start = start_of(&self.settings.id, pending.len());
         pending.rotate_left(start);
+        if self.rfc2136.is_some() {
+            share_first(&mut pending, &self.settings.zone);
+        }
         self.metrics.skipped_unchanged.inc_by(work.skipped);
         for batch in pending.chunks(self.settings.batch_size.max(1)) {
             if let Some(step) = self.preempted(generation, deadline, versions) {
@@ -915,6 +918,42 @@ impl Drop for AbortOnDrop {
 
 /// Where an enactor with this id starts writing a plan of `len` endpoints: a hash of the id,
 /// the same on every run, so enactors of one zone spread their starts.
+/// Orders `pending` for an RFC 2136 target: this enactor's share first, then the others'.
+/// The zones the plan's targets name are the enactors that write it (one per zone); a name's
+/// share is its hash modulo their count, and an enactor's share is the one at its zone's
+/// place among them. Each enactor writes its own share while the others write theirs, then
+/// goes over theirs, finding them written (a marker read each) or taking over a silent peer's.
+/// An enactor whose zone no target names keeps the order it has.
+fn share_first(pending: &mut [ApplyItem], zone: &dnsplan_common::ZoneId) {
+    use std::hash::{Hash, Hasher};
+    let zones: std::collections::BTreeSet<dnsplan_common::ZoneId> =
+        pending.iter().flat_map(|item| item.records.targets.iter().map(|t| t.zone.clone())).collect();
+    let Some(mine) = zones.iter().position(|z| z == zone) else { return };
+    let share = |item: &ApplyItem| {
+        // A hash every enactor computes the same way, whatever its build: FNV-1a.
+        let mut hasher = Fnv(0xcbf2_9ce4_8422_2325);
+        item.endpoint.as_str().hash(&mut hasher);
+        (hasher.finish() % zones.len() as u64) as usize
+    };
+    // Stable: within each part the order (and its rotation) stays.
+    pending.sort_by_key(|item| share(item) != mine);
+}
+
+/// FNV-1a, 64 bits.
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
 fn start_of(id: &str, len: usize) -> usize {
     use std::hash::{Hash, Hasher};
     if len == 0 {

@@ -416,6 +416,10 @@ pub struct Rfc2136 {
     reach: Arc<Reachability>,
     /// The names and causes of drift logged already (each is logged once).
     drift_logged: Arc<std::sync::Mutex<std::collections::HashSet<(EndpointName, &'static str)>>>,
+    /// Open TCP connections to the server, idle between exchanges (at most `in_flight`):
+    /// each exchange takes one (or connects) and gives it back, so a plan of a thousand names
+    /// is a few connections, not a thousand in TIME_WAIT (RFC 7766 §6.2.1).
+    idle: Arc<std::sync::Mutex<Vec<TcpStream>>>,
 }
 
 /// The text of `err` with every cause, for a log line: `outer: inner: ...`.
@@ -426,7 +430,7 @@ pub fn describe(err: &TargetError) -> String {
 impl Rfc2136 {
     pub fn new(settings: Rfc2136Settings) -> Rfc2136 {
         let reach = Arc::new(Reachability::named(format!("the RFC 2136 server {}", settings.server)));
-        Rfc2136 { settings: Arc::new(settings), reach, drift_logged: Arc::default() }
+        Rfc2136 { settings: Arc::new(settings), reach, drift_logged: Arc::default(), idle: Arc::default() }
     }
 
     /// Whether the server is in an outage now (its last exchange got no answer).
@@ -634,6 +638,48 @@ impl Rfc2136 {
         Err(TargetError::Contention { endpoint: endpoint.clone() })
     }
 
+    /// One length-prefixed message out and one back, on an idle connection when there is one
+    /// (and on a new one if the server closed that meanwhile: sending again is safe, see the
+    /// module docs), else on a new connection; the connection is kept for the next exchange.
+    async fn exchange_tcp(&self, packet: &[u8]) -> Result<Vec<u8>, TargetError> {
+        let server = self.settings.server;
+        let len = u16::try_from(packet.len()).map_err(|_| TargetError::Malformed { server, detail: "message over 65,535 bytes".into() })?;
+        let mut out = Vec::with_capacity(packet.len() + 2);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(packet);
+        let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        if let Some(mut stream) = reused
+            && let Ok(answer) = Self::send_on(&mut stream, &out).await
+        {
+            self.keep(stream);
+            return Ok(answer);
+        }
+        let io = |source| TargetError::Io { server, source };
+        let mut stream = TcpStream::connect(server).await.map_err(io)?;
+        let _ = stream.set_nodelay(true);
+        let answer = Self::send_on(&mut stream, &out).await.map_err(io)?;
+        self.keep(stream);
+        Ok(answer)
+    }
+
+    async fn send_on(stream: &mut TcpStream, out: &[u8]) -> std::io::Result<Vec<u8>> {
+        stream.write_all(out).await?;
+        let len = usize::from(stream.read_u16().await?);
+        debug_assert!(len <= ANSWER_BYTES_MAX);
+        let mut buf = vec![0u8; len];
+        stream.read_exact(&mut buf).await?;
+        Ok(buf)
+    }
+
+    /// Keeps `stream` for a later exchange, unless `in_flight` are kept already.
+    fn keep(&self, stream: TcpStream) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < self.settings.in_flight.max(1)
+        {
+            idle.push(stream);
+        }
+    }
+
     /// Sends one signed UPDATE and reads its verified answer.
     async fn update(&self, endpoint: &EndpointName, message: Message) -> Result<UpdateAnswer, TargetError> {
         let server = self.settings.server;
@@ -669,7 +715,7 @@ impl Rfc2136 {
                 None => None,
             };
             let packet = message.to_vec().map_err(|e| TargetError::Malformed { server, detail: format!("encoding: {e}") })?;
-            let result = tokio::time::timeout(self.settings.timeout, exchange_tcp(server, &packet)).await;
+            let result = tokio::time::timeout(self.settings.timeout, self.exchange_tcp(&packet)).await;
             let bytes = match result {
                 Ok(Ok(bytes)) => bytes,
                 Ok(Err(err)) => {
@@ -743,22 +789,6 @@ where
 /// Answers that refuse an update: believed unsigned, since they can only stop a write.
 fn is_refusal(rcode: ResponseCode) -> bool {
     matches!(rcode, ResponseCode::NotAuth | ResponseCode::Refused | ResponseCode::ServFail | ResponseCode::FormErr | ResponseCode::NotImp)
-}
-
-/// One length-prefixed message out and one back on a fresh TCP connection.
-async fn exchange_tcp(server: SocketAddr, packet: &[u8]) -> Result<Vec<u8>, TargetError> {
-    let io = |source| TargetError::Io { server, source };
-    let len = u16::try_from(packet.len()).map_err(|_| TargetError::Malformed { server, detail: "message over 65,535 bytes".into() })?;
-    let mut stream = TcpStream::connect(server).await.map_err(io)?;
-    let mut out = Vec::with_capacity(packet.len() + 2);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(packet);
-    stream.write_all(&out).await.map_err(io)?;
-    let len = usize::from(stream.read_u16().await.map_err(io)?);
-    debug_assert!(len <= ANSWER_BYTES_MAX);
-    let mut buf = vec![0u8; len];
-    stream.read_exact(&mut buf).await.map_err(io)?;
-    Ok(buf)
 }
 
 #[cfg(test)]
