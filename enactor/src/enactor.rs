@@ -428,7 +428,8 @@ impl<S: Store> Enactor<S> {
         let start = start_of(&self.settings.id, pending.len());
         pending.rotate_left(start);
         if self.rfc2136.is_some() {
-            share_first(&mut pending, &self.settings.zone);
+            let peers = self.live_peers().await;
+            share_first(&mut pending, &peers, &self.settings.id);
         }
         self.metrics.skipped_unchanged.inc_by(work.skipped);
         for batch in pending.chunks(self.settings.batch_size.max(1)) {
@@ -792,6 +793,23 @@ impl<S: Store> Enactor<S> {
         }
     }
 
+    /// The ids of the enactors that sent the store a heartbeat within three intervals, this
+    /// one included, sorted: the writers a plan's names are shared among on an RFC 2136
+    /// target. A store that does not answer leaves this one alone.
+    async fn live_peers(&self) -> Vec<String> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or_default();
+        let live = u64::try_from((self.settings.heartbeat_interval * 3).as_millis()).unwrap_or(u64::MAX);
+        let beats = tokio::time::timeout(self.settings.call_timeout, self.store.heartbeats()).await;
+        let mut ids: Vec<String> = match beats {
+            Ok(Ok(beats)) => beats.into_iter().filter(|b| now.saturating_sub(b.at_unix_ms) <= live).map(|b| b.enactor_id).collect(),
+            _ => Vec::new(),
+        };
+        ids.push(self.settings.id.clone());
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
     async fn heartbeat(&self) {
         let beat = Heartbeat {
             enactor_id: self.settings.id.clone(),
@@ -919,21 +937,18 @@ impl Drop for AbortOnDrop {
 /// Where an enactor with this id starts writing a plan of `len` endpoints: a hash of the id,
 /// the same on every run, so enactors of one zone spread their starts.
 /// Orders `pending` for an RFC 2136 target: this enactor's share first, then the others'.
-/// The zones the plan's targets name are the enactors that write it (one per zone); a name's
-/// share is its hash modulo their count, and an enactor's share is the one at its zone's
-/// place among them. Each enactor writes its own share while the others write theirs, then
-/// goes over theirs, finding them written (a marker read each) or taking over a silent peer's.
-/// An enactor whose zone no target names keeps the order it has.
-fn share_first(pending: &mut [ApplyItem], zone: &dnsplan_common::ZoneId) {
+/// `peers` are the live enactors (sorted ids, `me` among them); a name's share is its hash
+/// modulo their count, and an enactor's share is the one at its place among them. Each writes
+/// its own share while the others write theirs, then goes over theirs, finding them written
+/// (a marker read each) or taking over a silent peer's.
+fn share_first(pending: &mut [ApplyItem], peers: &[String], me: &str) {
     use std::hash::{Hash, Hasher};
-    let zones: std::collections::BTreeSet<dnsplan_common::ZoneId> =
-        pending.iter().flat_map(|item| item.records.targets.iter().map(|t| t.zone.clone())).collect();
-    let Some(mine) = zones.iter().position(|z| z == zone) else { return };
+    let Some(mine) = peers.iter().position(|p| p == me) else { return };
     let share = |item: &ApplyItem| {
         // A hash every enactor computes the same way, whatever its build: FNV-1a.
         let mut hasher = Fnv(0xcbf2_9ce4_8422_2325);
         item.endpoint.as_str().hash(&mut hasher);
-        (hasher.finish() % zones.len() as u64) as usize
+        (hasher.finish() % peers.len() as u64) as usize
     };
     // Stable: within each part the order (and its rotation) stays.
     pending.sort_by_key(|item| share(item) != mine);
