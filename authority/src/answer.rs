@@ -186,7 +186,8 @@ pub fn respond(
     let mut glue_rrsets = Vec::new();
     match snapshot.get(&name) {
         Some(data) => {
-            let answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
+            let mut answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
+            let ends = follow_cnames(&mut answers, &name, query.query_type(), snapshot, limits, rng);
             if answers.is_empty() {
                 negative(&mut resp, snapshot, ResponseCode::NoError);
             } else {
@@ -196,6 +197,12 @@ pub fn respond(
                     resp.add_additionals(glue.into_iter().flatten());
                 }
                 resp.add_answers(answers);
+                match ends {
+                    ChainEnd::Answered => {}
+                    // RFC 6604 §3: the rcode is the last name's; RFC 2308: with the SOA.
+                    ChainEnd::NoData => negative(&mut resp, snapshot, ResponseCode::NoError),
+                    ChainEnd::NxDomain => negative(&mut resp, snapshot, ResponseCode::NXDomain),
+                }
             }
         }
         None if snapshot.is_empty_non_terminal(&name) => negative(&mut resp, snapshot, ResponseCode::NoError),
@@ -298,6 +305,57 @@ fn fold_case(resp: &mut Message) {
             _ => {}
         }
     }
+}
+
+/// Most CNAMEs followed inside the zone for one answer; a longer chain (or a loop) ends at
+/// the last CNAME, which the resolver follows itself.
+pub const CNAME_CHAIN_MAX: usize = 8;
+
+/// How an answer that starts with a CNAME ends inside the zone.
+enum ChainEnd {
+    /// With data, a CNAME out of the zone, or no CNAME at all.
+    Answered,
+    /// At a name without data of the type asked (NODATA).
+    NoData,
+    /// At a name that does not exist.
+    NxDomain,
+}
+
+/// Follows an answer that is one CNAME (asked at `name` for `qtype`) through the zone, as
+/// RFC 1034 §4.3.2 step 3a asks of an authoritative server: each target's answer is added,
+/// up to [`CNAME_CHAIN_MAX`] CNAMEs, never twice the same name; says how the chain ended.
+fn follow_cnames(
+    answers: &mut Vec<Record>,
+    name: &Name,
+    qtype: RecordType,
+    snapshot: &Snapshot,
+    limits: &AnswerLimits,
+    rng: &mut impl Rng,
+) -> ChainEnd {
+    if matches!(qtype, RecordType::CNAME | RecordType::ANY) {
+        return ChainEnd::Answered;
+    }
+    let mut seen = vec![name.clone()];
+    for _ in 0..CNAME_CHAIN_MAX {
+        let target = match answers.last().map(|r| &r.data) {
+            Some(RData::CNAME(target)) => target.0.to_lowercase(),
+            _ => return ChainEnd::Answered,
+        };
+        if !snapshot.zone.origin.zone_of(&target) || seen.contains(&target) {
+            return ChainEnd::Answered;
+        }
+        let more = match snapshot.get(&target) {
+            Some(data) => collect(&Query::query(target.clone(), qtype), data.managed.as_ref(), &data.statics, limits, rng),
+            None if snapshot.is_empty_non_terminal(&target) => return ChainEnd::NoData,
+            None => return ChainEnd::NxDomain,
+        };
+        if more.is_empty() {
+            return ChainEnd::NoData;
+        }
+        answers.extend(more);
+        seen.push(target);
+    }
+    ChainEnd::Answered
 }
 
 /// Answers for `query` at one name. Owner names are the query's own name, so they compress

@@ -60,7 +60,7 @@ async fn serves_the_dns_zone_correctly() -> anyhow::Result<()> {
         ("_udp.example.test.", RecordType::A, ResponseCode::NoError, 0), // empty non-terminal
         ("sip.example.test.", RecordType::AAAA, ResponseCode::NoError, 0),
         ("sip.example.test.", RecordType::A, ResponseCode::NoError, 1),
-        ("www.example.test.", RecordType::A, ResponseCode::NoError, 1), // the CNAME
+        ("www.example.test.", RecordType::A, ResponseCode::NoError, 3), // the CNAME, then api's two addresses
         ("_sip._udp.example.test.", RecordType::SRV, ResponseCode::NoError, 1),
         ("example.test.", RecordType::TXT, ResponseCode::NoError, 1),
     ];
@@ -75,6 +75,7 @@ async fn serves_the_dns_zone_correctly() -> anyhow::Result<()> {
     }
     let (www, _) = ask(auth.dns, "www.example.test.", RecordType::A, Ask::default()).await?;
     assert_eq!(www.answers[0].record_type(), RecordType::CNAME);
+    assert_eq!(addresses(&www), want_v4, "the CNAME followed in the zone: api's addresses");
 
     // REFUSED: outside the DNS zone, another class, zone transfers.
     for (name, qtype, class) in [
