@@ -505,12 +505,12 @@ impl<S: Store> Enactor<S> {
         batch: &[ApplyItem],
         full: bool,
     ) -> Result<Vec<StoreResult<ApplyOutcome>>, Step> {
-        // A part of `in_flight` names at a time, each read just before it is written: the
-        // enactors of the other zones, which start at other points of the plan, then find
-        // the names they reach already written (unchanged, a read) instead of all reading
-        // the whole batch first and each sending every UPDATE.
+        // A part at a time (`in_flight` messages of `NAMES_PER_UPDATE` names), each read just
+        // before it is written: the other enactors then find the names they reach already
+        // written (unchanged, a read) instead of all reading the whole batch first and each
+        // sending every UPDATE.
         let mut written = Vec::with_capacity(batch.len());
-        for part in batch.chunks(target.settings().in_flight.max(1)) {
+        for part in batch.chunks(target.settings().in_flight.max(1) * crate::rfc2136::NAMES_PER_UPDATE) {
             let names: Vec<EndpointName> = part.iter().map(|item| item.endpoint.clone()).collect();
             let markers = target.read_markers(&names).await.map_err(Step::TargetFailed)?;
             // As for the store, every write of the part waits for its hook before any is sent.
