@@ -404,6 +404,28 @@ pub fn repair_message(
     Ok(message)
 }
 
+/// One UPDATE that writes every `(endpoint, records, marker as read)` of `group` at
+/// `generation`: each name's prerequisites and updates of `update_message`, in one message
+/// the server applies whole or not at all; `None` for an empty group.
+pub fn group_message(
+    settings: &Rfc2136Settings,
+    generation: Generation,
+    group: &[(EndpointName, Endpoint, Marker)],
+) -> Result<Option<Message>, TargetError> {
+    let mut message: Option<Message> = None;
+    for (name, records, marker) in group {
+        let one = update_message(settings, name, generation, Some(records), *marker)?;
+        match message.as_mut() {
+            None => message = Some(one),
+            Some(all) => {
+                all.add_pre_requisites(one.prerequisites().iter().cloned());
+                all.add_updates(one.updates().iter().cloned());
+            }
+        }
+    }
+    Ok(message)
+}
+
 /// How the server answered one UPDATE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum UpdateAnswer {
@@ -502,18 +524,8 @@ impl Rfc2136 {
         if let [(i, name, records, marker)] = group.as_slice() {
             return Ok(vec![(*i, self.write(name, generation, Some(records), *marker, metrics).await?)]);
         }
-        let mut message: Option<Message> = None;
-        for (_, name, records, marker) in &group {
-            let one = update_message(&self.settings, name, generation, Some(records), *marker)?;
-            match message.as_mut() {
-                None => message = Some(one),
-                Some(all) => {
-                    all.add_pre_requisites(one.prerequisites().iter().cloned());
-                    all.add_updates(one.updates().iter().cloned());
-                }
-            }
-        }
-        let Some(message) = message else { return Ok(Vec::new()) };
+        let parts: Vec<(EndpointName, Endpoint, Marker)> = group.iter().map(|(_, n, r, m)| (n.clone(), r.clone(), *m)).collect();
+        let Some(message) = group_message(&self.settings, generation, &parts)? else { return Ok(Vec::new()) };
         match self.update(&group[0].1, message).await {
             Ok(UpdateAnswer::Applied) => Ok(group
                 .iter()
@@ -961,6 +973,29 @@ mod tests {
         // Served again after it: requires the tombstone it read.
         let back = update_message(&settings(), &name, Generation(6), Some(&records), Marker::Retired(Generation(5))).expect("message");
         assert!(show(&back).starts_with("pre: api._dnsplan-retired.example.test. 0 IN TXT 00000000000000000005\n"), "{}", show(&back));
+    }
+
+    /// A message of several names fences each on its own marker: every name's prerequisite is
+    /// in it. Teeth: with only the first name's, a stale write of the others would go through
+    /// whenever the first name's marker had not moved.
+    #[test]
+    fn a_message_of_several_names_fences_each() {
+        let records = endpoint(&[("192.0.2.1", 1)]);
+        let group: Vec<(EndpointName, Endpoint, Marker)> = (0..3)
+            .map(|i| (EndpointName::parse(&format!("n{i}.example.test.")).expect("name"), records.clone(), Marker::At(Generation(4 + i))))
+            .collect();
+        let message = group_message(&settings(), Generation(9), &group).expect("message").expect("a message");
+        let fenced: Vec<String> = message.prerequisites().iter().map(|r| format!("{} {}", r.name, r.data)).collect();
+        assert_eq!(
+            fenced,
+            [
+                "_dnsplan.n0.example.test. 00000000000000000004",
+                "_dnsplan.n1.example.test. 00000000000000000005",
+                "_dnsplan.n2.example.test. 00000000000000000006"
+            ]
+        );
+        assert_eq!(message.queries.len(), 1, "one zone section");
+        assert!(group_message(&settings(), Generation(9), &[]).expect("empty").is_none());
     }
 
     /// Never empty: an endpoint without targets is refused before anything is built.
