@@ -20,8 +20,10 @@ use std::time::{Duration, Instant};
 /// Most time for the script to have both authorities agree: etcd's election, the first
 /// plan, its application and the watch on a loaded two-core machine (about 10 s idle).
 const READY: Duration = Duration::from_secs(120);
-/// Most time for the script to stop everything it started (10 s per group at worst).
-const STOP: Duration = Duration::from_secs(40);
+/// Most time for the script to stop everything it started: 10 s per group at worst, then its
+/// `wait` for the killed processes to be reaped, which a process inside an fsync on a disk
+/// busy with a build can delay (a CI run under a build once took more than 40 s here).
+const STOP: Duration = Duration::from_secs(90);
 /// Timeout of one DNS query.
 const QUERY: Duration = Duration::from_millis(500);
 
