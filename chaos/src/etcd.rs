@@ -755,6 +755,16 @@ pub async fn run_member_down(bins: Bins, seed: u64, duration: Duration) -> anyho
             let follower = (leader_index + rng.random_range(1..stack.cluster.members.len())) % stack.cluster.members.len();
             stack.cluster.kill(follower)?;
             report.fault("etcd follower SIGKILL");
+            // The first call after the kill is a read, as a daemon's is (the planner and the
+            // enactors read before they write): a read on the killed member's connection moves
+            // to a live member and marks that one failed. A write already sent on that
+            // connection is ambiguous (it may have reached etcd), and is not moved to another
+            // member, as etcd's own client does not; the store settles its outcome instead.
+            storm
+                .store
+                .list(Generation::NONE, 1)
+                .await
+                .map_err(|e| anyhow::anyhow!("a read with etcd member {follower} of 3 down: {e}"))?;
             let down_until = Instant::now() + hold;
             let refused_before = storm.refused;
             let mut published = 0;
