@@ -12,10 +12,11 @@
 //!   fence ever went back in etcd's whole history.
 //! - `etcd-member-down`: an etcd follower (not the leader) is SIGKILLed and kept down for a
 //!   while during a plan storm, again and again. With two members of three up, no call may fail
-//!   because of it: every publish and read of the storm, and every read through each
-//!   authority's control API (`GET /v1/version`, `GET /v1/plans`) during the fault must
-//!   succeed, and both authorities must serve the newest plan while the member is down. Judged
-//!   as `etcd-leader-kill` besides.
+//!   because of it: every publish and read of the storm after the kill (the first a read, as a
+//!   daemon's is: a write already sent to the member as it died is ambiguous), and every read
+//!   through each authority's control API (`GET /v1/version`, `GET /v1/plans`) during the
+//!   fault must succeed, and both authorities must serve the newest plan while the member is
+//!   down. Judged as `etcd-leader-kill` besides.
 //! - `etcd-crash-in-outage`: every etcd member is SIGKILLed during a plan storm, and authority
 //!   a is SIGKILLed a seeded 0-50 ms after, then started again with etcd still down; again
 //!   and again. Restarted, a must answer at once, never with an older state than it answered
