@@ -205,8 +205,13 @@ async fn served(dns: SocketAddr) -> anyhow::Result<(BTreeSet<IpAddr>, u32)> {
 
 /// `--check` exits 0 once both authorities answer the same SOA serial for an applied plan,
 /// and leaves nothing running.
+/// The two tests take turns: each picks free ports by binding and letting go, and run at once
+/// one could be given a port the other's script has just taken.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_local_script_checks_both_authorities_agree_and_stops_everything() -> anyhow::Result<()> {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let ports = Ports::free()?;
     let mut script = Script::start(&ports, &["--check", "--ready-timeout", &READY.as_secs().to_string()])?;
     let status = script.exit(READY + STOP)?;
@@ -232,8 +237,12 @@ fn the_local_script_checks_both_authorities_agree_and_stops_everything() -> anyh
 /// Teeth: with `dnsplan` mapping every unavailable store to exit 3 (as it did), this fails with
 /// "[\"status\"] with etcd down" (it exited 5 for status, whose 503 read as a refusal, and 3 for
 /// the list).
+// The turn is held for the whole test, across its awaits; the other test waits on its own
+// thread, so nothing in this runtime waits for it.
+#[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_script_serves_through_etcd_down_until_ctrl_c() -> anyhow::Result<()> {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let ports = Ports::free()?;
     let mut script = Script::start(&ports, &["--for", "600", "--ready-timeout", &READY.as_secs().to_string()])?;
     let members = script.line_starting("etcd members", READY)?;
