@@ -224,12 +224,15 @@ impl Serving {
         {
             let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match changes {
+                // Fences moved to a newer plan with the same records: nothing served changed,
+                // so neither the serial nor the history IXFR answers from.
+                Some(_) if serial == from => {}
                 Some(changes) => journal.push(from, serial, changes),
                 None => journal.reset(serial),
             }
             self.snapshot.store(Arc::new(snapshot));
         }
-        self.served_serial.send_replace(serial);
+        self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)
     }

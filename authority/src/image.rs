@@ -44,8 +44,11 @@ use thiserror::Error;
 
 /// The file's name in `data_dir`.
 pub const FILE_NAME: &str = "serving-image";
-/// The envelope kind of an image; `local_state`'s is 64, common's 1..=10.
-pub const IMAGE_KIND: u8 = 65;
+/// The envelope kind of an image; `local_state`'s is 64, common's 1..=16.
+pub const IMAGE_KIND: u8 = 66;
+/// The kind of an image written before its head carried the content-change count: read
+/// still, with the content count equal to the applied count (where the serial was).
+const IMAGE_V1_KIND: u8 = 65;
 const KIND_NAME: &str = "serving image";
 /// Shortest time between two writes while the served state changes. A crash loses at most
 /// this much of the image, which the next start merges from the store's change log.
@@ -58,9 +61,34 @@ struct Head {
     /// The DNS zone's origin in lower-case wire form.
     origin: Vec<u8>,
     applied_changes: u64,
+    /// The store's content-change count at `applied_changes`: the serial derives from it.
+    content_changes: u64,
     /// The state's place in the store's history, when the store gives one (the embedded
     /// store does; etcd does not).
     mark: Option<HistoryMark>,
+}
+
+/// The head of an image of kind [`IMAGE_V1_KIND`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeadV1 {
+    origin: Vec<u8>,
+    applied_changes: u64,
+    mark: Option<HistoryMark>,
+}
+
+/// The body and head of the image `bytes`, of either kind.
+fn open_image<'a>(bytes: &'a [u8]) -> Result<(BodyReader<'a>, Head), CodecError> {
+    let kind = if bytes.get(6) == Some(&IMAGE_V1_KIND) { IMAGE_V1_KIND } else { IMAGE_KIND };
+    let body = codec::open(bytes, kind, KIND_NAME, codec::BODY_BYTES_MAX)?;
+    let mut reader = BodyReader::new(body, KIND_NAME);
+    let head = if kind == IMAGE_V1_KIND {
+        let old: HeadV1 = reader.take()?;
+        Head { origin: old.origin, applied_changes: old.applied_changes, content_changes: old.applied_changes, mark: old.mark }
+    } else {
+        reader.take()?
+    };
+    Ok((reader, head))
 }
 
 /// One managed name as served, as read (written as [`EntryOut`], the same encoding).
@@ -114,7 +142,12 @@ pub fn save(path: &Path, snapshot: &Snapshot, mark: Option<&HistoryMark>) -> std
     write_atomic_with(path, |file| {
         file.write_all(&[0; codec::HEADER_BYTES])?;
         let mut body = BodyWriter::new(std::io::BufWriter::new(&mut *file));
-        body.put(&Head { origin: snapshot.origin_key.to_vec(), applied_changes: snapshot.applied_changes, mark: mark.cloned() })?;
+        body.put(&Head {
+            origin: snapshot.origin_key.to_vec(),
+            applied_changes: snapshot.applied_changes,
+            content_changes: snapshot.content_changes,
+            mark: mark.cloned(),
+        })?;
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         for entry in snapshot.managed() {
             let Some(managed) = &entry.managed else { continue };
@@ -165,9 +198,7 @@ pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(Option<History
         return Ok(Some((None, Snapshot::build(zone, &state.active()))));
     }
     let bad = |why: String| ImageError::BadEntry { path: path.to_path_buf(), why };
-    let body = codec::open(&bytes, IMAGE_KIND, KIND_NAME, codec::BODY_BYTES_MAX).map_err(corrupt)?;
-    let mut reader = BodyReader::new(body, KIND_NAME);
-    let head: Head = reader.take().map_err(corrupt)?;
+    let (mut reader, head) = open_image(&bytes).map_err(corrupt)?;
     let mut snapshot = Snapshot::statics_only(zone);
     if head.origin != *snapshot.origin_key {
         return Err(ImageError::OtherDnsZone { path: path.to_path_buf() });
@@ -184,7 +215,7 @@ pub fn read(path: &Path, zone: Arc<StaticZone>) -> Result<Option<(Option<History
         let managed = Managed { generation: Generation(entry.generation), ttl_secs: entry.ttl_secs, v4, v6 };
         snapshot.load_served(entry.key, managed);
     }
-    snapshot.finish_load(head.applied_changes);
+    snapshot.finish_load(head.applied_changes, head.content_changes);
     Ok(Some((head.mark, snapshot)))
 }
 
@@ -196,9 +227,7 @@ pub fn saved_applied_changes(path: &Path) -> Result<Option<u64>, ImageError> {
     if bytes.get(6) == Some(&LOCAL_STATE_KIND) {
         return codec::decode::<LocalState>(&bytes).map(|state| Some(state.applied_changes)).map_err(corrupt);
     }
-    let body = codec::open(&bytes, IMAGE_KIND, KIND_NAME, codec::BODY_BYTES_MAX).map_err(corrupt)?;
-    let head: Head = BodyReader::new(body, KIND_NAME).take().map_err(corrupt)?;
-    Ok(Some(head.applied_changes))
+    Ok(Some(open_image(&bytes).map_err(corrupt)?.1.applied_changes))
 }
 
 /// The file's bytes, `None` when there is none; a file larger than any envelope is refused
@@ -433,13 +462,17 @@ mod tests {
             (name("some-zero.example.test."), serving(5, &[("10.0.0.6", 0), ("10.0.0.7", 4)])),
             (name("gone.example.test."), ActiveRecord { generation: Generation(6), state: ActiveState::Retired }),
         ];
-        let snapshot = Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, endpoints: endpoints.into_iter().collect() });
+        let snapshot =
+            Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, content_changes: 5, endpoints: endpoints.into_iter().collect() });
         let dir = tempfile::tempdir().expect("tempdir");
         let path = path_in(dir.path());
         assert!(save(&path, &snapshot, Some(&mark(9))).expect("save") > codec::HEADER_BYTES as u64);
         let (read_mark, read) = read(&path, zone()).expect("read").expect("an image");
         assert_eq!(read_mark, Some(mark(9)));
-        assert_eq!((read.applied_changes, read.serial), (snapshot.applied_changes, snapshot.serial));
+        assert_eq!(
+            (read.applied_changes, read.content_changes, read.serial),
+            (snapshot.applied_changes, snapshot.content_changes, snapshot.serial)
+        );
         assert_eq!(read.managed_count(), 4);
         assert_eq!(read.managed_count(), snapshot.managed_count());
         assert_eq!(read.generation_range(), snapshot.generation_range());
@@ -450,6 +483,38 @@ mod tests {
         let deep = crate::snapshot::wire_key(&hickory_proto::rr::Name::from_ascii("deep.example.test.").expect("name"));
         assert!(read.is_empty_non_terminal(&hickory_proto::rr::Name::from_ascii("deep.example.test.").expect("name")));
         assert!(read.get_key(&deep).is_some_and(|e| !e.has_data()));
+    }
+
+    /// An image written before its head carried the content-change count reads with the
+    /// applied count as content count, where the serial then was.
+    #[test]
+    fn an_image_without_a_content_count_reads_with_its_applied_count() {
+        #[derive(Serialize)]
+        struct OldHead {
+            origin: Vec<u8>,
+            applied_changes: u64,
+            mark: Option<HistoryMark>,
+        }
+        let endpoints = [(DnsName::parse("a.example.test.").expect("name"), serving(3, &[("10.0.0.1", 1)]))];
+        let snapshot =
+            Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, content_changes: 5, endpoints: endpoints.into_iter().collect() });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = path_in(dir.path());
+        save(&path, &snapshot, Some(&mark(9))).expect("save");
+        let bytes = std::fs::read(&path).expect("read");
+        fn encoded<T: Serialize>(value: &T) -> Vec<u8> {
+            let mut body = BodyWriter::new(Vec::new());
+            body.put(value).expect("into memory");
+            body.finish().0
+        }
+        let head = Head { origin: snapshot.origin_key.to_vec(), applied_changes: 9, content_changes: 5, mark: Some(mark(9)) };
+        let old = OldHead { origin: head.origin.clone(), applied_changes: 9, mark: head.mark.clone() };
+        let entries = &bytes[codec::HEADER_BYTES + encoded(&head).len()..];
+        let body = [encoded(&old), entries.to_vec()].concat();
+        std::fs::write(&path, codec::seal(IMAGE_V1_KIND, &body)).expect("write");
+        let (_, read) = read(&path, zone()).expect("reads").expect("an image");
+        assert_eq!((read.applied_changes, read.content_changes, read.managed_count()), (9, 9, 1));
+        assert_eq!(saved_applied_changes(&path).expect("reads"), Some(9));
     }
 
     #[test]
@@ -527,7 +592,7 @@ mod tests {
                 (name("a.example.test."), serving(3, &[("10.0.0.1", 1), ("10.0.0.2", 3)])),
                 (name("b.deep.example.test."), serving(4, &[("2001:db8::1", 2), ("10.0.0.3", 2)])),
             ];
-            let snapshot = Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, endpoints: endpoints.into_iter().collect() });
+            let snapshot = Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, content_changes: 9, endpoints: endpoints.into_iter().collect() });
             let dir = tempfile::tempdir().expect("tempdir");
             let path = path_in(dir.path());
             save(&path, &snapshot, Some(&mark(9))).expect("save");

@@ -166,8 +166,11 @@ mod tests {
     fn serving_api(ttl_secs: u32, g: u64) -> Snapshot {
         let target = Target { address: "10.0.0.1".parse().expect("address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 };
         let record = ActiveRecord { generation: Generation(g), state: ActiveState::Serving(Endpoint { ttl_secs, targets: vec![target] }) };
-        let active =
-            ActiveSnapshot { applied_changes: g, endpoints: [(EndpointName::parse("api.example.test.").expect("name"), record)].into() };
+        let active = ActiveSnapshot {
+            applied_changes: g,
+            content_changes: g,
+            endpoints: [(EndpointName::parse("api.example.test.").expect("name"), record)].into(),
+        };
         Snapshot::build(crate::dns_zone::test_zone("example.test."), &active)
     }
 

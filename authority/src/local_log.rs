@@ -76,7 +76,7 @@ impl LocalLog {
         while let Some(len_bytes) = bytes.get(at..at + 4) {
             let len = u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
             let Some(body) = bytes.get(at + 4..at + 4 + len) else { break };
-            match codec::decode::<ActiveDelta>(body) {
+            match dnsplan_common::store::decode_active_delta(body) {
                 Ok(delta) => {
                     at += 4 + len;
                     records.push((delta.applied_changes, at as u64));
@@ -191,7 +191,7 @@ mod tests {
         let record =
             ActiveRecord { generation: Generation(applied), state: ActiveState::Serving(Endpoint { ttl_secs: 30, targets: vec![target] }) };
         let name = DnsName::parse(&format!("e{applied}.example.test.")).expect("name");
-        ActiveDelta { applied_changes: applied, full: false, endpoints: [(name, record)].into_iter().collect() }
+        ActiveDelta { applied_changes: applied, content_changes: applied, full: false, endpoints: [(name, record)].into_iter().collect() }
     }
 
     fn applied(changes: &[ActiveDelta]) -> Vec<u64> {

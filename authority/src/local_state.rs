@@ -68,7 +68,8 @@ impl Record for LocalState {
 
 impl LocalState {
     pub fn active(&self) -> ActiveSnapshot {
-        ActiveSnapshot { applied_changes: self.applied_changes, endpoints: self.endpoints.clone() }
+        // Written before the content-change count: the serial derived from the applied count.
+        ActiveSnapshot { applied_changes: self.applied_changes, content_changes: self.applied_changes, endpoints: self.endpoints.clone() }
     }
 }
 

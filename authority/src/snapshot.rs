@@ -62,13 +62,15 @@ pub fn wire_key(name: &Name) -> Vec<u8> {
     key
 }
 
-/// The SOA serial of applied-change count `applied_changes`: `serial_base + applied_changes`
-/// mod 2^32. The count only grows (every fence switch adds one, in the store's own
-/// transaction, on disk or in etcd), so each new state has a serial newer in RFC 1982
-/// arithmetic than the one before, across the wrap from 2^32 - 1 to 0 too, as long as a
-/// secondary does not miss 2^31 changes at once.
-pub fn serial_of(serial_base: u32, applied_changes: u64) -> u32 {
-    serial_base.wrapping_add(applied_changes as u32)
+/// The SOA serial of content-change count `content_changes`: `serial_base + content_changes`
+/// mod 2^32. The count only grows (every apply transaction that changes what is served adds
+/// one, in the store's own transaction, on disk or in etcd; one that only moves fences to a
+/// newer plan with the same records adds none), so each new content has a serial newer in
+/// RFC 1982 arithmetic than the one before, across the wrap from 2^32 - 1 to 0 too, as long
+/// as a secondary does not miss 2^31 changes at once; and the same content keeps its serial,
+/// so secondaries are not notified of nothing.
+pub fn serial_of(serial_base: u32, content_changes: u64) -> u32 {
+    serial_base.wrapping_add(content_changes as u32)
 }
 
 /// Whether serial `a` is newer than `b` in RFC 1982 arithmetic (§3.2, SERIAL_BITS 32): what
@@ -312,10 +314,15 @@ type Shard = HashTable<Arc<Entry>>;
 #[derive(Clone)]
 pub struct Snapshot {
     pub zone: Arc<StaticZone>,
-    /// SOA serial: `serial_of(zone.serial_base, applied_changes)` (safety never compares
+    /// SOA serial: `serial_of(zone.serial_base, content_changes)` (safety never compares
     /// serials; secondaries do, in RFC 1982 arithmetic).
     pub serial: u32,
+    /// The store's applied-change count this snapshot is the state at: what the follower asks
+    /// the changes since.
     pub applied_changes: u64,
+    /// The store's content-change count at `applied_changes`: it moves only when what is
+    /// served changes, so a plan that only moves fences leaves the serial as it was.
+    pub content_changes: u64,
     /// The origin in lower-case wire form.
     pub origin_key: Box<[u8]>,
     pub origin_labels: usize,
@@ -340,7 +347,7 @@ impl Snapshot {
     /// A snapshot of the static zone and every serving endpoint of `active`.
     pub fn build(zone: Arc<StaticZone>, active: &ActiveSnapshot) -> Snapshot {
         let mut snapshot = Snapshot::statics_only(zone);
-        snapshot.merge(active.applied_changes, active.endpoints.iter());
+        snapshot.merge(active.applied_changes, active.content_changes, active.endpoints.iter());
         snapshot
     }
 
@@ -353,6 +360,7 @@ impl Snapshot {
         let mut snapshot = Snapshot {
             serial: 0,
             applied_changes: 0,
+            content_changes: 0,
             origin_key: origin_key.into(),
             origin_labels: usize::from(zone.origin.num_labels()),
             soa_names: Arc::new([wire_key(&zone.soa.mname).into(), wire_key(&zone.soa.rname).into()]),
@@ -371,7 +379,7 @@ impl Snapshot {
             let key = wire_key(&record.name);
             snapshot.update(&key, |entry| entry.statics.push(record));
         }
-        snapshot.set_serial(0);
+        snapshot.set_serial(0, 0);
         snapshot
     }
 
@@ -387,17 +395,26 @@ impl Snapshot {
     /// state. Untouched shards and entries are shared with `self`.
     pub fn apply(&self, delta: &ActiveDelta) -> Snapshot {
         if delta.full {
-            let active = ActiveSnapshot { applied_changes: delta.applied_changes, endpoints: delta.endpoints.clone() };
+            let active = ActiveSnapshot {
+                applied_changes: delta.applied_changes,
+                content_changes: delta.content_changes,
+                endpoints: delta.endpoints.clone(),
+            };
             return Snapshot::build(self.zone.clone(), &active);
         }
         let mut next = self.clone();
-        next.merge(delta.applied_changes, delta.endpoints.iter());
+        next.merge(delta.applied_changes, delta.content_changes, delta.endpoints.iter());
         next
     }
 
-    fn merge<'a>(&mut self, applied_changes: u64, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
+    fn merge<'a>(
+        &mut self,
+        applied_changes: u64,
+        content_changes: u64,
+        endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>,
+    ) {
         self.merge_endpoints(endpoints);
-        self.set_serial(applied_changes);
+        self.set_serial(applied_changes, content_changes);
     }
 
     fn merge_endpoints<'a>(&mut self, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
@@ -415,10 +432,11 @@ impl Snapshot {
         self.put_managed(key, Some(managed));
     }
 
-    /// Ends a load by `load_served`: the snapshot is the state at `applied_changes`.
-    pub fn finish_load(&mut self, applied_changes: u64) {
+    /// Ends a load by `load_served`: the snapshot is the state at `applied_changes`, where
+    /// the store's content-change count was `content_changes`.
+    pub fn finish_load(&mut self, applied_changes: u64, content_changes: u64) {
         self.refresh_apex_ns();
-        self.set_serial(applied_changes);
+        self.set_serial(applied_changes, content_changes);
     }
 
     /// Sets the managed part of the entry at `key`, keeping the counts by generation.
@@ -457,9 +475,10 @@ impl Snapshot {
             .filter(|ns| ns.servers.iter().all(|server| self.get_key(server).is_none_or(|e| e.managed.is_none())));
     }
 
-    fn set_serial(&mut self, applied_changes: u64) {
+    fn set_serial(&mut self, applied_changes: u64, content_changes: u64) {
         self.applied_changes = applied_changes;
-        self.serial = serial_of(self.zone.serial_base, applied_changes);
+        self.content_changes = content_changes;
+        self.serial = serial_of(self.zone.serial_base, content_changes);
         let soa = &self.zone.soa;
         let [refresh, retry, expire] = [soa.refresh, soa.retry, soa.expire].map(i32::to_be_bytes);
         let fields = [self.serial.to_be_bytes(), refresh, retry, expire, soa.minimum.to_be_bytes()];
@@ -614,6 +633,7 @@ mod tests {
     fn served(origin: &str, endpoints: &[&str]) -> Snapshot {
         let active = ActiveSnapshot {
             applied_changes: 1,
+            content_changes: 1,
             endpoints: endpoints.iter().map(|n| (EndpointName::parse(n).expect("name"), serving())).collect(),
         };
         Snapshot::build(crate::dns_zone::test_zone(origin), &active)

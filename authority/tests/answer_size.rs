@@ -296,7 +296,7 @@ async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payload
         .map(|(name, ttl, addresses)| (*name, endpoint(*ttl, addresses.iter().map(|a| target(a, "a", 1)).collect())))
         .collect();
     publish_and_apply(&dnsplan.store, &plan(1, &endpoints)).await?;
-    let serial = dnsplan.store.active_all().await?.applied_changes as u32;
+    let serial = dnsplan.store.active_all().await?.content_changes as u32;
     // The follower swaps the snapshot in after the apply: wait for the serial it serves.
     let soa_query = build_query(ORIGIN, RecordType::SOA, support::Ask::default());
     let start = Instant::now();

@@ -45,10 +45,10 @@ async fn serves_the_dns_zone_correctly() -> anyhow::Result<()> {
     let question_end = 12 + "Api.EXAMPLE.test.".len() + 1 + 4;
     assert_eq!(&raw[question_end..question_end + 2], &[0xC0, 0x0C], "answer owner is a compression pointer to the question");
 
-    // Apex: SOA and NS; the SOA serial is the applied-change counter.
+    // Apex: SOA and NS; the SOA serial is the content-change counter.
     let (soa, _) = ask(auth.dns, "example.test.", RecordType::SOA, Ask::default()).await?;
-    let applied = auth.store.active_all().await?.applied_changes as u32;
-    assert_eq!(soa_of(&soa).map(|s| s.1), Some(applied));
+    let content = auth.store.active_all().await?.content_changes as u32;
+    assert_eq!(soa_of(&soa).map(|s| s.1), Some(content));
     let (ns, _) = ask(auth.dns, "example.test.", RecordType::NS, Ask::default()).await?;
     assert_eq!(ns.answers.len(), 1);
 

@@ -60,7 +60,7 @@ async fn a_restart_serves_the_image_brought_up_to_the_store() -> anyhow::Result<
         v6: Family::default(),
     };
     saved.load_served(&wire_key(&Name::from_ascii("only-here.example.test.")?), only_here);
-    saved.finish_load(mark.applied_changes);
+    saved.finish_load(mark.applied_changes, saved.content_changes);
     image::save(&path, &saved, Some(&mark))?;
 
     // While the authority is down, plan 2 moves db (as an enactor on this store would).

@@ -471,11 +471,14 @@ async fn transfers_are_signed_whole_and_refused_without_the_key_or_outside_the_a
     let RData::SOA(current) = current else { unreachable!("checked above") };
     let lone = transfer(server, here, RecordType::IXFR, Some(current.serial), Some(&key)).await?.expect("verifies");
     assert_eq!((lone.len(), lone[0].answers.len()), (1, 1), "an IXFR from the current serial is answered with the SOA");
-    let full = transfer(server, here, RecordType::IXFR, Some(current.serial.wrapping_sub(2)), Some(&key)).await?.expect("verifies");
+    // A serial older than the authority's first (it started on an empty store, at serial 0):
+    // one the history cannot hold.
+    let never = current.serial.wrapping_sub(1 << 20);
+    let full = transfer(server, here, RecordType::IXFR, Some(never), Some(&key)).await?.expect("verifies");
     assert_eq!(
         full.iter().map(|m| m.answers.len()).sum::<usize>(),
         records.len(),
-        "an IXFR from a serial the history does not hold (plan 1 was applied 1,000 endpoints at a time) gets the whole zone"
+        "an IXFR from a serial the history does not hold gets the whole zone"
     );
     authority.stop().await
 }

@@ -388,51 +388,47 @@ fn addresses_of(g: Generation) -> BTreeSet<IpAddr> {
     endpoint_for(g).targets.iter().map(|t| t.address).collect()
 }
 
-/// Polls `dns` until it serves plan `g` for every name with a serial at least the store's
-/// applied-change count as read first; returns that serial.
+/// Polls `dns` until it serves plan `g` for every name with a serial at least the serial of
+/// the store's content-change count as read first; returns that serial.
 async fn until_serves(dns: SocketAddr, store: &EtcdStore, names: &[EndpointName], g: Generation, within: Duration) -> anyhow::Result<u32> {
-    let deadline = Instant::now() + within;
     let want = addresses_of(g);
-    let mut applied = None;
-    loop {
-        if applied.is_none() {
-            applied = store.active_all().await.ok().map(|s| s.applied_changes as u32);
-        }
-        let got = served(dns, names).await;
-        if let (Some(applied), Ok((addresses, Some(serial)))) = (applied, &got)
-            && addresses.iter().all(|a| *a == want)
-            && serial.wrapping_sub(applied) < 1 << 31
-        {
-            return Ok(*serial);
-        }
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{dns} did not serve plan {g} (store applied-change count {applied:?}) within {within:?}: last {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_served(dns, store, names, within, &format!("serve plan {g}"), |addresses| addresses.iter().all(|a| *a == want)).await
 }
 
-/// Polls `dns` until its SOA serial is at least the store's applied-change count as read
-/// first, with an address for every name: the authority has caught up with a store that
-/// moves on meanwhile (the watcher judges what it served on the way).
+/// Polls `dns` until its SOA serial is at least the serial of the store's content-change
+/// count as read first, with an address for every name: the authority has caught up with a
+/// store that moves on meanwhile (the watcher judges what it served on the way).
 async fn until_caught_up(dns: SocketAddr, store: &EtcdStore, names: &[EndpointName], within: Duration) -> anyhow::Result<u32> {
+    until_served(dns, store, names, within, "catch up", |addresses| addresses.iter().all(|a| !a.is_empty())).await
+}
+
+/// Polls `dns` until the addresses of `names` pass `check` and its SOA serial is at least the
+/// serial of the store's content-change count as read first (serial_base 0); returns the
+/// serial. `what` names the wait in the error.
+async fn until_served(
+    dns: SocketAddr,
+    store: &EtcdStore,
+    names: &[EndpointName],
+    within: Duration,
+    what: &str,
+    check: impl Fn(&[BTreeSet<IpAddr>]) -> bool,
+) -> anyhow::Result<u32> {
     let deadline = Instant::now() + within;
-    let mut applied = None;
+    let mut content = None;
     loop {
-        if applied.is_none() {
-            applied = store.active_all().await.ok().map(|s| s.applied_changes as u32);
+        if content.is_none() {
+            content = store.active_all().await.ok().map(|s| s.content_changes as u32);
         }
         let got = served(dns, names).await;
-        if let (Some(applied), Ok((addresses, Some(serial)))) = (applied, &got)
-            && addresses.iter().all(|a| !a.is_empty())
-            && serial.wrapping_sub(applied) < 1 << 31
+        if let (Some(content), Ok((addresses, Some(serial)))) = (content, &got)
+            && check(addresses)
+            && serial.wrapping_sub(content) < 1 << 31
         {
             return Ok(*serial);
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "{dns} did not reach the store's applied-change count {applied:?} within {within:?}: last {got:?}"
+            "{dns} did not {what} (the store's content-change count {content:?}) within {within:?}: last {got:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -4,8 +4,9 @@
 //! `deferred` as a HELD BACK section (at most `HELD_BACK_LINES_MAX` lines; the JSON has them
 //! all), and `plans explain` of the latest plan ends with it (deferrals are relative to the
 //! latest plan, and no plan records them); it also prints the authority's secondaries (a
-//! summary line and each one's serial and state). `zone export` names the applied-change count
-//! it read, not a serial (the SOA serial is the authority's `serial_base` plus that count).
+//! summary line and each one's serial and state). `zone export` names the applied-change and
+//! content-change counts it read, not a serial (the SOA serial is the authority's
+//! `serial_base` plus the content-change count).
 
 use crate::output::{self, Format, table};
 use crate::plan_file::{self, addresses, diff};
@@ -961,9 +962,14 @@ async fn cleanup(client: &Client, dry_run: bool, retain: u64) -> CliResult<ExitC
 async fn zone_export(client: &Client) -> CliResult<ExitCode> {
     let active = client.store.active_all().await?;
     let latest = client.store.latest().await?;
-    // The SOA serial is the authority's (`serial_base` + applied changes); this read is the
-    // store's, so it names the applied-change count it was taken at.
-    crate::out!("; managed records served by dnsplan after {} applied changes (plan {latest})", active.applied_changes);
+    // The SOA serial is the authority's (`serial_base` + content changes); this read is the
+    // store's, so it names the counts it was taken at.
+    crate::out!(
+        "; managed records served by dnsplan after {} applied changes, {} of content (plan {latest}; the SOA serial is serial_base + {})",
+        active.applied_changes,
+        active.content_changes,
+        active.content_changes
+    );
     crate::out!("; weights as comments; the static records (SOA, NS, master file) are in the authority's config");
     for (name, record) in &active.endpoints {
         let ActiveState::Serving(e) = &record.state else { continue };

@@ -77,7 +77,7 @@ mod tests {
             .iter()
             .map(|(n, e)| (DnsName::parse(n).unwrap(), ActiveRecord { generation: Generation(g), state: ActiveState::Serving(e.clone()) }))
             .collect();
-        ActiveSnapshot { applied_changes: 1, endpoints }
+        ActiveSnapshot { applied_changes: 1, content_changes: 1, endpoints }
     }
 
     #[test]

@@ -50,7 +50,10 @@
 //!   round Raft again. A store picks a slot at random and moves to another after a failed
 //!   transaction.
 //!   The count is the sum of the slots, read in one range read; every switch writes a slot, so
-//!   the highest `mod_revision` among them is the last switch's revision.
+//!   the highest `mod_revision` among them is the last switch's revision. A slot holds two
+//!   big-endian counts: applied changes, and content changes (transactions that changed what
+//!   is served, judged against the `active/` records read with the fences; the SOA serial
+//!   derives from it). A slot of 8 bytes, written before the content count, counts as both.
 //! - **cleanup**: `state/horizon` and `meta/control` = as read, and no key in
 //!   `serving/ 0 .. serving/ horizon_after` (a range compare: no endpoint serves a generation
 //!   that would be deleted, checked at write time, so an endpoint first applied at an old plan
@@ -133,7 +136,7 @@ use dnsplan_common::store::{
     ACTIVE_PAGE_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision,
     CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX,
     PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
-    check_changes_range, check_page_limit, decide_cleanup,
+    check_changes_range, check_page_limit, content_changed, decide_cleanup,
 };
 use dnsplan_common::store_config::EtcdStoreConfig;
 use keys::{Keys, prefix_end};
@@ -379,16 +382,35 @@ fn get_applied(keys: &Keys) -> TxnOp {
     get_range(keys.applied(), prefix_end(&keys.applied()), 0)
 }
 
-/// The applied-change count (the sum of the slots) and the revision of the last switch (every
-/// switch writes a slot), from a `get_applied` read.
-fn applied_of(response: &GetResponse) -> StoreResult<(u64, i64)> {
-    let mut count = 0u64;
+/// The counts of one slot of the applied-change counter: its applied changes and its content
+/// changes (apply transactions that changed what is served), each big-endian. A slot written
+/// before the content count holds the applied count alone (8 bytes), which counts as both:
+/// the serial derived from the applied count then.
+fn slot_counts(kv: &KeyValue) -> StoreResult<(u64, u64)> {
+    let value = kv.value();
+    let half = |bytes: &[u8]| u64::from_be_bytes(bytes.try_into().expect("8 bytes"));
+    match value.len() {
+        8 => Ok((half(value), half(value))),
+        16 => Ok((half(&value[..8]), half(&value[8..]))),
+        len => Err(StoreError::Corrupt {
+            what: "applied-change count".to_owned(),
+            source: CodecError::LengthMismatch { declared: 16, actual: len },
+        }),
+    }
+}
+
+/// The applied-change count and the content-change count (the sums of the slots) and the
+/// revision of the last switch (every switch writes a slot), from a `get_applied` read.
+fn applied_of(response: &GetResponse) -> StoreResult<(u64, u64, i64)> {
+    let (mut applied, mut content) = (0u64, 0u64);
     let mut last = 0;
     for kv in response.kvs() {
-        count = count.wrapping_add(be_u64(Some(kv), "applied-change count")?.unwrap_or(0));
+        let (a, c) = slot_counts(kv)?;
+        applied = applied.wrapping_add(a);
+        content = content.wrapping_add(c);
         last = last.max(kv.mod_revision());
     }
-    Ok((count, last))
+    Ok((applied, content, last))
 }
 
 fn cmp_u64(key: Vec<u8>, observed: Option<u64>) -> Compare {
@@ -1094,8 +1116,11 @@ impl EtcdStore {
             let slot_key = keys.applied_slot(slot);
             let mut gets = vec![get(slot_key.clone()), get(keys.horizon())];
             gets.extend(part.iter().map(|&i| get(keys.fence(&items[i].0))));
+            // The records as served now, to tell whether a switch changes what is served.
+            gets.extend(part.iter().map(|&i| get(keys.active(&items[i].0))));
             let (_, r) = self.read("apply", gets).await?;
-            let applied = be_u64(first(&r[0]), "applied-change count")?;
+            let slot_read = first(&r[0]);
+            let (applied, content) = slot_read.map(slot_counts).transpose()?.unwrap_or((0, 0));
             let horizon = Generation(be_u64(first(&r[1]), "horizon")?.unwrap_or(Generation::FIRST.0));
             if g < horizon {
                 return Err(StoreError::Pruned { attempted: g, horizon });
@@ -1103,8 +1128,10 @@ impl EtcdStore {
             let mut outcomes = Vec::with_capacity(part.len());
             let mut compares = vec![Compare::value(keys.horizon(), CompareOp::Less, Generation(g.0 + 1).to_be_bytes().to_vec())];
             let mut ops = Vec::new();
-            let mut count = applied.unwrap_or(0);
-            for (&i, fence) in part.iter().zip(&r[2..]) {
+            let mut count = applied;
+            let mut content_moved = false;
+            let (fences, served) = r[2..].split_at(part.len());
+            for ((&i, fence), served) in part.iter().zip(fences).zip(served) {
                 let (name, state) = &items[i];
                 let current = be_u64(first(fence), &format!("fence of {name}"))?.map(Generation);
                 let outcome = match current {
@@ -1121,6 +1148,8 @@ impl EtcdStore {
                             ops.push(put(keys.serving(g, name), Vec::new()));
                         }
                         count = count.wrapping_add(1);
+                        let before = first(served).map(|kv| Self::decode_active(kv, &keys.active_all())).transpose()?;
+                        content_moved |= content_changed(before.as_ref().map(|(_, record)| &record.state), state);
                         Ok(ApplyOutcome::Switched { previous: current.unwrap_or(Generation::NONE) })
                     }
                 };
@@ -1132,8 +1161,12 @@ impl EtcdStore {
                 }
                 return Ok(());
             }
-            compares.push(cmp_u64(slot_key.clone(), applied));
-            ops.push(put(slot_key, count.to_be_bytes().to_vec()));
+            compares.push(match slot_read {
+                None => Compare::version(slot_key.clone(), CompareOp::Equal, 0),
+                Some(kv) => Compare::value(slot_key.clone(), CompareOp::Equal, kv.value().to_vec()),
+            });
+            let content = content.wrapping_add(u64::from(content_moved));
+            ops.push(put(slot_key, [count.to_be_bytes(), content.to_be_bytes()].concat()));
             let response = self.commit("apply", Txn::new().when(compares).and_then(ops)).await?;
             if response.succeeded() {
                 for (&i, outcome) in part.iter().zip(outcomes) {
@@ -1499,9 +1532,9 @@ impl Store for EtcdStore {
         let keys = &self.inner.keys;
         let prefix = keys.active_all();
         let (revision, r) = self.read("active state", vec![get_applied(keys), get_range(prefix.clone(), prefix_end(&prefix), 0)]).await?;
-        let applied = applied_of(&r[0])?.0;
+        let (applied, content, _) = applied_of(&r[0])?;
         self.note_revision(applied, revision);
-        let mut snapshot = ActiveSnapshot { applied_changes: applied, endpoints: BTreeMap::new() };
+        let mut snapshot = ActiveSnapshot { applied_changes: applied, content_changes: content, endpoints: BTreeMap::new() };
         for kv in r[1].kvs() {
             let (name, record) = Self::decode_active(kv, &prefix)?;
             snapshot.endpoints.insert(name, record);
@@ -1540,10 +1573,10 @@ impl Store for EtcdStore {
         let prefix = keys.active_all();
         let from = self.revision_of(since);
         let (revision, r) = self.read("active since", vec![get_applied(keys)]).await?;
-        let (applied, last_switch) = applied_of(&r[0])?;
+        let (applied, content, last_switch) = applied_of(&r[0])?;
         self.note_revision(applied, revision);
         let log = self.active_log(revision);
-        let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: BTreeMap::new() };
+        let mut delta = ActiveDelta { applied_changes: applied, content_changes: content, full: false, endpoints: BTreeMap::new() };
         if since == applied {
             return Ok(delta);
         }

@@ -18,7 +18,10 @@
 
 use crate::fixtures::{endpoint_for, name, operator, plan, planner};
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveState, ApplyItem, ApplyOutcome, PauseState, PlanSays, Store, StoreError};
-use dnsplan_common::{DnsName, Generation, Heartbeat, Plan, PlanChanges, PlanDelta, PlanEntry, ValidatedPlan, ValidationError, ZoneId};
+use dnsplan_common::{
+    Author, DnsName, Endpoint, EndpointName, Generation, Heartbeat, Plan, PlanChanges, PlanDelta, PlanEntry, ValidatedPlan,
+    ValidationError, ZoneId,
+};
 use rand::{RngExt, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -123,6 +126,7 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         apply_carries_the_plans_content,
         publish_changes_is_publish,
         publish_changes_keeps_the_rules,
+        content_changes_count_what_is_served,
     );
     Ok(report)
 }
@@ -289,6 +293,69 @@ pub async fn apply_carries_the_plans_content<S: Store>(store: S) -> anyhow::Resu
     v.check(mismatch(&r, PlanSays::OtherRecords), || format!("c with plan 5's records under 6: want ContentMismatch, got {r:?}"));
     let r = store.apply(&c, Generation(6), &endpoint_for(Generation(6))).await;
     v.check(matches!(r, Ok(ApplyOutcome::Switched { .. })), || format!("c with plan 6's records: {r:?}"));
+    Ok(v)
+}
+
+/// Plan `g` serving each name with the records given, by `author`, retiring `retired`.
+fn plan_of(g: u64, endpoints: &[(&EndpointName, &Endpoint)], retired: &[&EndpointName], author: Author) -> anyhow::Result<ValidatedPlan> {
+    let mut raw = plan(g, &[endpoints[0].0.clone()], author).into_plan();
+    raw.endpoints = endpoints.iter().map(|(n, e)| ((*n).clone(), (*e).clone())).collect();
+    raw.retired = retired.iter().map(|n| (*n).clone()).collect();
+    Ok(ValidatedPlan::new(raw)?)
+}
+
+/// The content-change count (what the SOA serial derives from) moves once per apply that
+/// changes what is served (new records, a TTL alone, a retirement) and never for one that only
+/// moves fences to a newer plan with the same records, as each restart's or reconcile's plan
+/// does; `active_since` carries it as the snapshot does.
+pub async fn content_changes_count_what_is_served<S: Store>(store: S) -> anyhow::Result<Violations> {
+    let mut v = Violations::default();
+    let (a, b) = (name("a"), name("b"));
+    let records = endpoint_for(Generation(1));
+    let longer = Endpoint { ttl_secs: records.ttl_secs + 30, ..records.clone() };
+    let counts = async || -> anyhow::Result<(u64, u64)> {
+        let all = store.active_all().await?;
+        Ok((all.applied_changes, all.content_changes))
+    };
+    let start = counts().await?;
+    let mut at = start;
+    let mut step = async |what: &str, applied: u64, content: u64, v: &mut Violations| -> anyhow::Result<()> {
+        let now = counts().await?;
+        let moved = (now.0 - at.0, now.1 - at.1);
+        v.check(moved == (applied, content), || {
+            format!("{what}: applied and content counts moved by {moved:?}, want ({applied}, {content})")
+        });
+        at = now;
+        Ok(())
+    };
+    store.publish(&plan_of(1, &[(&a, &records), (&b, &records)], &[], planner())?).await?;
+    store
+        .apply_many(
+            Generation(1),
+            &[ApplyItem { endpoint: a.clone(), records: records.clone() }, ApplyItem { endpoint: b.clone(), records: records.clone() }],
+        )
+        .await?;
+    step("two new endpoints in one batch", 2, 1, &mut v).await?;
+    store.publish(&plan_of(2, &[(&a, &records), (&b, &records)], &[], planner())?).await?;
+    store.apply(&a, Generation(2), &records).await?;
+    store.apply(&b, Generation(2), &records).await?;
+    step("a newer plan with the same records", 2, 0, &mut v).await?;
+    store.publish(&plan_of(3, &[(&a, &longer), (&b, &records)], &[], planner())?).await?;
+    store.apply(&a, Generation(3), &longer).await?;
+    step("a TTL alone", 1, 1, &mut v).await?;
+    store.apply(&b, Generation(3), &records).await?;
+    step("the same records again", 1, 0, &mut v).await?;
+    store.publish(&plan_of(4, &[(&a, &longer)], &[&b], operator())?).await?;
+    store.retire(&b, Generation(4)).await?;
+    step("a retirement", 1, 1, &mut v).await?;
+    store.apply(&a, Generation(4), &longer).await?;
+    step("the same records beside it", 1, 0, &mut v).await?;
+    let delta = store.active_since(start.0).await?;
+    v.check((delta.applied_changes, delta.content_changes) == at, || {
+        format!("active_since answers at {:?}, the snapshot at {at:?}", (delta.applied_changes, delta.content_changes))
+    });
+    let page = store.active_page(None, 1).await?;
+    v.check(page.applied_changes == at.0, || format!("a page at {}, the snapshot at {}", page.applied_changes, at.0));
     Ok(v)
 }
 

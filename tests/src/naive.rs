@@ -184,7 +184,12 @@ impl Store for NaiveStore {
     }
 
     async fn active_all(&self) -> StoreResult<ActiveSnapshot> {
-        Ok(self.with(|s| ActiveSnapshot { applied_changes: s.applied_changes, endpoints: s.active.clone() }))
+        // Every switch counts as a change of content here: the serial moves with each.
+        Ok(self.with(|s| ActiveSnapshot {
+            applied_changes: s.applied_changes,
+            content_changes: s.applied_changes,
+            endpoints: s.active.clone(),
+        }))
     }
 
     async fn cleanup_preview(&self, retain: u64) -> StoreResult<CleanupDecision> {

@@ -746,3 +746,29 @@ async fn a_renewal_whose_reply_is_lost_keeps_the_lease() -> anyhow::Result<()> {
     assert!(r.is_ok(), "planner-a lost its lease to a lost renewal reply: {r:?}");
     Ok(())
 }
+
+/// A store written before the content-change count holds each slot of the applied-change
+/// counter as 8 bytes (the applied count alone). It reads as both counts, so the SOA serial
+/// goes on from where it was; the next switch writes both, and a switch to the same records
+/// moves only the applied count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_written_before_the_content_count_goes_on_from_it() -> anyhow::Result<()> {
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let store = cluster.store("/legacy/").await?;
+    let client = cluster.client().await?;
+    let x = name("x");
+    store.publish(&plan(1, std::slice::from_ref(&x), operator())).await?;
+    client.put("/legacy/meta/applied", 41u64.to_be_bytes().to_vec(), None).await?;
+    let before = store.active_all().await?;
+    assert_eq!((before.applied_changes, before.content_changes), (41, 41), "an old slot counts as both");
+    store.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?;
+    let mut same = plan(2, std::slice::from_ref(&x), operator()).into_plan();
+    same.endpoints.insert(x.clone(), endpoint_for(Generation(1)));
+    store.publish(&ValidatedPlan::new(same)?).await?;
+    store.apply(&x, Generation(2), &endpoint_for(Generation(1))).await?;
+    let after = store.active_all().await?;
+    assert_eq!((after.applied_changes, after.content_changes), (43, 42), "a new endpoint, then the same records under plan 2");
+    let delta = store.active_since(41).await?;
+    assert_eq!((delta.applied_changes, delta.content_changes), (43, 42));
+    Ok(())
+}

@@ -92,8 +92,12 @@ impl Record for ActiveRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ActiveSnapshot {
-    /// How many applies have switched a fence so far; the SOA serial derives from it.
+    /// How many applies have switched a fence so far.
     pub applied_changes: u64,
+    /// How many apply transactions have changed what is served (see [`content_changed`]); the
+    /// SOA serial derives from it, so a plan that moves fences without changing any record
+    /// leaves the serial where it was.
+    pub content_changes: u64,
     #[serde(deserialize_with = "crate::codec::sorted_map")]
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
@@ -133,6 +137,8 @@ pub struct ApplyItem {
 pub struct ActiveDelta {
     /// The applied-change count this answer brings the follower to.
     pub applied_changes: u64,
+    /// The content-change count at the same moment (see [`ActiveSnapshot::content_changes`]).
+    pub content_changes: u64,
     /// `true`: `endpoints` is the whole active state, to replace what the follower holds
     /// (the change log no longer reaches back far enough, or too much changed).
     /// `false`: only the endpoints that switched, to merge.
@@ -144,15 +150,65 @@ pub struct ActiveDelta {
 /// The control API's `GET /v1/changes` as a codec envelope, what `RemoteStore` asks for: the
 /// whole active state of a million endpoints decodes several times faster than as JSON.
 impl Record for ActiveDelta {
-    const KIND: u8 = 14;
+    /// 14 before the content-change count (read still, by the authority's log of served
+    /// changes: [`ActiveDeltaV1`]).
+    const KIND: u8 = 16;
     const KIND_NAME: &'static str = "active changes";
     const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
 }
 
 impl From<ActiveSnapshot> for ActiveDelta {
     fn from(snapshot: ActiveSnapshot) -> ActiveDelta {
-        ActiveDelta { applied_changes: snapshot.applied_changes, full: true, endpoints: snapshot.endpoints }
+        ActiveDelta {
+            applied_changes: snapshot.applied_changes,
+            content_changes: snapshot.content_changes,
+            full: true,
+            endpoints: snapshot.endpoints,
+        }
     }
+}
+
+/// An [`ActiveDelta`] as written before it carried the content-change count (envelope kind
+/// 14): the authority's log of served changes may still hold some ([`decode_active_delta`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActiveDeltaV1 {
+    applied_changes: u64,
+    full: bool,
+    #[serde(deserialize_with = "crate::codec::sorted_map")]
+    endpoints: BTreeMap<EndpointName, ActiveRecord>,
+}
+
+const ACTIVE_DELTA_V1_KIND: u8 = 14;
+
+/// Decodes an [`ActiveDelta`], or one written before the content-change count; that one's
+/// content count is its applied count, as the serial derived from the applied count then
+/// (and as a store without a content count starts it).
+pub fn decode_active_delta(bytes: &[u8]) -> Result<ActiveDelta, CodecError> {
+    if bytes.get(6) != Some(&ACTIVE_DELTA_V1_KIND) {
+        return codec::decode::<ActiveDelta>(bytes);
+    }
+    let name = "active changes (without the content-change count)";
+    let body = codec::open(bytes, ACTIVE_DELTA_V1_KIND, name, codec::BODY_BYTES_MAX)?;
+    let mut reader = codec::BodyReader::new(body, name);
+    let old: ActiveDeltaV1 = reader.take()?;
+    if !reader.is_done() {
+        return Err(CodecError::Body { kind: name.into(), detail: "bytes follow the value".into() });
+    }
+    Ok(ActiveDelta { applied_changes: old.applied_changes, content_changes: old.applied_changes, full: old.full, endpoints: old.endpoints })
+}
+
+/// Whether a switch from `before` (the endpoint's active state, `None` for a new one) to
+/// `after` changes what is served: the addresses, weights or TTL of a serving endpoint, or
+/// whether it serves at all. A switch that only moves the fence to a newer plan with the
+/// same records does not, and must not move the SOA serial (secondaries would be notified of
+/// and fetch an empty change).
+pub fn content_changed(before: Option<&ActiveState>, after: &ActiveState) -> bool {
+    let served = |state: Option<&ActiveState>| match state {
+        Some(ActiveState::Serving(records)) => Some(records.clone()),
+        _ => None,
+    };
+    served(before) != served(Some(after))
 }
 
 /// The result of an `apply` that was not refused.
@@ -578,4 +634,57 @@ pub fn check_batch(items: &[ApplyItem]) -> StoreResult<()> {
 
 pub(crate) fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {
     if text.len() > max { Err(StoreError::TooLong { what: what.into(), len: text.len(), max }) } else { Ok(()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Target;
+
+    fn serving(ttl_secs: u32) -> ActiveState {
+        let target = Target { address: "10.0.0.1".parse().expect("address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 };
+        ActiveState::Serving(Endpoint { ttl_secs, targets: vec![target] })
+    }
+
+    /// What is served changes with the records, the TTL alone, or serving at all; not with a
+    /// retirement of what was not served.
+    #[test]
+    fn content_changes_with_what_is_served() {
+        assert!(content_changed(None, &serving(30)));
+        assert!(!content_changed(Some(&serving(30)), &serving(30)));
+        assert!(content_changed(Some(&serving(30)), &serving(60)));
+        assert!(content_changed(Some(&serving(30)), &ActiveState::Retired));
+        assert!(!content_changed(Some(&ActiveState::Retired), &ActiveState::Retired));
+        assert!(!content_changed(None, &ActiveState::Retired));
+    }
+
+    /// The form an `ActiveDelta` had before it carried the content-change count.
+    #[derive(Serialize, Deserialize)]
+    struct Old {
+        applied_changes: u64,
+        full: bool,
+        endpoints: BTreeMap<EndpointName, ActiveRecord>,
+    }
+
+    impl Record for Old {
+        const KIND: u8 = ACTIVE_DELTA_V1_KIND;
+        const KIND_NAME: &'static str = "old active changes";
+        const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
+    }
+
+    /// A change written in the old form still reads, its content count its applied count; the
+    /// new form reads as written.
+    #[test]
+    fn a_change_in_the_old_form_reads_with_its_applied_count_as_content_count() {
+        let record = ActiveRecord { generation: Generation(3), state: serving(30) };
+        let endpoints: BTreeMap<_, _> = [(EndpointName::parse("api.example.test.").expect("name"), record)].into();
+        let old = codec::encode(&Old { applied_changes: 9, full: false, endpoints: endpoints.clone() });
+        let read = decode_active_delta(&old).expect("the old form reads");
+        assert_eq!(read, ActiveDelta { applied_changes: 9, content_changes: 9, full: false, endpoints: endpoints.clone() });
+        let new = ActiveDelta { applied_changes: 9, content_changes: 4, full: true, endpoints };
+        assert_eq!(decode_active_delta(&codec::encode(&new)).expect("the new form reads"), new);
+        let mut torn = old.clone();
+        torn.truncate(old.len() - 1);
+        assert!(decode_active_delta(&torn).is_err());
+    }
 }

@@ -28,8 +28,10 @@
 //!   `CHANGE_LOG_KEPT` switches, written in the same transaction as the switches, for
 //!   `active_since`. (A store written before batches held one name per count: each such entry
 //!   reads as a batch of one.)
-//! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `control_changes`,
-//!   `dns_zone`, `pause`, `lease`, `layout`.
+//! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `content_changes`
+//!   (apply transactions that changed what is served; absent in a store written before it,
+//!   which reads as `applied_changes`), `control_changes`, `dns_zone`, `pause`, `lease`,
+//!   `layout`.
 //!
 //! A store written before `fence_counts` had a `fences` tree (generation ++ name → empty, one
 //! entry per serving endpoint): `open` counts it into `fence_counts`, sets `layout` to 2, then
@@ -74,7 +76,7 @@ use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
     DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
     PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreFault, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
-    check_changes_range, check_len, check_page_limit, decide_cleanup,
+    check_changes_range, check_len, check_page_limit, content_changed, decide_cleanup,
 };
 use crate::changes::{PlanChanges, PlanEntry, decode_changes};
 use crate::codec;
@@ -104,6 +106,7 @@ const COMPRESSION_LEVEL: i32 = 1;
 const META_LATEST: &[u8] = b"latest";
 const META_HORIZON: &[u8] = b"horizon";
 const META_APPLIED: &[u8] = b"applied_changes";
+const META_CONTENT: &[u8] = b"content_changes";
 const META_CONTROL: &[u8] = b"control_changes";
 const META_DNS_ZONE: &[u8] = b"dns_zone";
 /// A random `u64` drawn when the store is first opened: the store's part of a [`HistoryMark`].
@@ -227,6 +230,7 @@ impl Chain {
 /// The active runs as stored, read under the lock and decoded after it.
 struct RunBytes {
     applied_changes: u64,
+    content_changes: u64,
     runs: Vec<sled::IVec>,
 }
 
@@ -240,7 +244,11 @@ impl RunBytes {
                 entries.push((parse_name(name.as_bytes(), "active endpoint name")?, record));
             }
         }
-        Ok(ActiveSnapshot { applied_changes: self.applied_changes, endpoints: entries.into_iter().collect() })
+        Ok(ActiveSnapshot {
+            applied_changes: self.applied_changes,
+            content_changes: self.content_changes,
+            endpoints: entries.into_iter().collect(),
+        })
     }
 }
 
@@ -801,12 +809,22 @@ impl Inner {
         if let Some((mark, _)) = lost {
             // One past the mark: the state now served is new, so its serial must be too.
             let past = mark.applied_changes.saturating_add(1);
-            if applied < past {
-                self.meta.insert(META_APPLIED, &past.to_be_bytes()).map_err(io)?;
+            // The serial derives from the content count, which never exceeds the applied
+            // count: one past the mark's applied count is past every serial served. Each count
+            // is moved on its own: another store may be ahead on one and behind on the other.
+            let content = self.meta_u64(META_CONTENT, applied)?;
+            let mut moved = false;
+            for (key, now) in [(META_APPLIED, applied), (META_CONTENT, content)] {
+                if now < past {
+                    self.meta.insert(key, &past.to_be_bytes()).map_err(io)?;
+                    moved = true;
+                }
+            }
+            if moved {
                 self.flush()?;
                 tracing::warn!(
                     applied_changes = past,
-                    "moved the applied-change count, and with it the SOA serial, past everything served"
+                    "moved the applied-change and content-change counts, and with them the SOA serial, past everything served"
                 );
             }
         }
@@ -817,6 +835,13 @@ impl Inner {
 impl Inner {
     fn guard(&self) -> StoreResult<MutexGuard<'_, ()>> {
         self.lock.lock().map_err(|_| poisoned())
+    }
+
+    /// The applied-change and content-change counts. A store written before the content count
+    /// has none: it starts at the applied count, where the serial was.
+    fn counts(&self) -> StoreResult<(u64, u64)> {
+        let applied = self.meta_u64(META_APPLIED, 0)?;
+        Ok((applied, self.meta_u64(META_CONTENT, applied)?))
     }
 
     fn meta_u64(&self, key: &[u8], default: u64) -> StoreResult<u64> {
@@ -1588,7 +1613,8 @@ impl Inner {
         if generation < horizon {
             return Err(StoreError::Pruned { attempted: generation, horizon });
         }
-        let mut applied = self.meta_u64(META_APPLIED, 0)?;
+        let (mut applied, mut content) = self.counts()?;
+        let mut content_moved = false;
         let mut results = Vec::with_capacity(items.len());
         // The names switched, in order, for the change log.
         let mut switched: Vec<EndpointName> = Vec::new();
@@ -1636,6 +1662,7 @@ impl Inner {
             };
             let was_serving = current.is_some_and(|a| matches!(a.state, ActiveState::Serving(_)));
             let serves = matches!(state, ActiveState::Serving(_));
+            content_moved |= content_changed(current.map(|a| &a.state), &state);
             let record = ActiveRecord { generation, state };
             match at {
                 Ok(at) => run.records[at].1 = record,
@@ -1662,6 +1689,9 @@ impl Inner {
             }
             log.extend_from_slice(name.as_str().as_bytes());
         }
+        if content_moved {
+            content = content.wrapping_add(1);
+        }
         let run_writes = runs.writes();
         let counts: Vec<(Generation, Option<Vec<u8>>)> =
             counts.into_iter().map(|(g, count)| (g, (count.count > 0).then(|| count.encode()))).collect();
@@ -1678,6 +1708,7 @@ impl Inner {
                 }
                 changes.insert(&applied.to_be_bytes(), log.as_slice())?;
                 meta.insert(META_APPLIED, &applied.to_be_bytes())?;
+                meta.insert(META_CONTENT, &content.to_be_bytes())?;
                 Ok::<_, ConflictableTransactionError<StoreError>>(())
             })
             .map_err(tx_error)?;
@@ -1882,9 +1913,9 @@ impl Inner {
     /// writer lock: values sled shares, so this is cheap, and decoding them (most of a second
     /// at 1,000,000 endpoints) happens after the lock is released.
     fn active_runs_locked(&self) -> StoreResult<RunBytes> {
-        let applied_changes = self.meta_u64(META_APPLIED, 0)?;
+        let (applied_changes, content_changes) = self.counts()?;
         let runs = self.active_runs.iter().values().collect::<Result<Vec<_>, _>>().map_err(io)?;
-        Ok(RunBytes { applied_changes, runs })
+        Ok(RunBytes { applied_changes, content_changes, runs })
     }
 
     fn active_page(&self, after: Option<&EndpointName>, limit: usize) -> StoreResult<ActivePage> {
@@ -1924,9 +1955,14 @@ impl Inner {
 
     fn active_since_locked(&self, since: u64) -> StoreResult<Since> {
         let _guard = self.guard()?;
-        let applied = self.meta_u64(META_APPLIED, 0)?;
+        let (applied, content) = self.counts()?;
         if since == applied {
-            return Ok(Since::Delta(ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() }));
+            return Ok(Since::Delta(ActiveDelta {
+                applied_changes: applied,
+                content_changes: content,
+                full: false,
+                endpoints: Default::default(),
+            }));
         }
         // The log must hold every change after `since`: its first entry is `since + 1` or
         // older. A follower ahead of the store (a store that was replaced) gets everything.
@@ -1945,7 +1981,7 @@ impl Inner {
                 return self.active_runs_locked().map(Since::Whole);
             }
         }
-        let mut delta = ActiveDelta { applied_changes: applied, full: false, endpoints: Default::default() };
+        let mut delta = ActiveDelta { applied_changes: applied, content_changes: content, full: false, endpoints: Default::default() };
         let mut runs = Runs::default();
         for key in names {
             let name = parse_name(&key, "change log")?;
@@ -2475,6 +2511,31 @@ mod tests {
         for result in store.apply_many(Generation(g), &batch).await.expect("batch") {
             result.expect("each endpoint carries its plan's records");
         }
+    }
+
+    /// A store written before the content-change count has no `content_changes` key: it
+    /// reads as the applied count (where the SOA serial was), so the serial goes on from
+    /// there, and the next switch writes it.
+    #[tokio::test]
+    async fn a_store_without_a_content_count_goes_on_from_its_applied_count() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::open(dir.path()).expect("open");
+        for g in 1..=2 {
+            store.publish(&churning_plan(g)).await.expect("publish");
+            apply_plan(&store, g).await;
+        }
+        store.inner().meta.remove(META_CONTENT).expect("remove");
+        store.inner().flush().expect("flush");
+        drop(store);
+        let store = SledStore::open(dir.path()).expect("reopen");
+        let old = store.active_all().await.expect("active");
+        assert_eq!(old.content_changes, old.applied_changes, "no content count reads as the applied count");
+        store.publish(&churning_plan(3)).await.expect("publish");
+        apply_plan(&store, 3).await;
+        let now = store.active_all().await.expect("active");
+        // Plan 3 moves a's records, keeps b's and drops c (not retired: still served).
+        assert_eq!((now.applied_changes, now.content_changes), (old.applied_changes + 2, old.content_changes + 1));
+        assert!(store.inner().meta.get(META_CONTENT).expect("meta").is_some(), "the switch wrote the content count");
     }
 
     /// Cleanup prunes what no stored plan resolves to: with 300 plans, an endpoint that
