@@ -3,6 +3,7 @@
 //! and are merged in by `snapshot`. NS records below the apex are refused: delegations (a
 //! referral instead of an answer) are not built.
 
+use crate::zone_text;
 use hickory_proto::rr::rdata::{NS, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::txt::Parser;
@@ -109,53 +110,8 @@ pub enum DnsZoneError {
          ASCII (\\032 to \\126) are taken; write the character itself or drop it"
     )]
     Escape { path: PathBuf, line: usize, digits: String },
-}
-
-/// `text` with every decimal escape `\DDD` of printable ASCII written as the character's own
-/// escape `\X`, which means the same in every field of a master file (RFC 1035 5.1). The
-/// master-file reader we use decodes `\DDD` wrongly (`"\065"` came out as the bytes
-/// `\216\133`, not `A`), so it never sees one; a decimal escape of anything else (a control
-/// character, a byte above 127) is refused with its line, never served as other data.
-fn decimal_escapes(text: &str) -> Result<std::borrow::Cow<'_, str>, (usize, String)> {
-    if !text.contains('\\') {
-        return Ok(std::borrow::Cow::Borrowed(text));
-    }
-    let mut out = String::with_capacity(text.len());
-    let mut line = 1;
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\n' {
-            line += 1;
-        }
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.peek().copied() {
-            Some(d) if d.is_ascii_digit() => {
-                let digits: String = (0..3).filter_map(|_| chars.next_if(char::is_ascii_digit)).collect();
-                let value = digits.parse::<u32>().ok().filter(|_| digits.len() == 3);
-                match value.and_then(|v| u8::try_from(v).ok()).filter(|b| (0x20..=0x7e).contains(b)) {
-                    Some(byte) => {
-                        out.push('\\');
-                        out.push(char::from(byte));
-                    }
-                    None => return Err((line, digits)),
-                }
-            }
-            // Any other escape, `\\` included, goes through whole.
-            Some(next) => {
-                out.push('\\');
-                out.push(next);
-                chars.next();
-                if next == '\n' {
-                    line += 1;
-                }
-            }
-            None => out.push('\\'),
-        }
-    }
-    Ok(std::borrow::Cow::Owned(out))
+    #[error("dns_zone.master_file {path}, line {line}: {detail}")]
+    Record { path: PathBuf, line: usize, detail: String },
 }
 
 /// The static records of the DNS zone, checked and ready to serve.
@@ -164,8 +120,8 @@ pub struct StaticZone {
     pub origin: Name,
     /// The SOA with serial 0; the served serial comes from the store's change counter.
     pub soa: SOA,
-    /// The serial of applied-change count 0: `dns_zone.soa.serial_base`, or the master file's
-    /// SOA serial. The served serial is `serial_base + applied_changes` mod 2^32.
+    /// The serial of content-change count 0: `dns_zone.soa.serial_base`, or the master file's
+    /// SOA serial. The served serial is `serial_base + content_changes` mod 2^32.
     pub serial_base: u32,
     pub soa_ttl_secs: u32,
     pub ns: Vec<Record>,
@@ -199,8 +155,14 @@ impl StaticZone {
             (None, None) => None,
         };
         if let Some((path, text)) = source {
-            let text = decimal_escapes(&text).map_err(|(line, digits)| DnsZoneError::Escape { path: path.clone(), line, digits })?;
-            let (_, sets) = Parser::new(text.as_ref(), Some(path.clone()), Some(origin.clone()))
+            let text =
+                zone_text::decimal_escapes(&text).map_err(|(line, digits)| DnsZoneError::Escape { path: path.clone(), line, digits })?;
+            let rewritten = zone_text::records_it_cannot_read(&text, &origin).map_err(|(line, detail)| DnsZoneError::Record {
+                path: path.clone(),
+                line,
+                detail,
+            })?;
+            let (_, sets) = Parser::new(rewritten.text.as_ref(), Some(path.clone()), Some(origin.clone()))
                 .parse()
                 .map_err(|e| DnsZoneError::Parse { path: path.clone(), detail: e.to_string() })?;
             for set in sets.values() {
@@ -217,6 +179,9 @@ impl StaticZone {
                     }
                     let mut record = record.clone();
                     record.name = name.clone();
+                    if let Some(data) = rewritten.replacement(&record.data) {
+                        record.data = data.clone();
+                    }
                     match &record.data {
                         RData::SOA(s) if name == origin => {
                             soa = Some(s.clone());
@@ -305,6 +270,7 @@ pub(crate) fn test_zone(origin: &str) -> std::sync::Arc<StaticZone> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hickory_proto::rr::RecordType;
 
     fn config(master_file: &str) -> DnsZoneConfig {
         DnsZoneConfig {
@@ -362,6 +328,26 @@ mod tests {
         let err = load("$TTL 3600\n\nt TXT \"x\\200\"\n").expect_err("a byte above 127 was loaded");
         assert!(matches!(err, DnsZoneError::Escape { line: 3, .. }), "{err}");
         assert!(err.to_string().contains("\\200"), "{err}");
+    }
+
+    /// A record in RFC 3597's generic form is loaded as its type and passes the same checks:
+    /// a generic NS below the apex is a delegation and refused; a generic A is an A record at
+    /// its owner and TTL (a blank owner, `$TTL`); a type nobody knows is its bytes; and the
+    /// error of one that does not decode names its line.
+    #[test]
+    fn the_generic_form_is_loaded_as_its_type_and_checked_as_one() {
+        let zone = load("$TTL 3600\nx TYPE65000 \\# 2 beef\n  TYPE1 \\# 4 c0000201\n").expect("loads");
+        let mut got: Vec<(String, RecordType, u32)> = zone.records.iter().map(|r| (r.name.to_string(), r.record_type(), r.ttl)).collect();
+        got.sort_by_key(|(_, t, _)| u16::from(*t));
+        assert_eq!(
+            got,
+            vec![("x.example.test.".to_string(), RecordType::A, 3600), ("x.example.test.".to_string(), RecordType::Unknown(65000), 3600)]
+        );
+        // ns.other. in wire form: 2 "ns" 5 "other" 0.
+        let err = load("$TTL 3600\nsub TYPE2 \\# 10 026e73056f7468657200\n").expect_err("a delegation was loaded");
+        assert!(matches!(err, DnsZoneError::Delegation { .. }), "{err}");
+        let err = load("$TTL 3600\n\nbad TYPE1 \\# 2 0a00\n").expect_err("a torn A was loaded");
+        assert!(matches!(err, DnsZoneError::Record { line: 3, .. }), "{err}");
     }
 
     /// Served as a literal name, a wildcard would answer NXDOMAIN where it should synthesise.

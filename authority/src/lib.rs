@@ -38,3 +38,4 @@ pub mod transfer;
 pub mod udp;
 pub mod ui;
 pub mod wire;
+mod zone_text;

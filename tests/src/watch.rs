@@ -104,10 +104,10 @@ impl<S: Store> Shared<S> {
         true
     }
 
-    /// Waits (bounded) until the watched server's SOA serial shows at least the store's applied
-    /// changes as read now.
+    /// Waits (bounded) until the watched server's SOA serial shows at least the store's content
+    /// changes as read now (serial_base 0).
     async fn authority_caught_up(&self) -> anyhow::Result<()> {
-        let want = self.store.active_all().await?.applied_changes as u32;
+        let want = self.store.active_all().await?.content_changes as u32;
         let deadline = tokio::time::Instant::now() + CATCH_UP_WITHIN;
         loop {
             let soa = dns_probe::query(self.dns, self.origin.as_str(), RecordType::SOA, QUERY_TIMEOUT).await;
@@ -126,7 +126,7 @@ impl<S: Store> Shared<S> {
 
 impl<S: Store> Watcher<S> {
     /// As `start`, once the authority serves what the store held when asked (its SOA serial
-    /// shows the store's applied changes): a caller that waited for the store to reach a
+    /// shows the store's content changes): a caller that waited for the store to reach a
     /// state must not probe before the authority has followed it there.
     pub async fn start_caught_up(dns: SocketAddr, origin: DnsName, names: Vec<EndpointName>, store: S) -> anyhow::Result<Watcher<S>> {
         let shared = Shared {
