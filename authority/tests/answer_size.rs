@@ -245,8 +245,9 @@ loc 300 IN TYPE29 \\# 16 00121300899a7b8c7d5e2f3a00989680
 /// TCP, of dnsplan and of NSD: no difference in what the answers say (NSD with
 /// `minimal-responses: yes`, dnsplan's policy), none larger.
 ///
-/// 572 questions, each four ways: 2,288 exchanges with each server. ANY is left out: dnsplan
-/// answers it with one RRset (RFC 8482), its documented policy.
+/// 572 questions, each six ways (no EDNS, EDNS, EDNS with DO; UDP and TCP): 3,432 exchanges
+/// with each server. ANY is left out: dnsplan answers it with one RRset (RFC 8482), its
+/// documented policy.
 ///
 /// Teeth, checked once: without following in-zone CNAMEs, "352 differences from NSD" (the
 /// chains' answers, and `gone A` NOERROR where NSD says NXDOMAIN).
@@ -351,12 +352,20 @@ async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payload
     let mut table =
         String::from("| question | EDNS | dnsplan UDP | NSD UDP | dnsplan TCP | NSD TCP |\n| --- | --- | ---: | ---: | ---: | ---: |\n");
     let mut failures = Vec::new();
+    // Each payload as given, and each EDNS payload again with the DO bit (RFC 3225): the zone
+    // is not signed, so the answer must be the same, with DO echoed as NSD echoes it.
+    let asks: Vec<(Option<u16>, bool)> =
+        payloads.iter().flat_map(|&edns| [(edns, false)].into_iter().chain(edns.map(|_| (edns, true)))).collect();
     for (name, qtype) in questions {
-        for &edns in payloads {
-            let edns_text = edns.map_or("none".to_string(), |size| size.to_string());
+        for &(edns, dnssec_ok) in &asks {
+            let edns_text = match (edns, dnssec_ok) {
+                (None, _) => "none".to_string(),
+                (Some(size), false) => size.to_string(),
+                (Some(size), true) => format!("{size} DO"),
+            };
             write!(table, "| `{name} {qtype}` | {edns_text} |")?;
             for tcp in [false, true] {
-                let ask = support::Ask { edns, tcp, ..support::Ask::default() };
+                let ask = support::Ask { edns, tcp, dnssec_ok, ..support::Ask::default() };
                 let query = build_query(name, *qtype, ask);
                 let asked = || format!("{name} {qtype}, EDNS {edns_text}, {}", if tcp { "TCP" } else { "UDP" });
                 let ours_raw = exchange(dnsplan.dns, &query, tcp).await.with_context(|| format!("dnsplan: {}", asked()))?;
@@ -374,6 +383,7 @@ async fn compare_with_nsd(zone: &Zone, questions: &[(&str, RecordType)], payload
                     ("authority", section(&ours.authorities) == section(&theirs.authorities)),
                     ("additional", section(&ours.additionals) == section(&theirs.additionals)),
                     ("EDNS", ours.edns.is_some() == theirs.edns.is_some()),
+                    ("DO", ours.edns.as_ref().map(|e| e.flags().dnssec_ok) == theirs.edns.as_ref().map(|e| e.flags().dnssec_ok)),
                 ];
                 for (part, equal) in same {
                     if !equal {
