@@ -75,9 +75,11 @@ pub enum Command {
     /// Ask DNS for every managed endpoint and compare with the active state; check that the
     /// latest plan's content is served everywhere and say which endpoints and enactors lag.
     Verify {
-        /// The DNS server to ask (default: the stack's own, as its status says).
-        #[arg(long, env = "DNSPLAN_DNS")]
-        dns: Option<SocketAddr>,
+        /// The DNS servers to ask, each (repeat it, or separate them with commas: several
+        /// authorities, or secondaries); default: every address the stack's status says it
+        /// serves DNS on.
+        #[arg(long, env = "DNSPLAN_DNS", value_delimiter = ',')]
+        dns: Vec<SocketAddr>,
         /// How long the latest plan may take to be enacted before verify fails.
         #[arg(long, default_value_t = 10)]
         wait_secs: u64,
@@ -384,14 +386,29 @@ impl Client {
         if let Some(dns) = given {
             return Ok(dns);
         }
-        let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
-        let Some(mut dns) = status.and_then(|s| s.dns.into_iter().next()) else {
-            return Ok(DNS_FALLBACK);
-        };
-        if dns.ip().is_unspecified() {
-            dns.set_ip(if dns.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+        Ok(self.dns_all(Vec::new()).await?.into_iter().next().unwrap_or(DNS_FALLBACK))
+    }
+
+    /// The DNS servers to check answers on: `given`, else every address the authority says
+    /// it serves DNS on (a wildcard one asked on loopback), else the fallback.
+    async fn dns_all(&self, given: Vec<SocketAddr>) -> CliResult<Vec<SocketAddr>> {
+        if !given.is_empty() {
+            return Ok(given);
         }
-        Ok(dns)
+        let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
+        let mut all: Vec<SocketAddr> = Vec::new();
+        for mut dns in status.map(|s| s.dns).unwrap_or_default() {
+            if dns.ip().is_unspecified() {
+                dns.set_ip(if dns.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+            }
+            if !all.contains(&dns) {
+                all.push(dns);
+            }
+        }
+        if all.is_empty() {
+            all.push(DNS_FALLBACK);
+        }
+        Ok(all)
     }
 
     fn store_unavailable(&self, detail: String) -> CliError {
@@ -456,7 +473,7 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
             crate::out!("automation resumed");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify { dns, wait_secs } => verify(client, client.dns(dns).await?, Duration::from_secs(wait_secs)).await,
+        Command::Verify { dns, wait_secs } => verify(client, &client.dns_all(dns).await?, Duration::from_secs(wait_secs)).await,
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
         Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
         Command::Backend { command } => backend(client, command).await,
@@ -873,7 +890,9 @@ fn print_preview(preview: &plan_file::Preview, keep_automation: bool) {
     }
 }
 
-async fn verify(client: &Client, dns: SocketAddr, wait: Duration) -> CliResult<ExitCode> {
+/// Checks every serving endpoint of the active state on each of `servers`; with more than one,
+/// says which lags.
+async fn verify(client: &Client, servers: &[SocketAddr], wait: Duration) -> CliResult<ExitCode> {
     let latest = client.store.latest().await?;
     let (behind, enactors) = if latest.is_none() {
         (Vec::new(), Vec::new())
@@ -886,9 +905,18 @@ async fn verify(client: &Client, dns: SocketAddr, wait: Duration) -> CliResult<E
     let active = client.store.active_all().await?;
     let mut rows = Vec::new();
     let mut failed = 0;
+    // Per server, the endpoints it does not serve as active.
+    let mut lagging: Vec<usize> = vec![0; servers.len()];
     for (name, record) in &active.endpoints {
         let ActiveState::Serving(endpoint) = &record.state else { continue };
-        let result = workflow::check_served(dns, name, endpoint).await;
+        let mut problems = Vec::new();
+        for (i, &dns) in servers.iter().enumerate() {
+            if let Err(problem) = workflow::check_served(dns, name, endpoint).await {
+                lagging[i] += 1;
+                problems.push(if servers.len() > 1 { format!("on {dns}: {problem}") } else { problem });
+            }
+        }
+        let result = if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) };
         if result.is_err() {
             failed += 1;
         }
@@ -900,9 +928,15 @@ async fn verify(client: &Client, dns: SocketAddr, wait: Duration) -> CliResult<E
             .iter()
             .map(|(n, g, r)| serde_json::json!({"endpoint": n, "generation": g, "ok": r.is_ok(), "problem": r.as_ref().err()}))
             .collect();
+        let dns: Vec<_> = servers
+            .iter()
+            .zip(&lagging)
+            .map(|(dns, lag)| serde_json::json!({"dns": dns, "ok": *lag == 0, "endpoints_not_served": lag}))
+            .collect();
         client.print_json(&serde_json::json!({
             "latest": latest,
             "ok": ok,
+            "dns": dns,
             "endpoints": endpoints,
             "endpoints_behind": behind,
             "enactors_behind": enactors,
@@ -923,6 +957,14 @@ async fn verify(client: &Client, dns: SocketAddr, wait: Duration) -> CliResult<E
             .collect();
         crate::out_raw!("{}", table(&["ENDPOINT", "PLAN", "DNS"], &table_rows));
         crate::out!("{} of {} endpoints served as active", rows.len() - failed, rows.len());
+        if servers.len() > 1 {
+            for (dns, lag) in servers.iter().zip(&lagging) {
+                match lag {
+                    0 => crate::out!("  DNS {dns}: serves every endpoint as active"),
+                    n => crate::out!("  DNS {dns}: LAGS: {n} endpoint(s) not served as active"),
+                }
+            }
+        }
         if behind.is_empty() {
             crate::out!("latest plan {latest}: its content is served on every endpoint");
         } else {

@@ -171,3 +171,40 @@ async fn status_says_which_dead_backend_is_held_back() -> anyhow::Result<()> {
     assert!(held.contains(third) && held.contains("removal_per_"), "{held}");
     Ok(())
 }
+
+/// `verify` with several DNS servers asks each and names the one that lags: here a second
+/// server (NSD on a zone file, as a secondary left behind would be) still serves `api` at an
+/// address no plan has, while the stack serves the active state.
+///
+/// Teeth: a verify that asked only the first server exited 0 here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_asks_every_dns_server_and_names_the_one_that_lags() -> anyhow::Result<()> {
+    use dnsplan_tests::nsd::{Nsd, NsdSpec, NsdZone};
+    let dir = tempfile::tempdir()?;
+    let up = up(dir.path())?;
+    until_dns(up.dns, "api.example.test.", |a| a.len() == 6).await?;
+    let stale = "$ORIGIN example.test.\n@ 300 IN SOA ns1 hostmaster 1 3600 600 604800 30\n@ 300 IN NS ns1\nns1 300 IN A 127.0.0.1\n\
+                 api 30 IN A 192.0.2.1\ndb 30 IN A 127.0.0.21\n";
+    let nsd = Nsd::start(&NsdSpec {
+        zones: vec![NsdZone { origin: "example.test.".into(), text: Some(stale.into()), zone_extra: Vec::new() }],
+        keys: Vec::new(),
+        server_extra: Vec::new(),
+    })
+    .await?;
+    let both = format!("{},{}", up.dns, nsd.addr());
+    let out = dnsplan(&up, &["verify", "--dns", &both])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("1 of 2 endpoints served as active"), "{text}");
+    assert!(text.contains(&format!("DNS {}: serves every endpoint as active", up.dns)), "{text}");
+    assert!(text.contains(&format!("DNS {}: LAGS: 1 endpoint(s) not served as active", nsd.addr())), "{text}");
+    assert!(text.contains(&format!("on {}: api.example.test. A", nsd.addr())), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&String::from_utf8_lossy(&dnsplan(&up, &["--output", "json", "verify", "--dns", &both])?.stdout))?;
+    assert_eq!(json["dns"][1]["endpoints_not_served"], 1, "{json}");
+    assert_eq!(json["dns"][0]["ok"], true, "{json}");
+    // Without --dns: the stack's own, which serves everything.
+    let own = ok(&dnsplan(&up, &["verify"])?);
+    assert!(own.contains("2 of 2 endpoints served as active"), "{own}");
+    Ok(())
+}
