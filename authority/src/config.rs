@@ -56,6 +56,11 @@ pub struct DnsConfig {
     /// Addresses to serve DNS on, UDP and TCP each.
     #[serde(default = "default_dns_listen")]
     pub listen: Vec<SocketAddr>,
+    /// On etcd: where clients reach this authority's DNS, when not where it listens (a
+    /// container listening on 0.0.0.0:53 behind another address). Reported in the store so
+    /// that `dnsplan verify` asks every authority.
+    #[serde(default)]
+    pub advertise: Vec<SocketAddr>,
     #[serde(default = "default_payload")]
     pub edns_udp_payload_bytes: u16,
     #[serde(default = "default_answer_max")]
@@ -76,6 +81,7 @@ impl Default for DnsConfig {
     fn default() -> Self {
         DnsConfig {
             listen: default_dns_listen(),
+            advertise: Vec::new(),
             edns_udp_payload_bytes: default_payload(),
             answer_addresses_max: default_answer_max(),
             tcp_idle_timeout_secs: default_tcp_idle(),
@@ -456,6 +462,16 @@ impl AuthorityConfig {
         let dns = &self.dns;
         if dns.listen.is_empty() {
             return Err("dns.listen: give at least one address".into());
+        }
+        if let Some(bad) = dns.advertise.iter().find(|a| a.ip().is_unspecified() || a.port() == 0) {
+            return Err(format!("dns.advertise: {bad} is not an address clients can reach; give the address and port they ask"));
+        }
+        if dns.advertise.len() > dnsplan_common::store::AUTHORITY_ADDRESSES_MAX {
+            return Err(format!(
+                "dns.advertise: {} addresses; the limit is {}",
+                dns.advertise.len(),
+                dnsplan_common::store::AUTHORITY_ADDRESSES_MAX
+            ));
         }
         dns.rrl.check()?;
         dns.transfer.check()?;

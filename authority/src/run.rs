@@ -36,6 +36,7 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::response::Html;
 use axum::routing::get;
 use dnsplan_common::daemon::{self, Reachability, StartFailure};
+use dnsplan_common::store::AuthorityReport;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::sled::OnLoss;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
@@ -72,6 +73,11 @@ struct Status {
     managed_endpoints: usize,
     /// Where this authority serves DNS (UDP and TCP each), so that clients ask it there.
     dns: Vec<SocketAddr>,
+    /// This authority's id in `authorities`.
+    id: String,
+    /// Every authority's last report on the store (on etcd; none on the embedded store), with
+    /// its age by this authority's clock.
+    authorities: Vec<AuthorityView>,
     heartbeats: Vec<dnsplan_common::Heartbeat>,
     /// The first `limit` endpoints after `after`, in name order.
     endpoints: std::collections::BTreeMap<dnsplan_common::EndpointName, dnsplan_common::ActiveRecord>,
@@ -80,6 +86,56 @@ struct Status {
     /// Each secondary notified (`[[dns.transfer.secondaries]]` with `notify`): the serial it
     /// was last seen serving and whether it is behind.
     secondaries: Vec<crate::notify::SecondaryStatus>,
+}
+
+/// An authority's report as `/v1/status` lists it.
+#[derive(Serialize)]
+struct AuthorityView {
+    #[serde(flatten)]
+    report: AuthorityReport,
+    age_ms: u64,
+}
+
+/// How often an authority renews its report on the store (`AuthorityReport`).
+pub const REPORT_EVERY: Duration = Duration::from_secs(5);
+
+/// This authority's report id: its advertised DNS addresses, else its host name and where it
+/// listens.
+fn report_id(advertise: &[SocketAddr], listening: &[SocketAddr]) -> String {
+    let join = |addresses: &[SocketAddr]| addresses.iter().map(SocketAddr::to_string).collect::<Vec<_>>().join(",");
+    if !advertise.is_empty() {
+        return join(advertise);
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let host = if host.is_empty() { "localhost".to_string() } else { host };
+    format!("{host} {}", join(listening))
+}
+
+/// Reports this authority on the store every [`REPORT_EVERY`] until the task is dropped. A
+/// failure while the store is unreachable is the follower's to log; another is logged once
+/// until a report goes through.
+async fn report_itself<S: Store>(store: S, serving: Arc<Serving>, reach: Arc<Reachability>, id: String, dns: Vec<SocketAddr>) {
+    let mut failing = false;
+    loop {
+        let snapshot = serving.snapshot.load();
+        let report = AuthorityReport {
+            id: id.clone(),
+            dns: dns.clone(),
+            serial: snapshot.serial,
+            applied_changes: snapshot.applied_changes,
+            at_unix_ms: now_unix_ms(),
+        };
+        match store.report_authority(report).await {
+            Ok(()) => failing = false,
+            Err(err) if reach.is_down() => tracing::debug!(error = %err, "could not report this authority on the store"),
+            Err(err) => {
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(error = %err, "could not report this authority on the store; `dnsplan verify` will not find it");
+                }
+            }
+        }
+        tokio::time::sleep(REPORT_EVERY).await;
+    }
 }
 
 /// Query of `/v1/status`.
@@ -469,6 +525,12 @@ where
     }
     tasks.spawn(serving.clone().follow(store.clone(), store_reach.clone()));
     crate::notify::spawn(&mut tasks, &serving);
+    let id = report_id(&config.dns.advertise, &dns);
+    // On etcd, where several authorities may follow one store, each reports where it serves.
+    if local.is_some() {
+        let advertised = if config.dns.advertise.is_empty() { dns.clone() } else { config.dns.advertise.clone() };
+        tasks.spawn(report_itself(store.clone(), serving.clone(), store_reach.clone(), id.clone(), advertised));
+    }
 
     let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
     let extra_metrics = extras.metrics.clone();
@@ -513,12 +575,12 @@ where
         .route(
             "/v1/status",
             get({
-                let (serving, dns) = (serving.clone(), dns.clone());
+                let (serving, dns, id) = (serving.clone(), dns.clone(), id.clone());
                 move |State(ctl): State<Control<S>>, q: Result<Query<StatusQuery>, QueryRejection>| {
-                    let (serving, dns) = (serving.clone(), dns.clone());
+                    let (serving, dns, id) = (serving.clone(), dns.clone(), id.clone());
                     async move {
                         let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-                        status(ctl, serving, dns, q).await
+                        status(ctl, serving, dns, id, q).await
                     }
                 }
             })
@@ -588,7 +650,13 @@ fn start_dns(
     Ok(udp)
 }
 
-async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, dns: Vec<SocketAddr>, q: StatusQuery) -> Result<Json<Status>, ApiError> {
+async fn status<S: Store>(
+    ctl: Control<S>,
+    serving: Arc<Serving>,
+    dns: Vec<SocketAddr>,
+    id: String,
+    q: StatusQuery,
+) -> Result<Json<Status>, ApiError> {
     let store = &ctl.store;
     let limit = q.limit.unwrap_or(STATUS_ENDPOINTS_DEFAULT);
     let after = q.after.as_deref().map(control::parse_endpoint).transpose()?;
@@ -607,6 +675,12 @@ async fn status<S: Store>(ctl: Control<S>, serving: Arc<Serving>, dns: Vec<Socke
         applied_changes: snapshot.applied_changes,
         managed_endpoints: snapshot.managed_count(),
         dns,
+        id,
+        authorities: {
+            let now = now_unix_ms();
+            let reports = store.authorities().await?;
+            reports.into_iter().map(|report| AuthorityView { age_ms: now.saturating_sub(report.at_unix_ms), report }).collect()
+        },
         heartbeats: store.heartbeats().await?,
         endpoints,
         endpoints_more,

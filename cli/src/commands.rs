@@ -309,6 +309,9 @@ struct StatusView {
     /// The secondaries the authority notifies, and the serial each was last seen serving.
     #[serde(default)]
     secondaries: Vec<SecondaryView>,
+    /// Every authority of the store that reports itself (on etcd).
+    #[serde(default)]
+    authorities: Vec<AuthorityOfStatus>,
 }
 
 /// One secondary in `/v1/status`.
@@ -372,11 +375,38 @@ pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
 /// status), and what a preview that asks nothing carries.
 const DNS_FALLBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 5353);
 
-/// What `/v1/status` says of where the authority serves DNS.
+/// What `/v1/status` says of where the authority serves DNS, and where the others do.
 #[derive(Deserialize)]
 struct DnsOfStatus {
     #[serde(default)]
     dns: Vec<SocketAddr>,
+    /// This authority's id among `authorities`.
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    authorities: Vec<AuthorityOfStatus>,
+}
+
+/// One authority's report as `/v1/status` lists it.
+#[derive(Debug, Serialize, Deserialize)]
+struct AuthorityOfStatus {
+    id: String,
+    dns: Vec<SocketAddr>,
+    #[serde(default)]
+    serial: u32,
+    age_ms: u64,
+}
+
+/// An authority whose report is older than this is gone or cut off from the store: `verify`
+/// says so and does not ask it (authorities report every 5 s).
+const AUTHORITY_REPORT_FRESH: Duration = Duration::from_secs(30);
+
+/// `addr`, asked on loopback when it is a wildcard one.
+fn reachable(mut addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
+    }
+    addr
 }
 
 impl Client {
@@ -386,29 +416,53 @@ impl Client {
         if let Some(dns) = given {
             return Ok(dns);
         }
-        Ok(self.dns_all(Vec::new()).await?.into_iter().next().unwrap_or(DNS_FALLBACK))
+        let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
+        Ok(status.and_then(|s| s.dns.into_iter().next()).map_or(DNS_FALLBACK, reachable))
     }
 
-    /// The DNS servers to check answers on: `given`, else every address the authority says
-    /// it serves DNS on (a wildcard one asked on loopback), else the fallback.
-    async fn dns_all(&self, given: Vec<SocketAddr>) -> CliResult<Vec<SocketAddr>> {
+    /// The DNS servers to check answers on, and notes on authorities not asked: `given`;
+    /// else every address this authority serves DNS on (a wildcard one asked on loopback)
+    /// and every address the other authorities of its store report (on etcd), those that
+    /// reported in the last [`AUTHORITY_REPORT_FRESH`]; else the fallback.
+    async fn dns_all(&self, given: Vec<SocketAddr>) -> CliResult<(Vec<SocketAddr>, Vec<String>)> {
         if !given.is_empty() {
-            return Ok(given);
+            return Ok((given, Vec::new()));
         }
         let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
+        let Some(status) = status else { return Ok((vec![DNS_FALLBACK], Vec::new())) };
         let mut all: Vec<SocketAddr> = Vec::new();
-        for mut dns in status.map(|s| s.dns).unwrap_or_default() {
-            if dns.ip().is_unspecified() {
-                dns.set_ip(if dns.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() });
-            }
+        let mut notes = Vec::new();
+        let mut add = |dns: SocketAddr| {
             if !all.contains(&dns) {
                 all.push(dns);
+            }
+        };
+        status.dns.iter().copied().map(reachable).for_each(&mut add);
+        for other in status.authorities.iter().filter(|a| a.id != status.id) {
+            let age = Duration::from_millis(other.age_ms);
+            if age > AUTHORITY_REPORT_FRESH {
+                notes.push(format!(
+                    "authority {} last reported {} s ago: gone or cut off from the store, not asked",
+                    other.id,
+                    age.as_secs()
+                ));
+                continue;
+            }
+            for &dns in &other.dns {
+                if dns.ip().is_unspecified() {
+                    notes.push(format!(
+                        "authority {} reports DNS on {dns}, which says nothing of where to reach it: set its dns.advertise",
+                        other.id
+                    ));
+                } else {
+                    add(dns);
+                }
             }
         }
         if all.is_empty() {
             all.push(DNS_FALLBACK);
         }
-        Ok(all)
+        Ok((all, notes))
     }
 
     fn store_unavailable(&self, detail: String) -> CliError {
@@ -473,7 +527,10 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
             crate::out!("automation resumed");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify { dns, wait_secs } => verify(client, &client.dns_all(dns).await?, Duration::from_secs(wait_secs)).await,
+        Command::Verify { dns, wait_secs } => {
+            let (servers, notes) = client.dns_all(dns).await?;
+            verify(client, &servers, &notes, Duration::from_secs(wait_secs)).await
+        }
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
         Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
         Command::Backend { command } => backend(client, command).await,
@@ -498,6 +555,12 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
     crate::out!("latest plan   {}", view.latest);
     if !view.dns.is_empty() {
         crate::out!("dns           {}", view.dns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "));
+    }
+    for (i, a) in view.authorities.iter().enumerate() {
+        let label = if i == 0 { format!("authorities   {} reporting:", view.authorities.len()) } else { " ".repeat(27) };
+        let dns = a.dns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        let age = Duration::from_millis(a.age_ms).as_secs();
+        crate::out!("{label} {} DNS {dns} serial {} ({age} s ago)", a.id, a.serial);
     }
     let automation = match &view.paused {
         None => "running".to_owned(),
@@ -892,7 +955,7 @@ fn print_preview(preview: &plan_file::Preview, keep_automation: bool) {
 
 /// Checks every serving endpoint of the active state on each of `servers`; with more than one,
 /// says which lags.
-async fn verify(client: &Client, servers: &[SocketAddr], wait: Duration) -> CliResult<ExitCode> {
+async fn verify(client: &Client, servers: &[SocketAddr], notes: &[String], wait: Duration) -> CliResult<ExitCode> {
     let latest = client.store.latest().await?;
     let (behind, enactors) = if latest.is_none() {
         (Vec::new(), Vec::new())
@@ -937,6 +1000,7 @@ async fn verify(client: &Client, servers: &[SocketAddr], wait: Duration) -> CliR
             "latest": latest,
             "ok": ok,
             "dns": dns,
+            "notes": notes,
             "endpoints": endpoints,
             "endpoints_behind": behind,
             "enactors_behind": enactors,
@@ -964,6 +1028,9 @@ async fn verify(client: &Client, servers: &[SocketAddr], wait: Duration) -> CliR
                     n => crate::out!("  DNS {dns}: LAGS: {n} endpoint(s) not served as active"),
                 }
             }
+        }
+        for note in notes {
+            crate::out!("  {note}");
         }
         if behind.is_empty() {
             crate::out!("latest plan {latest}: its content is served on every endpoint");

@@ -7,15 +7,17 @@
 //!
 //! Answers are read with our DNS client; every wait is a poll with a deadline.
 
+mod support;
+
 use dnsplan_common::dns_probe::{RecordType, ResponseCode, query};
 use std::collections::BTreeSet;
 use std::io::BufRead;
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::{bin_dir, root};
 
 /// Most time for the script to have both authorities agree: etcd's election, the first
 /// plan, its application and the watch on a loaded two-core machine (about 10 s idle).
@@ -26,24 +28,6 @@ const READY: Duration = Duration::from_secs(120);
 const STOP: Duration = Duration::from_secs(90);
 /// Timeout of one DNS query.
 const QUERY: Duration = Duration::from_millis(500);
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The daemons, built next to `dnsplan` (the script's --bin-dir), once per test binary.
-fn bin_dir() -> PathBuf {
-    static BUILT: std::sync::Once = std::sync::Once::new();
-    BUILT.call_once(|| {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "-p", "dnsplan-authority", "-p", "dnsplan-enactor", "-p", "dnsplan-planner"])
-            .current_dir(root())
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the daemons failed");
-    });
-    Path::new(env!("CARGO_BIN_EXE_dnsplan")).parent().expect("a directory").to_path_buf()
-}
 
 /// The ports given to the script, all free on 127.0.0.1 when chosen (DNS ones for UDP too).
 struct Ports {

@@ -11,7 +11,7 @@
 //! | key | value |
 //! |---|---|
 //! | `meta/latest`, `meta/applied` and `meta/applied/NN`, `meta/control` | the version: latest generation, applied-change count (the sum of 16 slots), control count (what `wait_for_change` watches) |
-//! | `state/horizon`, `state/dns_zone`, `state/pause`, `state/heartbeats` | oldest stored plan (written by the first publish), the DNS zone, the pause, the heartbeat count |
+//! | `state/horizon`, `state/dns_zone`, `state/pause`, `state/heartbeats`, `state/authorities` | oldest stored plan (written by the first publish), the DNS zone, the pause, the heartbeat and authority-report counts |
 //! | `plans/g`, `summaries/g`, `changes/g` | plan `g` (inline, or a manifest of its chunks), its summary, its `PlanChanges` against its parent |
 //! | `blobs/g nonce kind index` | chunks of a plan or its changes larger than a quarter of a request (each half a request) |
 //! | `staging/g nonce` | a publish in progress that wrote chunks |
@@ -19,6 +19,7 @@
 //! | `serving/g name` | index of serving endpoints by generation: the first key is the oldest active fence |
 //! | `lease/record`, `lease/live` | the planner `Lease`; the live key (epoch ++ holder) is attached to an etcd lease of the TTL |
 //! | `heartbeats/id` | an enactor's heartbeat |
+//! | `authorities/id` | an authority's `AuthorityReport` |
 
 use dnsplan_common::Generation;
 use dnsplan_common::names::EndpointName;
@@ -81,6 +82,9 @@ impl Keys {
     }
     pub(crate) fn heartbeat_count(&self) -> Vec<u8> {
         self.k(&[b"state/heartbeats"])
+    }
+    pub(crate) fn authority_count(&self) -> Vec<u8> {
+        self.k(&[b"state/authorities"])
     }
 
     // Plans: written by publish's transaction, removed by cleanup's.
@@ -154,6 +158,12 @@ impl Keys {
     }
     pub(crate) fn heartbeat(&self, id: &str) -> Vec<u8> {
         self.k(&[b"heartbeats/", id.as_bytes()])
+    }
+    pub(crate) fn authorities(&self) -> Vec<u8> {
+        self.k(&[b"authorities/"])
+    }
+    pub(crate) fn authority(&self, id: &str) -> Vec<u8> {
+        self.k(&[b"authorities/", id.as_bytes()])
     }
 
     /// The part of `key` after `prefix`, if it starts with it.

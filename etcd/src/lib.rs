@@ -128,15 +128,15 @@ use client::{
 };
 use dnsplan_common::Generation;
 use dnsplan_common::changes::{PlanChanges, PlanEntry, decode_changes};
-use dnsplan_common::codec::{self, CodecError};
+use dnsplan_common::codec::{self, CodecError, Record};
 use dnsplan_common::names::{DnsName, EndpointName};
 use dnsplan_common::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
 use dnsplan_common::store::lease::{self, Lease};
 use dnsplan_common::store::{
-    ACTIVE_PAGE_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision,
-    CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX,
-    PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
-    check_changes_range, check_page_limit, content_changed, decide_cleanup,
+    ACTIVE_PAGE_MAX, AUTHORITIES_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome,
+    AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat,
+    LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion,
+    WAIT_TIMEOUT_MAX, check_batch, check_changes_range, check_page_limit, content_changed, decide_cleanup,
 };
 use dnsplan_common::store_config::EtcdStoreConfig;
 use keys::{Keys, prefix_end};
@@ -529,6 +529,52 @@ async fn back_off(attempt: u32) {
 
 fn contention(what: &str) -> StoreError {
     StoreError::Unavailable(format!("{what} lost the race to other writers {ATTEMPTS_MAX} times in a row; retry later"))
+}
+
+/// A family of keys kept to `max` (heartbeats, authority reports), counted under `count_key`.
+struct Bounded<F: Fn() -> StoreError> {
+    what: &'static str,
+    count_key: Vec<u8>,
+    max: usize,
+    /// The error when a new key would go past `max`.
+    full: F,
+}
+
+impl EtcdStore {
+    /// Writes `value` at `key`, one of `bound`'s family: over a key already there, or as a new
+    /// key counted against the bound, the count compared with the write.
+    async fn put_bounded<F: Fn() -> StoreError>(&self, bound: &Bounded<F>, key: Vec<u8>, value: Vec<u8>) -> StoreResult<()> {
+        for attempt in 0..ATTEMPTS_MAX {
+            let (_, r) = self.read(bound.what, vec![get(key.clone()), get(bound.count_key.clone())]).await?;
+            let known = first(&r[0]).is_some();
+            let count = be_u64(first(&r[1]), &format!("{} count", bound.what))?;
+            let txn = if known {
+                Txn::new().when(vec![Compare::version(key.clone(), CompareOp::Greater, 0)]).and_then(vec![put(key.clone(), value.clone())])
+            } else {
+                let n = count.unwrap_or(0);
+                if n >= bound.max as u64 {
+                    return Err((bound.full)());
+                }
+                Txn::new()
+                    .when(vec![Compare::version(key.clone(), CompareOp::Equal, 0), cmp_u64(bound.count_key.clone(), count)])
+                    .and_then(vec![put(key.clone(), value.clone()), put(bound.count_key.clone(), (n + 1).to_be_bytes().to_vec())])
+            };
+            if self.txn(bound.what, txn).await?.succeeded() {
+                return Ok(());
+            }
+            back_off(attempt).await;
+        }
+        Err(contention(bound.what))
+    }
+
+    /// Every record under `prefix`, decoded.
+    async fn read_all<T: Record>(&self, what: &'static str, prefix: Vec<u8>) -> StoreResult<Vec<T>> {
+        let (_, r) = self.read(what, vec![get_range(prefix.clone(), prefix_end(&prefix), 0)]).await?;
+        r[0].kvs()
+            .iter()
+            .map(|kv| codec::decode::<T>(kv.value()).map_err(|e| StoreError::Corrupt { what: T::KIND_NAME.into(), source: e }))
+            .collect()
+    }
 }
 
 impl EtcdStore {
@@ -1685,39 +1731,27 @@ impl Store for EtcdStore {
         check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
         check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
         let keys = &self.inner.keys;
-        let key = keys.heartbeat(&heartbeat.enactor_id);
-        let value = codec::encode(&heartbeat);
-        for attempt in 0..ATTEMPTS_MAX {
-            let (_, r) = self.read("heartbeat", vec![get(key.clone()), get(keys.heartbeat_count())]).await?;
-            let known = first(&r[0]).is_some();
-            let count = be_u64(first(&r[1]), "heartbeat count")?;
-            let txn = if known {
-                Txn::new().when(vec![Compare::version(key.clone(), CompareOp::Greater, 0)]).and_then(vec![put(key.clone(), value.clone())])
-            } else {
-                // A new enactor id counts against the bound, compared with the write.
-                let n = count.unwrap_or(0);
-                if n >= HEARTBEATS_MAX as u64 {
-                    return Err(StoreError::TooManyHeartbeats);
-                }
-                Txn::new()
-                    .when(vec![Compare::version(key.clone(), CompareOp::Equal, 0), cmp_u64(keys.heartbeat_count(), count)])
-                    .and_then(vec![put(key.clone(), value.clone()), put(keys.heartbeat_count(), (n + 1).to_be_bytes().to_vec())])
-            };
-            if self.txn("heartbeat", txn).await?.succeeded() {
-                return Ok(());
-            }
-            back_off(attempt).await;
-        }
-        Err(contention("heartbeat"))
+        let bound =
+            Bounded { what: "heartbeat", count_key: keys.heartbeat_count(), max: HEARTBEATS_MAX, full: || StoreError::TooManyHeartbeats };
+        self.put_bounded(&bound, keys.heartbeat(&heartbeat.enactor_id), codec::encode(&heartbeat)).await
     }
 
     async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
-        let prefix = self.inner.keys.heartbeats();
-        let (_, r) = self.read("heartbeats", vec![get_range(prefix.clone(), prefix_end(&prefix), 0)]).await?;
-        r[0].kvs()
-            .iter()
-            .map(|kv| codec::decode::<Heartbeat>(kv.value()).map_err(|e| StoreError::Corrupt { what: "heartbeat".into(), source: e }))
-            .collect()
+        self.read_all("heartbeats", self.inner.keys.heartbeats()).await
+    }
+
+    async fn report_authority(&self, report: AuthorityReport) -> StoreResult<()> {
+        report.check()?;
+        let keys = &self.inner.keys;
+        let full = || {
+            StoreError::BadRequest(format!("{AUTHORITIES_MAX} authority reports are stored already; remove those of retired authorities"))
+        };
+        let bound = Bounded { what: "authority report", count_key: keys.authority_count(), max: AUTHORITIES_MAX, full };
+        self.put_bounded(&bound, keys.authority(&report.id), codec::encode(&report)).await
+    }
+
+    async fn authorities(&self) -> StoreResult<Vec<AuthorityReport>> {
+        self.read_all("authority reports", self.inner.keys.authorities()).await
     }
 
     async fn version(&self) -> StoreResult<StoreVersion> {

@@ -132,3 +132,22 @@ pub fn weight(plan: &ValidatedPlan, address: &str) -> Option<u32> {
     let address: IpAddr = address.parse().ok()?;
     plan.plan().endpoints.values().flat_map(|e| &e.targets).find(|t| t.address == address).map(|t| t.weight)
 }
+
+/// The workspace's root.
+pub fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The daemons, built next to `dnsplan`, once per test binary: where they are.
+pub fn bin_dir() -> std::path::PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "dnsplan-authority", "-p", "dnsplan-enactor", "-p", "dnsplan-planner"])
+            .current_dir(root())
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the daemons failed");
+    });
+    Path::new(env!("CARGO_BIN_EXE_dnsplan")).parent().expect("a directory").to_path_buf()
+}

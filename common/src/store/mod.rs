@@ -57,6 +57,11 @@ pub const HEARTBEATS_MAX: usize = 1_024;
 pub const PAUSE_TEXT_BYTES_MAX: usize = 1_024;
 /// Longest enactor id or state text in a heartbeat, in bytes.
 pub const HEARTBEAT_TEXT_BYTES_MAX: usize = 128;
+/// Most authority reports kept (see [`AuthorityReport`]): a few authorities serve one zone;
+/// 64 bounds a fleet that invents a new id on every start.
+pub const AUTHORITIES_MAX: usize = 64;
+/// Most DNS addresses in one authority's report.
+pub const AUTHORITY_ADDRESSES_MAX: usize = 16;
 /// Most endpoints in one `apply_many`: one transaction and one flush; 4,096 endpoints with
 /// the most targets each are about 13 MB of JSON on the control API.
 pub const APPLY_BATCH_MAX: usize = 4_096;
@@ -262,6 +267,43 @@ impl Record for Heartbeat {
     const KIND: u8 = 5;
     const KIND_NAME: &'static str = "heartbeat";
     const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
+/// An authority's report of itself on a store several authorities follow (etcd): where it
+/// serves DNS and what, so `dnsplan verify` asks every authority, not only the one whose
+/// control API it talks to. Written every few seconds; a report that stops being renewed is
+/// an authority that is gone or cut off.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthorityReport {
+    /// Its `dns.advertise` addresses joined, or its host name and listen addresses: one
+    /// authority's reports replace each other.
+    pub id: String,
+    /// Where clients reach its DNS (`dns.advertise`, else where it listens).
+    pub dns: Vec<std::net::SocketAddr>,
+    pub serial: u32,
+    pub applied_changes: u64,
+    pub at_unix_ms: u64,
+}
+
+impl Record for AuthorityReport {
+    const KIND: u8 = 17;
+    const KIND_NAME: &'static str = "authority report";
+    const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
+impl AuthorityReport {
+    /// The checks of a report that need no store: its id's length and its address count.
+    pub fn check(&self) -> StoreResult<()> {
+        check_len("authority id", &self.id, HEARTBEAT_TEXT_BYTES_MAX)?;
+        if self.dns.len() > AUTHORITY_ADDRESSES_MAX {
+            return Err(StoreError::BadRequest(format!(
+                "an authority report with {} DNS addresses; the limit is {AUTHORITY_ADDRESSES_MAX}",
+                self.dns.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// A store's history at one applied-change count: which store, and which endpoint its change
@@ -560,6 +602,17 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn paused(&self) -> impl Future<Output = StoreResult<Option<PauseState>>> + Send;
     fn heartbeat(&self, heartbeat: Heartbeat) -> impl Future<Output = StoreResult<()>> + Send;
     fn heartbeats(&self) -> impl Future<Output = StoreResult<Vec<Heartbeat>>> + Send;
+    /// Records an authority's report of itself, replacing its last. A store one authority
+    /// serves alone (the embedded one, and a remote store through that authority) keeps none:
+    /// the default does nothing.
+    fn report_authority(&self, report: AuthorityReport) -> impl Future<Output = StoreResult<()>> + Send {
+        let _ = report;
+        async { Ok(()) }
+    }
+    /// The authorities' last reports (none on a store that keeps none).
+    fn authorities(&self) -> impl Future<Output = StoreResult<Vec<AuthorityReport>>> + Send {
+        async { Ok(Vec::new()) }
+    }
     fn version(&self) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
     /// Returns as soon as the store's version differs from `seen`, or after `timeout`
     /// (capped at `WAIT_TIMEOUT_MAX`) with the current version. Never busy-polls.

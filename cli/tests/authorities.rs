@@ -1,0 +1,125 @@
+//! Several authorities on one etcd store, as `dnsplan verify` meets them: each reports where
+//! it serves DNS on the store, `dnsplan status` lists them, and `verify`, talking to one
+//! authority's control API, asks every one and names the one that lags. The authorities are
+//! the shipped `dnsplan-authority` processes with their config files, on free loopback ports.
+
+mod support;
+
+use dnsplan_common::Generation;
+use dnsplan_common::Store;
+use dnsplan_common::store::ApplyItem;
+use dnsplan_tests::etcd::EtcdCluster;
+use dnsplan_tests::fixtures::{endpoint_for, name, plan, planner};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{WITHIN, bin_dir, free_port, until_dns};
+
+const PREFIX: &str = "/authorities/";
+/// The authorities' control token (the demo one is refused outside `dnsplan up`).
+const TOKEN: &str = "authorities-test-token-0123456789abcdef";
+
+/// A `dnsplan-authority` process, killed (SIGKILL) when dropped.
+struct Authority {
+    child: Child,
+    dns: SocketAddr,
+    control: String,
+}
+
+impl Drop for Authority {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts an authority following `cluster` on free loopback ports, its config in `dir`.
+fn authority(dir: &Path, cluster: &EtcdCluster) -> anyhow::Result<Authority> {
+    let (dns_port, control_port) = (free_port()?, free_port()?);
+    let endpoints: Vec<String> = cluster.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
+    let config = format!(
+        r#"data_dir = "{data}"
+[store]
+kind = "etcd"
+endpoints = [{endpoints}]
+prefix = "{PREFIX}"
+[dns]
+listen = ["127.0.0.1:{dns_port}"]
+[control]
+listen = "127.0.0.1:{control_port}"
+token = "{TOKEN}"
+[dns_zone]
+origin = "example.test."
+ns = ["ns1.example.test."]
+[dns_zone.soa]
+mname = "ns1.example.test."
+rname = "hostmaster.example.test."
+"#,
+        data = dir.join("data").display(),
+        endpoints = endpoints.join(", "),
+    );
+    let path = dir.join("authority.toml");
+    std::fs::write(&path, config)?;
+    let child =
+        Command::new(bin_dir().join("dnsplan-authority")).arg("--config").arg(&path).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    Ok(Authority { child, dns: SocketAddr::from(([127, 0, 0, 1], dns_port)), control: format!("http://127.0.0.1:{control_port}") })
+}
+
+fn dnsplan(control: &str, args: &[&str]) -> anyhow::Result<Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["--control", control, "--token", TOKEN]).args(args).output()?)
+}
+
+/// Runs `dnsplan verify` against `control` until its output has `want` (each authority
+/// reports within a few seconds of its start), and returns its exit code and output.
+async fn verify_until(control: &str, want: &str) -> anyhow::Result<(Option<i32>, String)> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let out = dnsplan(control, &["verify", "--wait-secs", "1"])?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains(want) {
+            return Ok((out.status.code(), text));
+        }
+        anyhow::ensure!(Instant::now() < deadline, "verify never said {want:?}; last:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Teeth: without the authorities' reports, verify asked only the authority it talks to
+/// and never named the other ("verify never said ...").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_asks_every_authority_of_the_store_and_names_the_one_that_lags() -> anyhow::Result<()> {
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    let store = cluster.store(PREFIX).await?;
+    let names = [name("api"), name("db")];
+    store.publish(&plan(1, &names, planner())).await?;
+    let items: Vec<ApplyItem> = names.iter().map(|n| ApplyItem { endpoint: n.clone(), records: endpoint_for(Generation(1)) }).collect();
+    for result in store.apply_many(Generation(1), &items).await? {
+        result?;
+    }
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let a = authority(dir_a.path(), &cluster)?;
+    let b = authority(dir_b.path(), &cluster)?;
+    for (dns, dir) in [(a.dns, dir_a.path()), (b.dns, dir_b.path())] {
+        if let Err(err) = until_dns(dns, "api.example.test.", |addresses| !addresses.is_empty()).await {
+            anyhow::bail!("{err}: the authority's log:\n{}", std::fs::read_to_string(dir.join("authority.log")).unwrap_or_default());
+        }
+    }
+
+    let (code, text) = verify_until(&a.control, &format!("DNS {}: serves every endpoint as active", b.dns)).await?;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains(&format!("DNS {}: serves every endpoint as active", a.dns)), "{text}");
+    let status = String::from_utf8_lossy(&dnsplan(&a.control, &["status"])?.stdout).into_owned();
+    assert!(status.contains("authorities   2 reporting:"), "{status}");
+
+    // Authority b dies: its last report is fresh, so verify asks it, and names it.
+    let b_dns = b.dns;
+    drop(b);
+    let (code, text) = verify_until(&a.control, &format!("DNS {b_dns}: LAGS: 2 endpoint(s)")).await?;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains(&format!("DNS {}: serves every endpoint as active", a.dns)), "{text}");
+    // `--dns` asks only what it names.
+    let only_a = dnsplan(&a.control, &["verify", "--dns", &a.dns.to_string()])?;
+    assert_eq!(only_a.status.code(), Some(0), "{}", String::from_utf8_lossy(&only_a.stdout));
+    Ok(())
+}
