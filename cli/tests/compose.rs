@@ -11,7 +11,7 @@ use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_enactor::EnactorConfig;
 use dnsplan_planner::PlannerConfig;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -493,7 +493,11 @@ fn etcd_compose_matches_the_binaries_and_etcd() -> anyhow::Result<()> {
                 for member in members.keys() {
                     assert_eq!(deps.get(member), Some(&true), "{name}: the first start waits for {member} to be healthy");
                 }
-                authorities.insert(name.clone(), (ip.expect("authorities need fixed addresses"), config));
+                let ip = ip.expect("authorities need fixed addresses");
+                // `dnsplan verify` asks each authority where it reports itself.
+                let reachable: Vec<SocketAddr> = config.dns.listen.iter().map(|l| SocketAddr::from((ip, l.port()))).collect();
+                assert_eq!(config.dns.advertise, reachable, "{name}: dns.advertise is its fixed address and DNS port");
+                authorities.insert(name.clone(), (ip, config));
             }
             "dnsplan-planner" => {
                 let args = dnsplan_planner::args::Args::try_parse_from(&command)?;
@@ -531,7 +535,7 @@ fn etcd_compose_matches_the_binaries_and_etcd() -> anyhow::Result<()> {
     }
     assert_eq!(prefixes.len(), 1, "every daemon uses the same store.prefix: {prefixes:?}");
     assert_eq!(authorities.len(), 2, "two authorities");
-    // The SOA serial is serial_base plus the applied-change count etcd holds: one DNS zone and
+    // The SOA serial is serial_base plus the content-change count etcd holds: one DNS zone and
     // one serial_base make both serve the same serial for the same state.
     let zones: BTreeSet<(String, Option<u32>)> =
         authorities.values().map(|(_, c)| (c.dns_zone.origin.clone(), c.dns_zone.soa.as_ref().map(|s| s.serial_base))).collect();
