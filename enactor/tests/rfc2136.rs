@@ -204,6 +204,24 @@ struct Gate {
     events: mpsc::UnboundedSender<Event>,
 }
 
+impl Gate {
+    /// A gate that holds nothing back, only reports: every write goes through.
+    fn open() -> (Arc<Gate>, mpsc::UnboundedReceiver<Event>) {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let gate = Arc::new(Gate {
+            hold: Generation(u64::MAX),
+            reached: Mutex::new(None),
+            a_holding: tokio::sync::watch::Sender::new(true),
+            release: Notify::new(),
+            released: AtomicBool::new(false),
+            next: Mutex::new(None),
+            release_next: Notify::new(),
+            events: events_tx,
+        });
+        (gate, events)
+    }
+}
+
 impl Hooks for Gate {
     fn before_write<'a>(&'a self, enactor: &'a str, generation: Generation, _: &'a EndpointName) -> HookFuture<'a> {
         Box::pin(async move {
@@ -431,17 +449,7 @@ async fn plans_are_enacted(kind: Kind) -> anyhow::Result<()> {
     let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let gate = Arc::new(Gate {
-        hold: Generation(u64::MAX),
-        reached: Mutex::new(None),
-        a_holding: tokio::sync::watch::Sender::new(true),
-        release: Notify::new(),
-        released: AtomicBool::new(false),
-        next: Mutex::new(None),
-        release_next: Notify::new(),
-        events: events_tx,
-    });
+    let (gate, mut events) = Gate::open();
     let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
     let enactor = Enactor::new(store.clone(), settings("a", server.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -542,17 +550,7 @@ async fn tsig_and_acl_failures(kind: Kind) -> anyhow::Result<()> {
     let store = SledStore::open(dir.path())?;
     let mut wrong = settings("a", server.addr(), Fence::Prerequisites)?;
     wrong.target = Target::Rfc2136(target_with_key(server.addr(), key(KEY_NAME, WRONG_SECRET_B64)));
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let gate = Arc::new(Gate {
-        hold: Generation(u64::MAX),
-        reached: Mutex::new(None),
-        a_holding: tokio::sync::watch::Sender::new(true),
-        release: Notify::new(),
-        released: AtomicBool::new(false),
-        next: Mutex::new(None),
-        release_next: Notify::new(),
-        events: events_tx,
-    });
+    let (gate, mut events) = Gate::open();
     let enactor_metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
     let enactor = Enactor::new(store.clone(), wrong, enactor_metrics.clone()).with_hooks(gate);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -930,17 +928,7 @@ async fn cleanup_keeps_the_plans_knot_serves() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
     let (steady, moving) = (name("steady"), name("moving"));
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let gate = Arc::new(Gate {
-        hold: Generation(u64::MAX),
-        reached: Mutex::new(None),
-        a_holding: tokio::sync::watch::Sender::new(true),
-        release: Notify::new(),
-        released: AtomicBool::new(false),
-        next: Mutex::new(None),
-        release_next: Notify::new(),
-        events: events_tx,
-    });
+    let (gate, mut events) = Gate::open();
     let mut settings = settings("a", server.addr(), Fence::Prerequisites)?;
     settings.cleanup_retain = Some(2);
     let enactor = Enactor::new(store.clone(), settings, Arc::new(Metrics::register(&mut Registry::default(), "a"))).with_hooks(gate);
@@ -988,17 +976,7 @@ async fn retired_name(kind: Kind) -> anyhow::Result<()> {
     let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let gate = Arc::new(Gate {
-        hold: Generation(u64::MAX),
-        reached: Mutex::new(None),
-        a_holding: tokio::sync::watch::Sender::new(true),
-        release: Notify::new(),
-        released: AtomicBool::new(false),
-        next: Mutex::new(None),
-        release_next: Notify::new(),
-        events: events_tx,
-    });
+    let (gate, mut events) = Gate::open();
     let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
     let enactor = Enactor::new(store.clone(), settings("a", server.addr(), Fence::Prerequisites)?, metrics.clone()).with_hooks(gate);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -1139,17 +1117,7 @@ async fn drift_repaired(kind: Kind) -> anyhow::Result<()> {
     let server = start_primary(kind).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let gate = Arc::new(Gate {
-        hold: Generation(u64::MAX),
-        reached: Mutex::new(None),
-        a_holding: tokio::sync::watch::Sender::new(true),
-        release: Notify::new(),
-        released: AtomicBool::new(false),
-        next: Mutex::new(None),
-        release_next: Notify::new(),
-        events: events_tx,
-    });
+    let (gate, mut events) = Gate::open();
     let metrics = Arc::new(Metrics::register(&mut Registry::default(), "a"));
     let mut settings = settings("a", server.addr(), Fence::Prerequisites)?;
     settings.reconcile_interval = Duration::from_millis(200);
@@ -1214,17 +1182,7 @@ async fn three_enactors_send_about_one_update_per_changed_name() -> anyhow::Resu
     let server = start_primary(Kind::Knot).await?;
     let dir = tempfile::tempdir()?;
     let store = SledStore::open(dir.path())?;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let gate = Arc::new(Gate {
-        hold: Generation(u64::MAX),
-        reached: Mutex::new(None),
-        a_holding: tokio::sync::watch::Sender::new(true),
-        release: Notify::new(),
-        released: AtomicBool::new(false),
-        next: Mutex::new(None),
-        release_next: Notify::new(),
-        events: events_tx,
-    });
+    let (gate, mut events) = Gate::open();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     let mut all = Vec::new();

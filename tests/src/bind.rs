@@ -10,9 +10,10 @@
 //!
 //! A missing `named` is a failing test with a message saying how to install it, never a skip.
 
+use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
 use crate::knot::{KeyAction, TsigKey, free_port};
 use anyhow::Context;
-use dnsplan_common::dns_probe::{self, RecordType, ResponseCode};
+use dnsplan_common::dns_probe::{self, RecordType};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -23,8 +24,6 @@ use std::time::{Duration, Instant};
 /// in well under a second; 20 s leaves room for a loaded test machine without hiding a hang.
 pub const START_DEADLINE: Duration = Duration::from_secs(20);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
-/// How long `named` gets to stop on SIGTERM before SIGKILL.
-const STOP_DEADLINE: Duration = Duration::from_secs(10);
 /// Ports tried: one taken between choosing and binding makes `named` fail to listen.
 const PORT_ATTEMPTS: usize = 5;
 
@@ -116,7 +115,7 @@ impl Bind {
 
     /// The SOA serial BIND serves for `origin` now, `None` while it does not serve the zone.
     pub async fn soa_serial(&self, origin: &str) -> Option<u32> {
-        soa_at(self.addr, origin).await
+        soa_at(self.addr, origin, PROBE_TIMEOUT).await
     }
 
     /// Polls `origin`'s SOA until BIND serves it, or fails after `deadline`.
@@ -153,7 +152,7 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, spe
         } else {
             let mut all = true;
             for origin in &loaded {
-                all &= soa_at(addr, origin).await.is_some();
+                all &= soa_at(addr, origin, PROBE_TIMEOUT).await.is_some();
             }
             all
         };
@@ -167,45 +166,9 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, spe
     }
 }
 
-pub(crate) async fn soa_at(addr: SocketAddr, origin: &str) -> Option<u32> {
-    match dns_probe::query(addr, origin, RecordType::SOA, PROBE_TIMEOUT).await {
-        Ok(a) if a.rcode == ResponseCode::NoError && a.authoritative => a.soa_serial,
-        _ => None,
-    }
-}
-
-pub(crate) fn logs_at(log: &Path) -> String {
-    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-    format!("{}{}", read(log), read(&log.with_extension("stderr")))
-}
-
-pub(crate) fn stop(child: &mut Option<Child>) {
-    let Some(mut child) = child.take() else { return };
-    let pid = child.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    if rx.recv_timeout(STOP_DEADLINE).is_err() {
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    }
-}
-
 /// `named` from PATH or the sbin directories Debian installs it in. Missing is an error.
 pub fn named_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
-    for dir in dirs {
-        let candidate = dir.join("named");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "the `named` binary is not installed (looked in PATH, /usr/sbin, /usr/local/sbin, /sbin); this test runs against a real \
-         BIND 9 server and cannot run without it: install it with `apt-get install -y bind9` (.ci/run does)"
-    )
+    sbin_binary("named", "BIND 9 server", "bind9")
 }
 
 /// `named.conf`: everything inside `dir`, no recursion, no control channel, no NOTIFY unless

@@ -10,8 +10,9 @@
 //! A missing `knotd` is a failing test with a message saying how to install it, never a skip.
 //! Not responsible for judging what Knot serves: tests ask it over DNS themselves.
 
+use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
 use anyhow::Context;
-use dnsplan_common::dns_probe::{self, RecordType, ResponseCode};
+use dnsplan_common::dns_probe::{self, RecordType};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -23,8 +24,6 @@ use std::time::{Duration, Instant};
 pub const START_DEADLINE: Duration = Duration::from_secs(20);
 /// How long one readiness query waits before the next one is sent.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
-/// How long `knotd` gets to stop on SIGTERM before SIGKILL.
-const STOP_DEADLINE: Duration = Duration::from_secs(10);
 /// Ports tried: one taken between choosing and binding makes `knotd` fail to listen.
 const PORT_ATTEMPTS: usize = 5;
 
@@ -152,7 +151,7 @@ impl Knot {
 
     /// The SOA serial Knot serves for `origin` now, `None` while it does not serve the zone.
     pub async fn soa_serial(&self, origin: &str) -> Option<u32> {
-        soa_at(self.addr, origin).await
+        soa_at(self.addr, origin, PROBE_TIMEOUT).await
     }
 
     /// Polls `origin`'s SOA until Knot serves it, or fails after `deadline` (a secondary
@@ -193,7 +192,7 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, spe
         } else {
             let mut all = true;
             for origin in &loaded {
-                all &= soa_at(addr, origin).await.is_some();
+                all &= soa_at(addr, origin, PROBE_TIMEOUT).await.is_some();
             }
             all
         };
@@ -207,48 +206,10 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, spe
     }
 }
 
-/// The SOA serial `addr` serves for `origin` with authority, if it does.
-async fn soa_at(addr: SocketAddr, origin: &str) -> Option<u32> {
-    match dns_probe::query(addr, origin, RecordType::SOA, PROBE_TIMEOUT).await {
-        Ok(a) if a.rcode == ResponseCode::NoError && a.authoritative => a.soa_serial,
-        _ => None,
-    }
-}
-
-fn logs_at(log: &Path) -> String {
-    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-    format!("{}{}", read(log), read(&log.with_extension("stderr")))
-}
-
-/// SIGTERM, then SIGKILL if Knot has not stopped within [`STOP_DEADLINE`].
-fn stop(child: &mut Option<Child>) {
-    let Some(mut child) = child.take() else { return };
-    let pid = child.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    if rx.recv_timeout(STOP_DEADLINE).is_err() {
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    }
-}
-
 /// `knotd` from PATH or the sbin directories Debian installs it in. Missing is an error, not a
 /// reason to skip.
 pub fn knotd_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
-    for dir in dirs {
-        let candidate = dir.join("knotd");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "the `knotd` binary is not installed (looked in PATH, /usr/sbin, /usr/local/sbin, /sbin); this test runs against a real \
-         Knot DNS server and cannot run without it: install it with `apt-get install -y knot` (.ci/run does)"
-    )
+    sbin_binary("knotd", "Knot DNS server", "knot")
 }
 
 /// A loopback port free for UDP and TCP at this moment.

@@ -16,6 +16,7 @@
 pub mod backends;
 pub mod bind;
 pub mod conformance;
+pub mod counterpart;
 pub mod daemon;
 pub mod etcd;
 pub mod fixtures;

@@ -7,9 +7,10 @@
 //! A missing `nsd` is a failing test with a message saying how to install it, never a skip.
 //! Not responsible for judging what NSD serves: tests ask it over DNS themselves.
 
+use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
 use crate::knot::free_port;
 use anyhow::Context;
-use dnsplan_common::dns_probe::{self, RecordType, ResponseCode};
+use dnsplan_common::dns_probe::{self, RecordType};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,8 +22,6 @@ use std::time::{Duration, Instant};
 pub const START_DEADLINE: Duration = Duration::from_secs(30);
 /// How long one readiness query waits before the next one is sent.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(100);
-/// How long NSD gets to stop on SIGTERM before SIGKILL.
-const STOP_DEADLINE: Duration = Duration::from_secs(10);
 /// Ports tried: one taken between choosing and binding makes NSD exit.
 const PORT_ATTEMPTS: usize = 5;
 
@@ -116,12 +115,12 @@ impl Nsd {
 
     /// Everything NSD logged so far, for failure messages.
     pub fn logs(&self) -> String {
-        logs_at(&self.log, self.dir.path())
+        nsd_logs(&self.log, self.dir.path())
     }
 
     /// The SOA serial NSD serves for `origin` with authority now, `None` while it does not.
     pub async fn soa_serial(&self, origin: &str) -> Option<u32> {
-        soa_at(self.addr, origin).await
+        soa_at(self.addr, origin, PROBE_TIMEOUT).await
     }
 
     /// Polls `origin`'s SOA until NSD serves it, or fails after `deadline` (a secondary
@@ -148,14 +147,14 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, dir
     let probe = spec.zones.first().map_or(".", |z| z.origin.as_str()).to_owned();
     loop {
         if let Some(status) = child.as_mut().and_then(|c| c.try_wait().transpose()) {
-            return Ok(Some(format!("nsd exited ({}): {}", status?, logs_at(log, dir))));
+            return Ok(Some(format!("nsd exited ({}): {}", status?, nsd_logs(log, dir))));
         }
         let ready = if loaded.is_empty() {
             dns_probe::query(addr, &probe, RecordType::SOA, PROBE_TIMEOUT).await.is_ok()
         } else {
             let mut all = true;
             for origin in &loaded {
-                all &= soa_at(addr, origin).await.is_some();
+                all &= soa_at(addr, origin, PROBE_TIMEOUT).await.is_some();
             }
             all
         };
@@ -163,23 +162,15 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, dir
             return Ok(None);
         }
         if start.elapsed() > START_DEADLINE {
-            anyhow::bail!("nsd did not answer on {addr} within {START_DEADLINE:?}: {}", logs_at(log, dir));
+            anyhow::bail!("nsd did not answer on {addr} within {START_DEADLINE:?}: {}", nsd_logs(log, dir));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// The SOA serial `addr` serves for `origin` with authority, if it does.
-async fn soa_at(addr: SocketAddr, origin: &str) -> Option<u32> {
-    match dns_probe::query(addr, origin, RecordType::SOA, PROBE_TIMEOUT).await {
-        Ok(a) if a.rcode == ResponseCode::NoError && a.authoritative => a.soa_serial,
-        _ => None,
-    }
-}
-
-fn logs_at(log: &Path, dir: &Path) -> String {
-    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
-    format!("{}{}{}", read(log), read(&log.with_extension("stderr")), read(&dir.join("nsd-log")))
+/// NSD's logs: its log file and stderr, and what it logs to `nsd-log` in `dir`.
+fn nsd_logs(log: &Path, dir: &Path) -> String {
+    format!("{}{}", logs_at(log), std::fs::read_to_string(dir.join("nsd-log")).unwrap_or_default())
 }
 
 impl Drop for Nsd {
@@ -188,36 +179,10 @@ impl Drop for Nsd {
     }
 }
 
-/// SIGTERM (which lets NSD stop its server and xfrd children; SIGKILL would leave them), then
-/// SIGKILL if it has not stopped within [`STOP_DEADLINE`].
-fn stop(child: &mut Option<Child>) {
-    let Some(mut child) = child.take() else { return };
-    let pid = child.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
-    });
-    if rx.recv_timeout(STOP_DEADLINE).is_err() {
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    }
-}
-
 /// `nsd` from PATH or the sbin directories Debian installs it in. Missing is an error, not a
 /// reason to skip.
 pub fn nsd_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from));
-    for dir in dirs {
-        let candidate = dir.join("nsd");
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "the `nsd` binary is not installed (looked in PATH, /usr/sbin, /usr/local/sbin, /sbin); this test runs against a real \
-         NSD and cannot run without it: install it with `apt-get install -y nsd` (.ci/run does)"
-    )
+    sbin_binary("nsd", "NSD", "nsd")
 }
 
 /// NSD's config: everything it writes inside `dir`, no privilege drop or chroot (it runs as

@@ -10,7 +10,7 @@
 //!
 //! A missing program is a failing test with a message saying how to install it, never a skip.
 
-use crate::bind::{logs_at, soa_at, stop};
+use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
 use crate::knot::{KeyAction, TsigKey, free_port};
 use anyhow::Context;
 use std::net::SocketAddr;
@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 pub const START_DEADLINE: Duration = Duration::from_secs(20);
 /// Ports tried: one taken between choosing and binding makes `pdns_server` fail to listen.
 const PORT_ATTEMPTS: usize = 5;
+/// Timeout of one probe of whether it serves the zone yet.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Where Debian puts the SQLite schema.
 const SCHEMA: &str = "/usr/share/pdns-backend-sqlite3/schema/schema.sqlite3.sql";
 
@@ -37,8 +39,8 @@ impl PowerDns {
     /// Starts PowerDNS serving `origin` from `zone_text`, with `keys` (an `Update` key may
     /// update the zone, a `Transfer` key may transfer it).
     pub async fn start(origin: &str, zone_text: &str, keys: &[TsigKey]) -> anyhow::Result<PowerDns> {
-        let server = program("pdns_server", "pdns-server")?;
-        let pdnsutil = program("pdnsutil", "pdns-server")?;
+        let server = sbin_binary("pdns_server", "PowerDNS server", "pdns-server")?;
+        let pdnsutil = sbin_binary("pdnsutil", "PowerDNS server", "pdns-server")?;
         anyhow::ensure!(
             Path::new(SCHEMA).is_file(),
             "{SCHEMA} is missing; install PowerDNS's SQLite backend with `apt-get install -y pdns-backend-sqlite3` (.ci/run does)"
@@ -46,7 +48,10 @@ impl PowerDns {
         let dir = tempfile::tempdir().context("creating PowerDNS's directory")?;
         let database = dir.path().join("pdns.sqlite3");
         let schema = std::fs::File::open(SCHEMA)?;
-        let made = Command::new(program("sqlite3", "sqlite3")?).arg(&database).stdin(schema).output()?;
+        let made = Command::new(sbin_binary("sqlite3", "PowerDNS server (its SQLite backend)", "sqlite3")?)
+            .arg(&database)
+            .stdin(schema)
+            .output()?;
         anyhow::ensure!(made.status.success(), "creating the PowerDNS database: {}", String::from_utf8_lossy(&made.stderr));
         let mut exits = Vec::new();
         for attempt in 0..PORT_ATTEMPTS {
@@ -88,7 +93,7 @@ impl PowerDns {
                     exits.push(format!("pdns_server exited ({}): {}", status?, logs_at(&log)));
                     break;
                 }
-                if soa_at(addr, origin).await.is_some() {
+                if soa_at(addr, origin, PROBE_TIMEOUT).await.is_some() {
                     return Ok(PowerDns { child, addr, _dir: dir, log });
                 }
                 if start.elapsed() > START_DEADLINE {
@@ -128,22 +133,5 @@ fn config(dir: &Path, database: &Path, port: u16) -> String {
          receiver-threads=1\ndistributor-threads=1\nwebserver=no\napi=no\n",
         db = database.display(),
         d = dir.display(),
-    )
-}
-
-/// `name` from PATH or the sbin directories Debian installs it in; missing is an error that
-/// names the Debian `package`.
-fn program(name: &str, package: &str) -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/usr/local/sbin", "/sbin", "/usr/bin"].map(PathBuf::from));
-    for dir in dirs {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "`{name}` is not installed; this test runs against a real PowerDNS server and cannot run without it: install it with \
-         `apt-get install -y {package}` (.ci/run does)"
     )
 }
