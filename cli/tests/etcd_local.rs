@@ -23,8 +23,9 @@ use support::{bin_dir, root};
 /// plan, its application and the watch on a loaded two-core machine (about 10 s idle).
 const READY: Duration = Duration::from_secs(120);
 /// Most time for the script to stop everything it started: 10 s per group at worst, then its
-/// `wait` for the killed processes to be reaped, which a process inside an fsync on a disk
-/// busy with a build can delay (a CI run under a build once took more than 40 s here).
+/// `wait` for the killed processes to be reaped (about a second). The run that once took
+/// longer here had been started with SIGINT ignored, so Ctrl-C never reached the script: a
+/// fault of how it was started, not of the script; the margin stays for a loaded machine.
 const STOP: Duration = Duration::from_secs(90);
 /// Timeout of one DNS query.
 const QUERY: Duration = Duration::from_millis(500);
@@ -157,13 +158,19 @@ impl Script {
         std::fs::read_to_string(self.dir.path().join("logs").join(format!("{name}.log"))).unwrap_or_default()
     }
 
-    /// The end of every daemon's log, for a failure message.
+    /// For a failure message, of every daemon's log: the error it exited with, if it did (the
+    /// `Error:` paragraph, which a backtrace follows: its last lines alone said nothing), then
+    /// the end.
     fn logs(&self) -> String {
         let mut out = String::new();
         for name in ["etcd-1", "authority-1", "authority-2", "planner", "enactor-a"] {
             let log = self.log(name);
             let lines: Vec<&str> = log.lines().collect();
-            out.push_str(&format!("--- {name}:\n{}\n", lines[lines.len().saturating_sub(10)..].join("\n")));
+            let exited: Vec<&str> = lines.iter().skip_while(|l| !l.starts_with("Error: ")).take_while(|l| !l.is_empty()).copied().collect();
+            if !exited.is_empty() {
+                out.push_str(&format!("--- {name} exited with:\n{}\n", exited.join("\n")));
+            }
+            out.push_str(&format!("--- {name}, last lines:\n{}\n", lines[lines.len().saturating_sub(10)..].join("\n")));
         }
         out
     }
