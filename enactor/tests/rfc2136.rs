@@ -652,17 +652,16 @@ impl UpdateGate {
         held: mpsc::UnboundedSender<()>,
         answered: mpsc::UnboundedSender<ResponseCode>,
     ) -> anyhow::Result<UpdateGate> {
-        UpdateGate::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), knot, held, answered).await
+        UpdateGate::start_on(tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?, knot, held, answered)
     }
 
-    /// As `start`, listening on `on`.
-    async fn start_on(
-        on: SocketAddr,
+    /// As `start`, accepting on `listener`.
+    fn start_on(
+        listener: tokio::net::TcpListener,
         knot: SocketAddr,
         held: mpsc::UnboundedSender<()>,
         answered: mpsc::UnboundedSender<ResponseCode>,
     ) -> anyhow::Result<UpdateGate> {
-        let listener = tokio::net::TcpListener::bind(on).await?;
         let addr = listener.local_addr()?;
         let open = tokio::sync::watch::Sender::new(true);
         let gate = open.clone();
@@ -1031,8 +1030,12 @@ async fn a_server_outage_is_logged_once_with_its_cause() -> anyhow::Result<()> {
     let store = SledStore::open(dir.path().join("store"))?;
     let authority = Authority::start(store.clone(), dir.path()).await?;
     let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
-    // The enactor's server: a port where nothing listens until the outage ends.
-    let down = SocketAddr::from(([127, 0, 0, 1], dnsplan_tests::knot::free_port()?));
+    // The enactor's server: a port bound and not listening until the outage ends, so that a
+    // connection is refused and nothing else can take the port meanwhile (a port chosen free
+    // and let go was once taken by another test's connection before the server came back).
+    let reserved = tokio::net::TcpSocket::new_v4()?;
+    reserved.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    let down = reserved.local_addr()?;
     let config = process_config(&authority.control, down, server.addr(), dir.path(), "a.toml")?;
     let (tx, mut lines) = mpsc::unbounded_channel();
     let _a = Daemon::spawn(
@@ -1060,7 +1063,7 @@ async fn a_server_outage_is_logged_once_with_its_cause() -> anyhow::Result<()> {
     // The server comes back on the address the enactor writes to.
     let (held_tx, _held) = mpsc::unbounded_channel();
     let (answers_tx, _answers) = mpsc::unbounded_channel();
-    let _back = UpdateGate::start_on(down, server.addr(), held_tx, answers_tx).await?;
+    let _back = UpdateGate::start_on(reserved.listen(64)?, server.addr(), held_tx, answers_tx)?;
     daemon::until(&mut lines, WITHIN, |line| seen.push(line.clone()), |line| line.message == "plan applied" && line.generation == Some(1))
         .await?;
     let loud: Vec<&LogLine> = seen.iter().filter(|l| l.level == "WARN" || l.level == "ERROR").collect();

@@ -135,8 +135,9 @@ use dnsplan_common::store::lease::{self, Lease};
 use dnsplan_common::store::{
     ACTIVE_PAGE_MAX, AUTHORITIES_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome,
     AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat,
-    LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreResult, StoreVersion,
-    WAIT_TIMEOUT_MAX, check_batch, check_changes_range, check_page_limit, content_changed, decide_cleanup,
+    LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
+    check_batch, check_changes_range, check_generation, check_len, check_page_limit, content_changed, decide_cleanup, fence_step,
+    plan_says,
 };
 use dnsplan_common::store_config::EtcdStoreConfig;
 use keys::{Keys, prefix_end};
@@ -1081,13 +1082,8 @@ impl EtcdStore {
         let keys = &self.inner.keys;
         let (_, r) = self.read("apply", vec![get(keys.latest()), get(keys.horizon())]).await?;
         let latest = Generation(be_u64(first(&r[0]), "latest generation")?.unwrap_or(0));
-        if g.is_none() || g > latest {
-            return Err(StoreError::Unpublished { attempted: g, latest });
-        }
         let horizon = Generation(be_u64(first(&r[1]), "horizon")?.unwrap_or(Generation::FIRST.0));
-        if g < horizon {
-            return Err(StoreError::Pruned { attempted: g, horizon });
-        }
+        check_generation(g, latest, horizon)?;
         let plan = match self.plan_contents(g).await {
             Ok(plan) => plan,
             Err(StoreError::PlanNotFound(_)) => {
@@ -1109,15 +1105,7 @@ impl EtcdStore {
                 results.push(Some(Err(err.into())));
                 continue;
             }
-            let says = match (plan.entry(name), state) {
-                (PlanEntry::Serve(planned), ActiveState::Serving(sent)) if &planned == sent => None,
-                (PlanEntry::Serve(_), ActiveState::Serving(_)) => Some(PlanSays::OtherRecords),
-                (PlanEntry::Serve(_), ActiveState::Retired) => Some(PlanSays::Serves),
-                (PlanEntry::Retire, ActiveState::Retired) => None,
-                (PlanEntry::Retire, ActiveState::Serving(_)) => Some(PlanSays::Retires),
-                (PlanEntry::Absent, _) => Some(PlanSays::NothingOf),
-            };
-            if let Some(plan) = says {
+            if let Some(plan) = plan_says(&plan.entry(name), state) {
                 results.push(Some(Err(StoreError::ContentMismatch { endpoint: name.clone(), generation: g, plan })));
                 continue;
             }
@@ -1180,10 +1168,8 @@ impl EtcdStore {
             for ((&i, fence), served) in part.iter().zip(fences).zip(served) {
                 let (name, state) = &items[i];
                 let current = be_u64(first(fence), &format!("fence of {name}"))?.map(Generation);
-                let outcome = match current {
-                    Some(active) if active > g => Err(StoreError::Stale { endpoint: name.clone(), active, attempted: g }),
-                    Some(active) if active == g => Ok(ApplyOutcome::Unchanged),
-                    _ => {
+                let outcome = match fence_step(name, current, g) {
+                    Ok(ApplyOutcome::Switched { previous }) => {
                         compares.push(cmp_u64(keys.fence(name), current.map(|c| c.0)));
                         ops.push(put(keys.active(name), records[i].clone()));
                         ops.push(put(keys.fence(name), g.to_be_bytes().to_vec()));
@@ -1196,8 +1182,9 @@ impl EtcdStore {
                         count = count.wrapping_add(1);
                         let before = first(served).map(|kv| Self::decode_active(kv, &keys.active_all())).transpose()?;
                         content_moved |= content_changed(before.as_ref().map(|(_, record)| &record.state), state);
-                        Ok(ApplyOutcome::Switched { previous: current.unwrap_or(Generation::NONE) })
+                        Ok(ApplyOutcome::Switched { previous })
                     }
+                    decided => decided,
                 };
                 outcomes.push(outcome);
             }
@@ -1809,10 +1796,6 @@ impl Store for EtcdStore {
             }
         }
     }
-}
-
-fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {
-    if text.len() > max { Err(StoreError::TooLong { what: what.into(), len: text.len(), max }) } else { Ok(()) }
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod high_water;
 pub mod lease;
 #[cfg(feature = "remote")]
 pub mod remote;
+pub mod rules;
 pub mod sled;
 pub mod wire;
 
@@ -44,6 +45,7 @@ use thiserror::Error;
 
 pub use cleanup::{CleanupDecision, CleanupReport, decide_cleanup};
 pub use lease::Lease;
+pub use rules::{check_generation, check_len, content_changed, fence_step, plan_says};
 
 /// Most plans one `list` call returns; callers page with `from`.
 pub const LIST_LIMIT_MAX: usize = 1_000;
@@ -201,19 +203,6 @@ pub fn decode_active_delta(bytes: &[u8]) -> Result<ActiveDelta, CodecError> {
         return Err(CodecError::Body { kind: name.into(), detail: "bytes follow the value".into() });
     }
     Ok(ActiveDelta { applied_changes: old.applied_changes, content_changes: old.applied_changes, full: old.full, endpoints: old.endpoints })
-}
-
-/// Whether a switch from `before` (the endpoint's active state, `None` for a new one) to
-/// `after` changes what is served: the addresses, weights or TTL of a serving endpoint, or
-/// whether it serves at all. A switch that only moves the fence to a newer plan with the
-/// same records does not, and must not move the SOA serial (secondaries would be notified of
-/// and fetch an empty change).
-pub fn content_changed(before: Option<&ActiveState>, after: &ActiveState) -> bool {
-    let served = |state: Option<&ActiveState>| match state {
-        Some(ActiveState::Serving(records)) => Some(records.clone()),
-        _ => None,
-    };
-    served(before) != served(Some(after))
 }
 
 /// The result of an `apply` that was not refused.
@@ -685,10 +674,6 @@ pub fn check_batch(items: &[ApplyItem]) -> StoreResult<()> {
     Ok(())
 }
 
-pub(crate) fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> {
-    if text.len() > max { Err(StoreError::TooLong { what: what.into(), len: text.len(), max }) } else { Ok(()) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -697,18 +682,6 @@ mod tests {
     fn serving(ttl_secs: u32) -> ActiveState {
         let target = Target { address: "10.0.0.1".parse().expect("address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 };
         ActiveState::Serving(Endpoint { ttl_secs, targets: vec![target] })
-    }
-
-    /// What is served changes with the records, the TTL alone, or serving at all; not with a
-    /// retirement of what was not served.
-    #[test]
-    fn content_changes_with_what_is_served() {
-        assert!(content_changed(None, &serving(30)));
-        assert!(!content_changed(Some(&serving(30)), &serving(30)));
-        assert!(content_changed(Some(&serving(30)), &serving(60)));
-        assert!(content_changed(Some(&serving(30)), &ActiveState::Retired));
-        assert!(!content_changed(Some(&ActiveState::Retired), &ActiveState::Retired));
-        assert!(!content_changed(None, &ActiveState::Retired));
     }
 
     /// The form an `ActiveDelta` had before it carried the content-change count.

@@ -76,7 +76,7 @@ use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
     DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
     PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreFault, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
-    check_changes_range, check_len, check_page_limit, content_changed, decide_cleanup,
+    check_changes_range, check_generation, check_len, check_page_limit, content_changed, decide_cleanup, fence_step, plan_says,
 };
 use crate::changes::{PlanChanges, PlanEntry, decode_changes};
 use crate::codec;
@@ -1605,14 +1605,7 @@ impl Inner {
             })
             .collect();
         let _guard = self.guard()?;
-        let latest = self.latest()?;
-        if generation.is_none() || generation > latest {
-            return Err(StoreError::Unpublished { attempted: generation, latest });
-        }
-        let horizon = self.horizon()?;
-        if generation < horizon {
-            return Err(StoreError::Pruned { attempted: generation, horizon });
-        }
+        check_generation(generation, self.latest()?, self.horizon()?)?;
         let (mut applied, mut content) = self.counts()?;
         let mut content_moved = false;
         let mut results = Vec::with_capacity(items.len());
@@ -1648,17 +1641,12 @@ impl Inner {
                 continue;
             }
             let current = at.ok().map(|at| &run.records[at].1);
-            let previous = match current {
-                Some(active) if active.generation > generation => {
-                    results.push(Err(StoreError::Stale { endpoint: name, active: active.generation, attempted: generation }));
+            let previous = match fence_step(&name, current.map(|a| a.generation), generation) {
+                Ok(ApplyOutcome::Switched { previous }) => previous,
+                decided => {
+                    results.push(decided);
                     continue;
                 }
-                Some(active) if active.generation == generation => {
-                    results.push(Ok(ApplyOutcome::Unchanged));
-                    continue;
-                }
-                Some(active) => active.generation,
-                None => Generation::NONE,
             };
             let was_serving = current.is_some_and(|a| matches!(a.state, ActiveState::Serving(_)));
             let serves = matches!(state, ActiveState::Serving(_));
@@ -1785,14 +1773,7 @@ impl Inner {
 
     /// `None` when `state` is what plan `generation` says of `name`, else what the plan says.
     fn content_mismatch(&self, name: &EndpointName, state: &ActiveState, reader: &mut ContentReader) -> StoreResult<Option<PlanSays>> {
-        Ok(match (self.content_at(name, reader)?, state) {
-            (PlanEntry::Serve(planned), ActiveState::Serving(sent)) if &planned == sent => None,
-            (PlanEntry::Serve(_), ActiveState::Serving(_)) => Some(PlanSays::OtherRecords),
-            (PlanEntry::Serve(_), ActiveState::Retired) => Some(PlanSays::Serves),
-            (PlanEntry::Retire, ActiveState::Retired) => None,
-            (PlanEntry::Retire, ActiveState::Serving(_)) => Some(PlanSays::Retires),
-            (PlanEntry::Absent, _) => Some(PlanSays::NothingOf),
-        })
+        Ok(plan_says(&self.content_at(name, reader)?, state))
     }
 
     /// Removes the `contents` entries no plan from `horizon` on can resolve to: for each name,
