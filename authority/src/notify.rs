@@ -24,7 +24,6 @@ use crate::snapshot::serial_newer;
 use dnsplan_common::tsig::{self, TsigKey};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
-use serde::Serialize;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,35 +52,7 @@ pub struct NotifyTarget {
     pub key: Option<TsigKey>,
 }
 
-/// What is known of one secondary, for `/v1/status`.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct SecondaryStatus {
-    pub address: SocketAddr,
-    /// The last serial it acknowledged a NOTIFY for.
-    pub notified_serial: Option<u32>,
-    /// The serial its SOA showed when last asked.
-    pub serial: Option<u32>,
-    /// Its serial is older (RFC 1982) than the one served here, or unknown.
-    pub behind: bool,
-    /// Why the last NOTIFY or SOA query failed, until one succeeds.
-    pub last_error: Option<String>,
-    /// The serial at which its whole zone, read by AXFR, was last found equal to ours. The
-    /// secondary is current only when this is the serial served here.
-    pub content_equal_serial: Option<u32>,
-    /// What the last check found different (serial, records missing and extra, a few of
-    /// them), until a check finds the zone equal.
-    pub content_differs: Option<String>,
-    /// Why the last check could not compare (the AXFR refused, a timeout), until one does.
-    pub content_error: Option<String>,
-}
-
-impl SecondaryStatus {
-    /// Known to serve exactly the zone served here at `served`: its serial is ours and its
-    /// zone was found equal at that serial.
-    pub fn is_current(&self, served: u32) -> bool {
-        self.last_error.is_none() && !self.behind && self.serial == Some(served) && self.content_equal_serial == Some(served)
-    }
-}
+pub use dnsplan_common::status::SecondaryStatus;
 
 /// Every notified secondary's status, shared by the tasks and `/v1/status`.
 pub type Statuses = Arc<Mutex<Vec<SecondaryStatus>>>;

@@ -36,13 +36,13 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::response::Html;
 use axum::routing::get;
 use dnsplan_common::daemon::{self, Reachability, StartFailure};
+use dnsplan_common::status::AuthorityStatus;
 use dnsplan_common::store::AuthorityReport;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::sled::OnLoss;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_common::{Generation, SledStore, Store, StoreError};
 use dnsplan_etcd::{EtcdConfig, EtcdStore};
-use serde::Serialize;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,41 +60,6 @@ pub struct Bound {
 /// terminal, small at any zone size (the whole state is only read a page at a time, through
 /// `GET /v1/active?limit=N&after=NAME`).
 pub const STATUS_ENDPOINTS_DEFAULT: usize = 100;
-
-/// What `/v1/status` reports: a summary whose size does not grow with the zone. The serving
-/// figures come from the snapshot the authority serves, the store is read only for the small
-/// records and one page of endpoints.
-#[derive(Serialize)]
-struct Status {
-    latest: dnsplan_common::Generation,
-    paused: Option<dnsplan_common::PauseState>,
-    serial: u32,
-    applied_changes: u64,
-    managed_endpoints: usize,
-    /// Where this authority serves DNS (UDP and TCP each), so that clients ask it there.
-    dns: Vec<SocketAddr>,
-    /// This authority's id in `authorities`.
-    id: String,
-    /// Every authority's last report on the store (on etcd; none on the embedded store), with
-    /// its age by this authority's clock.
-    authorities: Vec<AuthorityView>,
-    heartbeats: Vec<dnsplan_common::Heartbeat>,
-    /// The first `limit` endpoints after `after`, in name order.
-    endpoints: std::collections::BTreeMap<dnsplan_common::EndpointName, dnsplan_common::ActiveRecord>,
-    /// More endpoints follow the last one listed (page on with `after`).
-    endpoints_more: bool,
-    /// Each secondary notified (`[[dns.transfer.secondaries]]` with `notify`): the serial it
-    /// was last seen serving and whether it is behind.
-    secondaries: Vec<crate::notify::SecondaryStatus>,
-}
-
-/// An authority's report as `/v1/status` lists it.
-#[derive(Serialize)]
-struct AuthorityView {
-    #[serde(flatten)]
-    report: AuthorityReport,
-    age_ms: u64,
-}
 
 /// How often an authority renews its report on the store (`AuthorityReport`).
 pub const REPORT_EVERY: Duration = Duration::from_secs(5);
@@ -656,7 +621,7 @@ async fn status<S: Store>(
     dns: Vec<SocketAddr>,
     id: String,
     q: StatusQuery,
-) -> Result<Json<Status>, ApiError> {
+) -> Result<Json<dnsplan_common::status::Status>, ApiError> {
     let store = &ctl.store;
     let limit = q.limit.unwrap_or(STATUS_ENDPOINTS_DEFAULT);
     let after = q.after.as_deref().map(control::parse_endpoint).transpose()?;
@@ -668,7 +633,7 @@ async fn status<S: Store>(
         }
     };
     let snapshot = serving.snapshot.load();
-    Ok(Json(Status {
+    Ok(Json(dnsplan_common::status::Status {
         latest: store.latest().await?,
         paused: store.paused().await?,
         serial: snapshot.serial,
@@ -678,8 +643,7 @@ async fn status<S: Store>(
         id,
         authorities: {
             let now = now_unix_ms();
-            let reports = store.authorities().await?;
-            reports.into_iter().map(|report| AuthorityView { age_ms: now.saturating_sub(report.at_unix_ms), report }).collect()
+            store.authorities().await?.into_iter().map(|report| AuthorityStatus::of(report, now)).collect()
         },
         heartbeats: store.heartbeats().await?,
         endpoints,

@@ -281,16 +281,15 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
 /// A secondary's row: its address, the serial it serves, and whether it is current: at the
 /// serial served here (`served`) with its zone read back and found equal.
 fn secondary_row(s: &crate::notify::SecondaryStatus, served: u32) -> Vec<String> {
+    use dnsplan_common::status::SecondaryState;
     let serial = s.serial.map_or_else(|| "?".to_owned(), |n| n.to_string());
-    let state = match (&s.last_error, s.behind, &s.content_differs) {
-        (Some(err), _, _) => format!("<span class=\"down\">unreachable: {}</span>", escape(err)),
-        (None, true, _) => format!("<span class=\"down\">behind ({served} served here)</span>"),
-        (None, false, Some(what)) => format!("<span class=\"down\">differs {}</span>", escape(what)),
-        _ if s.is_current(served) => "current".to_owned(),
-        _ => match &s.content_error {
-            Some(err) => format!("<span class=\"down\">unverified: {}</span>", escape(err)),
-            None => "unverified (zone not read back yet)".to_owned(),
-        },
+    let state = match s.state(served) {
+        SecondaryState::Unreachable(err) => format!("<span class=\"down\">unreachable: {}</span>", escape(err)),
+        SecondaryState::Behind { .. } => format!("<span class=\"down\">behind ({served} served here)</span>"),
+        SecondaryState::Differs(what) => format!("<span class=\"down\">differs {}</span>", escape(what)),
+        SecondaryState::Current => "current".to_owned(),
+        SecondaryState::Unverified(Some(err)) => format!("<span class=\"down\">unverified: {}</span>", escape(err)),
+        SecondaryState::Unverified(None) => "unverified (zone not read back yet)".to_owned(),
     };
     vec![escape(&s.address.to_string()), serial, state]
 }

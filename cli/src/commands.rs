@@ -12,11 +12,10 @@ use crate::output::{self, Format, table};
 use crate::plan_file::{self, addresses, diff};
 use crate::workflow::{self, RollbackRequest};
 use clap::Subcommand;
+use dnsplan_common::status::{SecondaryState, SecondaryStatus, Status};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::remote::RemoteStore;
-use dnsplan_common::{
-    ActiveRecord, ActiveState, EndpointName, Generation, Heartbeat, PauseState, Provenance, Store, StoreError, ValidatedPlan,
-};
+use dnsplan_common::{ActiveState, EndpointName, Generation, PauseState, Provenance, Store, StoreError, ValidatedPlan};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -283,83 +282,30 @@ impl Client {
     }
 }
 
-/// The authority's `/v1/status`.
-#[derive(Debug, Serialize, Deserialize)]
+/// The authority's `/v1/status`, with what the CLI adds to it.
+#[derive(Debug)]
 struct StatusView {
-    latest: Generation,
-    paused: Option<PauseState>,
-    serial: u32,
-    applied_changes: u64,
-    #[serde(default)]
-    managed_endpoints: usize,
-    heartbeats: Vec<Heartbeat>,
-    /// Where the authority serves DNS (absent from an older authority).
-    #[serde(default)]
-    dns: Vec<SocketAddr>,
-    endpoints: BTreeMap<EndpointName, ActiveRecord>,
+    status: Status,
     /// The one-process stack's planner (`/v1/planner`), when there is one.
-    #[serde(default)]
     planner: Option<serde_json::Value>,
-    /// More endpoints follow those listed (the authority lists one page).
-    #[serde(default)]
-    endpoints_more: bool,
-    /// Endpoints of the latest plan the planner no longer manages (filled in by the CLI).
-    #[serde(default)]
+    /// Endpoints of the latest plan the planner no longer manages.
     unmanaged: Vec<EndpointName>,
-    /// The secondaries the authority notifies, and the serial each was last seen serving.
-    #[serde(default)]
-    secondaries: Vec<SecondaryView>,
-    /// Every authority of the store that reports itself (on etcd).
-    #[serde(default)]
-    authorities: Vec<AuthorityOfStatus>,
-}
-
-/// One secondary in `/v1/status`.
-#[derive(Debug, Serialize, Deserialize)]
-struct SecondaryView {
-    address: String,
-    #[serde(default)]
-    notified_serial: Option<u32>,
-    #[serde(default)]
-    serial: Option<u32>,
-    behind: bool,
-    #[serde(default)]
-    last_error: Option<String>,
-    /// The serial at which the authority read its whole zone back and found it equal.
-    #[serde(default)]
-    content_equal_serial: Option<u32>,
-    #[serde(default)]
-    content_differs: Option<String>,
-    #[serde(default)]
-    content_error: Option<String>,
-}
-
-impl SecondaryView {
-    /// At the serial served (`served`), with its zone read back and found equal there: the
-    /// serial alone does not say which records a secondary holds.
-    fn is_current(&self, served: u32) -> bool {
-        self.last_error.is_none() && !self.behind && self.serial == Some(served) && self.content_equal_serial == Some(served)
-    }
 }
 
 /// A secondary's line: its address, the serial it serves and whether it is current (see
 /// `SecondaryView::is_current`).
-fn secondary_row(s: &SecondaryView, served: u32) -> Vec<String> {
+fn secondary_row(s: &SecondaryStatus, served: u32) -> Vec<String> {
     let serial = s.serial.map_or_else(|| "?".to_owned(), |n| n.to_string());
-    let state = match (&s.last_error, s.behind, &s.content_differs) {
-        (Some(err), _, _) => format!("UNREACHABLE: {err}"),
-        (None, true, _) => match s.notified_serial {
-            Some(n) => format!("BEHIND (notified of {n})"),
-            None => "BEHIND".to_owned(),
-        },
-        (None, false, Some(what)) => format!("DIFFERS {what}"),
-        _ if s.is_current(served) => "current".to_owned(),
-        _ => match &s.content_error {
-            Some(err) => format!("UNVERIFIED: {err}"),
-            None => "UNVERIFIED (zone not read back yet)".to_owned(),
-        },
+    let state = match s.state(served) {
+        SecondaryState::Unreachable(err) => format!("UNREACHABLE: {err}"),
+        SecondaryState::Behind { notified: Some(n) } => format!("BEHIND (notified of {n})"),
+        SecondaryState::Behind { notified: None } => "BEHIND".to_owned(),
+        SecondaryState::Differs(what) => format!("DIFFERS {what}"),
+        SecondaryState::Current => "current".to_owned(),
+        SecondaryState::Unverified(Some(err)) => format!("UNVERIFIED: {err}"),
+        SecondaryState::Unverified(None) => "UNVERIFIED (zone not read back yet)".to_owned(),
     };
-    vec![s.address.clone(), serial, state]
+    vec![s.address.to_string(), serial, state]
 }
 
 /// Runs `command`. A failure to reach the stack is told apart: the control API does not answer
@@ -374,28 +320,6 @@ pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
 /// Where DNS is asked when the stack does not say (an authority from before `dns` in its
 /// status), and what a preview that asks nothing carries.
 const DNS_FALLBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 5353);
-
-/// What `/v1/status` says of where the authority serves DNS, and where the others do.
-#[derive(Deserialize)]
-struct DnsOfStatus {
-    #[serde(default)]
-    dns: Vec<SocketAddr>,
-    /// This authority's id among `authorities`.
-    #[serde(default)]
-    id: String,
-    #[serde(default)]
-    authorities: Vec<AuthorityOfStatus>,
-}
-
-/// One authority's report as `/v1/status` lists it.
-#[derive(Debug, Serialize, Deserialize)]
-struct AuthorityOfStatus {
-    id: String,
-    dns: Vec<SocketAddr>,
-    #[serde(default)]
-    serial: u32,
-    age_ms: u64,
-}
 
 /// An authority whose report is older than this is gone or cut off from the store: `verify`
 /// says so and does not ask it (authorities report every 5 s).
@@ -416,7 +340,7 @@ impl Client {
         if let Some(dns) = given {
             return Ok(dns);
         }
-        let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
+        let status: Option<Status> = self.get_json("/v1/status?limit=0").await?;
         Ok(status.and_then(|s| s.dns.into_iter().next()).map_or(DNS_FALLBACK, reachable))
     }
 
@@ -428,7 +352,7 @@ impl Client {
         if !given.is_empty() {
             return Ok((given, Vec::new()));
         }
-        let status: Option<DnsOfStatus> = self.get_json("/v1/status?limit=0").await?;
+        let status: Option<Status> = self.get_json("/v1/status?limit=0").await?;
         let Some(status) = status else { return Ok((vec![DNS_FALLBACK], Vec::new())) };
         let mut all: Vec<SocketAddr> = Vec::new();
         let mut notes = Vec::new();
@@ -542,49 +466,57 @@ fn operator_name() -> String {
 }
 
 async fn status(client: &Client) -> CliResult<ExitCode> {
-    let mut view: StatusView =
-        client.get_json("/v1/status").await?.ok_or_else(|| CliError::Refused("no /v1/status at this address".into()))?;
-    view.planner = client.get_json("/v1/planner").await.ok().flatten();
-    if !view.latest.is_none() {
-        view.unmanaged = workflow::unmanaged(&client.store, client.store.plan(view.latest).await?.plan()).await?.into_iter().collect();
-    }
+    let status: Status = client.get_json("/v1/status").await?.ok_or_else(|| CliError::Refused("no /v1/status at this address".into()))?;
+    let planner = client.get_json("/v1/planner").await.ok().flatten();
+    let unmanaged = match status.latest {
+        latest if latest.is_none() => Vec::new(),
+        latest => workflow::unmanaged(&client.store, client.store.plan(latest).await?.plan()).await?.into_iter().collect(),
+    };
+    let view = StatusView { status, planner, unmanaged };
     if client.format == Format::Json {
-        client.print_json(&view)?;
+        // The authority's status as it is, with the CLI's additions beside its keys.
+        let mut json = serde_json::to_value(&view.status).map_err(|e| CliError::Refused(format!("status as JSON: {e}")))?;
+        if let Some(map) = json.as_object_mut() {
+            map.insert("planner".into(), view.planner.clone().unwrap_or(serde_json::Value::Null));
+            map.insert("unmanaged".into(), serde_json::json!(view.unmanaged));
+        }
+        client.print_json(&json)?;
         return Ok(ExitCode::SUCCESS);
     }
-    crate::out!("latest plan   {}", view.latest);
-    if !view.dns.is_empty() {
-        crate::out!("dns           {}", view.dns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "));
+    let (status, planner_view) = (&view.status, &view.planner);
+    crate::out!("latest plan   {}", status.latest);
+    if !status.dns.is_empty() {
+        crate::out!("dns           {}", status.dns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "));
     }
-    for (i, a) in view.authorities.iter().enumerate() {
-        let label = if i == 0 { format!("authorities   {} reporting:", view.authorities.len()) } else { " ".repeat(27) };
+    for (i, a) in status.authorities.iter().enumerate() {
+        let label = if i == 0 { format!("authorities   {} reporting:", status.authorities.len()) } else { " ".repeat(27) };
         let dns = a.dns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
         let age = Duration::from_millis(a.age_ms).as_secs();
         crate::out!("{label} {} DNS {dns} serial {} ({age} s ago)", a.id, a.serial);
     }
-    let automation = match &view.paused {
+    let automation = match &status.paused {
         None => "running".to_owned(),
         Some(p) if p.by.starts_with("planner:") => format!("BREAKER TRIPPED ({}) {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
         Some(p) => format!("PAUSED by {} {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
     };
     crate::out!("automation    {automation}");
-    crate::out!("serial        {}", view.serial);
-    if !view.secondaries.is_empty() {
-        let behind = view.secondaries.iter().filter(|s| s.behind).count();
-        let other = view.secondaries.iter().filter(|s| !s.behind && !s.is_current(view.serial)).count();
+    crate::out!("serial        {}", status.serial);
+    if !status.secondaries.is_empty() {
+        let behind = status.secondaries.iter().filter(|s| s.behind).count();
+        let other = status.secondaries.iter().filter(|s| !s.behind && !s.is_current(status.serial)).count();
         let summary = match (behind, other) {
             (0, 0) => "all current".to_owned(),
             (0, n) => format!("{n} NOT KNOWN CURRENT (zone differs or not read back)"),
             (b, 0) => format!("{b} BEHIND"),
             (b, n) => format!("{b} BEHIND, {n} NOT KNOWN CURRENT"),
         };
-        crate::out!("secondaries   {} notified, {summary}", view.secondaries.len());
+        crate::out!("secondaries   {} notified, {summary}", status.secondaries.len());
     }
-    if let Some(p) = &view.planner {
+    if let Some(p) = planner_view {
         let active = if p["active"].as_bool() == Some(true) { "active" } else { "standby" };
         crate::out!("planner       {} ({active}): {}", p["id"].as_str().unwrap_or("?"), p["last_decision"].as_str().unwrap_or(""));
     }
-    let held = held_back(view.planner.as_ref());
+    let held = held_back(planner_view.as_ref());
     if !held.is_empty() {
         crate::out!("HELD BACK     {} decision(s) the planner's rules defer:", held.len());
         print_held_back(&held);
@@ -593,7 +525,7 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         crate::out!("{}", unmanaged_line(&view.unmanaged));
     }
     crate::out!();
-    let rows: Vec<Vec<String>> = view
+    let rows: Vec<Vec<String>> = status
         .endpoints
         .iter()
         .map(|(name, r)| {
@@ -605,11 +537,11 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         })
         .collect();
     crate::out_raw!("{}", table(&["ENDPOINT", "PLAN", "ADDRESSES (zone, weight)"], &rows));
-    if view.endpoints_more {
-        crate::out!("... {} endpoints in all; `dnsplan endpoints list` shows every one", view.managed_endpoints);
+    if status.endpoints_more {
+        crate::out!("... {} endpoints in all; `dnsplan endpoints list` shows every one", status.managed_endpoints);
     }
     crate::out!();
-    let rows: Vec<Vec<String>> = view
+    let rows: Vec<Vec<String>> = status
         .heartbeats
         .iter()
         .map(|h| {
@@ -624,9 +556,9 @@ async fn status(client: &Client) -> CliResult<ExitCode> {
         })
         .collect();
     crate::out_raw!("{}", table(&["ENACTOR", "ZONE", "APPLIED", "LAG", "STATE", "SEEN"], &rows));
-    if !view.secondaries.is_empty() {
+    if !status.secondaries.is_empty() {
         crate::out!();
-        let rows: Vec<Vec<String>> = view.secondaries.iter().map(|s| secondary_row(s, view.serial)).collect();
+        let rows: Vec<Vec<String>> = status.secondaries.iter().map(|s| secondary_row(s, status.serial)).collect();
         crate::out_raw!("{}", table(&["SECONDARY", "SERIAL", "STATE"], &rows));
     }
     Ok(ExitCode::SUCCESS)
@@ -1155,28 +1087,52 @@ mod tests {
 
     /// The secondaries of `/v1/status` read into the status table: current (its zone read back
     /// and equal at our serial), behind (with the serial it was told of), unreachable (with
-    /// why), at our serial but not known equal (not read back, differing, unreadable), and a
-    /// status without them (an older authority) still reads.
+    /// why), at our serial but not known equal (not read back, differing, unreadable); and the
+    /// status the authority writes is the one the CLI reads.
     ///
     /// Teeth: with `is_current` looking at the serial alone (`!behind`), the row of 5304 (at
     /// our serial, its zone never read back) read "current" and the test failed there.
     #[test]
     fn secondaries_read_and_say_their_state() {
-        let json = serde_json::json!({
-            "latest": 3, "paused": null, "serial": 12, "applied_changes": 12, "heartbeats": [], "endpoints": {},
-            "secondaries": [
-                {"address": "127.0.0.1:5301", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null, "content_equal_serial": 12},
-                {"address": "127.0.0.1:5302", "notified_serial": 12, "serial": 11, "behind": true, "last_error": null},
-                {"address": "127.0.0.1:5303", "notified_serial": null, "serial": null, "behind": true, "last_error": "connection refused"},
-                {"address": "127.0.0.1:5304", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null, "content_equal_serial": 11},
-                {"address": "127.0.0.1:5305", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null,
-                 "content_differs": "at serial 12: 1 of our records missing, 1 not ours"},
-                {"address": "127.0.0.1:5306", "notified_serial": 12, "serial": 12, "behind": false, "last_error": null,
-                 "content_error": "the AXFR was answered REFUSED"}
-            ]
-        });
-        let view: StatusView = serde_json::from_value(json).expect("reads");
-        let rows: Vec<Vec<String>> = view.secondaries.iter().map(|s| secondary_row(s, view.serial)).collect();
+        let secondary = |port: u16, notified: Option<u32>, serial: Option<u32>, behind: bool| SecondaryStatus {
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+            notified_serial: notified,
+            serial,
+            behind,
+            last_error: None,
+            content_equal_serial: None,
+            content_differs: None,
+            content_error: None,
+        };
+        let secondaries = vec![
+            SecondaryStatus { content_equal_serial: Some(12), ..secondary(5301, Some(12), Some(12), false) },
+            secondary(5302, Some(12), Some(11), true),
+            SecondaryStatus { last_error: Some("connection refused".into()), ..secondary(5303, None, None, true) },
+            SecondaryStatus { content_equal_serial: Some(11), ..secondary(5304, Some(12), Some(12), false) },
+            SecondaryStatus {
+                content_differs: Some("at serial 12: 1 of our records missing, 1 not ours".into()),
+                ..secondary(5305, Some(12), Some(12), false)
+            },
+            SecondaryStatus { content_error: Some("the AXFR was answered REFUSED".into()), ..secondary(5306, Some(12), Some(12), false) },
+        ];
+        let status = Status {
+            latest: Generation(3),
+            paused: None,
+            serial: 12,
+            applied_changes: 12,
+            managed_endpoints: 0,
+            dns: Vec::new(),
+            id: String::new(),
+            authorities: Vec::new(),
+            heartbeats: Vec::new(),
+            endpoints: BTreeMap::new(),
+            endpoints_more: false,
+            secondaries,
+        };
+        // Through JSON, as the CLI reads it from the authority.
+        let read: Status = serde_json::from_value(serde_json::to_value(&status).expect("writes")).expect("reads");
+        assert_eq!(read, status);
+        let rows: Vec<Vec<String>> = read.secondaries.iter().map(|s| secondary_row(s, read.serial)).collect();
         assert_eq!(rows[0], ["127.0.0.1:5301", "12", "current"]);
         assert_eq!(rows[1], ["127.0.0.1:5302", "11", "BEHIND (notified of 12)"]);
         assert_eq!(rows[2], ["127.0.0.1:5303", "?", "UNREACHABLE: connection refused"]);
@@ -1184,10 +1140,9 @@ mod tests {
         assert_eq!(rows[3], ["127.0.0.1:5304", "12", "UNVERIFIED (zone not read back yet)"]);
         assert_eq!(rows[4], ["127.0.0.1:5305", "12", "DIFFERS at serial 12: 1 of our records missing, 1 not ours"]);
         assert_eq!(rows[5], ["127.0.0.1:5306", "12", "UNVERIFIED: the AXFR was answered REFUSED"]);
-
-        let older =
-            serde_json::json!({"latest": 3, "paused": null, "serial": 12, "applied_changes": 12, "heartbeats": [], "endpoints": {}});
-        let view: StatusView = serde_json::from_value(older).expect("reads without secondaries");
-        assert!(view.secondaries.is_empty());
+        // A status with a field this build does not know is refused, not half read.
+        let mut drifted = serde_json::to_value(&status).expect("writes");
+        drifted["renamed"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Status>(drifted).is_err());
     }
 }

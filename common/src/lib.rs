@@ -22,6 +22,7 @@ pub mod names;
 #[cfg(feature = "daemon")]
 pub mod open_files;
 pub mod plan;
+pub mod status;
 #[cfg(feature = "tsig")]
 pub mod tsig;
 
