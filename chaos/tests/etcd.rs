@@ -58,7 +58,8 @@ fn fault(report: &serde_json::Value, name: &str) -> u64 {
 }
 
 fn assert_clean(stdout: &str, ok: bool, report: &serde_json::Value) {
-    assert!(ok, "{stdout}");
+    // The violations first: the summary line only counts them.
+    assert!(ok, "{stdout}violations: {:#}", report["violations"]);
     assert_eq!(report["violations"].as_array().map(Vec::len), Some(0), "{report}");
     assert_eq!(report["converged"], true, "{report}");
     assert!(report["answers_checked"].as_u64().unwrap_or(0) > 0, "{report}");
