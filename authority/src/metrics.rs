@@ -352,6 +352,7 @@ pub struct Metrics {
     active_generation_max: Gauge,
     managed_endpoints: Gauge,
     applied_changes: Gauge,
+    soa_serial: Gauge,
     /// `dnsplan_dns_malformed_total`, one counter per `Malformed::ALL` entry, in its order.
     malformed: [Counter; Malformed::ALL.len()],
     rrl_dropped: Counter,
@@ -450,7 +451,13 @@ impl Metrics {
         let managed_endpoints = Gauge::default();
         registry.register("managed_endpoints", "Managed endpoints being served", managed_endpoints.clone());
         let applied_changes = Gauge::default();
-        registry.register("applied_changes", "The store's applied-change counter (the SOA serial's source)", applied_changes.clone());
+        registry.register("applied_changes", "The store's applied-change count the served state is at", applied_changes.clone());
+        let soa_serial = Gauge::default();
+        registry.register(
+            "soa_serial",
+            "The SOA serial served: serial_base plus the store's content-change count (it moves only when served records change)",
+            soa_serial.clone(),
+        );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
         let store = StoreGauges::default();
@@ -471,6 +478,7 @@ impl Metrics {
             active_generation_max,
             managed_endpoints,
             applied_changes,
+            soa_serial,
             malformed,
             rrl_dropped,
             rrl_slipped,
@@ -538,6 +546,7 @@ impl Metrics {
         self.snapshot_swap_seconds.observe(build_seconds);
         self.managed_endpoints.set(snapshot.managed_count() as i64);
         self.applied_changes.set(snapshot.applied_changes as i64);
+        self.soa_serial.set(i64::from(snapshot.serial));
         let (min, max) = snapshot.generation_range().map_or((0, 0), |(lo, hi)| (lo.0 as i64, hi.0 as i64));
         self.active_generation_min.set(min);
         self.active_generation_max.set(max);

@@ -79,6 +79,9 @@ async fn only_changed_records_move_the_serial() -> anyhow::Result<()> {
     assert_eq!(content, 1, "one transaction changed records, the re-apply of db's changed none");
     let after = before.wrapping_add(content as u32);
     until_serial(up.dns, after).await?;
+    // The serial served, as a metric.
+    let metrics = reqwest::get(format!("{}/metrics", up.control)).await?.text().await?;
+    assert!(metrics.lines().any(|l| l == format!("dnsplan_soa_serial {after}")), "no dnsplan_soa_serial {after} in /metrics");
 
     // A restart on the same store serves the same serial.
     drop(up);
