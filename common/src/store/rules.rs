@@ -54,10 +54,12 @@ pub fn fence_step(endpoint: &EndpointName, current: Option<Generation>, attempte
 /// records does not, and must not move the SOA serial (secondaries would be notified of and
 /// fetch an empty change).
 pub fn content_changed(before: Option<&ActiveState>, after: &ActiveState) -> bool {
-    let served = |state: Option<&ActiveState>| match state {
-        Some(ActiveState::Serving(records)) => Some(records.clone()),
-        _ => None,
-    };
+    fn served(state: Option<&ActiveState>) -> Option<&crate::plan::Endpoint> {
+        match state {
+            Some(ActiveState::Serving(records)) => Some(records),
+            _ => None,
+        }
+    }
     served(before) != served(Some(after))
 }
 
