@@ -5,12 +5,28 @@ use dnsplan_common::{Generation, SledStore, Store, ValidatedPlan};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 /// How long a test waits for the planner to do something.
 pub const WITHIN: Duration = Duration::from_secs(20);
 
+/// Each listener's accept queue. A probe's connection stays queued (nobody accepts it): with the
+/// 128 a listener gets by default, a target probed every 50 ms stops completing handshakes
+/// after 6.4 s, and every check times out at once (seen as a flaky test that ran long under
+/// load). 4,096 (the kernel's usual cap, `net.core.somaxconn`) lasts over three minutes.
+pub const BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with a [`BACKLOG`]-long accept queue.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// Six listeners per endpoint, two per zone, all on one port: api on 127.0.1.x, db on 127.0.2.x.
+/// They never accept: the kernel completes each probe's handshake into the listener's queue,
+/// which [`BACKLOG`] keeps from filling for the length of a test.
 pub struct Backends {
     pub port: u16,
     listeners: BTreeMap<IpAddr, Option<TcpListener>>,
@@ -18,7 +34,7 @@ pub struct Backends {
 
 impl Backends {
     pub async fn start() -> anyhow::Result<Backends> {
-        let first = TcpListener::bind("127.0.1.1:0").await?;
+        let first = listen("127.0.1.1:0".parse()?)?;
         let port = first.local_addr()?.port();
         let mut listeners = BTreeMap::new();
         listeners.insert("127.0.1.1".parse()?, Some(first));
@@ -26,7 +42,7 @@ impl Backends {
             for host in 1..=6 {
                 let ip: IpAddr = format!("127.0.{net}.{host}").parse()?;
                 if let std::collections::btree_map::Entry::Vacant(slot) = listeners.entry(ip) {
-                    slot.insert(Some(TcpListener::bind(SocketAddr::new(ip, port)).await?));
+                    slot.insert(Some(listen(SocketAddr::new(ip, port))?));
                 }
             }
         }
@@ -40,7 +56,7 @@ impl Backends {
 
     pub async fn start_again(&mut self, ip: &str) -> anyhow::Result<()> {
         let ip: IpAddr = ip.parse()?;
-        self.listeners.insert(ip, Some(TcpListener::bind(SocketAddr::new(ip, self.port)).await?));
+        self.listeners.insert(ip, Some(listen(SocketAddr::new(ip, self.port))?));
         Ok(())
     }
 }
