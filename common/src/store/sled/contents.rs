@@ -5,10 +5,6 @@ use super::*;
 /// Names in one `contents_chunks` value: a batch of applies in name order reads a few chunks.
 pub(super) const CONTENT_CHUNK_NAMES: usize = 256;
 
-/// Present once `contents` holds every stored plan's content (a store written before the
-/// tree existed gets it on open).
-pub(super) const META_CONTENTS: &[u8] = b"contents";
-
 /// Set while a publish writes its `contents` entries in batches ahead of the transaction that
 /// makes its plan visible (the generation, big-endian); that transaction removes it. Found
 /// later, the publish did not commit (an error, or a crash), and its entries, which belong to
@@ -97,9 +93,8 @@ impl ContentWrite {
 pub(super) struct ContentReader {
     pub(super) generation: Generation,
     pub(super) whole: Option<Generation>,
-    /// The plan itself is the newest whole content, and it is in chunks: no `contents` entry
-    /// can answer before them (only a whole content written before chunks has entries at
-    /// its own generation), so a name is not looked up there at all.
+    /// The plan itself is the newest whole content, and it is in chunks: a whole content has no
+    /// `contents` entries, so a name is not looked up there at all.
     pub(super) chunks_only: bool,
     pub(super) chunk: Option<ReadChunk>,
 }
@@ -168,52 +163,11 @@ impl Inner {
         self.flush()
     }
 
-    /// Writes `contents` for the stored plans `horizon..=latest` of a store that has none:
-    /// the oldest plan whole, each later one as its recorded changes (or whole without them).
-    /// Starts from empty trees and marks the end, so an interrupted run is redone.
-    pub(super) fn write_contents(&self, horizon: Generation, latest: Generation) -> StoreResult<()> {
-        self.contents.clear().map_err(io)?;
-        self.contents_full.clear().map_err(io)?;
-        self.contents_chunks.clear().map_err(io)?;
-        let mut g = horizon;
-        while g <= latest && !g.is_none() {
-            let changes = match self.plan_changes.get(g.to_be_bytes()).map_err(io)? {
-                Some(bytes) if g != horizon => Some(decode_changes(&bytes).map_err(|e| corrupt("plan changes", e))?),
-                _ => None,
-            };
-            let write = match changes {
-                Some(changes) => ContentWrite::changes(&changes),
-                None => {
-                    let bytes = self.plans.get(g.to_be_bytes()).map_err(io)?.ok_or(StoreError::PlanNotFound(g))?;
-                    ContentWrite::whole(codec::decode_plan(&bytes).map_err(|e| corrupt(format!("plan {g}"), e))?.plan())
-                }
-            };
-            let mut batch = sled::Batch::default();
-            for (key, value) in write.entries {
-                batch.insert(key, value);
-            }
-            self.contents.apply_batch(batch).map_err(io)?;
-            let mut batch = sled::Batch::default();
-            for (key, value) in write.chunks {
-                batch.insert(key, value);
-            }
-            self.contents_chunks.apply_batch(batch).map_err(io)?;
-            if write.full {
-                self.contents_full.insert(g.to_be_bytes(), &[]).map_err(io)?;
-            }
-            let Some(next) = g.next() else { break };
-            g = next;
-        }
-        self.flush()?;
-        self.meta.insert(META_CONTENTS, &[1]).map_err(io)?;
-        Ok(())
-    }
-
     /// A reader of plan `generation`'s content, for `content_at`.
     pub(super) fn content_reader(&self, generation: Generation) -> StoreResult<ContentReader> {
         let whole = self.contents_full.range(..=generation.to_be_bytes()).next_back().transpose().map_err(io)?;
         let whole = whole.map(|(key, _)| generation_key(&key)).transpose()?;
-        let chunks_only = whole == Some(generation) && self.contents_chunks.scan_prefix(generation.to_be_bytes()).next().is_some();
+        let chunks_only = whole == Some(generation);
         Ok(ContentReader { generation, whole, chunks_only, chunk: None })
     }
 

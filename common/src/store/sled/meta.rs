@@ -7,11 +7,9 @@ impl Inner {
         self.lock.lock().map_err(|_| poisoned())
     }
 
-    /// The applied-change and content-change counts. A store written before the content count
-    /// has none: it starts at the applied count, where the serial was.
+    /// The applied-change and content-change counts (both 0 in a new store).
     pub(super) fn counts(&self) -> StoreResult<(u64, u64)> {
-        let applied = self.meta_u64(META_APPLIED, 0)?;
-        Ok((applied, self.meta_u64(META_CONTENT, applied)?))
+        Ok((self.meta_u64(META_APPLIED, 0)?, self.meta_u64(META_CONTENT, 0)?))
     }
 
     pub(super) fn meta_u64(&self, key: &[u8], default: u64) -> StoreResult<u64> {
@@ -29,7 +27,7 @@ impl Inner {
         }
     }
 
-    /// Draws the store's id if it has none (a new store, or one written before ids).
+    /// Draws the store's id if it has none (a new store).
     pub(super) fn ensure_store_id(&self) -> StoreResult<()> {
         use std::hash::{BuildHasher, Hasher};
         if self.meta.get(META_STORE_ID).map_err(io)?.is_some() {

@@ -1,7 +1,7 @@
 //! `SledStore`: the embedded `Store` on a sled database on local disk, compressed by sled
 //! (zstd, `COMPRESSION_LEVEL`) when `open` creates it; a store created uncompressed stays so.
 //!
-//! Layout (one sled tree each):
+//! Layout [`LAYOUT`] (one sled tree each; the files, one concern each, are named below):
 //! - `plans`: generation (big-endian) → the whole plan's envelope, for plans published whole
 //!   and for checkpoints; `plan_heads`: the same keys → [`PlanHead`], for plans published as
 //!   their changes (`publish_changes`); `summaries`: the same keys → summary; `plan_changes`:
@@ -16,8 +16,7 @@
 //!   first run: a 0 byte, below every name) → [`ActiveRun`] envelope. An apply batch in name
 //!   order rewrites a few runs, not a key per endpoint; a run grown past the limit is split
 //!   when written. Records are never removed (a retired endpoint keeps a record), so runs
-//!   only grow and split. A store written with one `active` key per endpoint is grouped into
-//!   runs when it opens (`layout` 3), then that tree is dropped.
+//!   only grow and split (`active.rs`, with the two trees after it).
 //! - `fence_counts`: generation (big-endian) → how many endpoints serve with that fence (8
 //!   bytes, big-endian) ++ the name of one of them, or nothing when that one has since moved
 //!   on (a witness, for the operator; found again by a scan of `active_runs` when cleanup needs
@@ -26,17 +25,11 @@
 //! - `changes`: applied-change count of a batch's last switch (big-endian) → the names the
 //!   batch switched, in order, separated by 0 bytes; the batches of the last
 //!   `CHANGE_LOG_KEPT` switches, written in the same transaction as the switches, for
-//!   `active_since`. (A store written before batches held one name per count: each such entry
-//!   reads as a batch of one.)
+//!   `active_since`.
 //! - `meta`: `latest`, `horizon` (oldest stored plan), `applied_changes`, `content_changes`
-//!   (apply transactions that changed what is served; absent in a store written before it,
-//!   which reads as `applied_changes`), `control_changes`, `dns_zone`, `pause`, `lease`,
-//!   `layout`.
-//!
-//! A store written before `fence_counts` had a `fences` tree (generation ++ name → empty, one
-//! entry per serving endpoint): `open` counts it into `fence_counts`, sets `layout` to 2, then
-//! drops it. A crash before `layout` is set redoes the count; after, only the drop is left.
-//! - `heartbeats`: enactor id → heartbeat envelope.
+//!   (apply transactions that changed what is served), `control_changes`, `dns_zone`,
+//!   `store_id`, `layout` (`meta.rs`, `layout.rs`); `pause`, `lease` (`control.rs`).
+//! - `heartbeats`: enactor id → heartbeat envelope (`control.rs`).
 //! - `contents`: endpoint name ++ 0 ++ generation (big-endian) → [`PlanEntry`] envelope: what
 //!   each plan says of each endpoint, written at publish only for the endpoints the plan
 //!   changes (its [`PlanChanges`]), so plan `g`'s content for a name is its newest entry at or
@@ -48,12 +41,16 @@
 //!   envelope, so a plan of a million endpoints is a few thousand values, not a million keys.
 //!   Plan `g`'s content for a name is then its newest `contents` entry at or below `g` if that
 //!   is not older than the newest whole generation `f` at or below `g`, else what `f`'s chunk
-//!   says (`Absent` when no chunk holds the name). Whole contents written before chunks are
-//!   per-name entries at `f` itself, which the same rule finds first. A plan that is itself
-//!   `f`, in chunks, is read from its chunks alone: no entry can come before them.
+//!   says (`Absent` when no chunk holds the name). A plan that is itself `f` is read from its
+//!   chunks alone: a whole content has no `contents` entries.
 //!   Applies are checked against these inside the writer lock, so no writer can switch an
 //!   endpoint to records its plan does not hold. Cleanup removes the entries no stored plan
-//!   can resolve to any more.
+//!   can resolve to any more (`contents.rs`).
+//!
+//! The plan trees are `plans.rs`'s. A store is opened, checked against its high-water mark and
+//! recovered in `open.rs`: it must be of layout [`LAYOUT`] (a new store is marked with it); any
+//! other is refused with a message naming both, as no release has written another. A write
+//! that fails (a full disk) is `fault.rs`'s; cleanup is `cleanup.rs`'s.
 //!
 //! Concurrency: sled cannot scan inside a transaction, and cleanup must see every fence at
 //! the moment it deletes, so one writer mutex serialises every operation; the writes of each
@@ -114,7 +111,7 @@ use plans::*;
 
 pub use active::CHANGE_LOG_KEPT;
 pub use fault::REOPEN_EVERY;
-pub use open::{OPEN_LOCK_WAIT, OnLoss};
+pub use open::{LAYOUT, OPEN_LOCK_WAIT, OnLoss};
 pub use plans::CHECKPOINT_PLANS_MAX;
 
 /// The embedded store. Clones share one database.

@@ -12,18 +12,14 @@ pub const OPEN_LOCK_WAIT: Duration = Duration::from_secs(3);
 /// endpoints in about a seventh of the bytes, for less CPU than a page's serialisation.
 pub(super) const COMPRESSION_LEVEL: i32 = 1;
 
-/// The layout's version: absent or 1 before `fence_counts`, 2 since, 3 since `active_runs`.
+/// The layout's version, in `meta`: written when a store is created, and the only one this
+/// build opens (see [`Inner::check_layout`]).
 pub(super) const META_LAYOUT: &[u8] = b"layout";
 
-pub(super) const LAYOUT_FENCE_COUNTS: u64 = 2;
-
-pub(super) const LAYOUT_ACTIVE_RUNS: u64 = 3;
-
-/// The tree of a store written before `active_runs`: endpoint name → [`ActiveRecord`].
-pub(super) const LEGACY_ACTIVE: &str = "active";
-
-/// The tree of a store written before `fence_counts` (see the module docs).
-pub(super) const LEGACY_FENCES: &str = "fences";
+/// The one layout this build reads and writes: the trees of the module docs. Layouts before it
+/// (1 to 3: a fence index, a key per active endpoint, no content count) belong to builds before
+/// any release and are refused, not converted.
+pub const LAYOUT: u64 = 4;
 
 /// What `open` does with a store behind its high-water mark (see `high_water`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +52,7 @@ impl Inner {
             match config.open() {
                 Ok(db) => break db,
                 // sled fixes compression when it creates a store: a store created without it
-                // (before compression, or by an older dnsplan) is opened as it is.
+                // is opened as it is (and one of an older layout is then refused by name).
                 Err(sled::Error::Unsupported(why)) if compressed && why.contains("use_compression") => compressed = false,
                 // sled reports a held lock as an `Other` error naming it, with the
                 // `WouldBlock` of the lock call only in its text.
@@ -95,9 +91,8 @@ impl Inner {
             high_water,
             chain: Mutex::new(Chain::default()),
         };
+        inner.check_layout(path)?;
         inner.check_high_water(path, check)?;
-        inner.migrate_fences()?;
-        inner.migrate_active()?;
         inner.recover()?;
         inner.ensure_store_id()?;
         let chain = inner.read_chain()?;
@@ -159,7 +154,7 @@ impl Inner {
             // The serial derives from the content count, which never exceeds the applied
             // count: one past the mark's applied count is past every serial served. Each count
             // is moved on its own: another store may be ahead on one and behind on the other.
-            let content = self.meta_u64(META_CONTENT, applied)?;
+            let content = self.meta_u64(META_CONTENT, 0)?;
             let mut moved = false;
             for (key, now) in [(META_APPLIED, applied), (META_CONTENT, content)] {
                 if now < past {
@@ -180,85 +175,26 @@ impl Inner {
 }
 
 impl Inner {
-    /// Converts a store whose tree `legacy` belongs to a layout before `layout`: `convert`
-    /// writes the new trees from it (starting from empty, so a rerun redoes it), then `layout`
-    /// is marked and `legacy` dropped, each step flushed. Interrupted before the mark, the
-    /// next open converts again; after it, only the drop is left. A store without `legacy`
-    /// (a new one) only gets the mark.
-    pub(super) fn convert_legacy(
-        &self,
-        legacy: &str,
-        layout: u64,
-        convert: impl FnOnce(&sled::Tree) -> StoreResult<()>,
-    ) -> StoreResult<()> {
-        let has_legacy = self.db.tree_names().iter().any(|name| name.as_ref() == legacy.as_bytes());
-        let current = self.meta_u64(META_LAYOUT, 1)?;
-        if has_legacy && current < layout {
-            convert(&self.db.open_tree(legacy).map_err(io)?)?;
-            self.flush()?;
+    /// Marks a new store with [`LAYOUT`]; refuses a store of any other layout, naming both.
+    /// A store is new when its `meta` is empty: every open of a store writes its id there.
+    pub(super) fn check_layout(&self, path: &Path) -> StoreResult<()> {
+        if self.meta.is_empty() {
+            self.meta.insert(META_LAYOUT, &LAYOUT.to_be_bytes()).map_err(io)?;
+            return self.flush();
         }
-        if current < layout {
-            self.meta.insert(META_LAYOUT, &layout.to_be_bytes()).map_err(io)?;
-            self.flush()?;
+        let found = self.meta_u64(META_LAYOUT, 0)?;
+        if found == LAYOUT {
+            return Ok(());
         }
-        if has_legacy {
-            self.db.drop_tree(legacy).map_err(io)?;
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    /// Counts the `fences` index of a store written before `fence_counts` into it (see the
-    /// module docs).
-    pub(super) fn migrate_fences(&self) -> StoreResult<()> {
-        self.convert_legacy(LEGACY_FENCES, LAYOUT_FENCE_COUNTS, |fences| {
-            let mut counts: std::collections::BTreeMap<Generation, FenceCount> = Default::default();
-            let mut endpoints = 0u64;
-            for key in fences.iter().keys() {
-                let key = key.map_err(io)?;
-                let (g, name) =
-                    key.split_first_chunk::<8>().ok_or_else(|| corrupt("fence index", codec::CodecError::Truncated { len: key.len() }))?;
-                counts.entry(Generation::from_be_bytes(*g)).or_default().join(&parse_name(name, "fence index")?);
-                endpoints += 1;
-            }
-            self.fence_counts.clear().map_err(io)?;
-            let mut batch = sled::Batch::default();
-            for (g, count) in &counts {
-                batch.insert(&g.to_be_bytes(), count.encode());
-            }
-            self.fence_counts.apply_batch(batch).map_err(io)?;
-            tracing::info!(endpoints, generations = counts.len(), "counted the store's fence index into fence counts");
-            Ok(())
-        })
-    }
-
-    /// Groups the `active` tree of a store written before `active_runs` into runs (see the
-    /// module docs).
-    pub(super) fn migrate_active(&self) -> StoreResult<()> {
-        self.convert_legacy(LEGACY_ACTIVE, LAYOUT_ACTIVE_RUNS, |legacy| {
-            self.active_runs.clear().map_err(io)?;
-            let mut run = Vec::with_capacity(ACTIVE_RUN_MAX);
-            let mut key = FIRST_RUN.to_vec();
-            let mut batch = sled::Batch::default();
-            let mut endpoints = 0u64;
-            for entry in legacy.iter() {
-                let (name, value) = entry.map_err(io)?;
-                let name = parse_name(&name, "active endpoint name")?;
-                let record = codec::decode::<ActiveRecord>(&value).map_err(|e| corrupt(format!("active record of {name}"), e))?;
-                if run.len() == ACTIVE_RUN_MAX {
-                    let first = std::mem::replace(&mut key, name.as_str().as_bytes().to_vec());
-                    batch.insert(first, codec::encode(&ActiveRun { records: std::mem::take(&mut run) }));
-                }
-                run.push((name.as_str().into(), record));
-                endpoints += 1;
-            }
-            if !run.is_empty() {
-                batch.insert(key, codec::encode(&ActiveRun { records: run }));
-            }
-            self.active_runs.apply_batch(batch).map_err(io)?;
-            tracing::info!(endpoints, "grouped the store's active records into runs");
-            Ok(())
-        })
+        let found = if found == 0 { "no layout version (a store written before versions)".to_string() } else { format!("layout {found}") };
+        Err(StoreError::Unavailable(format!(
+            "the store in {} has {found}, and this dnsplan opens layout {LAYOUT} only: stores written by builds before \
+             the first release are not converted. Move the directory aside, put a copy of its {} in an empty one and \
+             start once with --accept-store-loss: the SOA serial goes on past what secondaries hold, and the planner \
+             publishes a plan into the new store (the runbook's \"The embedded store has another layout\")",
+            path.display(),
+            high_water::FILE_NAME,
+        )))
     }
 
     /// Finishes an interrupted cleanup and checks that the plan range is whole.
@@ -276,9 +212,6 @@ impl Inner {
                     });
                 }
             }
-        }
-        if !self.meta.contains_key(META_CONTENTS).map_err(io)? {
-            self.write_contents(horizon, latest)?;
         }
         self.flush()
     }

@@ -173,31 +173,6 @@ async fn apply_plan(store: &SledStore, g: u64) {
     }
 }
 
-/// A store written before the content-change count has no `content_changes` key: it
-/// reads as the applied count (where the SOA serial was), so the serial goes on from
-/// there, and the next switch writes it.
-#[tokio::test]
-async fn a_store_without_a_content_count_goes_on_from_its_applied_count() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SledStore::open(dir.path()).expect("open");
-    for g in 1..=2 {
-        store.publish(&churning_plan(g)).await.expect("publish");
-        apply_plan(&store, g).await;
-    }
-    store.inner().meta.remove(META_CONTENT).expect("remove");
-    store.inner().flush().expect("flush");
-    drop(store);
-    let store = SledStore::open(dir.path()).expect("reopen");
-    let old = store.active_all().await.expect("active");
-    assert_eq!(old.content_changes, old.applied_changes, "no content count reads as the applied count");
-    store.publish(&churning_plan(3)).await.expect("publish");
-    apply_plan(&store, 3).await;
-    let now = store.active_all().await.expect("active");
-    // Plan 3 moves a's records, keeps b's and drops c (not retired: still served).
-    assert_eq!((now.applied_changes, now.content_changes), (old.applied_changes + 2, old.content_changes + 1));
-    assert!(store.inner().meta.get(META_CONTENT).expect("meta").is_some(), "the switch wrote the content count");
-}
-
 /// Cleanup prunes what no stored plan resolves to: with 300 plans, an endpoint that
 /// changes on every plan, one that never does and one that comes and goes, the content
 /// entries stay a few per endpoint, and every endpoint still resolves.
@@ -217,28 +192,6 @@ async fn plan_contents_stay_bounded_through_cleanup() {
     let r = store.apply(&c, Generation(299), &endpoint(2)).await;
     assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::NothingOf, .. })), "c is not in odd plans: {r:?}");
     assert!(store.inner().contents_full.len() <= 1, "markers older than the horizon go");
-}
-
-/// A store written before plan contents were recorded gets them on open, and an open
-/// interrupted while writing them writes them again.
-#[tokio::test]
-async fn plan_contents_are_written_for_an_older_store() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SledStore::open(dir.path()).expect("open");
-    for g in 1..=6 {
-        store.publish(&churning_plan(g)).await.expect("publish");
-    }
-    store.inner().contents.clear().expect("clear");
-    store.inner().contents.insert(b"half-written", &[]).expect("insert");
-    store.inner().meta.remove(META_CONTENTS).expect("remove");
-    store.inner().flush().expect("flush");
-    drop(store);
-    let store = SledStore::open(dir.path()).expect("reopen");
-    apply_plan(&store, 5).await;
-    let b = items(&["b"], 1)[0].endpoint.clone();
-    let r = store.apply(&b, Generation(6), &endpoint(2)).await;
-    assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "{r:?}");
-    assert!(!store.inner().contents.contains_key(b"half-written").expect("read"));
 }
 
 /// A store with plans 1..=`plans`, plan `g` serving a, b, c and d with `endpoint(g)`.
@@ -512,35 +465,6 @@ async fn fence_counts_follow_every_switch() {
     assert_eq!(stored_counts(&reopened), recount(&reopened), "after a reopen");
 }
 
-/// A store written with the `fences` index gets its counts from it when opened, and the
-/// index is dropped.
-#[tokio::test]
-async fn a_store_with_a_fence_index_is_counted_at_open() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = store_serving_abcd(dir.path(), 2).await;
-    store.apply_many(Generation(1), &items(&["a", "b", "c", "d"], 1)).await.expect("batch");
-    store.apply_many(Generation(2), &items(&["b", "d"], 2)).await.expect("batch");
-    let want = recount(&store);
-    assert_eq!(want, BTreeMap::from([(Generation(1), 2), (Generation(2), 2)]));
-    // Back to the older layout: the index, no counts, no layout mark.
-    let fences = store.inner().db.open_tree(LEGACY_FENCES).expect("tree");
-    for (name, record) in store.inner().active_all_locked().expect("active").endpoints {
-        let mut key = record.generation.to_be_bytes().to_vec();
-        key.extend_from_slice(name.as_str().as_bytes());
-        fences.insert(key, &[]).expect("insert");
-    }
-    store.inner().fence_counts.clear().expect("clear");
-    store.inner().meta.remove(META_LAYOUT).expect("remove");
-    store.inner().flush().expect("flush");
-    drop((fences, store));
-    let store = SledStore::open(dir.path()).expect("reopen");
-    assert_eq!(stored_counts(&store), want);
-    assert!(!store.inner().db.tree_names().iter().any(|n| n.as_ref() == LEGACY_FENCES.as_bytes()), "the index is dropped");
-    let (oldest, name) = store.cleanup_preview(1).await.expect("preview").oldest_active.expect("oldest");
-    assert_eq!(oldest, Generation(1));
-    assert!(["a.example.test.", "c.example.test."].contains(&name.as_str()), "{name} is not on plan 1");
-}
-
 /// A whole plan's content is in chunks: each of its names is checked against its own
 /// entry in whichever chunk holds it, a later plan's entries take precedence, and a later
 /// plan that leaves a name out still does so after cleanup (the chunk below would answer
@@ -637,35 +561,6 @@ async fn plan_envelopes_decode_to_the_plans_published() {
     assert!(matches!(r, Err(StoreError::PlanNotFound(_))), "{r:?}");
 }
 
-/// A whole content written before chunks (an entry per name at the plan's own generation,
-/// no chunks) is still read name by name: a plan read from chunks alone skips the
-/// per-name lookup, and that must not apply to it.
-#[tokio::test]
-async fn a_whole_content_written_before_chunks_is_read_by_name() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = SledStore::open(dir.path()).expect("open");
-    let plan = uniform_plan(1, 20, 1);
-    store.publish(&plan).await.expect("publish");
-    // As an older dnsplan wrote it: the chunks become entries at generation 1.
-    let chunks: Vec<sled::IVec> = store.inner().contents_chunks.iter().keys().map(|k| k.expect("key")).collect();
-    assert!(!chunks.is_empty(), "plan 1 is written in chunks");
-    for key in chunks {
-        store.inner().contents_chunks.remove(key).expect("remove chunk");
-    }
-    for (name, records) in &plan.plan().endpoints {
-        let entry = codec::encode(&PlanEntry::Serve(records.clone()));
-        store.inner().contents.insert(content_key(name, Generation(1)), entry).expect("insert entry");
-    }
-    let batch: Vec<ApplyItem> =
-        plan.plan().endpoints.iter().map(|(name, records)| ApplyItem { endpoint: name.clone(), records: records.clone() }).collect();
-    for result in store.apply_many(Generation(1), &batch).await.expect("batch") {
-        assert!(matches!(result, Ok(ApplyOutcome::Switched { .. })), "{result:?}");
-    }
-    let other = ApplyItem { endpoint: batch[0].endpoint.clone(), records: endpoint(2) };
-    let r = store.apply(&other.endpoint, Generation(1), &other.records).await;
-    assert!(matches!(r, Err(StoreError::ContentMismatch { plan: PlanSays::OtherRecords, .. })), "{r:?}");
-}
-
 /// Every run as stored: its key and its names.
 fn stored_runs(store: &SledStore) -> Vec<(Vec<u8>, Vec<String>)> {
     store
@@ -759,42 +654,6 @@ async fn active_runs_split_in_name_order() {
     assert_eq!(stored_counts(&store), recount(&store));
 }
 
-/// A store written with one `active` key per endpoint gets its runs when opened, and the
-/// tree is dropped.
-#[tokio::test]
-async fn a_store_with_a_key_per_endpoint_is_grouped_at_open() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let count = ACTIVE_RUN_MAX * 2 + 5;
-    let before = {
-        let store = SledStore::open(dir.path()).expect("open");
-        store.publish(&uniform_plan(1, count, 1)).await.expect("publish");
-        let items: Vec<ApplyItem> = uniform_plan(1, count, 1)
-            .into_plan()
-            .endpoints
-            .into_iter()
-            .map(|(endpoint, records)| ApplyItem { endpoint, records })
-            .collect();
-        for result in store.apply_many(Generation(1), &items).await.expect("batch") {
-            result.expect("applied");
-        }
-        let before = store.active_all().await.expect("all");
-        // Back to the older layout: a key per endpoint, no runs, layout 2.
-        let legacy = store.inner().db.open_tree(LEGACY_ACTIVE).expect("tree");
-        for (name, record) in &before.endpoints {
-            legacy.insert(name.as_str().as_bytes(), codec::encode(record)).expect("insert");
-        }
-        store.inner().active_runs.clear().expect("clear");
-        store.inner().meta.insert(META_LAYOUT, &LAYOUT_FENCE_COUNTS.to_be_bytes()).expect("layout");
-        store.inner().flush().expect("flush");
-        before
-    };
-    let store = SledStore::open(dir.path()).expect("reopen");
-    assert_eq!(store.active_all().await.expect("all").endpoints, before.endpoints);
-    assert!(!store.inner().db.tree_names().iter().any(|n| n.as_ref() == LEGACY_ACTIVE.as_bytes()), "the tree is dropped");
-    assert_eq!(stored_runs(&store).len(), count.div_ceil(ACTIVE_RUN_MAX));
-    assert_eq!(store.inner().meta_u64(META_LAYOUT, 0).expect("layout"), LAYOUT_ACTIVE_RUNS);
-}
-
 /// A store held open is reported as in use, after `OPEN_LOCK_WAIT` of retries (the time
 /// a store just dropped, or a process that just exited, takes to let go), not as an I/O
 /// error at once.
@@ -839,4 +698,50 @@ async fn a_store_created_uncompressed_opens_as_it_is() {
     assert_eq!(active.endpoints.len(), 3);
     drop(store);
     assert!(!compressed(dir.path()), "the store stays as it was created");
+}
+
+/// A new store is marked with [`LAYOUT`] and opens again; a store of another layout, or of none
+/// (written before versions), is refused with both layouts named and its data left as it was.
+#[tokio::test]
+async fn a_store_of_another_layout_is_refused_naming_both() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_with_plans(dir.path(), 2).await;
+    assert_eq!(store.inner().meta_u64(META_LAYOUT, 0).expect("layout"), LAYOUT, "a new store is marked");
+    drop(store);
+    let mut store = SledStore::open(dir.path()).expect("a store of this layout opens");
+    for (stored, named) in [(Some(LAYOUT - 1), format!("has layout {}", LAYOUT - 1)), (None, "has no layout version".to_string())] {
+        match stored {
+            Some(layout) => store.inner().meta.insert(META_LAYOUT, &layout.to_be_bytes()).map(drop).expect("layout"),
+            None => store.inner().meta.remove(META_LAYOUT).map(drop).expect("layout"),
+        }
+        store.inner().db.flush().expect("flush");
+        drop(store);
+        let refused = SledStore::open(dir.path()).err().expect("a store of another layout is refused");
+        let text = refused.to_string();
+        assert!(text.contains(&named) && text.contains(&format!("opens layout {LAYOUT} only")), "{text}");
+        // Nothing was converted or lost: marked back, it opens with its plans.
+        let db = sled::Config::new().path(dir.path()).use_compression(true).open().expect("sled");
+        db.open_tree("meta").expect("meta").insert(META_LAYOUT, &LAYOUT.to_be_bytes()).expect("layout");
+        db.flush().expect("flush");
+        drop(db);
+        store = SledStore::open(dir.path()).expect("reopen");
+        assert_eq!(store.latest().await.expect("latest"), Generation(2));
+    }
+
+    // The way out the error gives: an empty store beside a copy of the old one's high-water
+    // mark, opened once accepting the loss, starts its counts (and so the SOA serial) past the
+    // old store's.
+    for result in store.apply_many(Generation(2), &items(&["a"], 1)).await.expect("apply") {
+        assert!(matches!(result, Ok(ApplyOutcome::Switched { .. })), "{result:?}");
+    }
+    let served = store.inner().counts().expect("counts");
+    assert!(served.0 > 0 && served.1 > 0, "{served:?}");
+    drop(store);
+    let fresh = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(dir.path().join(high_water::FILE_NAME), fresh.path().join(high_water::FILE_NAME)).expect("copy the mark");
+    let refused = SledStore::open(fresh.path()).err().expect("an empty store behind the mark is refused without the flag");
+    assert!(matches!(refused, StoreError::WentBack(_)), "{refused}");
+    let store = SledStore::open_with(fresh.path(), OnLoss::Accept).expect("open accepting the loss");
+    let (applied, content) = store.inner().counts().expect("counts");
+    assert!(applied > served.0 && content > served.1, "{applied}, {content} past {served:?}");
 }
