@@ -1,0 +1,273 @@
+//! Talking to etcd: connecting, bounded transactions and reads, retries, the compare and operation helpers.
+
+use super::*;
+
+/// How many times a write reads, decides and tries to commit before it reports contention.
+/// Each failed attempt means another writer committed, so the store as a whole progresses;
+/// 64 rides out a burst of every enactor of a region writing at once.
+pub const ATTEMPTS_MAX: u32 = 64;
+
+/// Largest gRPC message the client decodes: the largest plan body plus framing, the same
+/// bound as the codec's.
+pub(crate) const RESPONSE_BYTES_MAX: usize = codec::BODY_BYTES_MAX + 1024 * 1024;
+
+pub(crate) fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt { what: what.into(), source: CodecError::Body { kind: "etcd value".into(), detail: detail.into() } }
+}
+
+pub(crate) fn be_u64(kv: Option<&KeyValue>, what: &str) -> StoreResult<Option<u64>> {
+    kv.map(|kv| {
+        let bytes: [u8; 8] = kv.value().try_into().map_err(|_| StoreError::Corrupt {
+            what: what.to_owned(),
+            source: CodecError::LengthMismatch { declared: 8, actual: kv.value().len() },
+        })?;
+        Ok(u64::from_be_bytes(bytes))
+    })
+    .transpose()
+}
+
+pub(crate) fn first(response: &GetResponse) -> Option<&KeyValue> {
+    response.kvs().first()
+}
+
+pub(crate) fn cmp_u64(key: Vec<u8>, observed: Option<u64>) -> Compare {
+    match observed {
+        None => Compare::version(key, CompareOp::Equal, 0),
+        Some(v) => Compare::value(key, CompareOp::Equal, v.to_be_bytes().to_vec()),
+    }
+}
+
+pub(crate) fn cmp_bytes(key: Vec<u8>, observed: Option<&[u8]>) -> Compare {
+    match observed {
+        None => Compare::version(key, CompareOp::Equal, 0),
+        Some(v) => Compare::value(key, CompareOp::Equal, v.to_vec()),
+    }
+}
+
+pub(crate) fn put(key: Vec<u8>, value: impl Into<Vec<u8>>) -> TxnOp {
+    TxnOp::put(key, value, None)
+}
+
+pub(crate) fn get(key: Vec<u8>) -> TxnOp {
+    TxnOp::get(key, None)
+}
+
+pub(crate) fn get_range(from: Vec<u8>, to: Vec<u8>, limit: i64) -> TxnOp {
+    TxnOp::get(from, Some(GetOptions::new().with_range(to).with_limit(limit)))
+}
+
+pub(crate) fn delete_range(from: Vec<u8>, to: Vec<u8>) -> TxnOp {
+    TxnOp::delete(from, Some(DeleteOptions::new().with_range(to)))
+}
+
+pub(crate) fn name_of(key: &[u8], prefix: &[u8], what: &str) -> StoreResult<EndpointName> {
+    let rest = Keys::strip(key, prefix).ok_or_else(|| corrupt(what, "key outside its range"))?;
+    let text = std::str::from_utf8(rest).map_err(|e| corrupt(what, e.to_string()))?;
+    DnsName::parse(text).map_err(|e| corrupt(what, e.to_string()))
+}
+
+/// A short pause between attempts that lost a race, growing and jittered so that writers
+/// that collided do not collide again in step.
+pub(crate) async fn back_off(attempt: u32) {
+    let base_us = 200u64 << attempt.min(6);
+    let jitter = fresh_nonce() % base_us.max(1);
+    tokio::time::sleep(Duration::from_micros(base_us / 2 + jitter)).await;
+}
+
+pub(crate) fn contention(what: &str) -> StoreError {
+    StoreError::Unavailable(format!("{what} lost the race to other writers {ATTEMPTS_MAX} times in a row; retry later"))
+}
+
+/// A family of keys kept to `max` (heartbeats, authority reports), counted under `count_key`.
+pub(crate) struct Bounded<F: Fn() -> StoreError> {
+    pub(crate) what: &'static str,
+    pub(crate) count_key: Vec<u8>,
+    pub(crate) max: usize,
+    /// The error when a new key would go past `max`.
+    pub(crate) full: F,
+}
+
+pub(crate) fn etcd_error(what: &str, err: client::Error) -> StoreError {
+    // Down, partitioned, without a leader or too slow: unavailable; anything else is etcd
+    // refusing the request.
+    if err.is_unavailable() { StoreError::Unavailable(format!("etcd {what}: {err}")) } else { StoreError::Io(Box::new(err)) }
+}
+
+impl EtcdStore {
+    /// Writes `value` at `key`, one of `bound`'s family: over a key already there, or as a new
+    /// key counted against the bound, the count compared with the write.
+    pub(crate) async fn put_bounded<F: Fn() -> StoreError>(&self, bound: &Bounded<F>, key: Vec<u8>, value: Vec<u8>) -> StoreResult<()> {
+        for attempt in 0..ATTEMPTS_MAX {
+            let (_, r) = self.read(bound.what, vec![get(key.clone()), get(bound.count_key.clone())]).await?;
+            let known = first(&r[0]).is_some();
+            let count = be_u64(first(&r[1]), &format!("{} count", bound.what))?;
+            let txn = if known {
+                Txn::new().when(vec![Compare::version(key.clone(), CompareOp::Greater, 0)]).and_then(vec![put(key.clone(), value.clone())])
+            } else {
+                let n = count.unwrap_or(0);
+                if n >= bound.max as u64 {
+                    return Err((bound.full)());
+                }
+                Txn::new()
+                    .when(vec![Compare::version(key.clone(), CompareOp::Equal, 0), cmp_u64(bound.count_key.clone(), count)])
+                    .and_then(vec![put(key.clone(), value.clone()), put(bound.count_key.clone(), (n + 1).to_be_bytes().to_vec())])
+            };
+            if self.txn(bound.what, txn).await?.succeeded() {
+                return Ok(());
+            }
+            back_off(attempt).await;
+        }
+        Err(contention(bound.what))
+    }
+
+    /// Every record under `prefix`, decoded.
+    pub(crate) async fn read_all<T: Record>(&self, what: &'static str, prefix: Vec<u8>) -> StoreResult<Vec<T>> {
+        let (_, r) = self.read(what, vec![get_range(prefix.clone(), prefix_end(&prefix), 0)]).await?;
+        r[0].kvs()
+            .iter()
+            .map(|kv| codec::decode::<T>(kv.value()).map_err(|e| StoreError::Corrupt { what: T::KIND_NAME.into(), source: e }))
+            .collect()
+    }
+}
+
+impl EtcdStore {
+    /// Sets up a client for `config`. Connections are made on first use, so a store can be
+    /// created while etcd is down; every call then fails with `Unavailable` until it is back.
+    pub async fn connect(config: EtcdConfig) -> Result<EtcdStore, ConnectError> {
+        config.check()?;
+        let options = ClientOptions {
+            connect_timeout: config.connect_timeout.min(config.request_timeout),
+            keep_alive: Some((Duration::from_secs(10), config.request_timeout)),
+            user: config.user.clone(),
+            tls: config.tls.clone(),
+            response_bytes_max: RESPONSE_BYTES_MAX,
+        };
+        let client = Client::new(&config.endpoints, &options).map_err(ConnectError::Client)?;
+        Ok(EtcdStore {
+            inner: Arc::new(Inner {
+                client,
+                keys: Keys::new(&config.prefix),
+                config,
+                plans: Mutex::new(VecDeque::new()),
+                revisions: Mutex::new(BTreeMap::new()),
+                slot: AtomicUsize::new(fresh_nonce() as usize % APPLIED_SLOTS),
+                active_log: Mutex::new(None),
+                from_log: AtomicU64::new(0),
+                #[cfg(feature = "testing")]
+                lose_reply: Mutex::new(None),
+                #[cfg(feature = "testing")]
+                hold: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Test-only: the next write transaction named `what` (`"publish"`, `"apply"`, ...) that
+    /// etcd commits is reported as `Unavailable`, as if its reply had been lost to a timeout
+    /// after etcd committed it: an ambiguous commit, on demand.
+    #[cfg(feature = "testing")]
+    pub fn lose_next_reply(&self, what: &'static str) {
+        if let Ok(mut lose) = self.inner.lose_reply.lock() {
+            *lose = Some(what);
+        }
+    }
+
+    /// Test-only: the next conditional write named `what` (`"publish"`, `"apply"`,
+    /// `"cleanup"`, `"pause"`, `"lease"`) stops after its decision, before its transaction is
+    /// sent: the first receiver fires when it gets there, and it goes on when the sender is
+    /// used or dropped. Whatever the test writes meanwhile, the transaction's compares must
+    /// catch: the decision is made, only the write is left.
+    #[cfg(feature = "testing")]
+    pub fn hold_next_commit(&self, what: &'static str) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
+        let (reached, reached_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go) = tokio::sync::oneshot::channel();
+        if let Ok(mut hold) = self.inner.hold.lock() {
+            *hold = Some(Hold { what, reached, go });
+        }
+        (reached_rx, go_tx)
+    }
+
+    /// A conditional write: the transaction of a decision (the test-only hold applies here).
+    pub(crate) async fn commit(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
+        #[cfg(feature = "testing")]
+        {
+            let held = self.inner.hold.lock().ok().and_then(|mut hold| hold.take_if(|h| h.what == what));
+            if let Some(Hold { reached, go, .. }) = held {
+                let _ = reached.send(());
+                let _ = go.await;
+            }
+        }
+        self.txn(what, txn).await
+    }
+
+    /// The etcd client this store uses (for tools and tests: compaction, inspection).
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Every key of this store starts with this.
+    pub fn prefix(&self) -> &str {
+        &self.inner.config.prefix
+    }
+
+    /// Runs `fut` under the request timeout and maps etcd's errors to the store's.
+    pub(crate) async fn call<T>(&self, what: &str, fut: impl Future<Output = Result<T, client::Error>>) -> StoreResult<T> {
+        let limit = self.inner.config.request_timeout;
+        let started = std::time::Instant::now();
+        let answer = tokio::time::timeout(limit, fut).await;
+        tracing::trace!(what, elapsed_us = started.elapsed().as_micros() as u64, "etcd call");
+        match answer {
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "etcd did not answer {what} within {limit:?} (request_timeout); check that the cluster is up and reachable"
+            ))),
+            Ok(Err(err)) => Err(match etcd_error(what, err) {
+                StoreError::Unavailable(detail) => StoreError::Unavailable(format!(
+                    "{detail} (endpoints {}); check that the cluster is up and reachable",
+                    self.inner.config.endpoints.join(", ")
+                )),
+                other => other,
+            }),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
+        let response = self.call(what, self.inner.client.txn(txn)).await?;
+        #[cfg(feature = "testing")]
+        if response.succeeded() && response.put_any() {
+            let lost = self.inner.lose_reply.lock().ok().and_then(|mut lose| lose.take_if(|w| *w == what)).is_some();
+            if lost {
+                return Err(StoreError::Unavailable(format!(
+                    "etcd did not answer {what} (its reply was lost on purpose, after the commit)"
+                )));
+            }
+        }
+        Ok(response)
+    }
+
+    /// One read transaction: every get at one revision, returned with that revision.
+    pub(crate) async fn read(&self, what: &str, gets: Vec<TxnOp>) -> StoreResult<(i64, Vec<GetResponse>)> {
+        let response = self.txn(what, Txn::new().and_then(gets)).await?;
+        let revision = response.header().map(|h| h.revision()).unwrap_or_default();
+        let mut out = Vec::new();
+        for r in response.op_responses() {
+            match r {
+                TxnOpResponse::Get(g) => out.push(g),
+                _ => return Err(StoreError::Unavailable(format!("etcd answered {what} with something other than reads"))),
+            }
+        }
+        Ok((revision, out))
+    }
+
+    pub(crate) fn note_revision(&self, applied: u64, revision: i64) {
+        if let Ok(mut map) = self.inner.revisions.lock() {
+            map.insert(applied, revision);
+            while map.len() > REVISIONS_KEPT {
+                map.pop_first();
+            }
+        }
+    }
+
+    pub(crate) fn revision_of(&self, applied: u64) -> Option<i64> {
+        self.inner.revisions.lock().ok().and_then(|m| m.get(&applied).copied())
+    }
+}
