@@ -19,9 +19,6 @@ pub fn is_placeholder_token(token: &str) -> bool {
     PLACEHOLDER_TOKENS.contains(&token)
 }
 
-/// The `[store]` table of the planner and the enactor (see [`crate::store_config`]).
-pub use crate::store_config::StoreConfig;
-
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}")]

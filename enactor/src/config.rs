@@ -2,8 +2,8 @@
 //! file, the key and the line. `--id` and `--zone` on the command line override the file.
 
 use crate::rfc2136::{Fence, Rfc2136Settings};
-pub use dnsplan_common::daemon::StoreConfig;
 use dnsplan_common::daemon::{self, ConfigError};
+pub use dnsplan_common::store_config::StoreConfig;
 use dnsplan_common::tsig::{TsigKey, TsigKeyConfig};
 use dnsplan_common::{DnsName, ZoneId};
 use serde::Deserialize;

@@ -1,20 +1,25 @@
 //! The active set: fenced switches, the applied-change slots, and the reads of what is served.
 
-use super::*;
-
-/// Slots of the applied-change counter (see `Keys::applied_slot`). Each apply transaction
-/// compares and adds to one slot, so writers on different slots (enactors of one zone
-/// writing different endpoints) do not fail each other's transactions over the counter; with
-/// one counter, all but one of concurrent transactions failed and went round Raft again.
-pub(crate) const APPLIED_SLOTS: usize = 16;
+use crate::active_log::ActiveLog;
+use crate::client::{Compare, CompareOp, GetOptions, GetResponse, KeyValue, Txn, TxnOp};
+use crate::handle::*;
+use crate::keys::{Keys, prefix_end};
+use crate::txn::*;
+use dnsplan_common::Generation;
+use dnsplan_common::codec::{self, CodecError};
+use dnsplan_common::names::EndpointName;
+use dnsplan_common::plan::validate_endpoint;
+use dnsplan_common::store::{
+    ACTIVE_PAGE_MAX, ActiveRecord, ActiveState, ApplyOutcome, StoreError, StoreResult, StoreVersion, check_generation, content_changed,
+    fence_step, plan_says,
+};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 /// How long `active_since` waits for its log of the active writes to receive the last switch
 /// (normally a millisecond or two after the commit) before it asks etcd instead.
 pub(crate) const ACTIVE_LOG_WAIT: Duration = Duration::from_millis(100);
-
-/// Applied-change counts remembered with the revision they were read at, so `active_since`
-/// can read what changed since that revision. A follower asks about the count of its last answer.
-pub(crate) const REVISIONS_KEPT: usize = 1_024;
 
 /// `key`'s value is `observed` (absent when `None`).
 /// A read of every slot of the applied-change counter.

@@ -1,6 +1,11 @@
 //! Which plans cleanup may delete.
 
-use super::*;
+use crate::handle::*;
+use crate::keys::{Keys, prefix_end};
+use crate::txn::*;
+use dnsplan_common::Generation;
+use dnsplan_common::names::DnsName;
+use dnsplan_common::store::{CleanupDecision, StoreResult, decide_cleanup};
 
 impl EtcdStore {
     /// Horizon, latest, control count and the oldest serving fence, at one revision.

@@ -1,6 +1,9 @@
 //! The store's settings (`EtcdConfig`) and what `connect` reports.
 
-use super::*;
+use crate::client::{self, EtcdTls};
+use dnsplan_common::store_config::EtcdStoreConfig;
+use std::time::Duration;
+use thiserror::Error;
 
 /// How long one etcd request may take before the store reports etcd unavailable. A healthy
 /// cluster answers in milliseconds; a leader election takes about one election timeout (1 s by

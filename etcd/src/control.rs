@@ -1,6 +1,11 @@
 //! The planner's lease and the automation pause.
 
-use super::*;
+use crate::client::{Txn, TxnOp};
+use crate::handle::*;
+use crate::txn::*;
+use dnsplan_common::codec::{self};
+use dnsplan_common::store::lease::Lease;
+use dnsplan_common::store::{PauseState, StoreResult};
 
 /// etcd checks lease expiry on its leader about every 500 ms: a lease past its time but not
 /// yet revoked is reported as ending in this long.

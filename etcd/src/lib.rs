@@ -128,84 +128,39 @@ mod cleanup;
 pub mod client;
 mod config;
 mod control;
+mod handle;
 mod keys;
 mod plans;
 mod txn;
 
-use active_log::ActiveLog;
 pub use client::EtcdTls;
-use client::{
-    Client, ClientOptions, Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchOptions,
-};
+use client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
 use dnsplan_common::Generation;
-use dnsplan_common::changes::{PlanChanges, PlanEntry, decode_changes};
-use dnsplan_common::codec::{self, CodecError, Record};
+use dnsplan_common::changes::{PlanChanges, decode_changes};
+use dnsplan_common::codec;
 use dnsplan_common::names::{DnsName, EndpointName};
-use dnsplan_common::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
+use dnsplan_common::plan::{Endpoint, PlanSummary, ValidatedPlan};
 use dnsplan_common::store::lease::{self, Lease};
 use dnsplan_common::store::{
     ACTIVE_PAGE_MAX, AUTHORITIES_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome,
     AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat,
     LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
-    check_batch, check_changes_range, check_generation, check_len, check_page_limit, content_changed, decide_cleanup, fence_step,
-    plan_says,
+    check_batch, check_changes_range, check_len, check_page_limit,
 };
-use dnsplan_common::store_config::EtcdStoreConfig;
 use keys::{Keys, prefix_end};
-use std::collections::{BTreeMap, VecDeque};
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use thiserror::Error;
 
-// Each concern's file adds to `EtcdStore` and uses the others' items through these.
+// Each concern's file adds to `EtcdStore`; the `Store` impl below uses them all.
 use active::*;
 use control::*;
-use plans::*;
+pub use handle::EtcdStore;
 use txn::*;
 
 pub use config::{ConnectError, EtcdConfig, REQUEST_BYTES_DEFAULT, REQUEST_BYTES_MIN, REQUEST_TIMEOUT_DEFAULT, TXN_OPS_DEFAULT};
 pub use txn::ATTEMPTS_MAX;
-
-/// The `Store` on etcd v3. Clones share one client.
-#[derive(Clone)]
-pub struct EtcdStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    client: Client,
-    keys: Keys,
-    config: EtcdConfig,
-    plans: Mutex<VecDeque<Arc<ValidatedPlan>>>,
-    /// Applied-change count → an etcd revision at which the store had that count.
-    revisions: Mutex<BTreeMap<u64, i64>>,
-    /// The counter slot this store's apply transactions add to; another, at random, after a
-    /// transaction lost a race.
-    slot: AtomicUsize,
-    /// The writes to the active records since this store's first `active_since`, from a watch
-    /// (see `active_log`); started again when it breaks.
-    active_log: Mutex<Option<Arc<ActiveLog>>>,
-    /// `active_since` answers taken from `active_log`, for tests.
-    from_log: AtomicU64,
-    /// Test-only: the write transaction whose committed reply is lost next (see
-    /// `lose_next_reply`).
-    #[cfg(feature = "testing")]
-    lose_reply: Mutex<Option<&'static str>>,
-    /// Test-only: the write transaction held before it is sent next (see `hold_next_commit`).
-    #[cfg(feature = "testing")]
-    hold: Mutex<Option<Hold>>,
-}
-
-/// Test-only: where a held commit waits, and how it says it got there.
-#[cfg(feature = "testing")]
-struct Hold {
-    what: &'static str,
-    reached: tokio::sync::oneshot::Sender<()>,
-    go: tokio::sync::oneshot::Receiver<()>,
-}
 
 impl Store for EtcdStore {
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
@@ -680,6 +635,7 @@ impl Store for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plans::{KIND_PLAN, manifest};
 
     #[test]
     fn debug_hides_the_password() {

@@ -1,6 +1,18 @@
 //! Plans: staged in chunks, published by one transaction, settled when a reply is lost, read and cached.
 
-use super::*;
+use crate::client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use crate::control::*;
+use crate::handle::*;
+use crate::keys::{Keys, prefix_end};
+use crate::txn::*;
+use dnsplan_common::Generation;
+use dnsplan_common::changes::{PlanChanges, PlanEntry};
+use dnsplan_common::codec::{self};
+use dnsplan_common::names::{DnsName, EndpointName};
+use dnsplan_common::plan::ValidatedPlan;
+use dnsplan_common::store::lease::{self, Lease};
+use dnsplan_common::store::{PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult};
+use std::sync::Arc;
 
 /// Decoded plans kept for content checks and parent comparisons. Plans are immutable, so a
 /// cached plan is never wrong; 8 covers every generation enactors apply at once.
@@ -65,17 +77,6 @@ pub(crate) fn inline(bytes: &[u8]) -> Vec<u8> {
     v.push(BLOB_INLINE);
     v.extend_from_slice(bytes);
     v
-}
-
-/// A nonce no other publish picks: a per-process random seed hashed with time and a counter.
-pub(crate) fn fresh_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default());
-    hasher.write_u32(std::process::id());
-    hasher.finish()
 }
 
 impl EtcdStore {

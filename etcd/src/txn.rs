@@ -1,15 +1,19 @@
 //! Talking to etcd: connecting, bounded transactions and reads, retries, the compare and operation helpers.
 
-use super::*;
+use crate::client::{self};
+use crate::client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, GetResponse, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use crate::handle::*;
+use crate::keys::{Keys, prefix_end};
+use dnsplan_common::codec::{self, CodecError, Record};
+use dnsplan_common::names::{DnsName, EndpointName};
+use dnsplan_common::store::{StoreError, StoreResult};
+use std::future::Future;
+use std::time::Duration;
 
 /// How many times a write reads, decides and tries to commit before it reports contention.
 /// Each failed attempt means another writer committed, so the store as a whole progresses;
 /// 64 rides out a burst of every enactor of a region writing at once.
 pub const ATTEMPTS_MAX: u32 = 64;
-
-/// Largest gRPC message the client decodes: the largest plan body plus framing, the same
-/// bound as the codec's.
-pub(crate) const RESPONSE_BYTES_MAX: usize = codec::BODY_BYTES_MAX + 1024 * 1024;
 
 pub(crate) fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> StoreError {
     StoreError::Corrupt { what: what.into(), source: CodecError::Body { kind: "etcd value".into(), detail: detail.into() } }
@@ -131,61 +135,6 @@ impl EtcdStore {
 }
 
 impl EtcdStore {
-    /// Sets up a client for `config`. Connections are made on first use, so a store can be
-    /// created while etcd is down; every call then fails with `Unavailable` until it is back.
-    pub async fn connect(config: EtcdConfig) -> Result<EtcdStore, ConnectError> {
-        config.check()?;
-        let options = ClientOptions {
-            connect_timeout: config.connect_timeout.min(config.request_timeout),
-            keep_alive: Some((Duration::from_secs(10), config.request_timeout)),
-            user: config.user.clone(),
-            tls: config.tls.clone(),
-            response_bytes_max: RESPONSE_BYTES_MAX,
-        };
-        let client = Client::new(&config.endpoints, &options).map_err(ConnectError::Client)?;
-        Ok(EtcdStore {
-            inner: Arc::new(Inner {
-                client,
-                keys: Keys::new(&config.prefix),
-                config,
-                plans: Mutex::new(VecDeque::new()),
-                revisions: Mutex::new(BTreeMap::new()),
-                slot: AtomicUsize::new(fresh_nonce() as usize % APPLIED_SLOTS),
-                active_log: Mutex::new(None),
-                from_log: AtomicU64::new(0),
-                #[cfg(feature = "testing")]
-                lose_reply: Mutex::new(None),
-                #[cfg(feature = "testing")]
-                hold: Mutex::new(None),
-            }),
-        })
-    }
-
-    /// Test-only: the next write transaction named `what` (`"publish"`, `"apply"`, ...) that
-    /// etcd commits is reported as `Unavailable`, as if its reply had been lost to a timeout
-    /// after etcd committed it: an ambiguous commit, on demand.
-    #[cfg(feature = "testing")]
-    pub fn lose_next_reply(&self, what: &'static str) {
-        if let Ok(mut lose) = self.inner.lose_reply.lock() {
-            *lose = Some(what);
-        }
-    }
-
-    /// Test-only: the next conditional write named `what` (`"publish"`, `"apply"`,
-    /// `"cleanup"`, `"pause"`, `"lease"`) stops after its decision, before its transaction is
-    /// sent: the first receiver fires when it gets there, and it goes on when the sender is
-    /// used or dropped. Whatever the test writes meanwhile, the transaction's compares must
-    /// catch: the decision is made, only the write is left.
-    #[cfg(feature = "testing")]
-    pub fn hold_next_commit(&self, what: &'static str) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
-        let (reached, reached_rx) = tokio::sync::oneshot::channel();
-        let (go_tx, go) = tokio::sync::oneshot::channel();
-        if let Ok(mut hold) = self.inner.hold.lock() {
-            *hold = Some(Hold { what, reached, go });
-        }
-        (reached_rx, go_tx)
-    }
-
     /// A conditional write: the transaction of a decision (the test-only hold applies here).
     pub(crate) async fn commit(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
         #[cfg(feature = "testing")]

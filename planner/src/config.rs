@@ -4,8 +4,8 @@
 //! `Positive` and `NonZeroU32` types), and each endpoint is checked as a whole with its span.
 
 use dnsplan_common::daemon::ConfigError;
-pub use dnsplan_common::daemon::StoreConfig;
 use dnsplan_common::plan::{TARGET_WEIGHT_MAX, TARGETS_PER_ENDPOINT_MAX, TTL_SECS_MAX, TTL_SECS_MIN};
+pub use dnsplan_common::store_config::StoreConfig;
 use dnsplan_common::{DnsName, EndpointName, ZoneId};
 use serde::Deserialize;
 use std::collections::{BTreeSet, HashSet};

@@ -105,7 +105,7 @@ pub struct ActiveSnapshot {
     /// SOA serial derives from it, so a plan that moves fences without changing any record
     /// leaves the serial where it was.
     pub content_changes: u64,
-    #[serde(deserialize_with = "crate::codec::sorted_map")]
+    #[serde(deserialize_with = "crate::plan::sorted_map")]
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
 
@@ -150,7 +150,7 @@ pub struct ActiveDelta {
     /// (the change log no longer reaches back far enough, or too much changed).
     /// `false`: only the endpoints that switched, to merge.
     pub full: bool,
-    #[serde(deserialize_with = "crate::codec::sorted_map")]
+    #[serde(deserialize_with = "crate::plan::sorted_map")]
     pub endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
 
@@ -182,7 +182,7 @@ impl From<ActiveSnapshot> for ActiveDelta {
 struct ActiveDeltaV1 {
     applied_changes: u64,
     full: bool,
-    #[serde(deserialize_with = "crate::codec::sorted_map")]
+    #[serde(deserialize_with = "crate::plan::sorted_map")]
     endpoints: BTreeMap<EndpointName, ActiveRecord>,
 }
 

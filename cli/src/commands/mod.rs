@@ -1,0 +1,350 @@
+//! The operator commands, against a running stack's control API (`RemoteStore` and the status
+//! routes). [`CliError`] maps every failure to the documented exit codes. `rollback` and
+//! `verify` call `workflow`; `plans publish` calls `plan_file`. `status` prints the planner's
+//! `deferred` as a HELD BACK section (at most `HELD_BACK_LINES_MAX` lines; the JSON has them
+//! all), and `plans explain` of the latest plan ends with it (deferrals are relative to the
+//! latest plan, and no plan records them); it also prints the authority's secondaries (a
+//! summary line and each one's serial and state). `zone export` names the applied-change and
+//! content-change counts it read, not a serial (the SOA serial is the authority's
+//! `serial_base` plus the content-change count).
+//!
+//! One file per group of commands: `status`, `plans` (with `rollback` and `cleanup`), `verify`,
+//! `endpoints` (with `zone export` and `backend`); `reach` finds the DNS servers to ask and says
+//! why the stack does not answer.
+
+use crate::output::{self, Format, table};
+use crate::plan_file::{self, addresses, diff};
+use crate::workflow::{self, RollbackRequest};
+use clap::Subcommand;
+use dnsplan_common::status::{SecondaryState, SecondaryStatus, Status};
+use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{ActiveState, EndpointName, Generation, PauseState, Provenance, Store, StoreError, ValidatedPlan};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+mod endpoints;
+mod plans;
+mod reach;
+mod status;
+#[cfg(test)]
+mod tests;
+mod verify;
+
+// Each command's file uses the shared items above and the others' through these.
+use endpoints::*;
+use plans::*;
+use reach::*;
+use status::*;
+use verify::*;
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Latest plan, pause and breaker, every endpoint's active plan and addresses, enactors.
+    Status,
+    /// Published plans: list, show, diff, explain.
+    Plans {
+        #[command(subcommand)]
+        command: PlansCommand,
+    },
+    /// Publish a new plan with an older plan's content (roll forward), pause automation
+    /// unless --keep-automation, and wait until it is enacted and served.
+    Rollback {
+        /// The generation whose content the new plan carries.
+        #[arg(long)]
+        to: u64,
+        /// Why: recorded in the plan, the pause and the audit log.
+        #[arg(long)]
+        reason: String,
+        /// Leave automation running (the planner may change the result again at once).
+        #[arg(long)]
+        keep_automation: bool,
+        /// Who rolls back (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// The DNS server to check the result on (default: the stack's own, as its status says).
+        #[arg(long, env = "DNSPLAN_DNS")]
+        dns: Option<SocketAddr>,
+        /// How long to wait for the rollback to be enacted and served.
+        #[arg(long, default_value_t = 60)]
+        wait_secs: u64,
+    },
+    /// Endpoints of the latest plan: list them (managed by the planner or kept as served), or
+    /// retire one the planner no longer manages.
+    Endpoints {
+        #[command(subcommand)]
+        command: EndpointsCommand,
+    },
+    /// Stop automation from publishing (operators still can).
+    Pause {
+        /// Why: shown by `dnsplan status` until someone resumes.
+        #[arg(long)]
+        reason: String,
+        /// Who pauses (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Let automation publish again (this also clears a tripped breaker).
+    Resume,
+    /// Ask DNS for every managed endpoint and compare with the active state; check that the
+    /// latest plan's content is served everywhere and say which endpoints and enactors lag.
+    Verify {
+        /// The DNS servers to ask, each (repeat it, or separate them with commas: several
+        /// authorities, or secondaries); default: every address the stack's status says it
+        /// serves DNS on.
+        #[arg(long, env = "DNSPLAN_DNS", value_delimiter = ',')]
+        dns: Vec<SocketAddr>,
+        /// How long the latest plan may take to be enacted before verify fails.
+        #[arg(long, default_value_t = 10)]
+        wait_secs: u64,
+    },
+    /// Delete old plans (never an active or newer one); --dry-run shows what would go.
+    Cleanup {
+        /// Say what would be deleted, and why the rest is kept; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep at least this many of the newest plans.
+        #[arg(long, default_value_t = 20)]
+        retain: u64,
+    },
+    /// The served DNS zone.
+    Zone {
+        #[command(subcommand)]
+        command: ZoneCommand,
+    },
+    /// The demo backends of `dnsplan up`: list, fail, heal.
+    Backend {
+        #[command(subcommand)]
+        command: BackendCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum PlansCommand {
+    /// The newest plans, newest last.
+    List {
+        /// How many plans to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One plan: who, why, and every endpoint's targets.
+    Show {
+        /// The plan's generation.
+        generation: u64,
+    },
+    /// What changes from plan A to plan B, as - and + lines.
+    Diff {
+        /// The older plan's generation.
+        from: u64,
+        /// The newer plan's generation.
+        to: u64,
+    },
+    /// Why each change in a plan was made (its provenance).
+    Explain {
+        /// The plan's generation.
+        generation: u64,
+    },
+    /// Publish a plan from a TOML file (the shape `plans show N --output toml` prints; `-`
+    /// reads standard input). Shows the changes against the latest plan and what the guards
+    /// say; publishes only with --yes, then pauses automation (unless --keep-automation) and
+    /// waits until the plan is enacted and served, as a rollback does.
+    Publish {
+        /// The plan as TOML, in the shape `plans show --output toml` prints (`-`: standard input).
+        file: PathBuf,
+        /// Why: recorded in the plan and the audit log.
+        #[arg(long)]
+        reason: String,
+        /// Publish. Without it nothing is written.
+        #[arg(long)]
+        yes: bool,
+        /// Leave automation running (the planner may change the result again at once).
+        #[arg(long)]
+        keep_automation: bool,
+        /// Who publishes (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// The DNS server to check the result on (default: the stack's own, as its status says).
+        #[arg(long, env = "DNSPLAN_DNS")]
+        dns: Option<SocketAddr>,
+        /// How long to wait for the plan to be enacted and served.
+        #[arg(long, default_value_t = 60)]
+        wait_secs: u64,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ZoneCommand {
+    /// The managed records as they are served, as an RFC 1035 master file.
+    Export,
+}
+
+#[derive(Subcommand)]
+pub enum EndpointsCommand {
+    /// Every endpoint of the latest plan, who manages it, and its active plan.
+    List,
+    /// Publish a plan that retires NAME (it then answers NXDOMAIN). Refused while the planner
+    /// manages NAME: remove it from the planner's config first.
+    Retire {
+        /// The endpoint's DNS name.
+        name: String,
+        /// Why: recorded in the plan and the audit log.
+        #[arg(long)]
+        reason: String,
+        /// Who retires it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum BackendCommand {
+    /// Every demo backend, its kind, and whether it is up or failed.
+    List,
+    /// Make a demo backend fail its health checks (close its listeners).
+    Fail {
+        /// The backend's address, as `dnsplan backend list` shows it.
+        address: IpAddr,
+    },
+    /// Bring it back.
+    Heal {
+        /// The backend's address, as `dnsplan backend list` shows it.
+        address: IpAddr,
+    },
+}
+
+/// A failed command and its exit code.
+#[derive(Debug)]
+pub enum CliError {
+    Unreachable(String),
+    Unauthorized(String),
+    Refused(String),
+    Failed(String),
+    /// The control API answered, but the store behind it (etcd) did not.
+    StoreUnavailable(String),
+}
+
+/// How long the check of whether the control API answers at all may take, after a call failed.
+const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl CliError {
+    pub fn exit(self) -> ExitCode {
+        let (code, message) = match self {
+            CliError::Failed(m) => (1, m),
+            CliError::Unreachable(m) => (3, m),
+            CliError::Unauthorized(m) => (4, m),
+            CliError::Refused(m) => (5, m),
+            CliError::StoreUnavailable(m) => (6, m),
+        };
+        eprintln!("error: {message}");
+        ExitCode::from(code)
+    }
+}
+
+impl From<StoreError> for CliError {
+    fn from(err: StoreError) -> CliError {
+        match err {
+            // Either the control API or the store behind it: `run` tells which.
+            StoreError::Unavailable(m) => CliError::Unreachable(m),
+            StoreError::Unauthorized => {
+                CliError::Unauthorized("the control API refused the token; pass --token or set DNSPLAN_TOKEN to the stack's token".into())
+            }
+            other => CliError::Refused(other.to_string()),
+        }
+    }
+}
+
+type CliResult<T> = Result<T, CliError>;
+
+pub struct Client {
+    store: RemoteStore,
+    http: reqwest::Client,
+    control: String,
+    token: Option<String>,
+    format: Format,
+}
+
+impl Client {
+    pub fn new(control: &str, token: Option<String>, format: Format) -> CliResult<Client> {
+        let store = RemoteStore::new(control, token.clone())?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| CliError::Failed(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Client { store, http, control: control.trim_end_matches('/').to_owned(), token, format })
+    }
+
+    async fn get_json<T: for<'de> Deserialize<'de>>(&self, path: &str) -> CliResult<Option<T>> {
+        let url = format!("{}{path}", self.control);
+        let resp = self.http.get(&url).send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}")))?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if resp.status() == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            let body: Option<dnsplan_common::store::wire::ErrorBody> = resp.json().await.ok();
+            let detail = body.map(|b| b.message).unwrap_or_else(|| "503 Service Unavailable".into());
+            return Err(self.store_unavailable(format!("{url}: {detail}")));
+        }
+        if !resp.status().is_success() {
+            return Err(CliError::Refused(format!("{url} answered {}", resp.status())));
+        }
+        resp.json().await.map(Some).map_err(|e| CliError::Failed(format!("{url} sent a body this client cannot read: {e}")))
+    }
+
+    fn print_json(&self, value: &impl Serialize) -> CliResult<()> {
+        let text = serde_json::to_string_pretty(value).map_err(|e| CliError::Failed(e.to_string()))?;
+        crate::out!("{text}");
+        Ok(())
+    }
+}
+
+/// Runs `command`. A failure to reach the stack is told apart: the control API does not answer
+/// (exit 3), or it answers and its store does not (exit 6).
+pub async fn run(client: &Client, command: Command) -> CliResult<ExitCode> {
+    match run_command(client, command).await {
+        Err(CliError::Unreachable(detail)) => Err(client.why_unreachable(detail).await),
+        other => other,
+    }
+}
+
+async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
+    if client.format == Format::Toml && !matches!(command, Command::Plans { command: PlansCommand::Show { .. } }) {
+        return Err(CliError::Failed(
+            "--output toml is for `dnsplan plans show` (the file `plans publish` reads); use text or json".into(),
+        ));
+    }
+    match command {
+        Command::Status => status(client).await,
+        Command::Plans { command } => plans(client, command).await,
+        Command::Rollback { to, reason, keep_automation, by, dns, wait_secs } => {
+            let dns = client.dns(dns).await?;
+            rollback(client, Generation(to), &reason, keep_automation, by, dns, Duration::from_secs(wait_secs)).await
+        }
+        Command::Endpoints { command } => endpoints(client, command).await,
+        Command::Pause { reason, by } => {
+            let by = by.unwrap_or_else(operator_name);
+            client.store.pause(PauseState { reason: reason.clone(), by: by.clone(), since_unix_ms: now_unix_ms() }).await?;
+            crate::out!("automation paused by {by}: {reason}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume => {
+            client.store.resume().await?;
+            crate::out!("automation resumed");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify { dns, wait_secs } => {
+            let (servers, notes) = client.dns_all(dns).await?;
+            verify(client, &servers, &notes, Duration::from_secs(wait_secs)).await
+        }
+        Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
+        Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
+        Command::Backend { command } => backend(client, command).await,
+    }
+}
+
+fn operator_name() -> String {
+    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "operator".into())
+}
