@@ -61,6 +61,9 @@ const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
 
 #[cfg(feature = "testing")]
 mod naive;
+mod write_target;
+
+use write_target::WriteTarget;
 
 /// What one application writes: the whole plan, or its changes since the base.
 struct Work {
@@ -128,20 +131,16 @@ pub struct Enactor<S: Store> {
     hooks: Arc<dyn Hooks>,
     /// Always `Fenced` outside the race tests: without feature `testing` it has no other value.
     behaviour: Behaviour,
-    /// `Some` when plans are enacted onto an RFC 2136 primary rather than the store.
-    rfc2136: Option<Rfc2136>,
+    /// Where plans are written: the store, or an RFC 2136 primary (see `write_target`).
+    target: WriteTarget,
     /// Whether the store answers: an outage is logged when it begins and ends, not per call.
     reach: Reachability,
 }
 
 impl<S: Store> Enactor<S> {
     pub fn new(store: S, settings: Settings, metrics: Arc<Metrics>) -> Enactor<S> {
-        let rfc2136 = match &settings.target {
-            Target::Store => None,
-            Target::Rfc2136(target) => Some(Rfc2136::new(target.clone())),
-        };
         Enactor {
-            rfc2136,
+            target: WriteTarget::new(&settings.target),
             store,
             settings,
             metrics,
@@ -351,7 +350,7 @@ impl<S: Store> Enactor<S> {
                 Step::TargetFailed(err) => {
                     self.metrics.abandoned("target_error");
                     let error = crate::rfc2136::describe(&err);
-                    if err.is_transient() && self.rfc2136.as_ref().is_some_and(Rfc2136::is_unreachable) {
+                    if err.is_transient() && self.target.rfc2136().is_some_and(Rfc2136::is_unreachable) {
                         // The target logged the outage when it began, with its cause.
                         tracing::debug!(parent: &span, error = %error, "the RFC 2136 server is unreachable; starting again from the latest plan once it answers");
                     } else {
@@ -427,7 +426,7 @@ impl<S: Store> Enactor<S> {
         // race for the same endpoints, which on etcd means transactions that fail and retry.
         let start = start_of(&self.settings.id, pending.len());
         pending.rotate_left(start);
-        if self.rfc2136.is_some() {
+        if self.target.rfc2136().is_some() {
             let peers = self.live_peers().await;
             share_first(&mut pending, &peers, &self.settings.id);
         }
@@ -436,22 +435,9 @@ impl<S: Store> Enactor<S> {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
-            let results = match &self.rfc2136 {
-                Some(target) => match self.write_target(target, generation, batch, wrote_all).await {
-                    Ok(results) => results,
-                    Err(step) => return step,
-                },
-                None => {
-                    for item in batch {
-                        self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
-                    }
-                    let span = tracing::debug_span!("apply", endpoints = batch.len(), first = %batch[0].endpoint);
-                    match self.call("apply_many", || self.store.apply_many(generation, batch)).instrument(span).await {
-                        Ok(results) => results,
-                        Err(StoreError::Pruned { .. }) => return self.move_to_latest("pruned").await,
-                        Err(err) => return Step::Failed(err),
-                    }
-                }
+            let results = match self.write_batch(generation, batch, wrote_all).await {
+                Ok(results) => results,
+                Err(step) => return step,
             };
             for (item, result) in batch.iter().zip(results) {
                 let written = matches!(result, Ok(_) | Err(StoreError::Stale { .. }));
@@ -467,16 +453,9 @@ impl<S: Store> Enactor<S> {
             if let Some(step) = self.preempted(generation, deadline, versions) {
                 return step;
             }
-            let result = match &self.rfc2136 {
-                Some(target) => match self.retire_target(target, generation, name).await {
-                    Ok(result) => result,
-                    Err(step) => return step,
-                },
-                None => {
-                    self.hooks.before_write(&self.settings.id, generation, name).await;
-                    let span = tracing::debug_span!("retire", endpoint = %name);
-                    self.call("retire", || self.store.retire(name, generation)).instrument(span).await
-                }
+            let result = match self.retire_one(generation, name).await {
+                Ok(result) => result,
+                Err(step) => return step,
             };
             let written = matches!(result, Ok(_) | Err(StoreError::Stale { .. }));
             if let Some(step) = self.record_write(name, result, &mut changed).await {
@@ -487,105 +466,6 @@ impl<S: Store> Enactor<S> {
             }
         }
         Step::Done { written: work.serve, changed, wrote_all }
-    }
-
-    /// Writes one batch onto the RFC 2136 target, `in_flight` names (a target setting) at a
-    /// time: their markers are read (the decisions), then each gets its fenced UPDATE (the
-    /// hook points `before_write` sit between the two, where a slow writer holds a stale
-    /// read). The
-    /// writes the target acknowledged are then recorded in the store through its own fence,
-    /// so that the store's fences, and the cleanup floor behind them, never run ahead of
-    /// what the target serves. Results are the store's words for the same outcomes. On a
-    /// `full` pass (a reconcile), the names already at this plan are checked for drift and
-    /// repaired through the fence (`Rfc2136::repair_many`).
-    async fn write_target(
-        &self,
-        target: &Rfc2136,
-        generation: Generation,
-        batch: &[ApplyItem],
-        full: bool,
-    ) -> Result<Vec<StoreResult<ApplyOutcome>>, Step> {
-        // A part at a time (`in_flight` messages of `NAMES_PER_UPDATE` names), each read just
-        // before it is written: the other enactors then find the names they reach already
-        // written (unchanged, a read) instead of all reading the whole batch first and each
-        // sending every UPDATE.
-        let mut written = Vec::with_capacity(batch.len());
-        for part in batch.chunks(target.settings().in_flight.max(1) * crate::rfc2136::NAMES_PER_UPDATE) {
-            let names: Vec<EndpointName> = part.iter().map(|item| item.endpoint.clone()).collect();
-            let markers = target.read_markers(&names).await.map_err(Step::TargetFailed)?;
-            // As for the store, every write of the part waits for its hook before any is sent.
-            for item in part {
-                self.hooks.before_write(&self.settings.id, generation, &item.endpoint).await;
-            }
-            let writes = part.iter().zip(markers).map(|(item, marker)| (item.endpoint.clone(), item.records.clone(), marker)).collect();
-            written.extend(target.write_many(generation, writes, self.metrics.clone()).await.map_err(Step::TargetFailed)?);
-        }
-        if full {
-            let at_plan: Vec<(EndpointName, Endpoint)> = batch
-                .iter()
-                .zip(&written)
-                .filter(|(_, w)| matches!(w, Written::Unchanged))
-                .map(|(item, _)| (item.endpoint.clone(), item.records.clone()))
-                .collect();
-            if !at_plan.is_empty() {
-                target.repair_many(generation, at_plan, self.metrics.clone()).await.map_err(Step::TargetFailed)?;
-            }
-        }
-        let mut results = Vec::with_capacity(batch.len());
-        let mut acknowledged = Vec::new();
-        for (item, written) in batch.iter().zip(written) {
-            if !matches!(written, Written::Stale { .. }) {
-                acknowledged.push(item.clone());
-            }
-            results.push(written_as_store_result(&item.endpoint, generation, written));
-        }
-        if !acknowledged.is_empty() {
-            self.record_in_store(generation, &acknowledged).await?;
-        }
-        Ok(results)
-    }
-
-    /// Retires `name` on the RFC 2136 target (its addresses deleted, its marker moved on),
-    /// then in the store.
-    async fn retire_target(
-        &self,
-        target: &Rfc2136,
-        generation: Generation,
-        name: &EndpointName,
-    ) -> Result<StoreResult<ApplyOutcome>, Step> {
-        let marker = target.read_marker(name).await.map_err(Step::TargetFailed)?;
-        self.hooks.before_write(&self.settings.id, generation, name).await;
-        let written = target.write(name, generation, None, marker, &self.metrics).await.map_err(Step::TargetFailed)?;
-        if !matches!(written, Written::Stale { .. }) {
-            match self.call("retire", || self.store.retire(name, generation)).await {
-                Ok(_) | Err(StoreError::Stale { .. }) => {}
-                Err(StoreError::Pruned { .. }) => return Err(self.move_to_latest("pruned").await),
-                Err(err) => return Err(Step::Failed(err)),
-            }
-        }
-        Ok(written_as_store_result(name, generation, written))
-    }
-
-    /// Records writes the target acknowledged in the store, through its fence. A `Stale` item
-    /// means a newer acknowledged write is recorded already; other refusals are logged (the
-    /// target has the records; the store's floor only stays lower, which is safe).
-    async fn record_in_store(&self, generation: Generation, acknowledged: &[ApplyItem]) -> Result<(), Step> {
-        let span = tracing::debug_span!("record", endpoints = acknowledged.len());
-        match self.call("apply_many", || self.store.apply_many(generation, acknowledged)).instrument(span).await {
-            Ok(results) => {
-                for (item, result) in acknowledged.iter().zip(results) {
-                    match result {
-                        Ok(_) | Err(StoreError::Stale { .. }) => {}
-                        Err(err) => {
-                            tracing::warn!(endpoint = %item.endpoint, error = %err, "the store did not record a write the target acknowledged")
-                        }
-                    }
-                }
-                Ok(())
-            }
-            Err(StoreError::Pruned { .. }) => Err(self.move_to_latest("pruned").await),
-            Err(err) => Err(Step::Failed(err)),
-        }
     }
 
     /// Plan `generation` whole, validated again: the same validation as publish, on what we
@@ -874,15 +754,6 @@ impl<S: Store> Enactor<S> {
     }
     fn event_refused(&self, generation: Generation) {
         self.hooks.event(Event::PlanRefused { enactor: self.settings.id.clone(), generation });
-    }
-}
-
-/// An RFC 2136 write's outcome in the store's words, so one `record_write` counts both.
-fn written_as_store_result(endpoint: &EndpointName, generation: Generation, written: Written) -> StoreResult<ApplyOutcome> {
-    match written {
-        Written::Switched { previous } => Ok(ApplyOutcome::Switched { previous }),
-        Written::Unchanged => Ok(ApplyOutcome::Unchanged),
-        Written::Stale { active } => Err(StoreError::Stale { endpoint: endpoint.clone(), active, attempted: generation }),
     }
 }
 
