@@ -246,7 +246,7 @@ impl Store for Gated {
     async fn latest(&self) -> StoreResult<Generation> {
         self.inner.latest().await
     }
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.inner.list(from, limit).await
     }
     async fn apply(&self, endpoint: &EndpointName, generation: Generation, records: &Endpoint) -> StoreResult<ApplyOutcome> {
@@ -272,7 +272,7 @@ impl Store for Gated {
     async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
         self.inner.cleanup(retain).await
     }
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.inner.pause(state).await
     }
     async fn resume(&self) -> StoreResult<()> {
@@ -281,7 +281,7 @@ impl Store for Gated {
     async fn paused(&self) -> StoreResult<Option<PauseState>> {
         self.inner.paused().await
     }
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         self.inner.heartbeat(heartbeat).await
     }
     async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
@@ -290,7 +290,7 @@ impl Store for Gated {
     async fn version(&self) -> StoreResult<StoreVersion> {
         self.inner.version().await
     }
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         self.inner.wait_for_change(seen, timeout).await
     }
 }

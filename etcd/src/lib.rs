@@ -143,9 +143,8 @@ use dnsplan_common::plan::{Endpoint, PlanSummary, ValidatedPlan};
 use dnsplan_common::store::lease::{self, Lease};
 use dnsplan_common::store::{
     ACTIVE_PAGE_MAX, AUTHORITIES_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome,
-    AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat,
-    LIST_LIMIT_MAX, PAUSE_TEXT_BYTES_MAX, PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX,
-    check_batch, check_changes_range, check_len, check_page_limit,
+    AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEATS_MAX, Heartbeat, PLAN_CHANGES_GAP_MAX, PauseState,
+    Store, StoreError, StoreResult, StoreVersion,
 };
 use keys::{Keys, prefix_end};
 use std::collections::BTreeMap;
@@ -156,7 +155,7 @@ use std::time::Duration;
 // Each concern's file adds to `EtcdStore`; the `Store` impl below uses them all.
 use active::*;
 use control::*;
-pub use handle::EtcdStore;
+pub use handle::{EtcdStore, LAYOUT};
 use txn::*;
 
 pub use config::{ConnectError, EtcdConfig, REQUEST_BYTES_DEFAULT, REQUEST_BYTES_MIN, REQUEST_TIMEOUT_DEFAULT, TXN_OPS_DEFAULT};
@@ -290,9 +289,8 @@ impl Store for EtcdStore {
         Ok(plan)
     }
 
-    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
-        check_changes_range(from, to)?;
-        if to.0 - from.0 > PLAN_CHANGES_GAP_MAX {
+    async fn plan_changes_unchecked(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+        if to.0.checked_sub(from.0).is_none_or(|gap| gap > PLAN_CHANGES_GAP_MAX) {
             return Ok(None);
         }
         let keys = &self.inner.keys;
@@ -356,9 +354,8 @@ impl Store for EtcdStore {
             .transpose()
     }
 
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         let keys = &self.inner.keys;
-        let limit = limit.min(LIST_LIMIT_MAX);
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -377,8 +374,7 @@ impl Store for EtcdStore {
         results.remove(0)
     }
 
-    async fn apply_many(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
-        check_batch(items)?;
+    async fn apply_many_unchecked(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
         let items = items.iter().map(|i| (i.endpoint.clone(), ActiveState::Serving(i.records.clone()))).collect();
         self.switch_many(generation, items).await
     }
@@ -409,8 +405,7 @@ impl Store for EtcdStore {
         Ok(snapshot)
     }
 
-    async fn active_page(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
-        check_page_limit(limit)?;
+    async fn active_page_unchecked(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
         let keys = &self.inner.keys;
         let prefix = keys.active_all();
         let start = match &after {
@@ -531,9 +526,7 @@ impl Store for EtcdStore {
         Err(contention("cleanup"))
     }
 
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
-        check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
-        check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.set_pause(Some(state)).await
     }
 
@@ -548,9 +541,7 @@ impl Store for EtcdStore {
             .transpose()
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
-        check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
-        check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         let keys = &self.inner.keys;
         let bound =
             Bounded { what: "heartbeat", count_key: keys.heartbeat_count(), max: HEARTBEATS_MAX, full: || StoreError::TooManyHeartbeats };
@@ -561,8 +552,7 @@ impl Store for EtcdStore {
         self.read_all("heartbeats", self.inner.keys.heartbeats()).await
     }
 
-    async fn report_authority(&self, report: AuthorityReport) -> StoreResult<()> {
-        report.check()?;
+    async fn report_authority_unchecked(&self, report: AuthorityReport) -> StoreResult<()> {
         let keys = &self.inner.keys;
         let full = || {
             StoreError::BadRequest(format!("{AUTHORITIES_MAX} authority reports are stored already; remove those of retired authorities"))
@@ -579,8 +569,8 @@ impl Store for EtcdStore {
         Ok(self.read_version().await?.0)
     }
 
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
-        let deadline = tokio::time::Instant::now() + timeout.min(WAIT_TIMEOUT_MAX);
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let meta = self.inner.keys.meta();
         let mut read = self.read_version().await?;
         loop {

@@ -150,7 +150,7 @@ impl Store for NaiveStore {
     }
 
     /// Compares the two plans alone and misses what changed in between.
-    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+    async fn plan_changes_unchecked(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
         let plans = self.with(|s| (s.plans.get(&from).cloned(), s.plans.get(&to).cloned()));
         match plans {
             (Some(from), Some(to)) => Ok(PlanChanges::between(from.plan(), to.plan())),
@@ -163,7 +163,7 @@ impl Store for NaiveStore {
         Ok(self.with(|s| s.latest))
     }
 
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         Ok(self.with(|s| s.plans.range(from..).take(limit).map(|(_, p)| p.summary()).collect()))
     }
 
@@ -214,7 +214,7 @@ impl Store for NaiveStore {
         }))
     }
 
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.with(|s| {
             s.pause = Some(state);
             s.control_changes += 1;
@@ -234,7 +234,7 @@ impl Store for NaiveStore {
         Ok(self.with(|s| s.pause.clone()))
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         if heartbeat.enactor_id.len() > dnsplan_common::store::HEARTBEAT_TEXT_BYTES_MAX {
             return Err(StoreError::TooManyHeartbeats);
         }
@@ -250,7 +250,7 @@ impl Store for NaiveStore {
         Ok(*self.version.borrow())
     }
 
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         let mut rx = self.version.subscribe();
         let _ = tokio::time::timeout(timeout, rx.wait_for(|v| *v != seen)).await;
         Ok(*rx.borrow())

@@ -236,7 +236,7 @@ impl<S: Store> Store for Faulty<S> {
         self.latest_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.latest().await
     }
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.inner.list(from, limit).await
     }
     async fn apply(&self, endpoint: &EndpointName, generation: Generation, records: &Endpoint) -> StoreResult<ApplyOutcome> {
@@ -273,7 +273,7 @@ impl<S: Store> Store for Faulty<S> {
     async fn cleanup(&self, retain: u64) -> StoreResult<CleanupReport> {
         self.inner.cleanup(retain).await
     }
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.inner.pause(state).await
     }
     async fn resume(&self) -> StoreResult<()> {
@@ -282,7 +282,7 @@ impl<S: Store> Store for Faulty<S> {
     async fn paused(&self) -> StoreResult<Option<PauseState>> {
         self.inner.paused().await
     }
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         self.inner.heartbeat(heartbeat).await
     }
     async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
@@ -291,7 +291,7 @@ impl<S: Store> Store for Faulty<S> {
     async fn version(&self) -> StoreResult<StoreVersion> {
         self.inner.version().await
     }
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         self.inner.wait_for_change(seen, timeout).await
     }
 }

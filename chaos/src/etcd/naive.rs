@@ -37,6 +37,23 @@ impl NaiveEtcdStore {
         Ok(r.kvs().first().and_then(|kv| kv.value().try_into().ok()).map(u64::from_be_bytes))
     }
 
+    /// The applied-change counter's first slot as the fenced store keeps it: the applied and the
+    /// content-change counts, 8 bytes each (the naive store counts every switch as both).
+    async fn counts(&self) -> StoreResult<(u64, u64)> {
+        let client = self.inner.client().clone();
+        let r = client.get(self.key(&[b"meta/applied"]), None).await.map_err(unavailable)?;
+        let value = r.kvs().first().map(|kv| kv.value().to_vec()).unwrap_or_default();
+        Ok(match value.split_first_chunk::<8>() {
+            Some((applied, content)) => (u64::from_be_bytes(*applied), content.try_into().map(u64::from_be_bytes).unwrap_or(0)),
+            None => (0, 0),
+        })
+    }
+
+    /// The counter slot's value after one more switch than `counts`.
+    fn counted(counts: (u64, u64)) -> Vec<u8> {
+        [(counts.0 + 1).to_be_bytes(), (counts.1 + 1).to_be_bytes()].concat()
+    }
+
     async fn write(&self, ops: Vec<dnsplan_etcd::client::TxnOp>) -> StoreResult<()> {
         let client = self.inner.client().clone();
         client.txn(dnsplan_etcd::client::Txn::new().and_then(ops)).await.map_err(unavailable)?;
@@ -48,7 +65,7 @@ impl NaiveEtcdStore {
         let name = endpoint.as_str().as_bytes();
         // The check (read, and trusted later)...
         let fence = self.get_u64(self.key(&[b"fence/", name])).await?;
-        let applied = self.get_u64(self.key(&[b"meta/applied"])).await?.unwrap_or(0);
+        let counts = self.counts().await?;
         // ...and the act: nothing compared.
         let mut ops = vec![
             TxnOp::put(
@@ -57,7 +74,7 @@ impl NaiveEtcdStore {
                 None,
             ),
             TxnOp::put(self.key(&[b"fence/", name]), g.0.to_be_bytes().to_vec(), None),
-            TxnOp::put(self.key(&[b"meta/applied"]), (applied + 1).to_be_bytes().to_vec(), None),
+            TxnOp::put(self.key(&[b"meta/applied"]), Self::counted(counts), None),
         ];
         if let Some(old) = fence.filter(|old| *old != g.0) {
             ops.push(TxnOp::delete(self.key(&[b"serving/", &old.to_be_bytes(), name]), None));
@@ -95,7 +112,7 @@ impl Store for NaiveEtcdStore {
         self.inner.plan(generation).await
     }
 
-    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+    async fn plan_changes_unchecked(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
         self.inner.plan_changes(from, to).await
     }
 
@@ -103,7 +120,7 @@ impl Store for NaiveEtcdStore {
         self.inner.latest().await
     }
 
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.inner.list(from, limit).await
     }
 
@@ -173,7 +190,7 @@ impl Store for NaiveEtcdStore {
             ops.push(TxnOp::delete(self.key(&[b"serving/", &record.generation.0.to_be_bytes(), name]), None));
         }
         if !gone.is_empty() {
-            ops.push(TxnOp::put(self.key(&[b"meta/applied"]), (active.applied_changes + 1).to_be_bytes().to_vec(), None));
+            ops.push(TxnOp::put(self.key(&[b"meta/applied"]), Self::counted(self.counts().await?), None));
         }
         if !ops.is_empty() {
             self.write(ops).await?;
@@ -181,7 +198,7 @@ impl Store for NaiveEtcdStore {
         Ok(decision)
     }
 
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.inner.pause(state).await
     }
 
@@ -193,7 +210,7 @@ impl Store for NaiveEtcdStore {
         self.inner.paused().await
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         self.inner.heartbeat(heartbeat).await
     }
 
@@ -205,7 +222,7 @@ impl Store for NaiveEtcdStore {
         self.inner.version().await
     }
 
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         self.inner.wait_for_change(seen, timeout).await
     }
 }

@@ -407,10 +407,6 @@ fn not_lease_holder(holder: &Option<String>, epoch: u64, attempted_epoch: u64) -
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The plan store. Cheap to clone (implementations share state behind an `Arc`).
-///
-/// Every method is a future so that remote implementations fit, and so that callers can put
-/// a timeout on every call.
 /// Why the embedded store's writes fail, while they do: for `/v1/status`, the metrics and
 /// the logs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -440,6 +436,16 @@ impl std::fmt::Display for StoreFault {
     }
 }
 
+/// The plan store. Cheap to clone (implementations share state behind an `Arc`).
+///
+/// Every method is a future so that remote implementations fit, and so that callers can put
+/// a timeout on every call.
+///
+/// The input checks every store shares are made once, here: a method that takes input a
+/// store would otherwise have to check (`apply_many`, `plan_changes`, `list`, `active_page`,
+/// `pause`, `heartbeat`, `report_authority`, `wait_for_change`) is provided, checks or caps
+/// it, and calls its `_unchecked` twin, which is what a store implements. Callers call the
+/// checked one; no store overrides it.
 pub trait Store: Clone + Send + Sync + 'static {
     /// Why the store's writes fail now, when it knows (the embedded store after a failed
     /// write, until it has reopened and written again); `None` otherwise.
@@ -494,8 +500,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn plan_changes(&self, from: Generation, to: Generation) -> impl Future<Output = StoreResult<Option<PlanChanges>>> + Send {
         async move {
             check_changes_range(from, to)?;
-            Ok(None)
+            self.plan_changes_unchecked(from, to).await
         }
+    }
+    /// `plan_changes` once `from` is older than `to`.
+    fn plan_changes_unchecked(&self, from: Generation, to: Generation) -> impl Future<Output = StoreResult<Option<PlanChanges>>> + Send {
+        let _ = (from, to);
+        async { Ok(None) }
     }
     /// The latest published generation, `Generation::NONE` if none.
     fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
@@ -521,7 +532,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
     /// Summaries of stored plans with generation `>= from`, oldest first, at most `limit`
     /// (capped at `LIST_LIMIT_MAX`).
-    fn list(&self, from: Generation, limit: usize) -> impl Future<Output = StoreResult<Vec<PlanSummary>>> + Send;
+    fn list(&self, from: Generation, limit: usize) -> impl Future<Output = StoreResult<Vec<PlanSummary>>> + Send {
+        self.list_unchecked(from, limit.min(LIST_LIMIT_MAX))
+    }
+    /// `list` with `limit` at most `LIST_LIMIT_MAX`.
+    fn list_unchecked(&self, from: Generation, limit: usize) -> impl Future<Output = StoreResult<Vec<PlanSummary>>> + Send;
     /// Switches `endpoint` to `generation` with a copy of `records`, fenced at write time.
     fn apply(
         &self,
@@ -542,6 +557,16 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = StoreResult<Vec<StoreResult<ApplyOutcome>>>> + Send {
         async move {
             check_batch(items)?;
+            self.apply_many_unchecked(generation, items).await
+        }
+    }
+    /// `apply_many` of a batch that passed [`check_batch`].
+    fn apply_many_unchecked(
+        &self,
+        generation: Generation,
+        items: &[ApplyItem],
+    ) -> impl Future<Output = StoreResult<Vec<StoreResult<ApplyOutcome>>>> + Send {
+        async move {
             let mut results = Vec::with_capacity(items.len());
             for item in items {
                 match self.apply(&item.endpoint, generation, &item.records).await {
@@ -573,6 +598,12 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn active_page(&self, after: Option<EndpointName>, limit: usize) -> impl Future<Output = StoreResult<ActivePage>> + Send {
         async move {
             check_page_limit(limit)?;
+            self.active_page_unchecked(after, limit).await
+        }
+    }
+    /// `active_page` with `limit` in 1..=[`ACTIVE_PAGE_MAX`].
+    fn active_page_unchecked(&self, after: Option<EndpointName>, limit: usize) -> impl Future<Output = StoreResult<ActivePage>> + Send {
+        async move {
             let all = self.active_all().await?;
             let lower = match &after {
                 Some(a) => std::ops::Bound::Excluded(a),
@@ -586,15 +617,40 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// What `cleanup(retain)` would do now, without doing it.
     fn cleanup_preview(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupDecision>> + Send;
     fn cleanup(&self, retain: u64) -> impl Future<Output = StoreResult<CleanupReport>> + Send;
-    fn pause(&self, state: PauseState) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Pauses automation (planner publishes are refused) with `state`'s reason and author.
+    fn pause(&self, state: PauseState) -> impl Future<Output = StoreResult<()>> + Send {
+        async move {
+            check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
+            check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+            self.pause_unchecked(state).await
+        }
+    }
+    /// `pause` once `state`'s texts are within [`PAUSE_TEXT_BYTES_MAX`].
+    fn pause_unchecked(&self, state: PauseState) -> impl Future<Output = StoreResult<()>> + Send;
     fn resume(&self) -> impl Future<Output = StoreResult<()>> + Send;
     fn paused(&self) -> impl Future<Output = StoreResult<Option<PauseState>>> + Send;
-    fn heartbeat(&self, heartbeat: Heartbeat) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Records an enactor's heartbeat, replacing its last.
+    fn heartbeat(&self, heartbeat: Heartbeat) -> impl Future<Output = StoreResult<()>> + Send {
+        async move {
+            check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
+            check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
+            self.heartbeat_unchecked(heartbeat).await
+        }
+    }
+    /// `heartbeat` once its texts are within [`HEARTBEAT_TEXT_BYTES_MAX`].
+    fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> impl Future<Output = StoreResult<()>> + Send;
     fn heartbeats(&self) -> impl Future<Output = StoreResult<Vec<Heartbeat>>> + Send;
     /// Records an authority's report of itself, replacing its last. A store one authority
     /// serves alone (the embedded one, and a remote store through that authority) keeps none:
     /// the default does nothing.
     fn report_authority(&self, report: AuthorityReport) -> impl Future<Output = StoreResult<()>> + Send {
+        async move {
+            report.check()?;
+            self.report_authority_unchecked(report).await
+        }
+    }
+    /// `report_authority` of a report that passed [`AuthorityReport::check`].
+    fn report_authority_unchecked(&self, report: AuthorityReport) -> impl Future<Output = StoreResult<()>> + Send {
         let _ = report;
         async { Ok(()) }
     }
@@ -605,7 +661,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn version(&self) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
     /// Returns as soon as the store's version differs from `seen`, or after `timeout`
     /// (capped at `WAIT_TIMEOUT_MAX`) with the current version. Never busy-polls.
-    fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+    fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send {
+        self.wait_for_change_unchecked(seen, timeout.min(WAIT_TIMEOUT_MAX))
+    }
+    /// `wait_for_change` with `timeout` at most `WAIT_TIMEOUT_MAX`.
+    fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
 }
 
 /// `publish_changes` the slow way: reads the parent whole, builds the plan and publishes it

@@ -10,9 +10,8 @@ use super::wire::{
     LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
 };
 use super::{
-    ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
-    HEARTBEAT_TEXT_BYTES_MAX, Heartbeat, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX, PauseState, Store, StoreError, StoreResult,
-    StoreVersion, WAIT_TIMEOUT_MAX, check_batch, check_changes_range, check_len, check_page_limit,
+    ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, Lease,
+    PauseState, Store, StoreError, StoreResult, StoreVersion,
 };
 use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
@@ -188,8 +187,7 @@ impl Store for RemoteStore {
         codec::decode_plan(&bytes).map_err(|e| StoreError::Corrupt { what: format!("plan {generation} from the control API"), source: e })
     }
 
-    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
-        check_changes_range(from, to)?;
+    async fn plan_changes_unchecked(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
         let resp = self.send(self.inner.client.get(self.url(&format!("/v1/plans/{to}/changes?from={from}")))).await?;
         if resp.status() == reqwest::StatusCode::NO_CONTENT {
             return Ok(None);
@@ -210,8 +208,7 @@ impl Store for RemoteStore {
         Ok(self.version().await?.latest)
     }
 
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
-        let limit = limit.min(LIST_LIMIT_MAX);
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.json(self.inner.client.get(self.url(&format!("/v1/plans?from={from}&limit={limit}")))).await
     }
 
@@ -221,8 +218,7 @@ impl Store for RemoteStore {
         self.json(self.inner.client.put(self.url(&Self::endpoint_path(endpoint))).json(&body)).await
     }
 
-    async fn apply_many(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
-        check_batch(items)?;
+    async fn apply_many_unchecked(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
         // Invalid items are refused here, one by one, and only the valid ones travel.
         let valid: Vec<StoreResult<()>> =
             items.iter().map(|i| validate_endpoint(&i.endpoint, &i.records).map_err(StoreError::from)).collect();
@@ -261,8 +257,7 @@ impl Store for RemoteStore {
         self.json(self.inner.client.get(self.url("/v1/active"))).await
     }
 
-    async fn active_page(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
-        check_page_limit(limit)?;
+    async fn active_page_unchecked(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
         let query = ActiveQuery { after: after.map(|a| a.as_str().to_owned()), limit: Some(limit) };
         self.json(self.inner.client.get(self.url("/v1/active")).query(&query)).await
     }
@@ -293,9 +288,7 @@ impl Store for RemoteStore {
         self.json(self.inner.client.post(self.url("/v1/cleanup")).json(&CleanupRequest { retain })).await
     }
 
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
-        check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
-        check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.send(self.inner.client.put(self.url("/v1/pause")).json(&state)).await.map(|_| ())
     }
 
@@ -307,9 +300,7 @@ impl Store for RemoteStore {
         self.json(self.inner.client.get(self.url("/v1/pause"))).await
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
-        check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
-        check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         self.send(self.inner.client.post(self.url("/v1/heartbeats")).json(&heartbeat)).await.map(|_| ())
     }
 
@@ -321,8 +312,7 @@ impl Store for RemoteStore {
         self.json(self.inner.client.get(self.url("/v1/version"))).await
     }
 
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
-        let timeout = timeout.min(WAIT_TIMEOUT_MAX);
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         let q = WaitQuery {
             latest: seen.latest,
             applied_changes: seen.applied_changes,

@@ -384,7 +384,6 @@ impl Inner {
     }
 
     pub(super) fn active_page(&self, after: Option<&EndpointName>, limit: usize) -> StoreResult<ActivePage> {
-        check_page_limit(limit)?;
         let _guard = self.guard()?;
         let mut page = ActivePage { applied_changes: self.meta_u64(META_APPLIED, 0)?, endpoints: Vec::with_capacity(limit), more: false };
         let after = after.map(|a| a.as_str().as_bytes());

@@ -71,9 +71,8 @@ use super::high_water::{self, Found, HighWater};
 use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
-    DELTA_ENDPOINTS_MAX, HEARTBEAT_TEXT_BYTES_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, LIST_LIMIT_MAX, Lease, PAUSE_TEXT_BYTES_MAX,
-    PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError, StoreFault, StoreResult, StoreVersion, WAIT_TIMEOUT_MAX, check_batch,
-    check_changes_range, check_generation, check_len, check_page_limit, content_changed, decide_cleanup, fence_step, plan_says,
+    DELTA_ENDPOINTS_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, Lease, PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError,
+    StoreFault, StoreResult, StoreVersion, check_generation, content_changed, decide_cleanup, fence_step, plan_says,
 };
 use crate::changes::{PlanChanges, PlanEntry, decode_changes};
 use crate::codec;
@@ -297,7 +296,7 @@ impl Store for SledStore {
         self.blocking(move |inner| inner.plan(generation)).await
     }
 
-    async fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
+    async fn plan_changes_unchecked(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
         self.blocking(move |inner| inner.plan_changes(from, to)).await
     }
 
@@ -313,7 +312,7 @@ impl Store for SledStore {
         self.blocking(move |inner| inner.history_mark(applied)).await
     }
 
-    async fn list(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
+    async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.blocking(move |inner| inner.list(from, limit)).await
     }
 
@@ -330,8 +329,7 @@ impl Store for SledStore {
         self.blocking(move |inner| inner.switch(&name, generation, state)).await
     }
 
-    async fn apply_many(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
-        check_batch(items)?;
+    async fn apply_many_unchecked(&self, generation: Generation, items: &[ApplyItem]) -> StoreResult<Vec<StoreResult<ApplyOutcome>>> {
         let items: Vec<_> = items.iter().map(|i| (i.endpoint.clone(), ActiveState::Serving(i.records.clone()))).collect();
         self.blocking(move |inner| inner.switch_many(generation, items)).await
     }
@@ -354,7 +352,7 @@ impl Store for SledStore {
         self.blocking(|inner| inner.active_all()).await
     }
 
-    async fn active_page(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
+    async fn active_page_unchecked(&self, after: Option<EndpointName>, limit: usize) -> StoreResult<ActivePage> {
         self.blocking(move |inner| inner.active_page(after.as_ref(), limit)).await
     }
 
@@ -370,9 +368,7 @@ impl Store for SledStore {
         self.blocking(move |inner| inner.cleanup(retain)).await
     }
 
-    async fn pause(&self, state: PauseState) -> StoreResult<()> {
-        check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
-        check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+    async fn pause_unchecked(&self, state: PauseState) -> StoreResult<()> {
         self.blocking(move |inner| inner.set_pause(Some(state))).await
     }
 
@@ -388,9 +384,7 @@ impl Store for SledStore {
         .await
     }
 
-    async fn heartbeat(&self, heartbeat: Heartbeat) -> StoreResult<()> {
-        check_len("enactor id", &heartbeat.enactor_id, HEARTBEAT_TEXT_BYTES_MAX)?;
-        check_len("enactor state", &heartbeat.state, HEARTBEAT_TEXT_BYTES_MAX)?;
+    async fn heartbeat_unchecked(&self, heartbeat: Heartbeat) -> StoreResult<()> {
         self.blocking(move |inner| inner.heartbeat(heartbeat)).await
     }
 
@@ -411,9 +405,9 @@ impl Store for SledStore {
         fs2::available_space(&self.shared.path).ok()
     }
 
-    async fn wait_for_change(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
+    async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         let mut rx = self.shared.version.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout.min(WAIT_TIMEOUT_MAX);
+        let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let current = *rx.borrow_and_update();
             if current != seen {

@@ -403,8 +403,7 @@ impl Inner {
     }
 
     pub(super) fn plan_changes(&self, from: Generation, to: Generation) -> StoreResult<Option<PlanChanges>> {
-        check_changes_range(from, to)?;
-        if to.0 - from.0 > PLAN_CHANGES_GAP_MAX {
+        if to.0.checked_sub(from.0).is_none_or(|gap| gap > PLAN_CHANGES_GAP_MAX) {
             return Ok(None);
         }
         let records = {
@@ -439,7 +438,7 @@ impl Inner {
         self.summaries
             .range(from.to_be_bytes()..)
             .values()
-            .take(limit.min(LIST_LIMIT_MAX))
+            .take(limit)
             .map(|bytes| {
                 let bytes = bytes.map_err(io)?;
                 codec::decode::<PlanSummary>(&bytes).map_err(|e| corrupt("plan summary", e))
