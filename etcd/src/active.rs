@@ -28,20 +28,19 @@ pub(crate) fn get_applied(keys: &Keys) -> TxnOp {
 }
 
 /// The counts of one slot of the applied-change counter: its applied changes and its content
-/// changes (apply transactions that changed what is served), each big-endian. A slot written
-/// before the content count holds the applied count alone (8 bytes), which counts as both:
-/// the serial derived from the applied count then.
+/// changes (apply transactions that changed what is served), each big-endian.
 pub(crate) fn slot_counts(kv: &KeyValue) -> StoreResult<(u64, u64)> {
-    let value = kv.value();
-    let half = |bytes: &[u8]| u64::from_be_bytes(bytes.try_into().expect("8 bytes"));
-    match value.len() {
-        8 => Ok((half(value), half(value))),
-        16 => Ok((half(&value[..8]), half(&value[8..]))),
-        len => Err(StoreError::Corrupt {
-            what: "applied-change count".to_owned(),
-            source: CodecError::LengthMismatch { declared: 16, actual: len },
-        }),
+    match kv.value().split_first_chunk::<8>() {
+        Some((applied, content)) if content.len() == 8 => {
+            let content: [u8; 8] = content.try_into().map_err(|_| corrupt_slot(16))?;
+            Ok((u64::from_be_bytes(*applied), u64::from_be_bytes(content)))
+        }
+        _ => Err(corrupt_slot(kv.value().len())),
     }
+}
+
+fn corrupt_slot(len: usize) -> StoreError {
+    StoreError::Corrupt { what: "applied-change count".to_owned(), source: CodecError::LengthMismatch { declared: 16, actual: len } }
 }
 
 /// The applied-change count and the content-change count (the sums of the slots) and the

@@ -8,9 +8,14 @@ use crate::keys::Keys;
 use dnsplan_common::codec::{self};
 use dnsplan_common::plan::ValidatedPlan;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The one layout of the keys (the table in `keys`) this build reads and writes, kept under
+/// `state/layout` from the first publish. A store written before versions (its counter slots
+/// 8 bytes wide) or of another layout is refused, not converted: no release has written one.
+pub const LAYOUT: u64 = 1;
 
 /// Slots of the applied-change counter (see `Keys::applied_slot`). Each apply transaction
 /// compares and adds to one slot, so writers on different slots (enactors of one zone
@@ -58,6 +63,9 @@ pub(crate) struct Inner {
     pub(crate) active_log: Mutex<Option<Arc<ActiveLog>>>,
     /// `active_since` answers taken from `active_log`, for tests.
     pub(crate) from_log: AtomicU64,
+    /// The store's layout was found to be [`LAYOUT`] (or the store empty): checked once, by
+    /// the first transaction.
+    pub(crate) layout_checked: AtomicBool,
     /// Test-only: the write transaction whose committed reply is lost next (see
     /// `lose_next_reply`).
     #[cfg(feature = "testing")]
@@ -98,6 +106,7 @@ impl EtcdStore {
                 slot: AtomicUsize::new(fresh_nonce() as usize % APPLIED_SLOTS),
                 active_log: Mutex::new(None),
                 from_log: AtomicU64::new(0),
+                layout_checked: AtomicBool::new(false),
                 #[cfg(feature = "testing")]
                 lose_reply: Mutex::new(None),
                 #[cfg(feature = "testing")]

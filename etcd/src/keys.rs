@@ -11,7 +11,7 @@
 //! | key | value |
 //! |---|---|
 //! | `meta/latest`, `meta/applied` and `meta/applied/NN`, `meta/control` | the version: latest generation, applied-change count (the sum of 16 slots), control count (what `wait_for_change` watches) |
-//! | `state/horizon`, `state/dns_zone`, `state/pause`, `state/heartbeats`, `state/authorities` | oldest stored plan (written by the first publish), the DNS zone, the pause, the heartbeat and authority-report counts |
+//! | `state/layout`, `state/horizon`, `state/dns_zone`, `state/pause`, `state/heartbeats`, `state/authorities` | the layout's version (`LAYOUT`) and the oldest stored plan (both written by the first publish), the DNS zone, the pause, the heartbeat and authority-report counts |
 //! | `plans/g`, `summaries/g`, `changes/g` | plan `g` (inline, or a manifest of its chunks), its summary, its `PlanChanges` against its parent |
 //! | `blobs/g nonce kind index` | chunks of a plan or its changes larger than a quarter of a request (each half a request) |
 //! | `staging/g nonce` | a publish in progress that wrote chunks |
@@ -73,6 +73,9 @@ impl Keys {
     }
     pub(crate) fn horizon(&self) -> Vec<u8> {
         self.k(&[b"state/horizon"])
+    }
+    pub(crate) fn layout(&self) -> Vec<u8> {
+        self.k(&[b"state/layout"])
     }
     pub(crate) fn dns_zone(&self) -> Vec<u8> {
         self.k(&[b"state/dns_zone"])

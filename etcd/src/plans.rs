@@ -365,6 +365,7 @@ impl EtcdStore {
                 }
                 if latest.is_none() {
                     ops.push(put(keys.horizon(), Generation::FIRST.to_be_bytes().to_vec()));
+                    ops.push(put(keys.layout(), LAYOUT.to_be_bytes().to_vec()));
                 }
                 if let Some((staging, _)) = &s.staging {
                     compares.push(Compare::version(staging.clone(), CompareOp::Greater, 0));

@@ -8,6 +8,7 @@ use dnsplan_common::codec::{self, CodecError, Record};
 use dnsplan_common::names::{DnsName, EndpointName};
 use dnsplan_common::store::{StoreError, StoreResult};
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How many times a write reads, decides and tries to commit before it reports contention.
@@ -180,6 +181,7 @@ impl EtcdStore {
     }
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
+        self.check_layout().await?;
         let response = self.call(what, self.inner.client.txn(txn)).await?;
         #[cfg(feature = "testing")]
         if response.succeeded() && response.put_any() {
@@ -191,6 +193,43 @@ impl EtcdStore {
             }
         }
         Ok(response)
+    }
+
+    /// Refuses a store of another layout than [`LAYOUT`], naming both, before this store's
+    /// first transaction; an empty store is taken as this layout (its first publish writes it).
+    async fn check_layout(&self) -> StoreResult<()> {
+        if self.inner.layout_checked.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let keys = &self.inner.keys;
+        let response =
+            self.call("layout", self.inner.client.txn(Txn::new().and_then(vec![get(keys.layout()), get(keys.latest())]))).await?;
+        let gets: Vec<GetResponse> = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let [layout, latest] = gets.as_slice() else {
+            return Err(StoreError::Unavailable("etcd answered the layout read with something other than two reads".into()));
+        };
+        let found = match (be_u64(first(layout), "layout")?, be_u64(first(latest), "latest generation")?) {
+            (Some(LAYOUT), _) | (None, None) => {
+                self.inner.layout_checked.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+            (Some(other), _) => format!("layout {other}"),
+            (None, Some(_)) => "no layout version (a store written before versions)".to_string(),
+        };
+        Err(StoreError::Unavailable(format!(
+            "the store under prefix {:?} has {found}, and this dnsplan opens layout {LAYOUT} only: stores written by builds \
+             before the first release are not converted. Start a store under a new prefix (or delete this one's keys), and set \
+             the authorities' dns_zone.soa.serial_base past the serial secondaries hold (the runbook's \"The store has another \
+             layout\")",
+            self.inner.config.prefix
+        )))
     }
 
     /// One read transaction: every get at one revision, returned with that revision.

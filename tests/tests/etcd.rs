@@ -747,28 +747,39 @@ async fn a_renewal_whose_reply_is_lost_keeps_the_lease() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A store written before the content-change count holds each slot of the applied-change
-/// counter as 8 bytes (the applied count alone). It reads as both counts, so the SOA serial
-/// goes on from where it was; the next switch writes both, and a switch to the same records
-/// moves only the applied count.
+/// The first publish marks a store with its layout; a store of another layout, or of none
+/// (written before versions, when counter slots were 8 bytes wide), is refused by its first
+/// call, naming both layouts and the way out; an 8-byte slot in a store of this layout is
+/// corrupt, never read as a count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_counter_written_before_the_content_count_goes_on_from_it() -> anyhow::Result<()> {
+async fn a_store_of_another_layout_is_refused_naming_both() -> anyhow::Result<()> {
     let cluster = EtcdCluster::start(1, &[]).await?;
-    let store = cluster.store("/legacy/").await?;
+    let store = cluster.store("/old/").await?;
     let client = cluster.client().await?;
     let x = name("x");
     store.publish(&plan(1, std::slice::from_ref(&x), operator())).await?;
-    client.put("/legacy/meta/applied", 41u64.to_be_bytes().to_vec(), None).await?;
-    let before = store.active_all().await?;
-    assert_eq!((before.applied_changes, before.content_changes), (41, 41), "an old slot counts as both");
-    store.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?;
-    let mut same = plan(2, std::slice::from_ref(&x), operator()).into_plan();
-    same.endpoints.insert(x.clone(), endpoint_for(Generation(1)));
-    store.publish(&ValidatedPlan::new(same)?).await?;
-    store.apply(&x, Generation(2), &endpoint_for(Generation(1))).await?;
-    let after = store.active_all().await?;
-    assert_eq!((after.applied_changes, after.content_changes), (43, 42), "a new endpoint, then the same records under plan 2");
-    let delta = store.active_since(41).await?;
-    assert_eq!((delta.applied_changes, delta.content_changes), (43, 42));
+    let layout = client.get("/old/state/layout", None).await?;
+    let written = layout.kvs().first().map(|kv| kv.value().to_vec());
+    assert_eq!(written, Some(dnsplan_etcd::LAYOUT.to_be_bytes().to_vec()), "the first publish writes the layout");
+
+    let want = format!("opens layout {} only", dnsplan_etcd::LAYOUT);
+    for (value, named) in
+        [(Some(dnsplan_etcd::LAYOUT + 1), format!("has layout {}", dnsplan_etcd::LAYOUT + 1)), (None, "has no layout version".into())]
+    {
+        match value {
+            Some(v) => drop(client.put("/old/state/layout", v.to_be_bytes().to_vec(), None).await?),
+            None => drop(client.delete("/old/state/layout", None).await?),
+        }
+        let refused = cluster.store("/old/").await?.latest().await.expect_err("a store of another layout is refused");
+        let text = refused.to_string();
+        assert!(text.contains(&named) && text.contains(&want) && text.contains("serial_base"), "{text}");
+    }
+
+    client.put("/old/state/layout", dnsplan_etcd::LAYOUT.to_be_bytes().to_vec(), None).await?;
+    let store = cluster.store("/old/").await?;
+    assert_eq!(store.latest().await?, Generation(1), "marked back, it opens with its plan");
+    client.put("/old/meta/applied", 41u64.to_be_bytes().to_vec(), None).await?;
+    let r = store.active_all().await;
+    assert!(is_corrupt(&r, "applied-change count"), "{r:?}");
     Ok(())
 }

@@ -191,7 +191,7 @@ impl Inner {
             "the store in {} has {found}, and this dnsplan opens layout {LAYOUT} only: stores written by builds before \
              the first release are not converted. Move the directory aside, put a copy of its {} in an empty one and \
              start once with --accept-store-loss: the SOA serial goes on past what secondaries hold, and the planner \
-             publishes a plan into the new store (the runbook's \"The embedded store has another layout\")",
+             publishes a plan into the new store (the runbook's \"The store has another layout\")",
             path.display(),
             high_water::FILE_NAME,
         )))
