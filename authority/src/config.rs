@@ -1,13 +1,13 @@
 //! The authority's TOML config (`authority.toml`). Unknown keys are errors; every error
 //! names the file, the key and the line.
 
-use crate::control_server;
-use crate::dns_zone::DnsZoneConfig;
-use crate::rrl::{self, IpPrefix, RrlSettings};
+use crate::control::server;
+use crate::query::rrl::{self, IpPrefix, RrlSettings};
+pub use crate::serving::policy::{SecondaryConfig, TransferConfig};
+use crate::zone::dns_zone::DnsZoneConfig;
 use dnsplan_common::daemon;
 use dnsplan_common::store::WAIT_TIMEOUT_MAX;
 use dnsplan_common::store_config::StoreConfig;
-use dnsplan_common::tsig::TsigKeyConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -90,117 +90,6 @@ impl Default for DnsConfig {
             transfer: TransferConfig::default(),
         }
     }
-}
-
-/// `[dns.transfer]`: who may transfer the zone (AXFR, IXFR) and with which TSIG key. Nobody
-/// by default. A client outside every `secondaries` prefix, or without a signature when one
-/// is required, is REFUSED; see `transfer`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TransferConfig {
-    /// Every secondary must sign its requests with its key (RFC 8945). Off only on a network
-    /// where an address cannot be spoofed and nothing else can reach the port.
-    #[serde(default = "default_tsig_required")]
-    pub tsig_required: bool,
-    /// The TSIG keys (`[[dns.transfer.keys]]`: name, algorithm, secret or secret_file).
-    #[serde(default)]
-    pub keys: Vec<TsigKeyConfig>,
-    /// The secondaries allowed (`[[dns.transfer.secondaries]]`: address, key).
-    #[serde(default)]
-    pub secondaries: Vec<SecondaryConfig>,
-    /// Zone transfers encoded at once; more wait (up to `dns.tcp_idle_timeout_secs`, then
-    /// REFUSED). Each takes a core while it encodes.
-    #[serde(default = "default_transfers_max")]
-    pub transfers_max: usize,
-    /// Changed names kept in memory for IXFR, over all changes; a secondary further behind
-    /// gets the whole zone.
-    #[serde(default = "default_ixfr_history_names_max")]
-    pub ixfr_history_names_max: usize,
-}
-
-impl Default for TransferConfig {
-    fn default() -> Self {
-        TransferConfig {
-            tsig_required: true,
-            keys: Vec::new(),
-            secondaries: Vec::new(),
-            transfers_max: default_transfers_max(),
-            ixfr_history_names_max: default_ixfr_history_names_max(),
-        }
-    }
-}
-
-fn default_tsig_required() -> bool {
-    true
-}
-/// Two: a secondary or two refreshing at once transfer at full speed, and a fleet told by
-/// NOTIFY takes turns instead of taking every core from the control API.
-fn default_transfers_max() -> usize {
-    2
-}
-/// 100,000 changed names: two entry pointers each, and the replaced entries they keep alive
-/// (a few hundred bytes each), tens of MB at most; a day of changes at a change a second.
-fn default_ixfr_history_names_max() -> usize {
-    crate::transfer::IXFR_HISTORY_NAMES_DEFAULT
-}
-
-/// One allowed secondary: an address or prefix, and the name of the key it signs with.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SecondaryConfig {
-    /// An address (`192.0.2.53`) or a prefix (`192.0.2.0/24`).
-    pub address: IpPrefix,
-    /// The name of one of `dns.transfer.keys`; required while `tsig_required`.
-    pub key: Option<String>,
-    /// Where this secondary takes NOTIFY (address and port), sent after every change and
-    /// signed with `key`; none when unset (it then refreshes on the SOA's schedule).
-    pub notify: Option<SocketAddr>,
-}
-
-impl TransferConfig {
-    /// Every value in range, with a message naming the key (below `dns.transfer`). Keys are
-    /// built (and their secrets read) by `transfer::TransferPolicy::from_config`.
-    pub fn check(&self) -> Result<(), String> {
-        if self.transfers_max == 0 {
-            return Err("dns.transfer.transfers_max must be above 0".into());
-        }
-        let key_names: Vec<String> = self.keys.iter().map(|k| normal_key_name(&k.name)).collect();
-        for (i, secondary) in self.secondaries.iter().enumerate() {
-            match &secondary.key {
-                None if self.tsig_required => {
-                    return Err(format!(
-                        "dns.transfer.secondaries[{i}] ({}): no key, and dns.transfer.tsig_required is true; give the name of one \
-                         of dns.transfer.keys, or set tsig_required = false",
-                        secondary.address
-                    ));
-                }
-                None => {}
-                Some(name) if !key_names.contains(&normal_key_name(name)) => {
-                    return Err(format!(
-                        "dns.transfer.secondaries[{i}] ({}): key {name:?} is not one of dns.transfer.keys (by name)",
-                        secondary.address
-                    ));
-                }
-                Some(_) => {}
-            }
-            if let Some(notify) = secondary.notify
-                && !secondary.address.contains(notify.ip())
-            {
-                return Err(format!(
-                    "dns.transfer.secondaries[{i}]: notify {notify} is outside its address {}; a secondary is told to transfer \
-                     from where it may",
-                    secondary.address
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A key name as compared: lower case, with the final dot.
-pub fn normal_key_name(name: &str) -> String {
-    let lower = name.to_ascii_lowercase();
-    if lower.ends_with('.') { lower } else { format!("{lower}.") }
 }
 
 /// `[dns.rrl]`: response-rate limiting of UDP answers (see `rrl`). On by default: without it
@@ -409,7 +298,7 @@ fn default_control_body_timeout() -> u64 {
 }
 /// The longest long-poll, 55 s, plus 5 s to read the request and write the answer.
 fn default_control_request_timeout() -> u64 {
-    control_server::REQUEST_TIMEOUT_DEFAULT.as_secs()
+    server::REQUEST_TIMEOUT_DEFAULT.as_secs()
 }
 /// A full read of a 100,000-endpoint zone is tens of MB and hundreds of ms; four at once
 /// keep the memory bounded and leave the store to writers.
@@ -501,7 +390,7 @@ impl AuthorityConfig {
                 default_control_request_timeout()
             ));
         }
-        let max_secs = control_server::REQUEST_TIMEOUT_MAX.as_secs();
+        let max_secs = server::REQUEST_TIMEOUT_MAX.as_secs();
         if control.request_timeout_secs > max_secs {
             return Err(format!(
                 "control.request_timeout_secs: {} s is above {max_secs} s; a request held that long is stuck, and shutdown \
@@ -622,10 +511,11 @@ mod tests {
         let config = AuthorityConfig::load(&path).expect("the uncommented example loads");
         let transfer = &config.dns.transfer;
         assert_eq!((transfer.keys.len(), transfer.secondaries.len(), transfer.transfers_max), (1, 1, 2), "{text}");
-        let policy = crate::transfer::TransferPolicy::from_config(transfer, dir.path()).expect("the key file is read");
+        let policy = crate::serving::policy::TransferPolicy::from_config(transfer, dir.path()).expect("the key file is read");
         assert_eq!(policy.notify_targets().len(), 1);
         std::fs::write(dir.path().join("dnsplan-xfr.key"), "short").expect("write");
-        let err = crate::transfer::TransferPolicy::from_config(transfer, dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
+        let err =
+            crate::serving::policy::TransferPolicy::from_config(transfer, dir.path()).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("dnsplan-xfr.key") && !err.contains("short"), "{err}");
     }
 

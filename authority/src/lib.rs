@@ -1,41 +1,31 @@
 //! dnsplan's authority: the authoritative DNS server for the managed DNS zone, and the
 //! control API through which planners and enactors reach the store it serves from.
 //!
-//! `answer` is the pure query path and `fast` its allocation-free UDP shortcut (`wire` holds
-//! the raw byte reads both use, `compress` the name compression of the answers written by
-//! hand), and `rrl` limits UDP answers per client; `snapshot` the immutable state they read;
-//! `follower` builds it from the store and swaps in each change; `server` (with `udp`) the
-//! UDP and TCP shell; `control` the HTTP API and `control_server` its bounded HTTP server;
-//! `transfer` feeds secondaries (AXFR, IXFR from `journal`, TSIG), `notify` tells them of
-//! changes and `secondary_check` reads their zones back to see that they hold ours; `accept` and `budget` keep both listeners within the process's descriptors;
-//! `local_state` keeps the state served on disk for an authority on etcd; `run` the wiring of
-//! one authority process.
+//! Layers, bottom to top; a module imports only from the layers below it or from its own
+//! directory:
+//!
+//! 1. `zone`: the DNS zone, the immutable snapshot the query path reads, serials, the
+//!    zone's records in transfer order and the IXFR history.
+//! 2. `query`: one message in, one out, from a snapshot (`answer`, `fast`, `wire`, `rrl`).
+//! 3. `metrics`: the Prometheus metrics.
+//! 4. `serving`: `Serving`, the state every listener, transfer and follower shares, with the
+//!    transfer policy and TSIG keys (`policy`) and the log of served changes (`local_log`).
+//! 5. `follow` and `xfr`, side by side, neither importing the other: `follow` builds the
+//!    snapshot from the store and swaps in each change (and keeps the state served on disk);
+//!    `xfr` feeds secondaries (AXFR, IXFR, TSIG, NOTIFY, the check of their zones).
+//! 6. `net`: the DNS listeners (UDP, TCP) and their connection caps.
+//! 7. `control`: the control API (routes, front door, HTTP server, status page).
+//! 8. `config` and `args`: the config file and the command line.
+//! 9. `run`: the wiring of one authority process.
 
-pub mod accept;
-pub mod answer;
 pub mod args;
-pub mod budget;
-pub mod compress;
 pub mod config;
 pub mod control;
-pub mod control_gate;
-pub mod control_server;
-pub mod dns_zone;
-pub mod fast;
-pub mod follower;
-pub mod image;
-pub mod journal;
-pub mod local_log;
-pub mod local_state;
+pub mod follow;
 pub mod metrics;
-pub mod notify;
-pub mod rrl;
+pub mod net;
+pub mod query;
 pub mod run;
-pub mod secondary_check;
-pub mod server;
-pub mod snapshot;
-pub mod transfer;
-pub mod udp;
-pub mod ui;
-pub mod wire;
-mod zone_text;
+pub mod serving;
+pub mod xfr;
+pub mod zone;

@@ -12,8 +12,8 @@
 //! `dnsplan_store_applied_changes`, and an enactor that stopped reporting (hung, or its
 //! process gone with nothing left to scrape) as an old heartbeat.
 
-use crate::answer::{Malformed, Outcome, Transport};
-use crate::snapshot::Snapshot;
+use crate::query::answer::{Malformed, Outcome, Transport};
+use crate::zone::snapshot::Snapshot;
 use dnsplan_common::store::ActiveDelta;
 use dnsplan_common::{Heartbeat, Lease, PauseState, Store, StoreError, StoreResult, StoreVersion};
 use hickory_proto::op::ResponseCode;

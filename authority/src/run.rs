@@ -12,23 +12,24 @@
 //! 0 it tries up to 16 ports for one free for both (a port free for UDP may be held by an
 //! outgoing TCP connection).
 
-use crate::answer::AnswerLimits;
-use crate::budget;
 use crate::config::AuthorityConfig;
-use crate::control::{self, ApiError, Control};
-use crate::control_gate::Gate;
-use crate::control_server::{self, ControlLimits};
-use crate::dns_zone::StaticZone;
-use crate::follower::{LoadError, Serving, check_dns_zone};
-use crate::image;
-use crate::local_log::{self, LocalLog};
-use crate::local_state;
+use crate::control::gate::Gate;
+use crate::control::routes::{self, ApiError, Control};
+use crate::control::server::{self, ControlLimits};
+use crate::control::ui;
+use crate::follow::follower::{LoadError, check_dns_zone};
+use crate::follow::image;
+use crate::follow::local_state;
 use crate::metrics::{Metrics, StoreReading};
-use crate::rrl::Rrl;
-use crate::server::{TcpLimits, serve_tcp};
-use crate::transfer::TransferPolicy;
-use crate::udp::{UdpServers, bind_udp};
-use crate::ui;
+use crate::net::budget;
+use crate::net::tcp::{TcpLimits, serve_tcp};
+use crate::net::udp::{UdpServers, bind_udp};
+use crate::query::answer::AnswerLimits;
+use crate::query::rrl::Rrl;
+use crate::serving::Serving;
+use crate::serving::local_log::{self, LocalLog};
+use crate::serving::policy::TransferPolicy;
+use crate::zone::dns_zone::StaticZone;
 use anyhow::Context;
 use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
@@ -305,7 +306,7 @@ where
     let mut tasks = tokio::task::JoinSet::new();
 
     // The control API answers from now on: health and readiness from this process's own
-    // state, the other routes 503 until the store is reached (`control_gate`).
+    // state, the other routes 503 until the store is reached (`control::gate`).
     let store_reach = Arc::new(Reachability::unreached("the store"));
     let gate = Gate::new(store_reach.clone(), metrics.clone());
     let control_limits = ControlLimits {
@@ -314,13 +315,8 @@ where
         body_timeout: Duration::from_secs(config.control.body_timeout_secs),
         request_timeout: Duration::from_secs(config.control.request_timeout_secs),
     };
-    let control_server = AbortOnDrop(tokio::spawn(control_server::serve(
-        listener,
-        gate.router(),
-        control_limits,
-        metrics.connections.clone(),
-        stop.clone().wait(),
-    )));
+    let control_server =
+        AbortOnDrop(tokio::spawn(server::serve(listener, gate.router(), control_limits, metrics.connections.clone(), stop.clone().wait())));
 
     // Static stability: the state saved on our own disk, served before anything else.
     let mut rrl = Some(rrl);
@@ -489,7 +485,7 @@ where
         tasks.spawn(keeper.clone().keep_saved(serving.clone(), store.clone()));
     }
     tasks.spawn(serving.clone().follow(store.clone(), store_reach.clone()));
-    crate::notify::spawn(&mut tasks, &serving);
+    crate::xfr::notify::spawn(&mut tasks, &serving);
     let id = report_id(&config.dns.advertise, &dns);
     // On etcd, where several authorities may follow one store, each reports where it serves.
     if local.is_some() {
@@ -526,7 +522,7 @@ where
     };
     // `/v1/status` and the status page share `control.status_reads_max` permits.
     let status_reads = tower::limit::GlobalConcurrencyLimitLayer::new(config.control.status_reads_max);
-    let mut app = control::router(ctl.clone())
+    let mut app = routes::router(ctl.clone())
         .route(
             "/readyz",
             get({
@@ -624,7 +620,7 @@ async fn status<S: Store>(
 ) -> Result<Json<dnsplan_common::status::Status>, ApiError> {
     let store = &ctl.store;
     let limit = q.limit.unwrap_or(STATUS_ENDPOINTS_DEFAULT);
-    let after = q.after.as_deref().map(control::parse_endpoint).transpose()?;
+    let after = q.after.as_deref().map(routes::parse_endpoint).transpose()?;
     let (endpoints, endpoints_more) = match limit {
         0 => (Default::default(), true),
         _ => {

@@ -1,9 +1,9 @@
 //! Property tests of the pure query path: random and mutated packets never panic, and every
 //! reply is a well-formed response to the same id with QR=1 that fits the transport.
 
-use dnsplan_authority::answer::{AnswerLimits, Transport, respond};
-use dnsplan_authority::dns_zone::StaticZone;
-use dnsplan_authority::snapshot::Snapshot;
+use dnsplan_authority::query::answer::{AnswerLimits, Transport, respond};
+use dnsplan_authority::zone::dns_zone::StaticZone;
+use dnsplan_authority::zone::snapshot::Snapshot;
 use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::{DnsName, Endpoint, Generation, Target, ZoneId};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};

@@ -366,7 +366,7 @@ async fn metrics_and_health() -> anyhow::Result<()> {
 
 /// A store whose plans are for example.test. and an authority configured for other.test.: it
 /// must refuse to start, naming both zones and what to change, instead of serving none of
-/// the store's names. (Without `follower::check_dns_zone` it binds and serves: the test sees
+/// the store's names. (Without `follow::follower::check_dns_zone` it binds and serves: the test sees
 /// it bound and fails.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_a_store_of_another_dns_zone() -> anyhow::Result<()> {

@@ -8,8 +8,8 @@
 //! our DNS client. Every wait is a poll with a deadline.
 
 use dnsplan_authority::config::AuthorityConfig;
-use dnsplan_authority::image::{self, ImageError};
-use dnsplan_authority::local_state;
+use dnsplan_authority::follow::image::{self, ImageError};
+use dnsplan_authority::follow::local_state;
 use dnsplan_authority::run::{Bound, run};
 use dnsplan_common::dns_probe::query;
 use dnsplan_common::store::ApplyItem;
@@ -217,7 +217,7 @@ async fn plan_1_served_and_saved(
 /// Teeth: with `serve` in `run.rs` skipping the saved state (`local` read as `None`), this
 /// test failed at the restart with etcd down: "the authority did not answer DNS within 5s"
 /// (it waits for the store and answers nothing). Without the control API's front door
-/// (`control_gate`: the control server started only once the store answers), it failed with
+/// (`control::gate`: the control server started only once the store answers), it failed with
 /// "GET /healthz: error sending request" (the request timed out). With the start-up retry at
 /// its old 10 s ceiling (`START_RETRY_MAX`), it failed with "caught up 5.4s after etcd
 /// answered".

@@ -7,10 +7,10 @@
 //! Also: it takes the common queries (it is not always falling back), it never panics on
 //! mutated packets, and an incremental snapshot answers like one built from scratch.
 
-use dnsplan_authority::answer::{AnswerLimits, Transport, respond};
-use dnsplan_authority::dns_zone::StaticZone;
-use dnsplan_authority::fast::{Fast, respond_fast};
-use dnsplan_authority::snapshot::Snapshot;
+use dnsplan_authority::query::answer::{AnswerLimits, Transport, respond};
+use dnsplan_authority::query::fast::{Fast, respond_fast};
+use dnsplan_authority::zone::dns_zone::StaticZone;
+use dnsplan_authority::zone::snapshot::Snapshot;
 use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::{DnsName, Endpoint, Generation, Target, ZoneId};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
@@ -324,7 +324,7 @@ fn edns_options_agree() -> Result<(), TestCaseError> {
                 let mut rng = SmallRng::seed_from_u64(1);
                 let (bytes, outcome) = respond(&packet, &SNAPSHOT, Transport::Udp, &limits(), &mut rng).expect("an answer");
                 prop_assert_eq!(outcome.rcode, ResponseCode::FormErr, "options {:?}", options);
-                prop_assert_eq!(outcome.malformed, Some(dnsplan_authority::answer::Malformed::EdnsOption));
+                prop_assert_eq!(outcome.malformed, Some(dnsplan_authority::query::answer::Malformed::EdnsOption));
                 prop_assert_eq!(bytes.len(), 12, "FORMERR is the header alone");
             }
         }
@@ -485,7 +485,7 @@ fn incremental_snapshots_answer_like_full_builds() -> Result<(), TestCaseError> 
 /// mix of moments: it must equal a fresh build from the store's state when the load ends.
 #[tokio::test]
 async fn a_paged_load_ends_at_one_moment_of_the_store() -> anyhow::Result<()> {
-    use dnsplan_authority::follower::Loader;
+    use dnsplan_authority::follow::follower::Loader;
     use dnsplan_common::store::{ACTIVE_PAGE_MAX, APPLY_BATCH_MAX, ApplyItem};
     use dnsplan_common::{SledStore, Store};
     use dnsplan_tests::fixtures::{endpoint_for, name, plan, planner};
@@ -525,7 +525,7 @@ async fn a_paged_load_ends_at_one_moment_of_the_store() -> anyhow::Result<()> {
     assert_eq!(loaded.managed_count(), names.len() + 1 - 2);
     assert_eq!(loaded.generation_range(), built.generation_range());
     for n in next.iter().chain([&names[20]]) {
-        let key = dnsplan_authority::snapshot::wire_key(&Name::from_ascii(n.as_str())?);
+        let key = dnsplan_authority::zone::snapshot::wire_key(&Name::from_ascii(n.as_str())?);
         let (a, b) = (loaded.get_key(&key).and_then(|e| e.managed.clone()), built.get_key(&key).and_then(|e| e.managed.clone()));
         assert_eq!(a, b, "{n} differs between the paged load and a fresh build");
     }

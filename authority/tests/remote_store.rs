@@ -2,7 +2,7 @@
 //! `SledStore`; the naive store served through the same API still fails it (the remote path
 //! hides no violation); writes without the right token are refused.
 
-use dnsplan_authority::control::{Control, router};
+use dnsplan_authority::control::routes::{Control, router};
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{SledStore, Store, StoreError};
 use dnsplan_tests::conformance::{Harness, run_all};

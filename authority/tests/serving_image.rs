@@ -3,9 +3,9 @@
 
 mod support;
 
-use dnsplan_authority::dns_zone::StaticZone;
-use dnsplan_authority::image;
-use dnsplan_authority::snapshot::{Family, Managed, wire_key};
+use dnsplan_authority::follow::image;
+use dnsplan_authority::zone::dns_zone::StaticZone;
+use dnsplan_authority::zone::snapshot::{Family, Managed, wire_key};
 use dnsplan_common::store::sled::SledStore;
 use dnsplan_common::{Generation, Store};
 use hickory_proto::rr::{Name, RecordType};

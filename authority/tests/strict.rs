@@ -160,7 +160,7 @@ async fn declare_oversized_plan(control: &str) -> anyhow::Result<(u16, Value)> {
 }
 
 fn control_json_plan_max() -> usize {
-    dnsplan_authority::control::JSON_PLAN_BODY_BYTES_MAX
+    dnsplan_authority::control::routes::JSON_PLAN_BODY_BYTES_MAX
 }
 
 #[test]

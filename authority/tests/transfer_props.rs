@@ -3,14 +3,15 @@
 //! answered is a well-formed response with the request's id; a request whose signature was
 //! broken is never allowed; and an allowed one encodes into messages of at most 64 KiB.
 
-use dnsplan_authority::answer::{AnswerLimits, Transport};
-use dnsplan_authority::config::TransferConfig;
-use dnsplan_authority::dns_zone::StaticZone;
-use dnsplan_authority::follower::Serving;
-use dnsplan_authority::journal::Journal;
 use dnsplan_authority::metrics::Metrics;
-use dnsplan_authority::snapshot::Snapshot;
-use dnsplan_authority::transfer::{self, Access, MESSAGE_BYTES_MAX, TransferPolicy};
+use dnsplan_authority::query::answer::{AnswerLimits, Transport};
+use dnsplan_authority::serving::Serving;
+use dnsplan_authority::serving::policy::{Access, TransferConfig, TransferPolicy};
+use dnsplan_authority::xfr::pack::{self, MESSAGE_BYTES_MAX};
+use dnsplan_authority::xfr::respond;
+use dnsplan_authority::zone::dns_zone::StaticZone;
+use dnsplan_authority::zone::journal::Journal;
+use dnsplan_authority::zone::snapshot::Snapshot;
 use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::tsig::{Algorithm, TsigKey, now_unix_secs};
 use dnsplan_common::{DnsName, Endpoint, Generation, Target, ZoneId};
@@ -86,15 +87,15 @@ fn check(packet: &[u8], mutated: bool) -> Result<(), TestCaseError> {
     let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
     let peer: IpAddr = "127.0.0.1".parse().expect("ip");
     for transport in [Transport::Udp, Transport::Tcp] {
-        if let Some((bytes, outcome)) = transfer::respond_one(packet, Some(peer), &snapshot, serving, transport, &mut rng) {
+        if let Some((bytes, outcome)) = respond::respond_one(packet, Some(peer), &snapshot, serving, transport, &mut rng) {
             prop_assert_eq!(&bytes[0..2], &packet[0..2], "same id");
             prop_assert!(bytes[2] & 0x80 != 0, "QR=1");
             prop_assert!(Message::from_vec(&bytes).is_ok(), "reply parses");
             prop_assert_eq!(outcome.bytes, bytes.len());
         }
     }
-    let kind = transfer::kind(packet);
-    if matches!(kind, transfer::Kind::Axfr | transfer::Kind::Ixfr) {
+    let kind = respond::kind(packet);
+    if matches!(kind, respond::Kind::Axfr | respond::Kind::Ixfr) {
         match serving.transfer.access(peer, packet, now_unix_secs()) {
             Access::Allowed(verified) => {
                 // Allowed means verified (TSIG is required): only changes the MAC does not
@@ -102,7 +103,7 @@ fn check(packet: &[u8], mutated: bool) -> Result<(), TestCaseError> {
                 let request = Message::from_vec(packet).expect("verified requests decode");
                 prop_assert!(!mutated || verified.is_some());
                 let mut largest = 0;
-                transfer::zone_messages(&snapshot, &request, verified.map(|v| v.signer(now_unix_secs())), |m| {
+                pack::zone_messages(&snapshot, &request, verified.map(|v| v.signer(now_unix_secs())), |m| {
                     largest = largest.max(m.len());
                     true
                 })

@@ -17,8 +17,8 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::{get, post};
 use dnsplan_authority::config::{AuthorityConfig, ControlConfig, DnsConfig, TOKEN_BYTES_MIN};
-use dnsplan_authority::dns_zone::DnsZoneConfig;
 use dnsplan_authority::run::{Bound, Extras, run_with_extras};
+use dnsplan_authority::zone::dns_zone::DnsZoneConfig;
 use dnsplan_common::daemon::{self, ConfigError};
 use dnsplan_common::{DnsName, ZoneId};
 use dnsplan_enactor::config::{ApplyConfig, CleanupConfig, EnactorConfig, MetricsConfig as EnactorMetrics, StoreConfig, VerifyConfig};
@@ -254,7 +254,7 @@ impl Stack {
         let planner = Planner::new(store.clone(), planner_config.clone(), book.clone(), planner_metrics.clone());
         let status = planner.status();
         let page_status = status.clone();
-        let planner_status: dnsplan_authority::ui::PlannerStatus =
+        let planner_status: dnsplan_authority::control::ui::PlannerStatus =
             Arc::new(move || page_status.lock().ok().and_then(|s| serde_json::to_value(&*s).ok()));
         let token: Arc<str> = self.authority.token().into();
         let demo_state = DemoState { backends: backends.clone(), token };
@@ -347,7 +347,7 @@ async fn switch_backend(
     UrlPath((address, action)): UrlPath<(String, String)>,
 ) -> (StatusCode, Json<serde_json::Value>) {
     let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if !given.is_some_and(|t| dnsplan_authority::control::token_matches(t.as_bytes(), demo.token.as_bytes())) {
+    if !given.is_some_and(|t| dnsplan_authority::control::routes::token_matches(t.as_bytes(), demo.token.as_bytes())) {
         return (StatusCode::UNAUTHORIZED, Json(serde_json::json!({"message": "this needs 'Authorization: Bearer <token>'"})));
     }
     let Ok(ip) = address.parse::<IpAddr>() else {

@@ -4,7 +4,7 @@
 //! 1,024 from a login shell) is what runs out when many clients connect, and only the hard
 //! limit is the administrator's decision. What a daemon then keeps open is its own business:
 //! the authority sizes its connection caps from `limit` and `in_use` (see
-//! `dnsplan_authority::budget`).
+//! `dnsplan_authority::net::budget`).
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 

@@ -2,8 +2,8 @@
 //! tests that need the whole serving path: DNS over UDP and TCP, and the control API.
 
 use dnsplan_authority::config::AuthorityConfig;
-use dnsplan_authority::dns_zone::{DnsZoneConfig, SoaConfig};
 use dnsplan_authority::run::{Bound, run_with_store};
+use dnsplan_authority::zone::dns_zone::{DnsZoneConfig, SoaConfig};
 use dnsplan_common::Store;
 use std::net::SocketAddr;
 use std::path::Path;

@@ -487,7 +487,7 @@ fn rss_bytes() -> anyhow::Result<u64> {
 /// Bytes of resident memory the authority's serving snapshot takes per managed name (2-4
 /// addresses each), measured around building one.
 fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
-    use dnsplan_authority::dns_zone::StaticZone;
+    use dnsplan_authority::zone::dns_zone::StaticZone;
     let config = dnsplan_tests::stack::dns_zone_config(None);
     let zone = StaticZone::load(&config, std::path::Path::new("."))?;
     let mut active = dnsplan_common::ActiveSnapshot::default();
@@ -505,7 +505,7 @@ fn snapshot_bytes_per_name(n: usize) -> anyhow::Result<f64> {
         active.endpoints.insert(name, dnsplan_common::ActiveRecord { generation: Generation(1), state: ActiveState::Serving(records) });
     }
     let before = rss_bytes()?;
-    let snapshot = dnsplan_authority::snapshot::Snapshot::build(std::sync::Arc::new(zone), &active);
+    let snapshot = dnsplan_authority::zone::snapshot::Snapshot::build(std::sync::Arc::new(zone), &active);
     let after = rss_bytes()?;
     anyhow::ensure!(snapshot.managed_count() == n, "the snapshot holds {} names, want {n}", snapshot.managed_count());
     Ok(after.saturating_sub(before) as f64 / n as f64)

@@ -1,8 +1,7 @@
-//! The serving state and the follower: checks that the store is the configured DNS zone's,
-//! builds the first snapshot from the store (`Loader`, a page at a time), then waits on the
-//! store and swaps in a merged snapshot whenever its applied-change count moves
-//! (`Serving::follow`). `Serving` is what the DNS listeners in `server` and `udp` read; this
-//! module does no DNS I/O.
+//! The follower: checks that the store is the configured DNS zone's, builds the first
+//! snapshot from the store (`Loader`, a page at a time), then waits on the store and swaps in
+//! a merged snapshot whenever its applied-change count moves (`Serving::follow`). `Serving`
+//! itself, what the DNS listeners in `net` read, is `serving`'s; this module does no DNS I/O.
 //!
 //! Before the first load, [`check_dns_zone`] compares the configured origin with the store's
 //! DNS zone and refuses to start on a mismatch, naming both zones and what to change (an empty
@@ -12,22 +11,17 @@
 //! outage is logged once when it begins and once when it ends (`daemon::Reachability`), and the
 //! snapshot is kept meanwhile: serving never waits for the store.
 
-use crate::answer::AnswerLimits;
-use crate::dns_zone::StaticZone;
-use crate::journal::{Journal, JournalChange};
-use crate::local_log::LocalLog;
 use crate::metrics::Metrics;
-use crate::notify::Statuses;
-use crate::rrl::Rrl;
-use crate::snapshot::{Snapshot, wire_key};
-use crate::transfer::IXFR_HISTORY_NAMES_DEFAULT;
-use crate::transfer::TransferPolicy;
-use arc_swap::ArcSwap;
+use crate::query::answer::AnswerLimits;
+use crate::serving::Serving;
+use crate::zone::dns_zone::StaticZone;
+use crate::zone::journal::JournalChange;
+use crate::zone::snapshot::{Snapshot, wire_key};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, ActivePage, Store, StoreError, StoreResult, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation};
 use hickory_proto::rr::Name;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use thiserror::Error;
 
@@ -69,27 +63,6 @@ pub async fn check_dns_zone<S: Store>(store: &S, zone: &StaticZone) -> Result<()
     Err(LoadError::DnsZoneMismatch { configured: zone.origin.to_string(), stored, latest })
 }
 
-/// What the listeners share: the snapshot, limits, the UDP rate limiter and metrics.
-pub struct Serving {
-    pub snapshot: ArcSwap<Snapshot>,
-    pub zone: Arc<StaticZone>,
-    pub limits: AnswerLimits,
-    /// Response-rate limiting of UDP answers; `None` when it is off.
-    pub rrl: Option<Rrl>,
-    /// Who may transfer the zone, and the TSIG keys signed queries are checked against.
-    pub transfer: TransferPolicy,
-    pub metrics: Arc<Metrics>,
-    /// The SOA serial served, sent after each swap: what `notify` tells secondaries about.
-    pub served_serial: tokio::sync::watch::Sender<u32>,
-    /// What `notify` knows of each secondary it notifies.
-    pub secondaries: Statuses,
-    /// The history IXFR answers from. The follower appends each swap and swaps the snapshot
-    /// while holding it, so a transfer that loads the snapshot under it sees both at once.
-    pub journal: Mutex<Journal>,
-    /// On etcd, the log each change is made durable in before it is swapped in (`local_log`).
-    pub served_log: Option<Arc<LocalLog>>,
-}
-
 impl Serving {
     /// Checks that the store is one of `zone`'s (`check_dns_zone`), then loads the active
     /// state from `store` and builds the first snapshot (see `Loader`).
@@ -97,7 +70,7 @@ impl Serving {
         check_dns_zone(store, &zone).await?;
         let started = Instant::now();
         let snapshot = Loader::new(zone.clone()).finish(store).await?;
-        Ok(Serving::from_snapshot(snapshot, zone, limits, metrics, started))
+        Ok(Serving::from_loaded(snapshot, zone, limits, metrics, started))
     }
 
     /// As `load`, from the serving image at `image` when it is this store's (see `image`):
@@ -112,58 +85,11 @@ impl Serving {
     ) -> anyhow::Result<(Serving, Option<u64>)> {
         check_dns_zone(store, &zone).await?;
         let started = Instant::now();
-        let (snapshot, saved_at) = match crate::image::resume(store, image, zone.clone()).await {
+        let (snapshot, saved_at) = match crate::follow::image::resume(store, image, zone.clone()).await {
             Some((saved_at, snapshot)) => (snapshot, Some(saved_at)),
             None => (Loader::new(zone.clone()).finish(store).await?, None),
         };
-        Ok((Serving::from_snapshot(snapshot, zone, limits, metrics, started), saved_at))
-    }
-
-    /// Serves `snapshot` (read from the file on disk before the store answers, on etcd);
-    /// the follower goes on from its applied-change count. `started`: when the load began.
-    pub fn from_loaded(
-        snapshot: Snapshot,
-        zone: Arc<StaticZone>,
-        limits: AnswerLimits,
-        metrics: Arc<Metrics>,
-        started: Instant,
-    ) -> Serving {
-        Serving::from_snapshot(snapshot, zone, limits, metrics, started)
-    }
-
-    fn from_snapshot(snapshot: Snapshot, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, started: Instant) -> Serving {
-        metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
-        let serial = snapshot.serial;
-        let served_serial = tokio::sync::watch::Sender::new(serial);
-        Serving {
-            snapshot: ArcSwap::from_pointee(snapshot),
-            zone,
-            limits,
-            rrl: None,
-            transfer: TransferPolicy::closed(),
-            metrics,
-            served_serial,
-            secondaries: Statuses::default(),
-            journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
-            served_log: None,
-        }
-    }
-
-    /// With UDP answers limited by `rrl` (`None`: not limited).
-    /// With each change logged durably before it is served (`local_log`).
-    pub fn with_served_log(self, served_log: Option<Arc<LocalLog>>) -> Serving {
-        Serving { served_log, ..self }
-    }
-
-    pub fn with_rrl(self, rrl: Option<Rrl>) -> Serving {
-        Serving { rrl, ..self }
-    }
-
-    /// With zone transfers allowed as `transfer` says (closed by default), and its IXFR
-    /// history size.
-    pub fn with_transfer(self, transfer: TransferPolicy) -> Serving {
-        let journal = Mutex::new(Journal::new(self.snapshot.load().serial, transfer.ixfr_history_names_max()));
-        Serving { transfer, journal, ..self }
+        Ok((Serving::from_loaded(snapshot, zone, limits, metrics, started), saved_at))
     }
 
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the

@@ -19,9 +19,9 @@
 //!
 //! Nothing here changes what is served or sent to secondaries; it only reports.
 
-use crate::notify::NotifyTarget;
-use crate::snapshot::Snapshot;
-use crate::transfer::zone_records;
+use crate::serving::policy::NotifyTarget;
+use crate::zone::records::zone_records;
+use crate::zone::snapshot::Snapshot;
 use dnsplan_common::tsig;
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{RData, Record, RecordType};

@@ -10,7 +10,7 @@
 //! `/readyz` means "answering DNS from a loaded state"; whether the store answers is a separate
 //! field (`store`), and the metric `dnsplan_store_reachable`.
 //!
-//! Not here: the routes themselves (`control`), the HTTP server (`control_server`).
+//! Not here: the routes themselves (`routes`), the HTTP server (`server`).
 
 use crate::metrics::Metrics;
 use axum::Router;
@@ -91,7 +91,7 @@ impl Gate {
                 let gate = gate.clone();
                 async move { gate.answer(request).await }
             })
-            .layer(axum::middleware::map_response(crate::control::json_for_framework_errors))
+            .layer(axum::middleware::map_response(crate::control::routes::json_for_framework_errors))
     }
 
     async fn answer(&self, request: Request) -> Response {

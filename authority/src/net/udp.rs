@@ -12,11 +12,11 @@
 //! (`send_answers`). Each answer passes the response-rate limiter (`rrl`) before it is queued:
 //! it is sent, dropped, or sent truncated (a slip).
 
-use crate::answer::{Malformed, Outcome, Transport};
-use crate::fast::{Fast, respond_fast};
-use crate::follower::Serving;
-use crate::rrl::{self, Rrl, Verdict};
-use crate::transfer;
+use crate::query::answer::{Malformed, Outcome, Transport};
+use crate::query::fast::{Fast, respond_fast};
+use crate::query::rrl::{self, Rrl, Verdict};
+use crate::serving::Serving;
+use crate::xfr::respond;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
@@ -248,7 +248,7 @@ impl Batch {
                     continue;
                 }
                 Fast::Slow => {
-                    match transfer::respond_one(query, self.from[i].as_ref().and_then(peer_ip), &snapshot, serving, Transport::Udp, rng) {
+                    match respond::respond_one(query, self.from[i].as_ref().and_then(peer_ip), &snapshot, serving, Transport::Udp, rng) {
                         Some((bytes, outcome)) => {
                             out.clear();
                             out.extend_from_slice(&bytes);

@@ -12,7 +12,7 @@
 //!   less), so long-polls are never cut; it bounds a slowly trickled body and a handler stuck
 //!   on the store.
 //!
-//! The routes, and the limit on concurrent full-state reads, are `control`'s.
+//! The routes, and the limit on concurrent full-state reads, are in `routes`.
 
 use crate::metrics::ConnectionMetrics;
 use axum::Router;

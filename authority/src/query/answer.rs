@@ -27,8 +27,8 @@
 //! packet is in `Outcome::malformed`, which the listeners count; hickory's decoder, which
 //! logs at WARN about options that do not frame, runs with no subscriber.
 
-use crate::snapshot::{Family, Managed, Snapshot};
-use crate::wire;
+use crate::query::wire;
+use crate::zone::snapshot::{Family, Managed, Snapshot};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};

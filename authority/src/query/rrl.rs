@@ -16,9 +16,9 @@
 //!
 //! This module decides; `udp` applies the decision and `metrics` counts it.
 
-use crate::answer::Outcome;
-use crate::snapshot::NAME_WIRE_BYTES_MAX;
-use crate::wire::{skip_name, u16_at};
+use crate::query::answer::Outcome;
+use crate::query::wire::{skip_name, u16_at};
+use crate::zone::snapshot::NAME_WIRE_BYTES_MAX;
 use foldhash::quality::SeedableRandomState;
 use hickory_proto::op::ResponseCode;
 use serde::Deserialize;
@@ -333,7 +333,7 @@ pub fn slip(response: &mut Vec<u8>) {
     let opt_at = len.saturating_sub(OPT_BYTES);
     let has_opt = question_end.and_then(|end| last_record_at(response, end)) == Some(opt_at)
         && response[opt_at] == 0
-        && u16_at(response, opt_at + 1) == Some(crate::wire::TYPE_OPT)
+        && u16_at(response, opt_at + 1) == Some(crate::query::wire::TYPE_OPT)
         && u16_at(response, opt_at + 9) == Some(0);
     let mut opt = [0u8; OPT_BYTES];
     if has_opt {

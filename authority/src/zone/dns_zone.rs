@@ -3,7 +3,7 @@
 //! and are merged in by `snapshot`. NS records below the apex are refused: delegations (a
 //! referral instead of an answer) are not built.
 
-use crate::zone_text;
+use crate::zone::zone_text;
 use hickory_proto::rr::rdata::{NS, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record};
 use hickory_proto::serialize::txt::Parser;

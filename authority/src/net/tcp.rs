@@ -1,5 +1,5 @@
-//! The DNS TCP listener, answering from the current snapshot (`follower::Serving`); zone
-//! transfers and signed queries go to `transfer`. UDP is
+//! The DNS TCP listener, answering from the current snapshot (`serving::Serving`); zone
+//! transfers and signed queries go to `xfr`. UDP is
 //! served by threads of its own (`udp::UdpServers`); building the snapshot and following the
 //! store is `follower`'s job.
 //!
@@ -18,10 +18,11 @@
 //! encoder (with compression) and its TSIG, through common's `tsig`. UDP stays on our own
 //! threads for the reasons in `udp`.
 
-use crate::accept::{Acceptor, LogLimiter};
-use crate::answer::{Malformed, TCP_MESSAGE_BYTES_MAX, Transport};
-use crate::follower::Serving;
-use crate::transfer::{self, Kind};
+use crate::net::accept::{Acceptor, LogLimiter};
+use crate::query::answer::{Malformed, TCP_MESSAGE_BYTES_MAX, Transport};
+use crate::serving::Serving;
+use crate::xfr::respond::{self, Kind};
+use crate::xfr::transfer;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::net::IpAddr;
@@ -89,12 +90,12 @@ async fn tcp_connection(mut stream: TcpStream, peer: IpAddr, serving: &Arc<Servi
             Err(_) => return Ok(()),
         };
         let packet = &buf[..len];
-        if matches!(transfer::kind(packet), Kind::Axfr | Kind::Ixfr) {
+        if matches!(respond::kind(packet), Kind::Axfr | Kind::Ixfr) {
             transfer::transfer_tcp(&mut stream, packet, peer, serving, idle).await?;
             continue;
         }
         let snapshot = serving.snapshot.load();
-        let Some((bytes, outcome)) = transfer::respond_one(packet, Some(peer), &snapshot, serving, Transport::Tcp, &mut rng) else {
+        let Some((bytes, outcome)) = respond::respond_one(packet, Some(peer), &snapshot, serving, Transport::Tcp, &mut rng) else {
             // Not a query (too short, or a response): no answer, counted as over UDP.
             serving.metrics.observe_malformed(Malformed::of_dropped(&buf[..len]));
             continue;

@@ -27,10 +27,10 @@
 //! so, and serves it before the store answers, without a mark: that file is for answering
 //! while etcd does not.
 
-use crate::dns_zone::StaticZone;
-use crate::follower::Serving;
-use crate::local_state::{LOCAL_STATE_KIND, LocalState, paced, write_atomic_with};
-use crate::snapshot::{Family, Managed, Snapshot};
+use crate::follow::local_state::{LOCAL_STATE_KIND, LocalState, paced, write_atomic_with};
+use crate::serving::Serving;
+use crate::zone::dns_zone::StaticZone;
+use crate::zone::snapshot::{Family, Managed, Snapshot};
 use dnsplan_common::Generation;
 use dnsplan_common::codec::{self, BodyReader, BodyWriter, Bytes, CodecError};
 use dnsplan_common::store::{HistoryMark, Store};
@@ -357,7 +357,7 @@ pub struct Keeper {
     /// running by a cancelled `keep_saved` and the one at shutdown take turns.
     saved: Mutex<Option<u64>>,
     /// On etcd, the log of changes served since the saved state: what a write saved leaves it.
-    served_log: Option<Arc<crate::local_log::LocalLog>>,
+    served_log: Option<Arc<crate::serving::local_log::LocalLog>>,
 }
 
 impl Keeper {
@@ -369,7 +369,12 @@ impl Keeper {
     }
 
     /// As `new`, emptying `served_log` of what each write saves.
-    pub fn with_served_log(path: PathBuf, saved: Option<u64>, floor: Duration, served_log: Arc<crate::local_log::LocalLog>) -> Arc<Keeper> {
+    pub fn with_served_log(
+        path: PathBuf,
+        saved: Option<u64>,
+        floor: Duration,
+        served_log: Arc<crate::serving::local_log::LocalLog>,
+    ) -> Arc<Keeper> {
         Arc::new(Keeper { path, floor, saved: Mutex::new(saved), served_log: Some(served_log) })
     }
 
@@ -433,7 +438,7 @@ impl Keeper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns_zone::test_zone as zone_of;
+    use crate::zone::dns_zone::test_zone as zone_of;
     use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
     use dnsplan_common::{DnsName, Endpoint, Target, ZoneId};
 
@@ -480,7 +485,7 @@ mod tests {
             assert_eq!(read.get_key(&entry.key).and_then(|e| e.managed.as_ref()), entry.managed.as_ref(), "{:?}", entry.name());
         }
         // `deep` has no data but a name below it: still an empty non-terminal.
-        let deep = crate::snapshot::wire_key(&hickory_proto::rr::Name::from_ascii("deep.example.test.").expect("name"));
+        let deep = crate::zone::snapshot::wire_key(&hickory_proto::rr::Name::from_ascii("deep.example.test.").expect("name"));
         assert!(read.is_empty_non_terminal(&hickory_proto::rr::Name::from_ascii("deep.example.test.").expect("name")));
         assert!(read.get_key(&deep).is_some_and(|e| !e.has_data()));
     }
@@ -539,7 +544,7 @@ mod tests {
         let state = LocalState { dns_zone: name("example.test."), applied_changes: 12, endpoints: endpoints.into_iter().collect() };
         let dir = tempfile::tempdir().expect("tempdir");
         let path = path_in(dir.path());
-        crate::local_state::write_atomic(&path, &codec::encode(&state)).expect("write");
+        crate::follow::local_state::write_atomic(&path, &codec::encode(&state)).expect("write");
         assert_eq!(saved_applied_changes(&path).expect("reads"), Some(12));
         let (mark, loaded) = read(&path, zone()).expect("reads").expect("a state");
         assert_eq!((mark, loaded.applied_changes, loaded.managed_count()), (None, 12, 1));
@@ -553,7 +558,7 @@ mod tests {
         let last = flipped.len() - 1;
         flipped[last] ^= 0x80;
         for (bytes, want) in [(future, "newer than this build"), (flipped, "checksum"), (good[..good.len() - 3].to_vec(), "truncated")] {
-            crate::local_state::write_atomic(&path, &bytes).expect("write");
+            crate::follow::local_state::write_atomic(&path, &bytes).expect("write");
             let Err(err) = read(&path, zone()) else { panic!("{want}: the damaged file was read") };
             let text = format!("{:#}", anyhow::Error::new(err));
             assert!(text.contains(want) && text.contains(&path.display().to_string()), "want {want:?} in {text}");

@@ -13,7 +13,7 @@
 //! in the same process (`dnsplan up`), the planner's own status (`Extras::planner_status`):
 //! its last decision, what it is holding back (`deferred`) and each target's health.
 
-use crate::follower::Serving;
+use crate::serving::Serving;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::{ActiveState, Generation, Plan, Store, StoreError, diff_lines, target_list};
 use serde_json::Value;
@@ -280,7 +280,7 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
 
 /// A secondary's row: its address, the serial it serves, and whether it is current: at the
 /// serial served here (`served`) with its zone read back and found equal.
-fn secondary_row(s: &crate::notify::SecondaryStatus, served: u32) -> Vec<String> {
+fn secondary_row(s: &crate::serving::SecondaryStatus, served: u32) -> Vec<String> {
     use dnsplan_common::status::SecondaryState;
     let serial = s.serial.map_or_else(|| "?".to_owned(), |n| n.to_string());
     let state = match s.state(served) {

@@ -17,10 +17,10 @@
 //! compressed against the question (`compress`), and glue that does not fit the client's
 //! size is left out a whole RRset at a time, without TC (RFC 2181 §9), as NSD and Knot do.
 
-use crate::answer::{AnswerLimits, FAMILY_TARGETS_MAX, Outcome, UDP_PAYLOAD_BYTES_MIN, sample_indices};
-use crate::compress::{Written, write_name};
-use crate::snapshot::{ApexNs, Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
-use crate::wire::{self, TYPE_OPT, u16_at};
+use crate::query::answer::{AnswerLimits, FAMILY_TARGETS_MAX, Outcome, UDP_PAYLOAD_BYTES_MIN, sample_indices};
+use crate::query::wire::{self, TYPE_OPT, u16_at};
+use crate::zone::compress::{Written, write_name};
+use crate::zone::snapshot::{ApexNs, Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use rand::Rng;

@@ -18,8 +18,9 @@
 //! precompiled; the fast path uses the latter only while no in-zone name server is a managed
 //! endpoint and the apex has no CNAME.
 
-use crate::compress::{Written, is_label_start, write_name};
-use crate::dns_zone::StaticZone;
+use crate::zone::compress::{Written, is_label_start, write_name};
+use crate::zone::dns_zone::StaticZone;
+use crate::zone::serial::serial_of;
 use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveSnapshot, ActiveState};
 use dnsplan_common::{EndpointName, Generation};
 use hashbrown::HashTable;
@@ -60,25 +61,6 @@ pub fn wire_key(name: &Name) -> Vec<u8> {
     }
     key.push(0);
     key
-}
-
-/// The SOA serial of content-change count `content_changes`: `serial_base + content_changes`
-/// mod 2^32. The count only grows (every apply transaction that changes what is served adds
-/// one, in the store's own transaction, on disk or in etcd; one that only moves fences to a
-/// newer plan with the same records adds none), so each new content has a serial newer in
-/// RFC 1982 arithmetic than the one before, across the wrap from 2^32 - 1 to 0 too, as long
-/// as a secondary does not miss 2^31 changes at once; and the same content keeps its serial,
-/// so secondaries are not notified of nothing.
-pub fn serial_of(serial_base: u32, content_changes: u64) -> u32 {
-    serial_base.wrapping_add(content_changes as u32)
-}
-
-/// Whether serial `a` is newer than `b` in RFC 1982 arithmetic (§3.2, SERIAL_BITS 32): what
-/// a secondary decides before it transfers. Neither is newer when they are equal or exactly
-/// 2^31 apart (undefined in the RFC).
-pub fn serial_newer(a: u32, b: u32) -> bool {
-    let d = a.wrapping_sub(b);
-    d != 0 && d < 1 << 31
 }
 
 /// SOA RDATA after MNAME and RNAME: five 32-bit numbers.
@@ -636,7 +618,7 @@ mod tests {
             content_changes: 1,
             endpoints: endpoints.iter().map(|n| (EndpointName::parse(n).expect("name"), serving())).collect(),
         };
-        Snapshot::build(crate::dns_zone::test_zone(origin), &active)
+        Snapshot::build(crate::zone::dns_zone::test_zone(origin), &active)
     }
 
     /// Managed names go in under their wire form, the origin's own name included; a name

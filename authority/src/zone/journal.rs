@@ -15,8 +15,9 @@
 //! lock and swaps the snapshot inside it, and a transfer loads the snapshot inside it, so a
 //! difference always ends at the snapshot the transfer sends.
 
-use crate::snapshot::{Entry, serial_newer};
-use crate::transfer::entry_records;
+use crate::zone::records::entry_records;
+use crate::zone::serial::serial_newer;
+use crate::zone::snapshot::Entry;
 use hickory_proto::rr::Record;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -128,7 +129,7 @@ fn holds(records: &[Record], record: &Record) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::{Snapshot, wire_key};
+    use crate::zone::snapshot::{Snapshot, wire_key};
     use dnsplan_common::store::{ActiveRecord, ActiveSnapshot, ActiveState};
     use dnsplan_common::{Endpoint, EndpointName, Generation, Target, ZoneId};
     use hickory_proto::rr::Name;
@@ -171,7 +172,7 @@ mod tests {
             content_changes: g,
             endpoints: [(EndpointName::parse("api.example.test.").expect("name"), record)].into(),
         };
-        Snapshot::build(crate::dns_zone::test_zone("example.test."), &active)
+        Snapshot::build(crate::zone::dns_zone::test_zone("example.test."), &active)
     }
 
     /// A change of TTL alone is a difference: the record at the old TTL goes, the one at the

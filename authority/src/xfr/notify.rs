@@ -18,14 +18,15 @@
 //!
 //! Answering transfers is `transfer`'s business; a secondary's reaction to a NOTIFY is its own.
 
-use crate::follower::Serving;
-use crate::secondary_check::{self, Found};
-use crate::snapshot::serial_newer;
-use dnsplan_common::tsig::{self, TsigKey};
+use crate::serving::policy::NotifyTarget;
+use crate::serving::{SecondaryStatus, Serving, Statuses};
+use crate::xfr::secondary_check::{self, Found};
+use crate::zone::serial::serial_newer;
+use dnsplan_common::tsig;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::UdpSocket;
 
@@ -44,18 +45,6 @@ pub const CONVERGE_WATCH: Duration = Duration::from_secs(10);
 const CONVERGE_POLL: Duration = Duration::from_millis(100);
 /// Largest answer read: a UDP datagram.
 const DATAGRAM_BYTES_MAX: usize = 65_535;
-
-/// A secondary to notify: where it takes NOTIFY, with its key.
-#[derive(Clone, Debug)]
-pub struct NotifyTarget {
-    pub addr: SocketAddr,
-    pub key: Option<TsigKey>,
-}
-
-pub use dnsplan_common::status::SecondaryStatus;
-
-/// Every notified secondary's status, shared by the tasks and `/v1/status`.
-pub type Statuses = Arc<Mutex<Vec<SecondaryStatus>>>;
 
 /// Starts one task per secondary of `serving.transfer` with a `notify` address, on `tasks`,
 /// and lists them in `serving.secondaries`.

@@ -1,0 +1,96 @@
+//! The serving state every listener, transfer and follower shares (`Serving`: the snapshot in
+//! an `ArcSwap`, limits, the rate limiter, the transfer policy, metrics, the IXFR history and
+//! the secondaries' statuses), built here and changed only by the follower (`follow`).
+//!
+//! - `policy.rs`: who may transfer the zone, with which TSIG keys, and whom to NOTIFY.
+//! - `local_log.rs`: on etcd, the log each change is made durable in before it is served.
+
+pub mod local_log;
+pub mod policy;
+
+use crate::metrics::Metrics;
+use crate::query::answer::AnswerLimits;
+use crate::query::rrl::Rrl;
+use crate::serving::local_log::LocalLog;
+use crate::serving::policy::{IXFR_HISTORY_NAMES_DEFAULT, TransferPolicy};
+use crate::zone::dns_zone::StaticZone;
+use crate::zone::journal::Journal;
+use crate::zone::snapshot::Snapshot;
+use arc_swap::ArcSwap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+pub use dnsplan_common::status::SecondaryStatus;
+
+/// Every notified secondary's status, shared by the tasks and `/v1/status`.
+pub type Statuses = Arc<Mutex<Vec<SecondaryStatus>>>;
+
+/// What the listeners share: the snapshot, limits, the UDP rate limiter and metrics.
+pub struct Serving {
+    pub snapshot: ArcSwap<Snapshot>,
+    pub zone: Arc<StaticZone>,
+    pub limits: AnswerLimits,
+    /// Response-rate limiting of UDP answers; `None` when it is off.
+    pub rrl: Option<Rrl>,
+    /// Who may transfer the zone, and the TSIG keys signed queries are checked against.
+    pub transfer: TransferPolicy,
+    pub metrics: Arc<Metrics>,
+    /// The SOA serial served, sent after each swap: what `notify` tells secondaries about.
+    pub served_serial: tokio::sync::watch::Sender<u32>,
+    /// What `notify` knows of each secondary it notifies.
+    pub secondaries: Statuses,
+    /// The history IXFR answers from. The follower appends each swap and swaps the snapshot
+    /// while holding it, so a transfer that loads the snapshot under it sees both at once.
+    pub journal: Mutex<Journal>,
+    /// On etcd, the log each change is made durable in before it is swapped in (`local_log`).
+    pub served_log: Option<Arc<LocalLog>>,
+}
+
+impl Serving {
+    /// Serves `snapshot` (read from the file on disk before the store answers, on etcd);
+    /// the follower goes on from its applied-change count. `started`: when the load began.
+    pub fn from_loaded(
+        snapshot: Snapshot,
+        zone: Arc<StaticZone>,
+        limits: AnswerLimits,
+        metrics: Arc<Metrics>,
+        started: Instant,
+    ) -> Serving {
+        Serving::from_snapshot(snapshot, zone, limits, metrics, started)
+    }
+
+    fn from_snapshot(snapshot: Snapshot, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, started: Instant) -> Serving {
+        metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
+        let serial = snapshot.serial;
+        let served_serial = tokio::sync::watch::Sender::new(serial);
+        Serving {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            zone,
+            limits,
+            rrl: None,
+            transfer: TransferPolicy::closed(),
+            metrics,
+            served_serial,
+            secondaries: Statuses::default(),
+            journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
+            served_log: None,
+        }
+    }
+
+    /// With each change logged durably before it is served (`local_log`).
+    pub fn with_served_log(self, served_log: Option<Arc<LocalLog>>) -> Serving {
+        Serving { served_log, ..self }
+    }
+
+    /// With UDP answers limited by `rrl` (`None`: not limited).
+    pub fn with_rrl(self, rrl: Option<Rrl>) -> Serving {
+        Serving { rrl, ..self }
+    }
+
+    /// With zone transfers allowed as `transfer` says (closed by default), and its IXFR
+    /// history size.
+    pub fn with_transfer(self, transfer: TransferPolicy) -> Serving {
+        let journal = Mutex::new(Journal::new(self.snapshot.load().serial, transfer.ixfr_history_names_max()));
+        Serving { transfer, journal, ..self }
+    }
+}
