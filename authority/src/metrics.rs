@@ -660,7 +660,11 @@ mod tests {
     fn reading(paused: Option<u64>, lease: Option<(&str, u64, u64)>) -> StoreReading {
         StoreReading {
             version: StoreVersion { latest: Generation(7), applied_changes: 42, control_changes: 3 },
-            paused: paused.map(|since_unix_ms| PauseState { reason: "drill".into(), by: "planner:p".into(), since_unix_ms }),
+            paused: paused.map(|since_unix_ms| PauseState {
+                reason: "drill".into(),
+                by: dnsplan_common::Author::Planner { id: "p".into() },
+                since_unix_ms,
+            }),
             lease: lease.map(|(holder, epoch, expires_at_unix_ms)| Lease { holder: holder.into(), epoch, expires_at_unix_ms }),
             heartbeats: Vec::new(),
         }

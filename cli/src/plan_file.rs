@@ -246,7 +246,7 @@ pub async fn publish<S: Store>(store: &S, preview: &mut Preview, by: &str, keep_
     let Some(plan) = &preview.plan else { return Ok(()) };
     if !keep_automation {
         let reason = format!("plan {} published from a file: {}", plan.generation(), plan.plan().reason);
-        store.pause(PauseState { reason, by: by.to_owned(), since_unix_ms: now_unix_ms() }).await?;
+        store.pause(PauseState::by_operator(reason, by, now_unix_ms())).await?;
     }
     publish_against(store, preview.parent.as_ref(), plan, None).await?;
     preview.published = true;
@@ -383,7 +383,7 @@ targets = [{ address = "192.0.2.1", zone = "a", weight = 1 }]
         publish(&store, &mut first, "alice", false).await.expect("published");
         assert!(first.published);
         assert_eq!(store.latest().await.expect("latest"), Generation(2));
-        assert_eq!(store.paused().await.expect("paused").map(|p| p.by), Some("alice".into()));
+        assert_eq!(store.paused().await.expect("paused").map(|p| p.by), Some(Author::Operator { name: "alice".into() }));
         let err = publish(&store, &mut stale, "bob", true).await.expect_err("stale");
         assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
         assert!(!stale.published);

@@ -254,8 +254,7 @@ impl Stack {
         let planner = Planner::new(store.clone(), planner_config.clone(), book.clone(), planner_metrics.clone());
         let status = planner.status();
         let page_status = status.clone();
-        let planner_status: dnsplan_authority::control::ui::PlannerStatus =
-            Arc::new(move || page_status.lock().ok().and_then(|s| serde_json::to_value(&*s).ok()));
+        let planner_status: dnsplan_authority::control::ui::PlannerStatus = Arc::new(move || page_status.lock().ok().map(|s| s.clone()));
         let token: Arc<str> = self.authority.token().into();
         let demo_state = DemoState { backends: backends.clone(), token };
         let routes = axum::Router::new()

@@ -164,7 +164,7 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
     let old = store.plan(request.to).await?;
     let reason = format!("rollback to plan {}: {}", request.to, request.reason);
     if !request.keep_automation {
-        store.pause(PauseState { reason: reason.clone(), by: request.by.clone(), since_unix_ms: now_unix_ms() }).await?;
+        store.pause(PauseState::by_operator(reason.clone(), request.by.clone(), now_unix_ms())).await?;
     }
     let mut attempt = 1;
     loop {

@@ -68,6 +68,24 @@ impl Author {
         matches!(self, Author::Operator { .. })
     }
 
+    /// The planner's id or the operator's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Author::Planner { id } => id,
+            Author::Operator { name } => name,
+        }
+    }
+
+    /// The author its text names (`Display`'s `planner:ID` or `operator:NAME`); text with
+    /// neither prefix is an operator's name.
+    pub fn parse(text: &str) -> Author {
+        match (text.strip_prefix("planner:"), text.strip_prefix("operator:")) {
+            (Some(id), _) => Author::Planner { id: id.to_owned() },
+            (_, Some(name)) => Author::Operator { name: name.to_owned() },
+            _ => Author::Operator { name: text.to_owned() },
+        }
+    }
+
     fn id(&self) -> &str {
         match self {
             Author::Planner { id } => id,
@@ -379,9 +397,40 @@ where
     deserializer.deserialize_map(Entries(std::marker::PhantomData))
 }
 
+/// An [`Author`] as its text (`serde(with)`): `planner:ID` or `operator:NAME`, as people and
+/// JSON readers see it.
+pub(crate) mod author_text {
+    use super::Author;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(author: &Author, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(author)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Author, D::Error> {
+        Ok(Author::parse(&String::deserialize(deserializer)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An author's text names it back (`planner:ID`, `operator:NAME`), and text without a
+    /// prefix is an operator's name: what a pause's `by` carries on the wire and on disk.
+    #[test]
+    fn an_author_reads_back_from_its_text() {
+        for author in [Author::Planner { id: "p1".into() }, Author::Operator { name: "alice".into() }, Author::Operator { name: "".into() }]
+        {
+            assert_eq!(Author::parse(&author.to_string()), author);
+        }
+        assert_eq!(Author::parse("alice"), Author::Operator { name: "alice".into() });
+        let pause: crate::store::PauseState =
+            serde_json::from_str(r#"{"reason": "r", "by": "planner:p1", "since_unix_ms": 1}"#).expect("a pause");
+        assert!(pause.is_breaker() && pause.by.name() == "p1", "{pause:?}");
+        let json = serde_json::to_value(crate::store::PauseState::by_operator("r", "bob", 1)).expect("json");
+        assert_eq!(json["by"], "operator:bob");
+    }
 
     fn name(s: &str) -> EndpointName {
         DnsName::parse(s).unwrap()

@@ -1,13 +1,14 @@
-//! The authority's `/v1/status`: one type for the authority that serves it and the CLI that
-//! reads it, so that neither drifts from the other (a field renamed on one side is a compile
-//! error, not a value the other silently reads as its default).
+//! The authority's `/v1/status` and the planner's (`PlannerStatus`, also at `/v1/planner`):
+//! one type each for the daemon that serves it and the CLI and status page that read it, so
+//! that neither drifts from the other (a field renamed on one side is a compile error, not a
+//! value the other silently reads as its default).
 
 use crate::generation::Generation;
 use crate::names::EndpointName;
-use crate::store::{ActiveRecord, AuthorityReport, Heartbeat, PauseState};
+use crate::store::{ActiveRecord, AuthorityReport, Heartbeat, Lease, PauseState};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// What `/v1/status` reports: a summary whose size does not grow with the zone. The serving
 /// figures come from the snapshot the authority serves; the store is read only for the small
@@ -121,4 +122,111 @@ impl SecondaryStatus {
             _ => SecondaryState::Unverified(self.content_error.as_deref()),
         }
     }
+}
+
+/// The planner's status, as its `/v1/status` and `/v1/planner` serve it and the CLI and the
+/// status page read it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannerStatus {
+    pub id: String,
+    pub active: bool,
+    pub lease: Option<Lease>,
+    pub paused: Option<PauseState>,
+    pub last_decision: String,
+    pub last_published: Option<Generation>,
+    pub zone_shifted: Option<String>,
+    /// What the last decision's rules held back, with the numbers and when each is
+    /// reconsidered (see [`Deferred`]).
+    pub deferred: Vec<Deferred>,
+    pub targets: Vec<TargetStatus>,
+}
+
+/// A target's health in [`PlannerStatus`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetStatus {
+    pub endpoint: EndpointName,
+    pub address: IpAddr,
+    pub zone: String,
+    pub health: Health,
+}
+
+/// A target's health as the checks see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    Up,
+    Down,
+    /// No verdict yet (just started): keep what the previous plan said.
+    Unknown,
+}
+
+/// The rule that held a decision back. Serialised as its stable name ([`DeferredRule::as_str`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeferredRule {
+    /// `removal_fraction_per_plan`: this plan already removes as much as one plan may.
+    RemovalPerPlan,
+    /// `removal_fraction_per_window`: the window's removals leave too little room.
+    RemovalPerWindow,
+    /// `capacity_headroom`: an impaired zone is not shifted away, the others cannot carry it.
+    Capacity,
+    /// An impaired zone is not shifted away while another zone is.
+    ZoneOneAtATime,
+    /// `zone_recovery_dwell_secs`: a shifted zone looks healthy but has not been for long enough.
+    ZoneRecovery,
+    /// `fail_open_below`: too few healthy targets, so dead ones are served too.
+    FailOpen,
+    /// `breaker_endpoint_fraction`: the plan changed too many endpoints and was not published.
+    Breaker,
+}
+
+impl DeferredRule {
+    /// Every rule, for metrics that must exist at 0.
+    pub const ALL: [DeferredRule; 7] = [
+        DeferredRule::RemovalPerPlan,
+        DeferredRule::RemovalPerWindow,
+        DeferredRule::Capacity,
+        DeferredRule::ZoneOneAtATime,
+        DeferredRule::ZoneRecovery,
+        DeferredRule::FailOpen,
+        DeferredRule::Breaker,
+    ];
+
+    /// The stable name (status JSON, metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferredRule::RemovalPerPlan => "removal_per_plan",
+            DeferredRule::RemovalPerWindow => "removal_per_window",
+            DeferredRule::Capacity => "capacity",
+            DeferredRule::ZoneOneAtATime => "zone_one_at_a_time",
+            DeferredRule::ZoneRecovery => "zone_recovery",
+            DeferredRule::FailOpen => "fail_open",
+            DeferredRule::Breaker => "breaker",
+        }
+    }
+}
+
+impl std::fmt::Display for DeferredRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A decision a rule held back: what is served against health (or what was not published),
+/// why, with the numbers, and when the planner looks at it again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deferred {
+    pub rule: DeferredRule,
+    pub endpoint: EndpointName,
+    /// The target it is about; `None` for a whole endpoint (the breaker).
+    pub target: Option<IpAddr>,
+    /// What is held, the rule's numbers, and what it waits for.
+    pub detail: String,
+    /// When the rule can first let it through, if that is a time (the velocity window, the
+    /// recovery dwell). `None`: it waits for health, capacity or an operator, as `detail` says;
+    /// every decision looks again.
+    pub reconsider_at_unix_ms: Option<u64>,
 }

@@ -329,7 +329,7 @@ impl EtcdStore {
                 if !is_operator && let Some(pause) = &pause {
                     let pause =
                         codec::decode::<PauseState>(pause).map_err(|e| StoreError::Corrupt { what: "pause state".into(), source: e })?;
-                    return Err(StoreError::Paused { reason: pause.reason, by: pause.by });
+                    return Err(StoreError::Paused { reason: pause.reason, by: pause.by.to_string() });
                 }
                 if let Some(stored) = &stored_zone {
                     let stored = DnsName::parse(&String::from_utf8_lossy(stored)).map_err(|e| corrupt("stored DNS zone", e.to_string()))?;

@@ -36,23 +36,14 @@
 //! cleanup is never held back by it.
 
 use crate::config::{EndpointConfig, PlannerConfig, Policy};
+pub use dnsplan_common::status::{Deferred, DeferredRule, Health};
 use dnsplan_common::{Endpoint, EndpointName, Plan, Provenance, Target, ZoneId, removed_weight_fraction, validate_endpoint};
 use rand::seq::SliceRandom;
-use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 /// The provenance rule of an endpoint carried forward because the config no longer names it.
 pub const UNMANAGED_RULE: &str = "unmanaged";
-
-/// A target's health as the checks see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Health {
-    Up,
-    Down,
-    /// No verdict yet (just started): keep what the previous plan said.
-    Unknown,
-}
 
 /// Health per (endpoint, address). A missing entry is `Unknown`.
 pub type HealthView = BTreeMap<(EndpointName, IpAddr), Health>;
@@ -105,74 +96,6 @@ pub struct Outcome {
     /// What the rules held back in this decision, in config order (endpoint, then target).
     /// For `Breaker`, one entry per endpoint the stopped plan would have changed.
     pub deferred: Vec<Deferred>,
-}
-
-/// The rule that held a decision back. Serialised as its stable name ([`DeferredRule::as_str`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeferredRule {
-    /// `removal_fraction_per_plan`: this plan already removes as much as one plan may.
-    RemovalPerPlan,
-    /// `removal_fraction_per_window`: the window's removals leave too little room.
-    RemovalPerWindow,
-    /// `capacity_headroom`: an impaired zone is not shifted away, the others cannot carry it.
-    Capacity,
-    /// An impaired zone is not shifted away while another zone is.
-    ZoneOneAtATime,
-    /// `zone_recovery_dwell_secs`: a shifted zone looks healthy but has not been for long enough.
-    ZoneRecovery,
-    /// `fail_open_below`: too few healthy targets, so dead ones are served too.
-    FailOpen,
-    /// `breaker_endpoint_fraction`: the plan changed too many endpoints and was not published.
-    Breaker,
-}
-
-impl DeferredRule {
-    /// Every rule, for metrics that must exist at 0.
-    pub const ALL: [DeferredRule; 7] = [
-        DeferredRule::RemovalPerPlan,
-        DeferredRule::RemovalPerWindow,
-        DeferredRule::Capacity,
-        DeferredRule::ZoneOneAtATime,
-        DeferredRule::ZoneRecovery,
-        DeferredRule::FailOpen,
-        DeferredRule::Breaker,
-    ];
-
-    /// The stable name (status JSON, metric label).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeferredRule::RemovalPerPlan => "removal_per_plan",
-            DeferredRule::RemovalPerWindow => "removal_per_window",
-            DeferredRule::Capacity => "capacity",
-            DeferredRule::ZoneOneAtATime => "zone_one_at_a_time",
-            DeferredRule::ZoneRecovery => "zone_recovery",
-            DeferredRule::FailOpen => "fail_open",
-            DeferredRule::Breaker => "breaker",
-        }
-    }
-}
-
-impl std::fmt::Display for DeferredRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A decision a rule held back: what is served against health (or what was not published),
-/// why, with the numbers, and when the planner looks at it again.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Deferred {
-    pub rule: DeferredRule,
-    pub endpoint: EndpointName,
-    /// The target it is about; `None` for a whole endpoint (the breaker).
-    pub target: Option<IpAddr>,
-    /// What is held, the rule's numbers, and what it waits for.
-    pub detail: String,
-    /// When the rule can first let it through, if that is a time (the velocity window, the
-    /// recovery dwell). `None`: it waits for health, capacity or an operator, as `detail` says;
-    /// every decision looks again.
-    pub reconsider_at_unix_ms: Option<u64>,
 }
 
 /// A short account of `deferred` for a status line: `1 deferred: removal_per_plan

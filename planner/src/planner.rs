@@ -24,7 +24,7 @@
 //! health; the previous plan still bounds every step by the per-plan limit.
 
 use crate::config::PlannerConfig;
-use crate::decide::{Decision, Deferred, Health, PlannerState, UNMANAGED_RULE, decide, summarize};
+use crate::decide::{Decision, Health, PlannerState, UNMANAGED_RULE, decide, summarize};
 use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::daemon::Reachability;
@@ -36,7 +36,6 @@ use dnsplan_common::{
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -45,29 +44,8 @@ use std::time::Duration;
 /// Times one tick re-reads and re-decides after losing the publish CAS.
 const CONFLICT_RETRIES: usize = 5;
 
-/// What `/v1/status` of the planner shows.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Status {
-    pub id: String,
-    pub active: bool,
-    pub lease: Option<Lease>,
-    pub paused: Option<PauseState>,
-    pub last_decision: String,
-    pub last_published: Option<Generation>,
-    pub zone_shifted: Option<String>,
-    /// What the last decision's rules held back, with the numbers and when each is
-    /// reconsidered (see [`Deferred`]).
-    pub deferred: Vec<Deferred>,
-    pub targets: Vec<TargetStatus>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct TargetStatus {
-    pub endpoint: String,
-    pub address: String,
-    pub zone: String,
-    pub health: &'static str,
-}
+/// What `/v1/status` of the planner shows (one type with its readers').
+pub use dnsplan_common::status::{PlannerStatus as Status, TargetStatus};
 
 pub struct Planner<S: Store> {
     store: S,
@@ -205,7 +183,7 @@ impl<S: Store> Planner<S> {
         if let Some(p) = paused {
             // Nothing is decided while paused: what was held back is not being reconsidered,
             // except that a breaker's pause keeps the list of what the breaker stopped.
-            let clear = !p.by.starts_with("planner:");
+            let clear = !p.is_breaker();
             if clear {
                 self.metrics.set_deferred(&[]);
             }
@@ -300,7 +278,7 @@ impl<S: Store> Planner<S> {
                 tracing::error!(planner = %self.config.id, %reason, "breaker tripped: publishing nothing; an operator must resume automation");
                 let pause = PauseState {
                     reason: reason.chars().take(1_000).collect(),
-                    by: format!("planner:{}", self.config.id),
+                    by: Author::Planner { id: self.config.id.clone() },
                     since_unix_ms: now,
                 };
                 self.metrics.set_deferred(&outcome.deferred);
@@ -426,18 +404,12 @@ impl<S: Store> Planner<S> {
         for ep in self.config.endpoints() {
             for t in &ep.targets {
                 let h = view.get(&(ep.name.clone(), t.address)).copied().unwrap_or(Health::Unknown);
-                let (i, name) = match h {
-                    Health::Up => (0, "up"),
-                    Health::Down => (1, "down"),
-                    Health::Unknown => (2, "unknown"),
-                };
-                counts[i] += 1;
-                targets.push(TargetStatus {
-                    endpoint: ep.name.to_string(),
-                    address: t.address.to_string(),
-                    zone: t.zone.to_string(),
-                    health: name,
-                });
+                counts[match h {
+                    Health::Up => 0,
+                    Health::Down => 1,
+                    Health::Unknown => 2,
+                }] += 1;
+                targets.push(TargetStatus { endpoint: ep.name.clone(), address: t.address, zone: t.zone.to_string(), health: h });
             }
         }
         for (i, kind) in ["up", "down", "unknown"].into_iter().enumerate() {

@@ -101,7 +101,7 @@ async fn a_mass_change_pauses_automation() -> anyhow::Result<()> {
         }
     })
     .await??;
-    assert_eq!(paused.by, "planner:p1");
+    assert_eq!(paused.by, dnsplan_common::Author::Planner { id: "p1".into() });
     assert!(paused.reason.contains("breaker"), "{paused:?}");
     assert_eq!(store.latest().await?, first.generation(), "nothing may be published when the breaker trips");
     let _ = planner.stop.send(());

@@ -205,7 +205,7 @@ pub async fn pause_blocks_automation_only<S: Store>(store: S) -> anyhow::Result<
     let mut v = Violations::default();
     let x = [name("x")];
     store.publish(&plan(1, &x, planner())).await?;
-    let pause = PauseState { reason: "incident 42".into(), by: "alice".into(), since_unix_ms: 1 };
+    let pause = PauseState::by_operator("incident 42", "alice", 1);
     store.pause(pause.clone()).await?;
     v.check(store.paused().await?.as_ref() == Some(&pause), || "paused() does not return the pause".into());
     match store.publish(&plan(2, &x, planner())).await {
@@ -825,7 +825,7 @@ pub async fn wait_for_change_wakes<S: Store>(store: S) -> anyhow::Result<Violati
         match what {
             "publish" => store.publish(&plan(1, std::slice::from_ref(&x), planner())).await?,
             "apply" => drop(store.apply(&x, Generation(1), &endpoint_for(Generation(1))).await?),
-            _ => store.pause(PauseState { reason: "r".into(), by: "b".into(), since_unix_ms: 0 }).await?,
+            _ => store.pause(PauseState::by_operator("r", "b", 0)).await?,
         }
         match tokio::time::timeout(Duration::from_secs(30), waiter).await {
             Ok(Ok(Ok(now))) => v.check(now != seen, || format!("waiter woke on {what} without a change")),
@@ -1101,7 +1101,7 @@ pub async fn publish_changes_keeps_the_rules<S: Store>(store: S) -> anyhow::Resu
     let got = store.publish_changes(&skip, None).await;
     v.check(matches!(got, Err(StoreError::Conflict { .. })), || format!("changes of 3 over 1: {got:?}"));
     // The pause refuses automation.
-    store.pause(PauseState { reason: "test".into(), by: "alice".into(), since_unix_ms: 0 }).await?;
+    store.pause(PauseState::by_operator("test", "alice", 0)).await?;
     let got = store.publish_changes(&delta, None).await;
     v.check(matches!(got, Err(StoreError::Paused { .. })), || format!("automation changes while paused: {got:?}"));
     store.resume().await?;

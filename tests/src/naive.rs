@@ -103,7 +103,7 @@ impl Store for NaiveStore {
         if !plan.plan().author.is_operator()
             && let Some(p) = self.with(|s| s.pause.clone())
         {
-            return Err(StoreError::Paused { reason: p.reason, by: p.by });
+            return Err(StoreError::Paused { reason: p.reason, by: p.by.to_string() });
         }
         if self.with(|s| s.plans.values().next().is_some_and(|p| p.plan().dns_zone != plan.plan().dns_zone)) {
             return Err(StoreError::Unavailable("other DNS zone".into()));

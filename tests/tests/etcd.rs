@@ -529,7 +529,7 @@ async fn a_waiter_out_of_time_answers_the_current_version() -> anyhow::Result<()
     for round in 0..20u64 {
         let seen = store.version().await?;
         if round % 2 == 0 {
-            store.pause(dnsplan_common::PauseState { reason: "r".into(), by: "b".into(), since_unix_ms: 0 }).await?;
+            store.pause(dnsplan_common::PauseState::by_operator("r", "b", 0)).await?;
         } else {
             store.resume().await?;
         }
@@ -664,7 +664,7 @@ async fn a_decision_overtaken_before_its_commit_is_refused() -> anyhow::Result<(
         tokio::spawn(async move { s.publish(&p).await })
     };
     reached.await?;
-    s.pause(PauseState { reason: "incident".into(), by: "alice".into(), since_unix_ms: 0 }).await?;
+    s.pause(PauseState::by_operator("incident", "alice", 0)).await?;
     drop(go);
     let r = publish.await?;
     assert!(matches!(r, Err(StoreError::Paused { .. })), "an automation publish paused before its commit: {r:?}");

@@ -467,7 +467,7 @@ async fn paused<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> 
 
 async fn pause<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
     let state: PauseState = parse_json(&body)?;
-    let (by, reason) = (state.by.clone(), state.reason.clone());
+    let (by, reason) = (state.by.to_string(), state.reason.clone());
     ctl.store.pause(state).await?;
     // After the store accepted it; Debug-escaped, so a newline in a reason cannot forge a line.
     tracing::warn!(target: AUDIT_TARGET, action = "pause", by = ?by, reason = ?reason, "automation paused");

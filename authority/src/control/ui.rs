@@ -14,9 +14,9 @@
 //! its last decision, what it is holding back (`deferred`) and each target's health.
 
 use crate::serving::Serving;
+use dnsplan_common::status::Health;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::{ActiveState, Generation, Plan, Store, StoreError, diff_lines, target_list};
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -28,8 +28,8 @@ pub const PLANS_SHOWN: usize = 20;
 /// Endpoints listed; the page says how many more there are.
 pub const ENDPOINTS_SHOWN: usize = 100;
 
-/// The planner's status as JSON (`dnsplan_planner::Status`), when it runs in this process.
-pub type PlannerStatus = Arc<dyn Fn() -> Option<Value> + Send + Sync>;
+/// The planner's status, when it runs in this process.
+pub type PlannerStatus = Arc<dyn Fn() -> Option<dnsplan_common::status::PlannerStatus> + Send + Sync>;
 
 /// Text made safe for HTML content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -102,13 +102,16 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     out.push_str("</table></div>");
 }
 
-/// The planner JSON's targets: (endpoint, address) → health.
-fn health_of(planner: Option<&Value>) -> BTreeMap<(String, String), String> {
+/// The planner's targets: (endpoint, address) → health.
+fn health_of(planner: Option<&dnsplan_common::status::PlannerStatus>) -> BTreeMap<(String, String), String> {
     let mut health = BTreeMap::new();
-    for t in planner.and_then(|p| p["targets"].as_array()).into_iter().flatten() {
-        if let (Some(e), Some(a), Some(h)) = (t["endpoint"].as_str(), t["address"].as_str(), t["health"].as_str()) {
-            health.insert((e.to_owned(), a.to_owned()), h.to_owned());
-        }
+    for t in planner.into_iter().flat_map(|p| &p.targets) {
+        let h = match t.health {
+            Health::Up => "up",
+            Health::Down => "down",
+            Health::Unknown => "unknown",
+        };
+        health.insert((t.endpoint.to_string(), t.address.to_string()), h.to_owned());
     }
     health
 }
@@ -138,12 +141,14 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
     match &paused {
         Some(p) => {
             // A pause by the planner is its breaker.
-            let (class, what, after) = if p.by.starts_with("planner:") {
+            let (class, what, after) = if p.is_breaker() {
                 ("bad", "BREAKER TRIPPED", " (an operator resumes with <code>dnsplan resume</code>)")
             } else {
                 ("warn", "automation PAUSED", "")
             };
-            let (by, reason) = (escape(&p.by), escape(&p.reason));
+            // The breaker names its planner (`planner:ID`); an operator is named as they gave it.
+            let by = if p.is_breaker() { p.by.to_string() } else { p.by.name().to_owned() };
+            let (by, reason) = (escape(&by), escape(&p.reason));
             let _ = write!(body, "<div class=\"banner {class}\">{what} by {by} {}: {reason}{after}</div>", ago(now, p.since_unix_ms));
         }
         None => body.push_str("<div class=\"banner ok\">automation running</div>"),
@@ -173,21 +178,21 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
         None => body.push_str("<p class=\"down\">no planner has held the lease</p>"),
     }
     if let Some(p) = &planner {
-        if let Some(decision) = p["last_decision"].as_str() {
-            let _ = write!(body, "<p>last decision: {}</p>", escape(decision));
+        if !p.last_decision.is_empty() {
+            let _ = write!(body, "<p>last decision: {}</p>", escape(&p.last_decision));
         }
-        if let Some(zone) = p["zone_shifted"].as_str() {
+        if let Some(zone) = &p.zone_shifted {
             let _ = write!(body, "<p class=\"down\">zone shifted away: {}</p>", escape(zone));
         }
-        let deferred = p["deferred"].as_array().cloned().unwrap_or_default();
-        if !deferred.is_empty() {
+        if !p.deferred.is_empty() {
             body.push_str("<h2>Held back</h2>");
-            let rows: Vec<Vec<String>> = deferred
+            let rows: Vec<Vec<String>> = p
+                .deferred
                 .iter()
                 .map(|d| {
-                    let text = |k: &str| d[k].as_str().map(escape).unwrap_or_default();
-                    let when = d["reconsider_at_unix_ms"].as_u64().map(|t| until(now, t)).unwrap_or_else(|| "at the next change".into());
-                    vec![text("rule"), text("endpoint"), text("target"), text("detail"), escape(&when)]
+                    let target = d.target.map(|t| t.to_string()).unwrap_or_default();
+                    let when = d.reconsider_at_unix_ms.map(|t| until(now, t)).unwrap_or_else(|| "at the next change".into());
+                    vec![escape(d.rule.as_str()), escape(d.endpoint.as_str()), escape(&target), escape(&d.detail), escape(&when)]
                 })
                 .collect();
             table(&mut body, &["RULE", "ENDPOINT", "TARGET", "WHY", "RECONSIDERED"], &rows);

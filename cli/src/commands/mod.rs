@@ -16,7 +16,7 @@ use crate::output::{self, Format, table};
 use crate::plan_file::{self, addresses, diff};
 use crate::workflow::{self, RollbackRequest};
 use clap::Subcommand;
-use dnsplan_common::status::{SecondaryState, SecondaryStatus, Status};
+use dnsplan_common::status::{Deferred, PlannerStatus, SecondaryState, SecondaryStatus, Status};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{ActiveState, EndpointName, Generation, PauseState, Provenance, Store, StoreError, ValidatedPlan};
@@ -326,7 +326,7 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
         Command::Endpoints { command } => endpoints(client, command).await,
         Command::Pause { reason, by } => {
             let by = by.unwrap_or_else(operator_name);
-            client.store.pause(PauseState { reason: reason.clone(), by: by.clone(), since_unix_ms: now_unix_ms() }).await?;
+            client.store.pause(PauseState::by_operator(reason.clone(), by.clone(), now_unix_ms())).await?;
             crate::out!("automation paused by {by}: {reason}");
             Ok(ExitCode::SUCCESS)
         }

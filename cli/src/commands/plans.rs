@@ -86,14 +86,14 @@ pub(super) async fn plans(client: &Client, command: PlansCommand) -> CliResult<E
             // What the planner holds back now is relative to the latest plan, so it is shown
             // with that one: it is no part of any plan (a deferral often publishes nothing).
             let planner = if p.generation == client.store.latest().await? {
-                client.get_json::<serde_json::Value>("/v1/planner").await.ok().flatten()
+                client.get_json::<PlannerStatus>("/v1/planner").await.ok().flatten()
             } else {
                 None
             };
             if client.format == Format::Json {
                 let mut out = serde_json::json!({"generation": p.generation, "reason": p.reason, "author": p.author.to_string(), "provenance": p.provenance});
-                if let Some(deferred) = planner.as_ref().and_then(|p| p.get("deferred")) {
-                    out["deferred"] = deferred.clone();
+                if let Some(p) = &planner {
+                    out["deferred"] = serde_json::to_value(&p.deferred).map_err(|e| CliError::Refused(format!("deferred as JSON: {e}")))?;
                 }
                 client.print_json(&out)?;
                 return Ok(ExitCode::SUCCESS);
@@ -112,7 +112,7 @@ pub(super) async fn plans(client: &Client, command: PlansCommand) -> CliResult<E
             let held = held_back(planner.as_ref());
             if !held.is_empty() {
                 crate::out!("held back now against this plan (the planner's last decision; not part of the plan):");
-                print_held_back(&held);
+                print_held_back(held);
             }
         }
     }

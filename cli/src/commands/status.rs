@@ -7,7 +7,7 @@ use super::*;
 pub(super) struct StatusView {
     pub(super) status: Status,
     /// The one-process stack's planner (`/v1/planner`), when there is one.
-    pub(super) planner: Option<serde_json::Value>,
+    pub(super) planner: Option<PlannerStatus>,
     /// Endpoints of the latest plan the planner no longer manages.
     pub(super) unmanaged: Vec<EndpointName>,
 }
@@ -57,7 +57,10 @@ pub(super) async fn status(client: &Client) -> CliResult<ExitCode> {
         // The authority's status as it is, with the CLI's additions beside its keys.
         let mut json = serde_json::to_value(&view.status).map_err(|e| CliError::Refused(format!("status as JSON: {e}")))?;
         if let Some(map) = json.as_object_mut() {
-            map.insert("planner".into(), view.planner.clone().unwrap_or(serde_json::Value::Null));
+            map.insert(
+                "planner".into(),
+                serde_json::to_value(&view.planner).map_err(|e| CliError::Refused(format!("status as JSON: {e}")))?,
+            );
             map.insert("unmanaged".into(), serde_json::json!(view.unmanaged));
         }
         client.print_json(&json)?;
@@ -76,8 +79,8 @@ pub(super) async fn status(client: &Client) -> CliResult<ExitCode> {
     }
     let automation = match &status.paused {
         None => "running".to_owned(),
-        Some(p) if p.by.starts_with("planner:") => format!("BREAKER TRIPPED ({}) {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
-        Some(p) => format!("PAUSED by {} {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
+        Some(p) if p.is_breaker() => format!("BREAKER TRIPPED ({}) {}: {}", p.by, output::ago(p.since_unix_ms), p.reason),
+        Some(p) => format!("PAUSED by {} {}: {}", p.by.name(), output::ago(p.since_unix_ms), p.reason),
     };
     crate::out!("automation    {automation}");
     crate::out!("serial        {}", status.serial);
@@ -93,13 +96,13 @@ pub(super) async fn status(client: &Client) -> CliResult<ExitCode> {
         crate::out!("secondaries   {} notified, {summary}", status.secondaries.len());
     }
     if let Some(p) = planner_view {
-        let active = if p["active"].as_bool() == Some(true) { "active" } else { "standby" };
-        crate::out!("planner       {} ({active}): {}", p["id"].as_str().unwrap_or("?"), p["last_decision"].as_str().unwrap_or(""));
+        let active = if p.active { "active" } else { "standby" };
+        crate::out!("planner       {} ({active}): {}", p.id, p.last_decision);
     }
     let held = held_back(planner_view.as_ref());
     if !held.is_empty() {
         crate::out!("HELD BACK     {} decision(s) the planner's rules defer:", held.len());
-        print_held_back(&held);
+        print_held_back(held);
     }
     if !view.unmanaged.is_empty() {
         crate::out!("{}", unmanaged_line(&view.unmanaged));
@@ -148,27 +151,15 @@ pub(super) async fn status(client: &Client) -> CliResult<ExitCode> {
 /// per target); `--output json` has every one.
 pub(super) const HELD_BACK_LINES_MAX: usize = 20;
 
-/// One of the planner's `deferred` decisions, as `/v1/planner` serves it.
-#[derive(Debug, Deserialize)]
-pub(super) struct HeldBack {
-    pub(super) rule: String,
-    pub(super) endpoint: String,
-    #[serde(default)]
-    pub(super) target: Option<String>,
-    pub(super) detail: String,
-    #[serde(default)]
-    pub(super) reconsider_at_unix_ms: Option<u64>,
-}
-
-/// The planner status's `deferred` list; empty without a planner or from an older one.
-pub(super) fn held_back(planner: Option<&serde_json::Value>) -> Vec<HeldBack> {
-    planner.and_then(|p| p.get("deferred")).and_then(|d| serde_json::from_value(d.clone()).ok()).unwrap_or_default()
+/// The planner status's `deferred` list; empty without a planner.
+pub(super) fn held_back(planner: Option<&PlannerStatus>) -> &[Deferred] {
+    planner.map_or(&[], |p| p.deferred.as_slice())
 }
 
 /// One line each: rule, endpoint and target, when it is reconsidered, and the rule's account.
-pub(super) fn print_held_back(held: &[HeldBack]) {
+pub(super) fn print_held_back(held: &[Deferred]) {
     for h in held.iter().take(HELD_BACK_LINES_MAX) {
-        let target = h.target.as_deref().map(|t| format!(" {t}")).unwrap_or_default();
+        let target = h.target.map(|t| format!(" {t}")).unwrap_or_default();
         let when = match h.reconsider_at_unix_ms {
             Some(at) => format!("reconsidered {}", output::until(at)),
             None => "waits for a change".to_owned(),

@@ -35,7 +35,7 @@ use crate::codec::{self, CodecError, Record};
 use crate::delta::PlanDelta;
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName, ZoneId};
-use crate::plan::{Endpoint, Plan, PlanSummary, ValidatedPlan, ValidationError};
+use crate::plan::{Author, Endpoint, Plan, PlanSummary, ValidatedPlan, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -214,13 +214,27 @@ pub enum ApplyOutcome {
     Unchanged,
 }
 
-/// Who paused automation and why.
+/// Who paused automation and why. A pause by the planner is its breaker.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PauseState {
     pub reason: String,
-    pub by: String,
+    /// As text on the wire and on disk (`planner:ID`, `operator:NAME`; see [`Author::parse`]).
+    #[serde(with = "crate::plan::author_text")]
+    pub by: Author,
     pub since_unix_ms: u64,
+}
+
+impl PauseState {
+    /// An operator's pause, as the CLI and rollbacks make it.
+    pub fn by_operator(reason: impl Into<String>, name: impl Into<String>, since_unix_ms: u64) -> PauseState {
+        PauseState { reason: reason.into(), by: Author::Operator { name: name.into() }, since_unix_ms }
+    }
+
+    /// The planner paused automation itself: its breaker tripped.
+    pub fn is_breaker(&self) -> bool {
+        !self.by.is_operator()
+    }
 }
 
 impl Record for PauseState {
@@ -621,7 +635,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn pause(&self, state: PauseState) -> impl Future<Output = StoreResult<()>> + Send {
         async move {
             check_len("pause reason", &state.reason, PAUSE_TEXT_BYTES_MAX)?;
-            check_len("pause author", &state.by, PAUSE_TEXT_BYTES_MAX)?;
+            check_len("pause author", state.by.name(), PAUSE_TEXT_BYTES_MAX)?;
             self.pause_unchecked(state).await
         }
     }

@@ -209,7 +209,7 @@ impl Inner {
             return Err(StoreError::Conflict { attempted: generation, parent, latest });
         }
         if !is_operator && let Some(pause) = self.paused()? {
-            return Err(StoreError::Paused { reason: pause.reason, by: pause.by });
+            return Err(StoreError::Paused { reason: pause.reason, by: pause.by.to_string() });
         }
         if let Some(stored) = self.meta.get(META_DNS_ZONE).map_err(io)? {
             let stored = DnsName::parse(&String::from_utf8_lossy(&stored))
