@@ -44,11 +44,10 @@ use thiserror::Error;
 
 /// The file's name in `data_dir`.
 pub const FILE_NAME: &str = "serving-image";
-/// The envelope kind of an image; `local_state`'s is 64, common's 1..=16.
+/// The envelope kind of an image; `local_state`'s is 64, common's 1..=16. An image of another
+/// kind (65: written before its head carried the content-change count, by a build before the
+/// first release) is not used: the store's state is read instead, as without an image.
 pub const IMAGE_KIND: u8 = 66;
-/// The kind of an image written before its head carried the content-change count: read
-/// still, with the content count equal to the applied count (where the serial was).
-const IMAGE_V1_KIND: u8 = 65;
 const KIND_NAME: &str = "serving image";
 /// Shortest time between two writes while the served state changes. A crash loses at most
 /// this much of the image, which the next start merges from the store's change log.
@@ -68,26 +67,11 @@ struct Head {
     mark: Option<HistoryMark>,
 }
 
-/// The head of an image of kind [`IMAGE_V1_KIND`].
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HeadV1 {
-    origin: Vec<u8>,
-    applied_changes: u64,
-    mark: Option<HistoryMark>,
-}
-
-/// The body and head of the image `bytes`, of either kind.
+/// The body and head of the image `bytes`.
 fn open_image<'a>(bytes: &'a [u8]) -> Result<(BodyReader<'a>, Head), CodecError> {
-    let kind = if bytes.get(6) == Some(&IMAGE_V1_KIND) { IMAGE_V1_KIND } else { IMAGE_KIND };
-    let body = codec::open(bytes, kind, KIND_NAME, codec::BODY_BYTES_MAX)?;
+    let body = codec::open(bytes, IMAGE_KIND, KIND_NAME, codec::BODY_BYTES_MAX)?;
     let mut reader = BodyReader::new(body, KIND_NAME);
-    let head = if kind == IMAGE_V1_KIND {
-        let old: HeadV1 = reader.take()?;
-        Head { origin: old.origin, applied_changes: old.applied_changes, content_changes: old.applied_changes, mark: old.mark }
-    } else {
-        reader.take()?
-    };
+    let head = reader.take()?;
     Ok((reader, head))
 }
 
@@ -490,36 +474,19 @@ mod tests {
         assert!(read.get_key(&deep).is_some_and(|e| !e.has_data()));
     }
 
-    /// An image written before its head carried the content-change count reads with the
-    /// applied count as content count, where the serial then was.
+    /// An image of another kind (65, before its head carried the content-change count) is not
+    /// read: its reader names the kind, and `resume` then reads the store as without an image.
     #[test]
-    fn an_image_without_a_content_count_reads_with_its_applied_count() {
-        #[derive(Serialize)]
-        struct OldHead {
-            origin: Vec<u8>,
-            applied_changes: u64,
-            mark: Option<HistoryMark>,
-        }
-        let endpoints = [(DnsName::parse("a.example.test.").expect("name"), serving(3, &[("10.0.0.1", 1)]))];
-        let snapshot =
-            Snapshot::build(zone(), &ActiveSnapshot { applied_changes: 9, content_changes: 5, endpoints: endpoints.into_iter().collect() });
+    fn an_image_of_another_kind_is_not_read() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = path_in(dir.path());
-        save(&path, &snapshot, Some(&mark(9))).expect("save");
-        let bytes = std::fs::read(&path).expect("read");
-        fn encoded<T: Serialize>(value: &T) -> Vec<u8> {
-            let mut body = BodyWriter::new(Vec::new());
-            body.put(value).expect("into memory");
-            body.finish().0
-        }
-        let head = Head { origin: snapshot.origin_key.to_vec(), applied_changes: 9, content_changes: 5, mark: Some(mark(9)) };
-        let old = OldHead { origin: head.origin.clone(), applied_changes: 9, mark: head.mark.clone() };
-        let entries = &bytes[codec::HEADER_BYTES + encoded(&head).len()..];
-        let body = [encoded(&old), entries.to_vec()].concat();
-        std::fs::write(&path, codec::seal(IMAGE_V1_KIND, &body)).expect("write");
-        let (_, read) = read(&path, zone()).expect("reads").expect("an image");
-        assert_eq!((read.applied_changes, read.content_changes, read.managed_count()), (9, 9, 1));
-        assert_eq!(saved_applied_changes(&path).expect("reads"), Some(9));
+        save(&path, &Snapshot::build(zone(), &ActiveSnapshot::default()), None).expect("save");
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[6] = 65;
+        std::fs::write(&path, &bytes).expect("write");
+        let Err(err) = read(&path, zone()) else { panic!("an image of another kind was read") };
+        let text = format!("{:#}", anyhow::Error::new(err));
+        assert!(text.contains("serving image") && text.contains("65"), "{text}");
     }
 
     #[test]

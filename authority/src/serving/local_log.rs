@@ -76,7 +76,7 @@ impl LocalLog {
         while let Some(len_bytes) = bytes.get(at..at + 4) {
             let len = u32::from_le_bytes([len_bytes[0], len_bytes[1], len_bytes[2], len_bytes[3]]) as usize;
             let Some(body) = bytes.get(at + 4..at + 4 + len) else { break };
-            match dnsplan_common::store::decode_active_delta(body) {
+            match dnsplan_common::codec::decode::<ActiveDelta>(body) {
                 Ok(delta) => {
                     at += 4 + len;
                     records.push((delta.applied_changes, at as u64));

@@ -157,8 +157,7 @@ pub struct ActiveDelta {
 /// The control API's `GET /v1/changes` as a codec envelope, what `RemoteStore` asks for: the
 /// whole active state of a million endpoints decodes several times faster than as JSON.
 impl Record for ActiveDelta {
-    /// 14 before the content-change count (read still, by the authority's log of served
-    /// changes: [`ActiveDeltaV1`]).
+    /// 14 before the content-change count, in builds before the first release: not read.
     const KIND: u8 = 16;
     const KIND_NAME: &'static str = "active changes";
     const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
@@ -173,36 +172,6 @@ impl From<ActiveSnapshot> for ActiveDelta {
             endpoints: snapshot.endpoints,
         }
     }
-}
-
-/// An [`ActiveDelta`] as written before it carried the content-change count (envelope kind
-/// 14): the authority's log of served changes may still hold some ([`decode_active_delta`]).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ActiveDeltaV1 {
-    applied_changes: u64,
-    full: bool,
-    #[serde(deserialize_with = "crate::plan::sorted_map")]
-    endpoints: BTreeMap<EndpointName, ActiveRecord>,
-}
-
-const ACTIVE_DELTA_V1_KIND: u8 = 14;
-
-/// Decodes an [`ActiveDelta`], or one written before the content-change count; that one's
-/// content count is its applied count, as the serial derived from the applied count then
-/// (and as a store without a content count starts it).
-pub fn decode_active_delta(bytes: &[u8]) -> Result<ActiveDelta, CodecError> {
-    if bytes.get(6) != Some(&ACTIVE_DELTA_V1_KIND) {
-        return codec::decode::<ActiveDelta>(bytes);
-    }
-    let name = "active changes (without the content-change count)";
-    let body = codec::open(bytes, ACTIVE_DELTA_V1_KIND, name, codec::BODY_BYTES_MAX)?;
-    let mut reader = codec::BodyReader::new(body, name);
-    let old: ActiveDeltaV1 = reader.take()?;
-    if !reader.is_done() {
-        return Err(CodecError::Body { kind: name.into(), detail: "bytes follow the value".into() });
-    }
-    Ok(ActiveDelta { applied_changes: old.applied_changes, content_changes: old.applied_changes, full: old.full, endpoints: old.endpoints })
 }
 
 /// The result of an `apply` that was not refused.
@@ -746,45 +715,4 @@ pub fn check_batch(items: &[ApplyItem]) -> StoreResult<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::Target;
-
-    fn serving(ttl_secs: u32) -> ActiveState {
-        let target = Target { address: "10.0.0.1".parse().expect("address"), zone: ZoneId::parse("a").expect("zone"), weight: 1 };
-        ActiveState::Serving(Endpoint { ttl_secs, targets: vec![target] })
-    }
-
-    /// The form an `ActiveDelta` had before it carried the content-change count.
-    #[derive(Serialize, Deserialize)]
-    struct Old {
-        applied_changes: u64,
-        full: bool,
-        endpoints: BTreeMap<EndpointName, ActiveRecord>,
-    }
-
-    impl Record for Old {
-        const KIND: u8 = ACTIVE_DELTA_V1_KIND;
-        const KIND_NAME: &'static str = "old active changes";
-        const BODY_BYTES_MAX: usize = codec::BODY_BYTES_MAX;
-    }
-
-    /// A change written in the old form still reads, its content count its applied count; the
-    /// new form reads as written.
-    #[test]
-    fn a_change_in_the_old_form_reads_with_its_applied_count_as_content_count() {
-        let record = ActiveRecord { generation: Generation(3), state: serving(30) };
-        let endpoints: BTreeMap<_, _> = [(EndpointName::parse("api.example.test.").expect("name"), record)].into();
-        let old = codec::encode(&Old { applied_changes: 9, full: false, endpoints: endpoints.clone() });
-        let read = decode_active_delta(&old).expect("the old form reads");
-        assert_eq!(read, ActiveDelta { applied_changes: 9, content_changes: 9, full: false, endpoints: endpoints.clone() });
-        let new = ActiveDelta { applied_changes: 9, content_changes: 4, full: true, endpoints };
-        assert_eq!(decode_active_delta(&codec::encode(&new)).expect("the new form reads"), new);
-        let mut torn = old.clone();
-        torn.truncate(old.len() - 1);
-        assert!(decode_active_delta(&torn).is_err());
-    }
 }
