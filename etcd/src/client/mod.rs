@@ -168,9 +168,17 @@ fn never_sent(status: &Status) -> bool {
     }
 }
 
+/// Whether a call goes on to the next member after `status`. A read does after anything that
+/// says the member or the way to it failed: `Unavailable`, `Unknown` (a connection error under
+/// it), `Cancelled` (hyper's "operation was canceled": the member was killed while the call was
+/// in flight) and `DeadlineExceeded`; never after etcd's own refusals. A write only when it
+/// never reached the member: otherwise it may have committed, and the store settles it.
 fn moves_on(retry: Retry, status: &Status) -> bool {
     match retry {
-        Retry::Read => matches!(status.code(), Code::Unavailable | Code::Unknown) && !is_invalid_token(status),
+        Retry::Read => {
+            matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)
+                && !is_invalid_token(status)
+        }
         Retry::Write => never_sent(status),
     }
 }
@@ -471,5 +479,37 @@ impl WatchStream {
     /// The next answer; `None` when etcd closed the watch.
     pub async fn message(&mut self) -> Result<Option<WatchResponse>, Error> {
         self.stream.message().await.map_err(|status| Error::Status { member: self.member.clone(), status })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read moves on after every way a member can fail under it, a killed one's cancelled
+    /// call included (seen as a failed read in the member-down chaos scenario before it did);
+    /// a write only when it never left; neither after etcd's own refusals.
+    #[test]
+    fn reads_move_on_after_a_member_fails_and_writes_only_when_unsent() {
+        let failed = [
+            Status::unavailable("etcdserver: leader changed"),
+            Status::cancelled("operation was canceled"),
+            Status::deadline_exceeded("Timeout expired"),
+            Status::unknown("transport error"),
+            Status::unavailable("tcp connect error: Connection refused (os error 111)"),
+        ];
+        for status in &failed {
+            assert!(moves_on(Retry::Read, status), "a read stops after {status:?}");
+        }
+        let unsent = Status::unavailable("tcp connect error: Connection refused (os error 111)");
+        assert!(moves_on(Retry::Write, &unsent));
+        for status in &failed[..4] {
+            assert!(!moves_on(Retry::Write, status), "a write that may have reached the member moves on after {status:?}");
+        }
+        for refused in
+            [Status::invalid_argument("etcdserver: too many operations in txn request"), Status::unauthenticated("invalid auth token")]
+        {
+            assert!(!moves_on(Retry::Read, &refused) && !moves_on(Retry::Write, &refused), "{refused:?}");
+        }
     }
 }
