@@ -12,7 +12,8 @@
 //! - a call goes to the member that last answered (the *preferred* one), then to the others in
 //!   order, members that failed in the last [`MEMBER_HOLD`] last of all;
 //! - a read (a range, a transaction without writes, a status, a watch) moves on after any
-//!   `Unavailable` answer: a member down, partitioned or without a leader;
+//!   answer that says the member failed: `Unavailable` (down, partitioned, without a leader),
+//!   a lost connection, a call cancelled by a member killed under it, a timeout;
 //! - a write moves on only when it never left this process: the member could not be connected
 //!   to (refused, unreachable, or no connection within the connect timeout). A write that
 //!   reached a member and then failed is ambiguous (etcd may have committed it); the store
