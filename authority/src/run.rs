@@ -493,7 +493,10 @@ where
         tasks.spawn(report_itself(store.clone(), serving.clone(), store_reach.clone(), id.clone(), advertised));
     }
 
-    let ctl = Control::new(store.clone(), config.token()).with_metrics(metrics.clone()).with_full_reads_max(config.control.full_reads_max);
+    let ctl = Control::new(store.clone(), config.token())
+        .with_metrics(metrics.clone())
+        .with_full_reads_max(config.control.full_reads_max)
+        .with_zone(zone.clone());
     let extra_metrics = extras.metrics.clone();
     let metrics_store = store.clone();
     // A store outage (etcd down) is logged when it begins and ends, not on every scrape.

@@ -51,11 +51,10 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
             "data_dir = \"d\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0\"\n\
              [dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\nmaster_file = \"delegation.db\"\n\
              [dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n",
-            "record `sub.example.test. NS ns.other.` is below the apex example.test.; it would delegate sub.example.test., and \
-             delegations are not supported yet",
+            "sub.example.test. has a DS record but no NS records: a DS belongs at a delegation",
         ),
     ];
-    std::fs::write(dir.path().join("delegation.db"), "$TTL 3600\nsub.example.test. NS ns.other.\n")?;
+    std::fs::write(dir.path().join("delegation.db"), "$TTL 3600\nsub.example.test. DS 1 13 2 abcd\n")?;
     for (text, want) in cases {
         std::fs::write(&config, text)?;
         let (status, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_dnsplan-authority")).arg("--config").arg(&config))?;

@@ -19,6 +19,7 @@
 //! operation is never logged as done and a newline in a reason cannot forge a line.
 
 use crate::metrics::{ApplyLabels, Metrics};
+use crate::zone::dns_zone::StaticZone;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -32,7 +33,8 @@ use dnsplan_common::store::wire::{
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
-use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta};
+use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta, PlanEntry};
+use hickory_proto::rr::Name;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -65,6 +67,9 @@ pub struct Control<S> {
     metrics: Option<Arc<Metrics>>,
     /// Permits for full-state reads (`control.full_reads_max`), shared by their routes.
     full_reads: Arc<Semaphore>,
+    /// The static zone a published plan's endpoints must not collide with, when this control
+    /// API serves one (`with_zone`).
+    zone: Option<Arc<StaticZone>>,
 }
 
 impl<S> Clone for Control<S>
@@ -72,13 +77,38 @@ where
     S: Clone,
 {
     fn clone(&self) -> Self {
-        Control { store: self.store.clone(), token: self.token.clone(), metrics: self.metrics.clone(), full_reads: self.full_reads.clone() }
+        Control {
+            store: self.store.clone(),
+            token: self.token.clone(),
+            metrics: self.metrics.clone(),
+            full_reads: self.full_reads.clone(),
+            zone: self.zone.clone(),
+        }
     }
 }
 
 impl<S: Store> Control<S> {
     pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
-        Control { store, token: token.into(), metrics: None, full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)) }
+        Control { store, token: token.into(), metrics: None, full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)), zone: None }
+    }
+
+    /// Publishes are refused when a served endpoint would collide with `zone`'s static
+    /// records (`StaticZone::endpoint_conflict`).
+    pub fn with_zone(mut self, zone: Arc<StaticZone>) -> Control<S> {
+        self.zone = Some(zone);
+        self
+    }
+
+    /// 400 naming the first endpoint served by `entries` that collides with the static zone.
+    fn check_endpoints<'a>(&self, generation: Generation, entries: impl Iterator<Item = &'a EndpointName>) -> ApiResult<()> {
+        let Some(zone) = &self.zone else { return Ok(()) };
+        for endpoint in entries {
+            let Ok(name) = Name::from_ascii(endpoint.as_str()) else { continue };
+            if let Some(why) = zone.endpoint_conflict(&name) {
+                return Err(ApiError::bad_request(format!("plan {generation}: endpoint {why}")));
+            }
+        }
+        Ok(())
     }
 
     /// At most `max` full-state reads at once; more wait their turn (`router` applies it).
@@ -291,6 +321,7 @@ async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiRe
     } else {
         codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?
     };
+    ctl.check_endpoints(plan.plan().generation, plan.plan().endpoints.keys())?;
     match lease_headers(&headers)? {
         Some(lease) => ctl.store.publish_leased(&plan, &lease).await?,
         None => ctl.store.publish(&plan).await?,
@@ -323,6 +354,8 @@ async fn publish_changes<S: Store>(State(ctl): State<Control<S>>, Path(generatio
     if delta.generation() != Generation(g) {
         return Err(ApiError::bad_request(format!("the body holds the changes of plan {}, not of plan {g}", delta.generation())));
     }
+    let served = delta.changes.iter().filter(|(_, entry)| matches!(entry, PlanEntry::Serve(_))).map(|(name, _)| name);
+    ctl.check_endpoints(delta.head.generation, served)?;
     ctl.store.publish_changes(&delta, lease_headers(&headers)?.as_ref()).await?;
     let h = &delta.head;
     tracing::info!(

@@ -28,7 +28,7 @@
 //! logs at WARN about options that do not frame, runs with no subscriber.
 
 use crate::query::wire;
-use crate::zone::snapshot::{Family, Managed, Snapshot};
+use crate::zone::snapshot::{Entry, Family, Found, Managed, Snapshot, wire_key};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
@@ -184,31 +184,53 @@ pub fn respond(
     }
     resp.metadata.authoritative = true;
     let mut glue_rrsets = Vec::new();
-    match snapshot.get(&name) {
-        Some(data) => {
-            let mut answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
-            let ends = follow_cnames(&mut answers, &name, query.query_type(), snapshot, limits, rng);
-            if answers.is_empty() {
-                negative(&mut resp, snapshot, ResponseCode::NoError);
-            } else {
-                if query.query_type() == RecordType::NS && name == snapshot.zone.origin {
-                    let glue = glue(snapshot, &answers, limits, rng);
-                    glue_rrsets = glue.iter().map(Vec::len).collect();
-                    resp.add_additionals(glue.into_iter().flatten());
-                }
-                resp.add_answers(answers);
-                match ends {
-                    ChainEnd::Answered => {}
-                    // RFC 6604 §3: the rcode is the last name's; RFC 2308: with the SOA.
-                    ChainEnd::NoData => negative(&mut resp, snapshot, ResponseCode::NoError),
-                    ChainEnd::NxDomain => negative(&mut resp, snapshot, ResponseCode::NXDomain),
-                }
+    let mut required_glue = 0;
+    let qtype_asked = query.query_type();
+    let data = match snapshot.find(&wire_key(&name)) {
+        // DS at the cut is the parent's data, answered with authority (RFC 4035 §3.1.4.1).
+        Found::Cut(cut) if qtype_asked == RecordType::DS && cut.key[..] == wire_key(&name)[..] => Some(cut),
+        Found::Cut(cut) => {
+            resp.metadata.authoritative = false;
+            let (glue, required) = referral(&mut resp, cut, snapshot, limits, rng);
+            (glue_rrsets, required_glue) = (glue, required);
+            None
+        }
+        Found::Name(data) | Found::Wildcard(data) => Some(data),
+        Found::Empty => {
+            negative(&mut resp, snapshot, ResponseCode::NoError);
+            None
+        }
+        Found::Missing => {
+            negative(&mut resp, snapshot, ResponseCode::NXDomain);
+            None
+        }
+    };
+    if let Some(data) = data {
+        // A wildcard's records take the name asked as owner (RFC 4592 §2.1.1), as every
+        // answer here does.
+        let mut answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
+        let ends = follow_cnames(&mut answers, &name, qtype_asked, snapshot, limits, rng);
+        if answers.is_empty() {
+            negative(&mut resp, snapshot, ResponseCode::NoError);
+        } else {
+            if qtype_asked == RecordType::NS && name == snapshot.zone.origin {
+                let glue = glue(snapshot, &answers, limits, rng);
+                glue_rrsets = glue.iter().map(Vec::len).collect();
+                resp.add_additionals(glue.into_iter().flatten());
+            }
+            resp.add_answers(answers);
+            match ends {
+                ChainEnd::Answered => {}
+                // RFC 6604 §3: the rcode is the last name's; RFC 2308: with the SOA.
+                ChainEnd::NoData => negative(&mut resp, snapshot, ResponseCode::NoError),
+                ChainEnd::NxDomain => negative(&mut resp, snapshot, ResponseCode::NXDomain),
+                // RFC 1034 §4.3.2 step 3b: the chain went into a delegation; the answer keeps
+                // AA for the CNAMEs, the referral follows in the authority section.
+                ChainEnd::Referral(cut) => (glue_rrsets, required_glue) = referral(&mut resp, cut, snapshot, limits, rng),
             }
         }
-        None if snapshot.is_empty_non_terminal(&name) => negative(&mut resp, snapshot, ResponseCode::NoError),
-        None => negative(&mut resp, snapshot, ResponseCode::NXDomain),
     }
-    finish_with_glue(resp, &glue_rrsets, qtype, transport, udp_limit)
+    finish_with_glue(resp, &glue_rrsets, required_glue, qtype, transport, udp_limit)
 }
 
 /// FORMERR for a query that could not be read: the header's id, opcode and RD, no question,
@@ -227,6 +249,26 @@ fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
     resp.metadata.response_code = rcode;
     let zone = &snapshot.zone;
     resp.add_authority(zone.soa_record(snapshot.serial, zone.negative_ttl_secs()));
+}
+
+/// A referral to the child zone at `cut` (RFC 1034 §4.3.2 step 3b): the cut's NS RRset in
+/// the authority section and its name servers' addresses as glue in the additional section
+/// (A RRsets, then AAAA RRsets, in NS order, as NSD sends them). Returns the glue RRsets'
+/// sizes and how many of the first ones are required: RFC 9471 §3.1 wants every in-domain
+/// name server's glue (a name at or below the cut, which only this referral can give) or
+/// TC=1; other glue is left out when it does not fit. No DS: the zone is not signed (NSD
+/// adds it only to signed zones' referrals).
+fn referral(resp: &mut Message, cut: &Entry, snapshot: &Snapshot, limits: &AnswerLimits, rng: &mut impl Rng) -> (Vec<usize>, usize) {
+    let Some(cut_name) = cut.name() else { return (Vec::new(), 0) };
+    let ns: Vec<Record> = cut.statics.iter().filter(|r| r.record_type() == RecordType::NS).cloned().collect();
+    let mut rrsets = glue(snapshot, &ns, limits, rng);
+    // The in-domain RRsets first, keeping NSD's order within each kind.
+    rrsets.sort_by_key(|rrset| !rrset.first().is_some_and(|r| cut_name.zone_of(&r.name)));
+    let required = rrsets.iter().filter(|rrset| rrset.first().is_some_and(|r| cut_name.zone_of(&r.name))).count();
+    resp.add_authorities(ns);
+    let sizes = rrsets.iter().map(Vec::len).collect();
+    resp.add_additionals(rrsets.into_iter().flatten());
+    (sizes, required)
 }
 
 /// Glue for the apex NS RRset `answers`: each in-zone name server's A RRset (once per name,
@@ -312,26 +354,28 @@ fn fold_case(resp: &mut Message) {
 pub const CNAME_CHAIN_MAX: usize = 8;
 
 /// How an answer that starts with a CNAME ends inside the zone.
-enum ChainEnd {
+enum ChainEnd<'a> {
     /// With data, a CNAME out of the zone, or no CNAME at all.
     Answered,
     /// At a name without data of the type asked (NODATA).
     NoData,
     /// At a name that does not exist.
     NxDomain,
+    /// At or below a delegation: a referral follows.
+    Referral(&'a Entry),
 }
 
 /// Follows an answer that is one CNAME (asked at `name` for `qtype`) through the zone, as
 /// RFC 1034 §4.3.2 step 3a asks of an authoritative server: each target's answer is added,
 /// up to [`CNAME_CHAIN_MAX`] CNAMEs, never twice the same name; says how the chain ended.
-fn follow_cnames(
+fn follow_cnames<'a>(
     answers: &mut Vec<Record>,
     name: &Name,
     qtype: RecordType,
-    snapshot: &Snapshot,
+    snapshot: &'a Snapshot,
     limits: &AnswerLimits,
     rng: &mut impl Rng,
-) -> ChainEnd {
+) -> ChainEnd<'a> {
     if matches!(qtype, RecordType::CNAME | RecordType::ANY) {
         return ChainEnd::Answered;
     }
@@ -344,10 +388,13 @@ fn follow_cnames(
         if !snapshot.zone.origin.zone_of(&target) || seen.contains(&target) {
             return ChainEnd::Answered;
         }
-        let more = match snapshot.get(&target) {
-            Some(data) => collect(&Query::query(target.clone(), qtype), data.managed.as_ref(), &data.statics, limits, rng),
-            None if snapshot.is_empty_non_terminal(&target) => return ChainEnd::NoData,
-            None => return ChainEnd::NxDomain,
+        let more = match snapshot.find(&wire_key(&target)) {
+            Found::Name(data) | Found::Wildcard(data) => {
+                collect(&Query::query(target.clone(), qtype), data.managed.as_ref(), &data.statics, limits, rng)
+            }
+            Found::Cut(cut) => return ChainEnd::Referral(cut),
+            Found::Empty => return ChainEnd::NoData,
+            Found::Missing => return ChainEnd::NxDomain,
         };
         if more.is_empty() {
             return ChainEnd::NoData;
@@ -476,15 +523,16 @@ pub fn sample<T: Copy, const N: usize>(family: &Family<T, N>, k: usize, rng: &mu
 }
 
 fn finish(resp: Message, qtype: Option<RecordType>, transport: Transport, udp_limit: u16) -> Option<(Vec<u8>, Outcome)> {
-    finish_with_glue(resp, &[], qtype, transport, udp_limit)
+    finish_with_glue(resp, &[], 0, qtype, transport, udp_limit)
 }
 
 /// Encodes `resp`, whose additional section is glue RRsets of the sizes `glue_rrsets`: as many
 /// of them (from the first) as fit the transport, and TC=1 with no records if the rest does
-/// not fit.
+/// not fit or the first `required_glue` RRsets do not (a referral's in-domain glue).
 fn finish_with_glue(
     mut resp: Message,
     glue_rrsets: &[usize],
+    required_glue: usize,
     qtype: Option<RecordType>,
     transport: Transport,
     udp_limit: u16,
@@ -500,8 +548,11 @@ fn finish_with_glue(
         let encoded = resp.to_vec();
         if encoded.as_ref().is_ok_and(|b| b.len() > limit) {
             // Glue is additional data: leave out its last RRset and try again (RFC 2181 §9:
-            // no TC for it). Only the apex NS answer has any, a few RRsets.
-            if let Some(&len) = glue_rrsets.next_back() {
+            // no TC for it), down to the required glue. Only the apex NS answer and
+            // referrals have any, a few RRsets.
+            if glue_rrsets.len() > required_glue
+                && let Some(&len) = glue_rrsets.next_back()
+            {
                 resp.additionals.truncate(resp.additionals.len().saturating_sub(len));
                 continue;
             }

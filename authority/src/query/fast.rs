@@ -5,7 +5,10 @@
 //! one question of class IN for a name inside the zone, no answer or authority records, at
 //! most an EDNS version-0 OPT record, asking A or AAAA at a managed name, anything but ANY at a
 //! managed name without static records, NS at the apex (the answer `snapshot` precompiled,
-//! with glue), or any type at a name that does not exist or is an empty non-terminal.
+//! with glue), or any type at a name that does not exist or is an empty non-terminal in a
+//! zone without delegations and wildcards (in one with them, such a name may be below a cut or
+//! covered by a wildcard, which the reference path works out). Managed names are never at or
+//! below a cut (`snapshot` does not serve them there), so their answers stay here.
 //! Everything else — other static records, ANY, other opcodes, other classes, zone transfers,
 //! names outside the zone, EDNS versions above 0, answers that do not fit and anything
 //! malformed (options that do not frame, a malformed client-subnet option) — goes to
@@ -163,6 +166,9 @@ pub fn respond_fast(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits, r
     let question = &p[12..q.end];
     match entry {
         Some(e) if e.has_data() => answer_at(p, question, &q, e, edns, snapshot, limits, udp_limit, rng, out),
+        // A name without data of its own may be below a zone cut (a referral) or covered by
+        // a wildcard: the reference path walks the zone for it.
+        _ if snapshot.zone.has_cuts_or_wildcards() => Fast::Slow,
         // An empty non-terminal: NODATA.
         Some(_) => negative(p, question, &q, origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out),
         None => negative(p, question, &q, origin_labels, ResponseCode::NXDomain, edns, snapshot, limits, udp_limit, out),

@@ -5,9 +5,10 @@
 
 use crate::zone::zone_text;
 use hickory_proto::rr::rdata::{NS, SOA};
-use hickory_proto::rr::{DNSClass, Name, RData, Record};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::txt::Parser;
 use serde::Deserialize;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -96,15 +97,20 @@ pub enum DnsZoneError {
     #[error("dns_zone.master_file {path}: record {name} is outside the DNS zone {origin}")]
     Outside { path: PathBuf, name: String, origin: String },
     #[error(
-        "dns_zone.master_file {path}: record `{name} NS {target}` is below the apex {origin}; it would delegate {name}, and \
-         delegations are not supported yet: remove the record (NS records belong at the apex only)"
+        "dns_zone.master_file {path}: {name} is a wildcard with NS records; a wildcard cannot delegate (RFC 4592 §4.2): \
+         delegate the names themselves"
     )]
-    Delegation { path: PathBuf, name: String, target: String, origin: String },
+    WildcardDelegation { path: PathBuf, name: String },
     #[error(
-        "dns_zone.master_file {path}: {name} is a wildcard, and wildcards are not supported yet: it would answer only for the \
-         literal name, and NXDOMAIN where a wildcard synthesises an answer; list the names it should cover instead"
+        "dns_zone.master_file {path}: {name} has a DS record but no NS records: a DS belongs at a delegation (RFC 4035 §2.4); \
+         add the delegation's NS records or drop the DS"
     )]
-    Wildcard { path: PathBuf, name: String },
+    DsWithoutDelegation { path: PathBuf, name: String },
+    #[error(
+        "dns_zone.master_file {path}: {name} has NS records (a delegation) and a CNAME; a name with a CNAME has no other \
+         data (RFC 1034 §3.6.2): keep one"
+    )]
+    CnameAtDelegation { path: PathBuf, name: String },
     #[error(
         "dns_zone.master_file {path}, line {line}: the escape \\{digits} is not supported: only decimal escapes of printable \
          ASCII (\\032 to \\126) are taken; write the character itself or drop it"
@@ -125,8 +131,15 @@ pub struct StaticZone {
     pub serial_base: u32,
     pub soa_ttl_secs: u32,
     pub ns: Vec<Record>,
-    /// Every other static record (not SOA, not apex NS), class IN.
+    /// Every other static record (not SOA, not apex NS), class IN: delegations' NS and DS
+    /// records, glue and wildcards included.
     pub records: Vec<Record>,
+    /// The delegation points below the apex (names with NS records).
+    pub cuts: BTreeSet<Name>,
+    /// The owners of static CNAME records.
+    pub aliases: BTreeSet<Name>,
+    /// Whether any owner is a wildcard (`*.x`).
+    pub wildcards: bool,
 }
 
 fn parse_name(field: &'static str, value: &str) -> Result<Name, DnsZoneError> {
@@ -154,6 +167,7 @@ impl StaticZone {
             (None, Some(text)) => Some((PathBuf::from("(dns_zone.records)"), text.clone())),
             (None, None) => None,
         };
+        let source_path = source.as_ref().map(|(path, _)| path.clone());
         if let Some((path, text)) = source {
             let text =
                 zone_text::decimal_escapes(&text).map_err(|(line, digits)| DnsZoneError::Escape { path: path.clone(), line, digits })?;
@@ -174,9 +188,6 @@ impl StaticZone {
                     if record.dns_class != DNSClass::IN {
                         continue;
                     }
-                    if name.is_wildcard() {
-                        return Err(DnsZoneError::Wildcard { path, name: name.to_string() });
-                    }
                     let mut record = record.clone();
                     record.name = name.clone();
                     if let Some(data) = rewritten.replacement(&record.data) {
@@ -188,21 +199,19 @@ impl StaticZone {
                             soa_ttl = record.ttl;
                         }
                         RData::NS(_) if name == origin => ns.push(record),
-                        // Served as a static record it would answer for the child zone with
-                        // AA=1 instead of a referral: wrong answers, so refuse it.
-                        RData::NS(target) => {
-                            return Err(DnsZoneError::Delegation {
-                                path,
-                                name: name.to_string(),
-                                target: target.0.to_string(),
-                                origin: origin.to_string(),
-                            });
+                        RData::NS(_) if name.is_wildcard() => {
+                            return Err(DnsZoneError::WildcardDelegation { path, name: name.to_string() });
                         }
                         _ => records.push(record),
                     }
                 }
             }
         }
+        let (cuts, wildcards) = match &source_path {
+            Some(path) => delegations(&records, path)?,
+            None => (BTreeSet::new(), false),
+        };
+        let aliases = records.iter().filter(|r| r.record_type() == RecordType::CNAME).map(|r| r.name.clone()).collect();
         let (soa, serial_base) = match (&config.soa, soa) {
             (Some(_), Some(_)) => return Err(DnsZoneError::TwoSoas),
             (None, None) => return Err(DnsZoneError::NoSoa),
@@ -227,7 +236,38 @@ impl StaticZone {
         if ns.is_empty() {
             return Err(DnsZoneError::NoNs);
         }
-        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records })
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards })
+    }
+
+    /// Why a managed endpoint at `name` could not be served beside the static records, if it
+    /// could not: at or below a delegation (the child zone answers for it), or at a name with
+    /// a CNAME (which has no other data, RFC 1034 §3.6.2). A publish of such a plan is
+    /// refused with this text; the query path never serves one (`snapshot`).
+    pub fn endpoint_conflict(&self, name: &Name) -> Option<String> {
+        let name = name.to_lowercase();
+        if self.aliases.contains(&name) {
+            return Some(format!(
+                "{name} has a static CNAME in the DNS zone, and a name with a CNAME has no other data (RFC 1034 §3.6.2): \
+                 remove the CNAME from the master file or the endpoint from the plan"
+            ));
+        }
+        let mut at = name.clone();
+        while at.num_labels() > self.origin.num_labels() {
+            if self.cuts.contains(&at) {
+                return Some(format!(
+                    "{name} is at or below the delegation {at} in the DNS zone: the child zone answers for it, so it would \
+                     never be served; move the endpoint out of {at} or remove the delegation"
+                ));
+            }
+            at = at.base_name();
+        }
+        None
+    }
+
+    /// Whether the query path must walk a name from the apex down (for a zone cut above it or
+    /// a wildcard that covers it) rather than answer from its own entry alone.
+    pub fn has_cuts_or_wildcards(&self) -> bool {
+        !self.cuts.is_empty() || self.wildcards
     }
 
     /// The TTL of the SOA in negative answers: min(SOA TTL, SOA MINIMUM) (RFC 2308 §3).
@@ -240,6 +280,25 @@ impl StaticZone {
         let soa = SOA::new(s.mname.clone(), s.rname.clone(), serial, s.refresh, s.retry, s.expire, s.minimum);
         Record::from_rdata(self.origin.clone(), ttl, RData::SOA(soa))
     }
+}
+
+/// The delegation points of `records` (the owners of NS records) and whether any owner is a
+/// wildcard; a DS away from a delegation or a CNAME at one is refused, naming the master file
+/// `path`.
+fn delegations(records: &[Record], path: &Path) -> Result<(BTreeSet<Name>, bool), DnsZoneError> {
+    let cuts: BTreeSet<Name> = records.iter().filter(|r| r.record_type() == RecordType::NS).map(|r| r.name.clone()).collect();
+    for r in records {
+        match r.record_type() {
+            RecordType::DS if !cuts.contains(&r.name) => {
+                return Err(DnsZoneError::DsWithoutDelegation { path: path.to_path_buf(), name: r.name.to_string() });
+            }
+            RecordType::CNAME if cuts.contains(&r.name) => {
+                return Err(DnsZoneError::CnameAtDelegation { path: path.to_path_buf(), name: r.name.to_string() });
+            }
+            _ => {}
+        }
+    }
+    Ok((cuts, records.iter().any(|r| r.name.is_wildcard())))
 }
 
 /// The DNS zone `origin` with its SOA and one name server, for unit tests.
@@ -298,15 +357,29 @@ mod tests {
         StaticZone::load(&config("zone.db"), dir.path())
     }
 
-    /// Fails without the `Delegation` refusal: the NS record would be loaded as a static record
-    /// and served with AA=1 as if the child zone were ours.
+    /// NS records below the apex are a delegation: loaded as records, the cut named once; a
+    /// DS away from a cut, a CNAME at one and a wildcard that delegates are refused.
     #[test]
-    fn ns_below_the_apex_is_refused() {
-        let err = load("$TTL 3600\nsub.example.test. NS ns.other.\n").expect_err("a delegation was loaded");
-        let text = err.to_string();
-        assert!(matches!(err, DnsZoneError::Delegation { .. }), "{text}");
-        for want in ["`sub.example.test. NS ns.other.`", "delegations are not supported yet", "zone.db"] {
-            assert!(text.contains(want), "{want:?} not in: {text}");
+    fn ns_below_the_apex_is_a_delegation() {
+        let zone = load("$TTL 3600\nsub NS ns.other.\nsub NS ns.sub\nsub DS 1 13 2 abcd\nns.sub A 192.0.2.1\n").expect("loads");
+        let sub = Name::from_ascii("sub.example.test.").expect("name");
+        assert_eq!(zone.cuts, BTreeSet::from([sub.clone()]));
+        assert_eq!(zone.records.len(), 4);
+        assert!(!zone.wildcards);
+        let named = |n: &str| Name::from_ascii(n).expect("name");
+        assert!(zone.endpoint_conflict(&sub).is_some_and(|e| e.contains("at or below the delegation sub.example.test.")));
+        assert!(zone.endpoint_conflict(&named("A.Deep.Sub.example.test.")).is_some(), "below the cut, in any case");
+        assert_eq!(zone.endpoint_conflict(&named("subway.example.test.")), None);
+        assert_eq!(zone.endpoint_conflict(&named("example.test.")), None);
+        let aliased = load("$TTL 3600\nwww CNAME api\n").expect("loads");
+        assert!(aliased.endpoint_conflict(&named("www.example.test.")).is_some_and(|e| e.contains("static CNAME")));
+        for (file, want) in [
+            ("$TTL 3600\nx DS 1 13 2 abcd\n", "x.example.test. has a DS record but no NS records"),
+            ("$TTL 3600\nsub NS ns.other.\nsub CNAME api\n", "sub.example.test. has NS records (a delegation) and a CNAME"),
+            ("$TTL 3600\n*.w NS ns.other.\n", "*.w.example.test. is a wildcard with NS records"),
+        ] {
+            let err = load(file).expect_err(file).to_string();
+            assert!(err.contains(want) && err.contains("zone.db"), "{want:?} not in: {err}");
         }
     }
 
@@ -331,7 +404,7 @@ mod tests {
     }
 
     /// A record in RFC 3597's generic form is loaded as its type and passes the same checks:
-    /// a generic NS below the apex is a delegation and refused; a generic A is an A record at
+    /// a generic NS below the apex is a delegation; a generic A is an A record at
     /// its owner and TTL (a blank owner, `$TTL`); a type nobody knows is its bytes; and the
     /// error of one that does not decode names its line.
     #[test]
@@ -344,18 +417,17 @@ mod tests {
             vec![("x.example.test.".to_string(), RecordType::A, 3600), ("x.example.test.".to_string(), RecordType::Unknown(65000), 3600)]
         );
         // ns.other. in wire form: 2 "ns" 5 "other" 0.
-        let err = load("$TTL 3600\nsub TYPE2 \\# 10 026e73056f7468657200\n").expect_err("a delegation was loaded");
-        assert!(matches!(err, DnsZoneError::Delegation { .. }), "{err}");
+        let zone = load("$TTL 3600\nsub TYPE2 \\# 10 026e73056f7468657200\n").expect("a delegation loads");
+        assert_eq!(zone.cuts.len(), 1, "the generic NS is a delegation");
         let err = load("$TTL 3600\n\nbad TYPE1 \\# 2 0a00\n").expect_err("a torn A was loaded");
         assert!(matches!(err, DnsZoneError::Record { line: 3, .. }), "{err}");
     }
 
-    /// Served as a literal name, a wildcard would answer NXDOMAIN where it should synthesise.
     #[test]
-    fn wildcards_are_refused() {
-        let err = load("$TTL 3600\n*.wild A 192.0.2.1\n").expect_err("a wildcard was loaded");
-        assert!(matches!(err, DnsZoneError::Wildcard { .. }), "{err}");
-        assert!(err.to_string().contains("*.wild.example.test."), "{err}");
+    fn wildcards_are_loaded_and_marked() {
+        let zone = load("$TTL 3600\n*.wild A 192.0.2.1\n").expect("a wildcard loads");
+        assert!(zone.wildcards && zone.cuts.is_empty());
+        assert!(zone.has_cuts_or_wildcards());
     }
 
     #[test]

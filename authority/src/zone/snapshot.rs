@@ -291,6 +291,23 @@ impl Entry {
     }
 }
 
+/// What a zone has for a name (`Snapshot::find`).
+#[derive(Clone, Copy, Debug)]
+pub enum Found<'a> {
+    /// The name's own entry, with data.
+    Name(&'a Entry),
+    /// A zone cut at or above the name, below the apex: the entry at the cut. Queries at
+    /// and below it get a referral, except DS at the cut itself (the parent's data).
+    Cut(&'a Entry),
+    /// The name does not exist and a wildcard covers it: the wildcard's entry, the source of
+    /// synthesis (possibly without data: an empty non-terminal).
+    Wildcard(&'a Entry),
+    /// An empty non-terminal: the name exists, without data (NODATA).
+    Empty,
+    /// The name does not exist, and no wildcard covers it (NXDOMAIN).
+    Missing,
+}
+
 type Shard = HashTable<Arc<Entry>>;
 
 #[derive(Clone)]
@@ -503,6 +520,11 @@ impl Snapshot {
             tracing::error!(%endpoint, origin = %self.zone.origin, "active endpoint is outside the DNS zone; not served");
             return None;
         }
+        if let Some(Found::Cut(cut)) = (!self.zone.cuts.is_empty()).then(|| self.find(&key)) {
+            let cut = cut.name().map(|n| n.to_string()).unwrap_or_default();
+            tracing::error!(%endpoint, %cut, "active endpoint is at or below a delegation of the DNS zone; not served (the child zone answers for it)");
+            return None;
+        }
         Some(key)
     }
 
@@ -574,6 +596,56 @@ impl Snapshot {
     pub fn managed_generation(&self, endpoint: &EndpointName) -> Option<Generation> {
         let name = Name::from_ascii(endpoint.as_str()).ok()?;
         self.get_key(&wire_key(&name))?.managed.as_ref().map(|m| m.generation)
+    }
+
+    /// Whether the entry is a delegation point: NS records below the apex.
+    pub fn is_cut(&self, entry: &Entry) -> bool {
+        entry.key.len() > self.origin_key.len() && entry.statics.iter().any(|r| r.record_type() == RecordType::NS)
+    }
+
+    /// What the zone has for `key` (a lower-case wire-form name inside the zone), as RFC 1034
+    /// §4.3.2 finds it from the apex down: a zone cut at or above the name comes first (its
+    /// data and everything below is the child's, served only as glue); then the name itself;
+    /// then, for a name that does not exist, the wildcard at its closest encloser (RFC 4592
+    /// §3.3.1). A zone without cuts or wildcards needs one lookup.
+    pub fn find(&self, key: &[u8]) -> Found<'_> {
+        let own = || match self.get_key(key) {
+            Some(e) if e.has_data() => Found::Name(e),
+            Some(_) => Found::Empty,
+            None => Found::Missing,
+        };
+        if !self.zone.has_cuts_or_wildcards() {
+            return own();
+        }
+        let mut starts: SmallVec<[usize; 16]> = SmallVec::new();
+        let mut at = 0;
+        while at < key.len() && key[at] != 0 {
+            starts.push(at);
+            at += usize::from(key[at]) + 1;
+        }
+        // Labels below the origin, from the one just under the apex down to the name's own.
+        let below = starts.len().saturating_sub(self.origin_labels);
+        for i in (0..below).rev() {
+            match self.get_key(&key[starts[i]..]) {
+                Some(e) if self.is_cut(e) => return Found::Cut(e),
+                Some(_) => {}
+                None => {
+                    let encloser = starts.get(i + 1).map_or(&key[key.len() - 1..], |&s| &key[s..]);
+                    return self.wildcard_at(encloser).map_or(Found::Missing, Found::Wildcard);
+                }
+            }
+        }
+        own()
+    }
+
+    /// The wildcard `*.<encloser>`, if the zone has it.
+    fn wildcard_at(&self, encloser: &[u8]) -> Option<&Entry> {
+        if !self.zone.wildcards || encloser.len() + 2 > NAME_WIRE_BYTES_MAX {
+            return None;
+        }
+        let mut wild: SmallVec<[u8; 64]> = SmallVec::from_slice(&[1, b'*']);
+        wild.extend_from_slice(encloser);
+        self.get_key(&wild)
     }
 
     pub fn is_empty_non_terminal(&self, name: &Name) -> bool {

@@ -208,11 +208,12 @@ fn is_meta(code: u16) -> bool {
     code == 0 || code == 41 || (128..=255).contains(&code)
 }
 
-/// DNSSEC's records (SIG, KEY, NXT, DS, RRSIG, NSEC, DNSKEY, NSEC3, NSEC3PARAM, CDS, CDNSKEY):
-/// the zone is not signed, so they would be served without the signatures that make them
-/// mean anything. (The reader refuses them in their own form too.)
+/// DNSSEC's records of the zone itself (SIG, KEY, NXT, RRSIG, NSEC, DNSKEY, NSEC3,
+/// NSEC3PARAM, CDS, CDNSKEY): the zone is not signed, so they would be served without the
+/// signatures that make them mean anything. DS is taken: it is the parent's data at a
+/// delegation, the child's key digest (the loader refuses one away from a delegation).
 fn is_dnssec(code: u16) -> bool {
-    matches!(code, 24 | 25 | 30 | 43 | 46 | 47 | 48 | 50 | 51 | 59 | 60)
+    matches!(code, 24 | 25 | 30 | 46 | 47 | 48 | 50 | 51 | 59 | 60)
 }
 
 const DNAME: u16 = 39;
@@ -428,7 +429,7 @@ mod tests {
             ("a LOC 52 22 23.000 N 4 53 32.000 E -2.00m 0.00m 10000m 10m\n", 1, "generic form only"),
             ("a TYPE250 \\# 1 00\n", 1, "meta or query type"),
             ("a TYPE46 \\# 1 00\n", 1, "DNSSEC records"),
-            ("a DS 1 8 2 abcd\n", 1, "DNSSEC records"),
+            ("a CDS 1 8 2 abcd\n", 1, "DNSSEC records"),
             ("a TYPE65000 \\# 2 zz00\n", 1, "hex digits"),
             ("a SPF\n", 1, "no text"),
         ] {
