@@ -322,7 +322,12 @@ where
     let mut rrl = Some(rrl);
     let mut transfer = Some(transfer);
     let mut dress = |serving: Serving| {
-        Arc::new(serving.with_rrl(rrl.take().flatten()).with_transfer(transfer.take().unwrap_or_else(TransferPolicy::closed)))
+        Arc::new(
+            serving
+                .with_rrl(rrl.take().flatten())
+                .with_transfer(transfer.take().unwrap_or_else(TransferPolicy::closed))
+                .with_ixfr_log(&config.data_dir),
+        )
     };
     let mut serving = None;
     let mut udp = None;

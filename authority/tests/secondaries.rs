@@ -305,6 +305,11 @@ async fn converge(secondaries: &[Secondary<'_>], want: u32, step: &str) -> anyho
 /// After every plan of the storm, each of Knot, NSD and BIND reaches dnsplan's serial by
 /// NOTIFY and IXFR, and its whole zone then equals dnsplan's, TTLs included.
 ///
+/// The authority is restarted after two plans, the second not notified: the first change after
+/// the restart reaches the three by IXFR from the first plan's serial, from the history read
+/// back from disk (no whole zone sent). Teeth, checked
+/// once: without `with_ixfr_log` in the authority, "a whole zone was sent after the restart".
+///
 /// Teeth: with `journal::holds` comparing by hickory's `Record` equality (which leaves the
 /// TTL out), the IXFR for "the TTL of ttl alone, 60 -> 90" was the four SOA records only,
 /// and the test failed there: Knot (the first compared) still had `ttl.example.test. 60 IN A
@@ -318,9 +323,13 @@ async fn knot_nsd_and_bind_hold_our_whole_zone_after_every_plan_of_a_storm() -> 
     let mut endpoints = first();
     publish_and_apply(&authority, &plan(1, &endpoints, &[])).await?;
     let (knot, nsd, bind) = secondaries(port).await?;
-    // The same store and port, now notifying all three: a restart empties the IXFR history,
-    // so the first plan's IXFR is answered with the whole zone and the later ones from the
-    // history.
+    // A change they are not told of (nothing is notified yet), so they stay at plan 1's serial.
+    endpoints.get_mut(&name("moved")).expect("moved").ttl_secs = 61;
+    publish_and_apply(&authority, &plan(2, &endpoints, &[])).await?;
+    caught_up(&authority).await?;
+    // The same store and port, now notifying all three: the IXFR history is read back from
+    // disk, so the first change after the restart reaches each secondary by IXFR from plan 1's
+    // serial, which only the history written before the restart reaches.
     authority.stop().await?;
     let authority = TestAuthority::start_text(dir.path(), &config(dir.path(), port, &[knot.addr(), nsd.addr(), bind.addr()])).await?;
     let all = [
@@ -328,7 +337,7 @@ async fn knot_nsd_and_bind_hold_our_whole_zone_after_every_plan_of_a_storm() -> 
         Secondary { who: "nsd", addr: nsd.addr(), logs: Box::new(|| nsd.logs()) },
         Secondary { who: "bind", addr: bind.addr(), logs: Box::new(|| bind.logs()) },
     ];
-    let mut g = 1;
+    let mut g = 2;
     let mut steps: Vec<Step> =
         vec![("a first change after the restart", |e| e.get_mut(&name("moved")).expect("moved").targets[0].weight = 2, &[])];
     steps.extend(storm());
@@ -355,6 +364,19 @@ async fn knot_nsd_and_bind_hold_our_whole_zone_after_every_plan_of_a_storm() -> 
         statuses_until(&authority, want, |s| s["content_equal_serial"] == serde_json::json!(want), "read back equal").await?;
         let current = status_page_states(&authority).await?;
         assert_eq!(current, ["current", "current", "current"], "the status page after plan {g}");
+        if g == 3 {
+            let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+            let count = |result: &str| {
+                metrics
+                    .lines()
+                    .find(|l| l.starts_with(&format!("dnsplan_dns_transfers_total{{result=\"{result}\"}}")))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            // One whole zone: the test's own `dig AXFR` above.
+            assert_eq!(count("sent"), 1, "a whole zone was sent after the restart, where the history on disk reaches:\n{metrics}");
+            assert!(count("incremental") >= 3, "fewer than three IXFRs after the restart:\n{metrics}");
+        }
         eprintln!("plan {g} ({step}): serial {want}, {} records, equal on knot, nsd and bind, each current in /v1/status", ours.len());
     }
     drop(all);

@@ -61,6 +61,7 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         secondaries: Arc::default(),
         journal: Mutex::new(Journal::new(serial, 1_000)),
         served_log: None,
+        ixfr_log: None,
     }
 });
 

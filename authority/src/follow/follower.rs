@@ -15,7 +15,7 @@ use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::serving::Serving;
 use crate::zone::dns_zone::StaticZone;
-use crate::zone::journal::JournalChange;
+use crate::zone::journal::{JournalChange, swap_records};
 use crate::zone::snapshot::{Snapshot, wire_key};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, ActiveDelta, ActivePage, Store, StoreError, StoreResult, StoreVersion};
@@ -132,9 +132,23 @@ impl Serving {
         let from = current.serial;
         let delta = store.active_since(current.applied_changes).await?;
         let served_log = self.served_log.clone();
+        let ixfr_log = self.ixfr_log.clone();
         let (snapshot, delta, changes) = tokio::task::spawn_blocking(move || {
             let next = current.apply(&delta);
             let changes = (!delta.full).then(|| changed_entries(&current, &next, &delta));
+            // The IXFR history on disk, before the swap (as the journal in memory is).
+            if let Some(log) = &ixfr_log
+                && next.serial != current.serial
+            {
+                match &changes {
+                    Some(changes) => {
+                        let (gone, new) = swap_records(changes);
+                        log.append_or_say(current.serial, next.serial, changes.len(), &gone, &new);
+                    }
+                    // A rebuild: no swap to write, so what follows is no chain from the file.
+                    None => log.forget(),
+                }
+            }
             // Persist before serve: on disk before any answer carries it.
             if let Some(log) = &served_log
                 && delta.applied_changes != current.applied_changes

@@ -5,12 +5,14 @@
 //! - `policy.rs`: who may transfer the zone, with which TSIG keys, and whom to NOTIFY.
 //! - `local_log.rs`: on etcd, the log each change is made durable in before it is served.
 
+pub mod ixfr_log;
 pub mod local_log;
 pub mod policy;
 
 use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::query::rrl::Rrl;
+use crate::serving::ixfr_log::IxfrLog;
 use crate::serving::local_log::LocalLog;
 use crate::serving::policy::{IXFR_HISTORY_NAMES_DEFAULT, TransferPolicy};
 use crate::zone::dns_zone::StaticZone;
@@ -44,6 +46,8 @@ pub struct Serving {
     pub journal: Mutex<Journal>,
     /// On etcd, the log each change is made durable in before it is swapped in (`local_log`).
     pub served_log: Option<Arc<LocalLog>>,
+    /// The IXFR history on disk (`ixfr_log`), when secondaries are configured.
+    pub ixfr_log: Option<Arc<IxfrLog>>,
 }
 
 impl Serving {
@@ -74,6 +78,7 @@ impl Serving {
             secondaries: Statuses::default(),
             journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
             served_log: None,
+            ixfr_log: None,
         }
     }
 
@@ -92,5 +97,39 @@ impl Serving {
     pub fn with_transfer(self, transfer: TransferPolicy) -> Serving {
         let journal = Mutex::new(Journal::new(self.snapshot.load().serial, transfer.ixfr_history_names_max()));
         Serving { transfer, journal, ..self }
+    }
+
+    /// With the IXFR history kept on disk in `data_dir` (`ixfr_log`) and read back from it,
+    /// when secondaries may transfer and `dns.transfer.ixfr_journal_bytes_max` is not 0. Call
+    /// after `with_transfer`, before the follower starts. A file that cannot be opened is a
+    /// WARN line, and the history is kept in memory only.
+    pub fn with_ixfr_log(self, data_dir: &std::path::Path) -> Serving {
+        let bytes_max = self.transfer.ixfr_journal_bytes_max();
+        if bytes_max == 0 || !self.transfer.has_secondaries() {
+            return self;
+        }
+        let path = ixfr_log::path_in(data_dir);
+        let serial = self.snapshot.load().serial;
+        let (log, restored) = match IxfrLog::open(&path, ixfr_log::zone_digest(&self.zone), serial, bytes_max) {
+            Ok(opened) => opened,
+            Err(err) => {
+                tracing::warn!(path = %path.display(), error = %err, "cannot open the IXFR history on disk; keeping it in memory only");
+                return self;
+            }
+        };
+        {
+            let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(first) = restored.first() {
+                *journal = Journal::new(first.from, self.transfer.ixfr_history_names_max());
+            }
+            let swaps = restored.len();
+            for swap in restored {
+                journal.push_records(swap.from, swap.to, swap.gone, swap.new, swap.names);
+            }
+            if swaps > 0 {
+                tracing::info!(swaps, from_serial = journal.start(), to_serial = journal.end(), "IXFR history read back from disk");
+            }
+        }
+        Serving { ixfr_log: Some(Arc::new(log)), ..self }
     }
 }

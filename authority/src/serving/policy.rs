@@ -39,6 +39,7 @@ pub struct TransferPolicy {
     /// The secondaries to NOTIFY after each change, with their keys.
     notify: Vec<NotifyTarget>,
     ixfr_history_names_max: usize,
+    ixfr_journal_bytes_max: u64,
 }
 
 /// What a transfer request may do.
@@ -62,6 +63,7 @@ impl TransferPolicy {
             permits: Arc::new(Semaphore::new(1)),
             notify: Vec::new(),
             ixfr_history_names_max: IXFR_HISTORY_NAMES_DEFAULT,
+            ixfr_journal_bytes_max: 0,
         }
     }
 
@@ -93,6 +95,7 @@ impl TransferPolicy {
             permits: Arc::new(Semaphore::new(config.transfers_max.max(1))),
             notify,
             ixfr_history_names_max: config.ixfr_history_names_max,
+            ixfr_journal_bytes_max: config.ixfr_journal_bytes_max,
         })
     }
 
@@ -105,6 +108,16 @@ impl TransferPolicy {
     /// Changed names the IXFR history keeps.
     pub fn ixfr_history_names_max(&self) -> usize {
         self.ixfr_history_names_max
+    }
+
+    /// Most bytes of the IXFR history on disk; 0: in memory only.
+    pub fn ixfr_journal_bytes_max(&self) -> u64 {
+        self.ixfr_journal_bytes_max
+    }
+
+    /// Whether any secondary may transfer the zone.
+    pub fn has_secondaries(&self) -> bool {
+        !self.secondaries.is_empty()
     }
 
     /// The secondaries to NOTIFY after each change.
@@ -165,6 +178,11 @@ pub struct TransferConfig {
     /// gets the whole zone.
     #[serde(default = "default_ixfr_history_names_max")]
     pub ixfr_history_names_max: usize,
+    /// Most bytes of the IXFR history kept on disk (`ixfr-journal` in `data_dir`), so a
+    /// restarted primary answers IXFR from where each secondary is; past it the older half is
+    /// dropped. 0 keeps it in memory only.
+    #[serde(default = "default_ixfr_journal_bytes_max")]
+    pub ixfr_journal_bytes_max: u64,
 }
 
 impl Default for TransferConfig {
@@ -175,6 +193,7 @@ impl Default for TransferConfig {
             secondaries: Vec::new(),
             transfers_max: default_transfers_max(),
             ixfr_history_names_max: default_ixfr_history_names_max(),
+            ixfr_journal_bytes_max: default_ixfr_journal_bytes_max(),
         }
     }
 }
@@ -191,6 +210,11 @@ fn default_transfers_max() -> usize {
 /// (a few hundred bytes each), tens of MB at most; a day of changes at a change a second.
 fn default_ixfr_history_names_max() -> usize {
     IXFR_HISTORY_NAMES_DEFAULT
+}
+/// 64 MiB: the default in-memory history's changes (100,000 names) at about 300 bytes each,
+/// twice over.
+fn default_ixfr_journal_bytes_max() -> u64 {
+    64 << 20
 }
 
 /// One allowed secondary: an address or prefix, and the name of the key it signs with.

@@ -10,8 +10,11 @@
 //! later, the follower rebuilt from the whole state, or `names_max` pushed it out): the
 //! caller sends the whole zone.
 //!
-//! Kept in memory only, at most `names_max` changed names over all swaps: a restart starts
-//! it empty, and a secondary further behind gets an AXFR. The follower appends under the
+//! Kept in memory, at most `names_max` changed names over all swaps (a secondary further
+//! behind gets an AXFR); each swap is also written to a file (`serving::ixfr_log`), whose swaps
+//! a restart reads back as records (`push_records`), so a restarted primary still answers
+//! IXFR from where each secondary is. Swaps are condensed record by record: a record deleted
+//! after it was added in the range is neither, and one added back after it was deleted too. The follower appends under the
 //! lock and swaps the snapshot inside it, and a transfer loads the snapshot inside it, so a
 //! difference always ends at the snapshot the transfer sends.
 
@@ -25,14 +28,48 @@ use std::sync::Arc;
 /// One changed name: its lower-case wire form, its entry before the swap and after.
 pub type JournalChange = (Box<[u8]>, Option<Arc<Entry>>, Option<Arc<Entry>>);
 
-/// A name's entry at the client's serial and now.
-type BeforeAfter<'a> = (Option<&'a Arc<Entry>>, Option<&'a Arc<Entry>>);
-
 /// One swap: the serial after it (the one before is the previous swap's, or the start), and
-/// each changed name.
+/// what it changed.
 struct Swap {
     to: u32,
-    changes: Vec<JournalChange>,
+    changes: Changes,
+}
+
+/// What one swap changed.
+enum Changes {
+    /// Each changed name with its entry before and after (a swap the follower made).
+    Entries(Vec<JournalChange>),
+    /// The records the swap removed and added, over `names` names (read back from disk).
+    Records { gone: Vec<Record>, new: Vec<Record>, names: usize },
+}
+
+impl Changes {
+    fn names(&self) -> usize {
+        match self {
+            Changes::Entries(changes) => changes.len(),
+            Changes::Records { names, .. } => *names,
+        }
+    }
+
+    fn records(&self) -> (Vec<Record>, Vec<Record>) {
+        match self {
+            Changes::Entries(changes) => swap_records(changes),
+            Changes::Records { gone, new, .. } => (gone.clone(), new.clone()),
+        }
+    }
+}
+
+/// What one swap's `changes` removed and added: each name's records before that it no longer
+/// has, and its records after that it did not have, a record's TTL counting as part of it.
+pub fn swap_records(changes: &[JournalChange]) -> (Vec<Record>, Vec<Record>) {
+    let (mut gone, mut new) = (Vec::new(), Vec::new());
+    for (_, before, after) in changes {
+        let old = before.as_ref().map(|e| entry_records(e)).unwrap_or_default();
+        let now = after.as_ref().map(|e| entry_records(e)).unwrap_or_default();
+        gone.extend(old.iter().filter(|r| !holds(&now, r)).cloned());
+        new.extend(now.iter().filter(|r| !holds(&old, r)).cloned());
+    }
+    (gone, new)
 }
 
 /// The swaps since the oldest serial IXFR can still answer from.
@@ -65,18 +102,33 @@ impl Journal {
     /// Records a swap from `from` to `to` that changed `changes` (key, before, after). A swap
     /// that does not follow the last one restarts the history.
     pub fn push(&mut self, from: u32, to: u32, changes: Vec<JournalChange>) {
-        if from != self.end || changes.len() > self.names_max {
+        self.push_changes(from, to, Changes::Entries(changes));
+    }
+
+    /// As `push`, for a swap read back from disk: the records it removed and added over
+    /// `names` names.
+    pub fn push_records(&mut self, from: u32, to: u32, gone: Vec<Record>, new: Vec<Record>, names: usize) {
+        self.push_changes(from, to, Changes::Records { gone, new, names });
+    }
+
+    fn push_changes(&mut self, from: u32, to: u32, changes: Changes) {
+        if from != self.end || changes.names() > self.names_max {
             self.reset(to);
             return;
         }
-        self.names += changes.len();
+        self.names += changes.names();
         self.swaps.push_back(Swap { to, changes });
         self.end = to;
         while self.names > self.names_max {
             let Some(oldest) = self.swaps.pop_front() else { break };
-            self.names -= oldest.changes.len();
+            self.names -= oldest.changes.names();
             self.start = oldest.to;
         }
+    }
+
+    /// The serial the history starts at.
+    pub fn start(&self) -> u32 {
+        self.start
     }
 
     /// The serial after the last swap.
@@ -99,22 +151,25 @@ impl Journal {
             }
             self.swaps.iter().position(|s| s.to == serial)? + 1
         };
-        // Each name: its entry at `serial` (the first time it changed after it) and now.
-        let mut names: BTreeMap<&[u8], BeforeAfter<'_>> = BTreeMap::new();
+        // Keyed by the record's text, which holds its TTL (see `holds`).
+        let mut gone: BTreeMap<String, Record> = BTreeMap::new();
+        let mut new: BTreeMap<String, Record> = BTreeMap::new();
         for swap in self.swaps.iter().skip(first) {
-            for (key, before, after) in &swap.changes {
-                names.entry(&key[..]).and_modify(|e| e.1 = after.as_ref()).or_insert((before.as_ref(), after.as_ref()));
+            let (removed, added) = swap.changes.records();
+            for r in removed {
+                let key = r.to_string();
+                if new.remove(&key).is_none() {
+                    gone.insert(key, r);
+                }
+            }
+            for r in added {
+                let key = r.to_string();
+                if gone.remove(&key).is_none() {
+                    new.insert(key, r);
+                }
             }
         }
-        let mut gone = Vec::new();
-        let mut new = Vec::new();
-        for (before, after) in names.values() {
-            let old = before.map(|e| entry_records(e)).unwrap_or_default();
-            let now = after.map(|e| entry_records(e)).unwrap_or_default();
-            gone.extend(old.iter().filter(|r| !holds(&now, r)).cloned());
-            new.extend(now.iter().filter(|r| !holds(&old, r)).cloned());
-        }
-        Some((gone, new))
+        Some((gone.into_values().collect(), new.into_values().collect()))
     }
 }
 
