@@ -30,6 +30,11 @@ pub struct AuthorityConfig {
     pub dns: DnsConfig,
     pub control: ControlConfig,
     pub dns_zone: DnsZoneConfig,
+    /// `[[zones]]`: static zones served beside the managed one, each as `[dns_zone]` is
+    /// written (origin, SOA and NS in the table or the master file, `master_file` or
+    /// `records`), answered, transferred and notified on their own.
+    #[serde(default)]
+    pub zones: Vec<DnsZoneConfig>,
     /// On etcd, at start: when the store answers within this long, the state saved on disk is
     /// brought up to the store's before DNS answers, so a restart never first answers with an
     /// older state; otherwise the saved state is served at once and followed up after.

@@ -29,6 +29,7 @@ use crate::query::rrl::Rrl;
 use crate::serving::Serving;
 use crate::serving::local_log::{self, LocalLog};
 use crate::serving::policy::TransferPolicy;
+use crate::serving::zones::{self, ZoneTable};
 use crate::zone::dns_zone::StaticZone;
 use anyhow::Context;
 use axum::Json;
@@ -274,7 +275,17 @@ where
     let limits =
         AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
     let rrl = config.dns.rrl.settings().map(|settings| Rrl::new(&settings));
-    let transfer = TransferPolicy::from_config(&config.dns.transfer, config_dir)?;
+    let transfer = Arc::new(TransferPolicy::from_config(&config.dns.transfer, config_dir)?);
+    // The other zones: the config file's, then those added at run time and kept on disk.
+    let others =
+        Arc::new(ZoneTable::new(&zone.origin, limits, metrics.clone(), transfer.clone(), Some(config.data_dir.join(zones::DIR_NAME))));
+    for other in &config.zones {
+        others.add_configured(StaticZone::load(other, config_dir)?).context("[[zones]]")?;
+    }
+    let added = others.load_added().context("the zones added at run time")?;
+    if !others.is_empty() {
+        tracing::info!(zones = others.len(), added, "serving other zones beside the managed one");
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = Stop(stop_rx);
     tokio::spawn(async move {
@@ -325,8 +336,9 @@ where
         Arc::new(
             serving
                 .with_rrl(rrl.take().flatten())
-                .with_transfer(transfer.take().unwrap_or_else(TransferPolicy::closed))
-                .with_ixfr_log(&config.data_dir),
+                .with_transfer(transfer.take().unwrap_or_else(|| Arc::new(TransferPolicy::closed())))
+                .with_ixfr_log(&config.data_dir)
+                .with_zones(others.clone()),
         )
     };
     let mut serving = None;
@@ -501,7 +513,8 @@ where
     let ctl = Control::new(store.clone(), config.token())
         .with_metrics(metrics.clone())
         .with_full_reads_max(config.control.full_reads_max)
-        .with_zone(zone.clone());
+        .with_zone(zone.clone())
+        .with_zones(others.clone());
     let extra_metrics = extras.metrics.clone();
     let metrics_store = store.clone();
     // A store outage (etcd down) is logged when it begins and ends, not on every scrape.

@@ -55,13 +55,14 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         zone,
         limits: AnswerLimits::default(),
         rrl: None,
-        transfer: policy,
+        transfer: std::sync::Arc::new(policy),
         metrics: Arc::new(Metrics::new()),
         served_serial: tokio::sync::watch::Sender::new(serial),
         secondaries: Arc::default(),
         journal: Mutex::new(Journal::new(serial, 1_000)),
         served_log: None,
         ixfr_log: None,
+        others: None,
     }
 });
 

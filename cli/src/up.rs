@@ -55,6 +55,9 @@ struct AuthoritySection {
     dns: DnsConfig,
     control: ControlListen,
     dns_zone: DnsZoneConfig,
+    /// `[[authority.zones]]`: static zones served beside the managed one.
+    #[serde(default)]
+    zones: Vec<DnsZoneConfig>,
 }
 
 #[derive(Deserialize)]
@@ -187,6 +190,7 @@ impl Stack {
             dns,
             control: ControlConfig { listen: control_listen, token: Some(token.clone()), ..ControlConfig::default() },
             dns_zone: up.authority.dns_zone,
+            zones: up.authority.zones,
             // The embedded store has no saved state to catch up: it is the store.
             catch_up_at_start_ms: 0,
             accept_store_loss: overrides.accept_store_loss,

@@ -230,3 +230,23 @@ pub struct Deferred {
     /// every decision looks again.
     pub reconsider_at_unix_ms: Option<u64>,
 }
+
+/// `GET /v1/zones`: the zone the store manages and every other zone the authority serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneList {
+    pub managed: String,
+    pub zones: Vec<ZoneInfo>,
+}
+
+/// One static zone served beside the managed one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneInfo {
+    pub origin: String,
+    pub serial: u32,
+    /// Names with records.
+    pub names: usize,
+    /// `config` (the config file's `[[zones]]`) or `added` (at run time).
+    pub source: String,
+}

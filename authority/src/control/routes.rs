@@ -19,15 +19,17 @@
 //! operation is never logged as done and a newline in a reason cannot forge a line.
 
 use crate::metrics::{ApplyLabels, Metrics};
+use crate::serving::zones::{ZoneChangeError, ZoneTable};
 use crate::zone::dns_zone::StaticZone;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use dnsplan_common::codec;
+use dnsplan_common::status::{ZoneInfo, ZoneList};
 use dnsplan_common::store::wire::{
     AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesFrom, ChangesQuery, CleanupRequest,
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
@@ -53,8 +55,10 @@ pub const PLAN_BODY_BYTES_MAX: usize = codec::HEADER_BYTES + codec::BODY_BYTES_M
 /// costs several times its size to decode, so a larger body is refused by its declared size,
 /// before it is read; larger plans travel as codec envelopes, whose header is checked first.
 pub const JSON_PLAN_BODY_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Largest master file `PUT /v1/zones/{origin}` takes: about 1,000,000 short records.
+pub const ZONE_BODY_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// The tracing target of audit lines: one per accepted write a person or the planner made.
-pub const AUDIT_TARGET: &str = "dnsplan::audit";
+pub use crate::serving::AUDIT_TARGET;
 
 /// Full-state reads served at once unless `Control::with_full_reads_max` says otherwise (the
 /// default of `control.full_reads_max`).
@@ -70,6 +74,8 @@ pub struct Control<S> {
     /// The static zone a published plan's endpoints must not collide with, when this control
     /// API serves one (`with_zone`).
     zone: Option<Arc<StaticZone>>,
+    /// The other zones served, changed through `/v1/zones` (`with_zones`).
+    zones: Option<Arc<ZoneTable>>,
 }
 
 impl<S> Clone for Control<S>
@@ -83,13 +89,27 @@ where
             metrics: self.metrics.clone(),
             full_reads: self.full_reads.clone(),
             zone: self.zone.clone(),
+            zones: self.zones.clone(),
         }
     }
 }
 
 impl<S: Store> Control<S> {
     pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
-        Control { store, token: token.into(), metrics: None, full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)), zone: None }
+        Control {
+            store,
+            token: token.into(),
+            metrics: None,
+            full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)),
+            zone: None,
+            zones: None,
+        }
+    }
+
+    /// `/v1/zones` lists and changes `zones`.
+    pub fn with_zones(mut self, zones: Arc<ZoneTable>) -> Control<S> {
+        self.zones = Some(zones);
+        self
     }
 
     /// Publishes are refused when a served endpoint would collide with `zone`'s static
@@ -253,8 +273,13 @@ pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
         .route("/v1/lease", get(lease::<S>).post(acquire_lease::<S>).delete(release_lease::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
+    let zones = Router::new()
+        .route("/v1/zones", get(zones_list::<S>))
+        .route("/v1/zones/{origin}", put(zone_put::<S>).delete(zone_delete::<S>))
+        .layer(DefaultBodyLimit::max(ZONE_BODY_BYTES_MAX));
     plans
         .merge(batches)
+        .merge(zones)
         .merge(rest)
         .route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
         .layer(middleware::map_response(json_for_framework_errors))
@@ -368,6 +393,62 @@ async fn publish_changes<S: Store>(State(ctl): State<Control<S>>, Path(generatio
         changed = delta.changes.len(),
         "plan published as its changes"
     );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+impl From<ZoneChangeError> for ApiError {
+    fn from(err: ZoneChangeError) -> ApiError {
+        let message = err.to_string();
+        let error = match err {
+            ZoneChangeError::Invalid(detail) => return ApiError::bad_request(detail),
+            ZoneChangeError::Conflict(detail) => WireError::ZoneConflict { detail },
+            ZoneChangeError::Missing(detail) => WireError::ZoneNotFound { detail },
+            ZoneChangeError::Io { .. } => WireError::Io { detail: format!("{:#}", DisplayChain(&err)) },
+        };
+        ApiError { error, message }
+    }
+}
+
+/// The zone table, or 404 when this control API serves none.
+fn zone_table<S>(ctl: &Control<S>) -> ApiResult<Arc<ZoneTable>> {
+    ctl.zones.clone().ok_or_else(|| ApiError {
+        error: WireError::ZoneNotFound { detail: "no zones here".into() },
+        message: "this control API serves no DNS zones".into(),
+    })
+}
+
+/// `GET /v1/zones`: the managed zone and every other zone served.
+async fn zones_list<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<ZoneList>> {
+    let table = zone_table(&ctl)?;
+    let managed = ctl.zone.as_ref().map(|z| z.origin.to_string()).unwrap_or_default();
+    let zones = table
+        .list()
+        .into_iter()
+        .map(|(origin, serial, names, source)| ZoneInfo { origin: origin.to_string(), serial, names, source: source.as_str().into() })
+        .collect();
+    Ok(Json(ZoneList { managed, zones }))
+}
+
+/// `PUT /v1/zones/{origin}`: serves the master file in the body as zone `origin` (added, or
+/// replacing one added before with a newer serial), kept on disk first.
+async fn zone_put<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<String>, body: Bytes) -> ApiResult<Json<ZoneInfo>> {
+    let table = zone_table(&ctl)?;
+    let text = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the zone's master file is not UTF-8 text"))?;
+    let (names_table, at) = (table.clone(), origin.clone());
+    let serial = tokio::task::spawn_blocking(move || names_table.add_text(&at, &text))
+        .await
+        .map_err(|e| ApiError::bad_request(format!("the zone load failed: {e}")))??;
+    let served = table.get(&Name::from_ascii(&origin).map_err(|e| ApiError::bad_request(e.to_string()))?);
+    let (origin, names) = match served {
+        Some(s) => (s.zone.origin.to_string(), s.snapshot.load().entries().filter(|e| e.has_data()).count()),
+        None => (origin, 0),
+    };
+    Ok(Json(ZoneInfo { origin, serial, names, source: "added".into() }))
+}
+
+/// `DELETE /v1/zones/{origin}`: stops serving zone `origin`, added at run time.
+async fn zone_delete<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<String>) -> ApiResult<StatusCode> {
+    zone_table(&ctl)?.remove(&origin)?;
     Ok(StatusCode::NO_CONTENT)
 }
 

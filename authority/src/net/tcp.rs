@@ -90,12 +90,15 @@ async fn tcp_connection(mut stream: TcpStream, peer: IpAddr, serving: &Arc<Servi
             Err(_) => return Ok(()),
         };
         let packet = &buf[..len];
+        // Another zone's question is answered by that zone (`zones`).
+        let other = serving.others.as_ref().and_then(|others| others.pick(packet));
+        let zone = other.as_ref().unwrap_or(serving);
         if matches!(respond::kind(packet), Kind::Axfr | Kind::Ixfr) {
-            transfer::transfer_tcp(&mut stream, packet, peer, serving, idle).await?;
+            transfer::transfer_tcp(&mut stream, packet, peer, zone, idle).await?;
             continue;
         }
-        let snapshot = serving.snapshot.load();
-        let Some((bytes, outcome)) = respond::respond_one(packet, Some(peer), &snapshot, serving, Transport::Tcp, &mut rng) else {
+        let snapshot = zone.snapshot.load();
+        let Some((bytes, outcome)) = respond::respond_one(packet, Some(peer), &snapshot, zone, Transport::Tcp, &mut rng) else {
             // Not a query (too short, or a response): no answer, counted as over UDP.
             serving.metrics.observe_malformed(Malformed::of_dropped(&buf[..len]));
             continue;

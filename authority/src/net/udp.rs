@@ -17,6 +17,7 @@ use crate::query::fast::{Fast, respond_fast};
 use crate::query::rrl::{self, Rrl, Verdict};
 use crate::serving::Serving;
 use crate::xfr::respond;
+use crate::zone::snapshot::Snapshot;
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg};
@@ -241,14 +242,21 @@ impl Batch {
         for i in 0..received {
             let query = &self.queries[i][..self.lengths[i]];
             let out = &mut self.answers[answered];
-            let mut outcome = match respond_fast(query, &snapshot, &serving.limits, rng, out) {
+            // Another zone's question is answered from that zone's snapshot (`zones`).
+            let other = serving.others.as_ref().and_then(|others| others.pick(query));
+            let other_snapshot = other.as_ref().map(|zone| zone.snapshot.load());
+            let (zone, snapshot): (&Serving, &Snapshot) = match (&other, &other_snapshot) {
+                (Some(zone), Some(other_snapshot)) => (zone, other_snapshot),
+                _ => (serving, &snapshot),
+            };
+            let mut outcome = match respond_fast(query, snapshot, &zone.limits, rng, out) {
                 Fast::Answered(outcome) => outcome,
                 Fast::Drop => {
                     serving.metrics.observe_malformed(Malformed::of_dropped(query));
                     continue;
                 }
                 Fast::Slow => {
-                    match respond::respond_one(query, self.from[i].as_ref().and_then(peer_ip), &snapshot, serving, Transport::Udp, rng) {
+                    match respond::respond_one(query, self.from[i].as_ref().and_then(peer_ip), snapshot, zone, Transport::Udp, rng) {
                         Some((bytes, outcome)) => {
                             out.clear();
                             out.extend_from_slice(&bytes);

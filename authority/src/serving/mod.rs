@@ -8,6 +8,7 @@
 pub mod ixfr_log;
 pub mod local_log;
 pub mod policy;
+pub mod zones;
 
 use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
@@ -15,6 +16,7 @@ use crate::query::rrl::Rrl;
 use crate::serving::ixfr_log::IxfrLog;
 use crate::serving::local_log::LocalLog;
 use crate::serving::policy::{IXFR_HISTORY_NAMES_DEFAULT, TransferPolicy};
+use crate::serving::zones::ZoneTable;
 use crate::zone::dns_zone::StaticZone;
 use crate::zone::journal::Journal;
 use crate::zone::snapshot::Snapshot;
@@ -34,8 +36,9 @@ pub struct Serving {
     pub limits: AnswerLimits,
     /// Response-rate limiting of UDP answers; `None` when it is off.
     pub rrl: Option<Rrl>,
-    /// Who may transfer the zone, and the TSIG keys signed queries are checked against.
-    pub transfer: TransferPolicy,
+    /// Who may transfer the zone, and the TSIG keys signed queries are checked against
+    /// (shared by every zone of the authority).
+    pub transfer: Arc<TransferPolicy>,
     pub metrics: Arc<Metrics>,
     /// The SOA serial served, sent after each swap: what `notify` tells secondaries about.
     pub served_serial: tokio::sync::watch::Sender<u32>,
@@ -48,7 +51,12 @@ pub struct Serving {
     pub served_log: Option<Arc<LocalLog>>,
     /// The IXFR history on disk (`ixfr_log`), when secondaries are configured.
     pub ixfr_log: Option<Arc<IxfrLog>>,
+    /// On the managed zone's `Serving`: the other zones the listeners answer for (`zones`).
+    pub others: Option<Arc<ZoneTable>>,
 }
+
+/// The log target of the audit lines (every write that changes what is served or automated).
+pub const AUDIT_TARGET: &str = "dnsplan::audit";
 
 impl Serving {
     /// Serves `snapshot` (read from the file on disk before the store answers, on etcd);
@@ -72,14 +80,42 @@ impl Serving {
             zone,
             limits,
             rrl: None,
-            transfer: TransferPolicy::closed(),
+            transfer: Arc::new(TransferPolicy::closed()),
             metrics,
             served_serial,
             secondaries: Statuses::default(),
             journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
             served_log: None,
             ixfr_log: None,
+            others: None,
         }
+    }
+
+    /// The `Serving` of a static zone (`zones`): its records at its own serial, no store
+    /// behind it. Its figures are not the managed zone's, so the snapshot gauges are left
+    /// alone.
+    pub fn for_static(zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, transfer: Arc<TransferPolicy>) -> Serving {
+        let snapshot = Snapshot::statics_only(zone.clone());
+        let serial = snapshot.serial;
+        Serving {
+            snapshot: ArcSwap::from_pointee(snapshot),
+            zone,
+            limits,
+            rrl: None,
+            journal: Mutex::new(Journal::new(serial, transfer.ixfr_history_names_max())),
+            transfer,
+            metrics,
+            served_serial: tokio::sync::watch::Sender::new(serial),
+            secondaries: Statuses::default(),
+            served_log: None,
+            ixfr_log: None,
+            others: None,
+        }
+    }
+
+    /// With the other zones the listeners answer for.
+    pub fn with_zones(self, others: Arc<ZoneTable>) -> Serving {
+        Serving { others: Some(others), ..self }
     }
 
     /// With each change logged durably before it is served (`local_log`).
@@ -94,7 +130,7 @@ impl Serving {
 
     /// With zone transfers allowed as `transfer` says (closed by default), and its IXFR
     /// history size.
-    pub fn with_transfer(self, transfer: TransferPolicy) -> Serving {
+    pub fn with_transfer(self, transfer: Arc<TransferPolicy>) -> Serving {
         let journal = Mutex::new(Journal::new(self.snapshot.load().serial, transfer.ixfr_history_names_max()));
         Serving { transfer, journal, ..self }
     }

@@ -34,6 +34,7 @@ mod status;
 #[cfg(test)]
 mod tests;
 mod verify;
+mod zones;
 
 // Each command's file uses the shared items above and the others' through these.
 use endpoints::*;
@@ -111,7 +112,7 @@ pub enum Command {
         #[arg(long, default_value_t = 20)]
         retain: u64,
     },
-    /// The served DNS zone.
+    /// The DNS zones served: export the managed one, list, add and remove static ones.
     Zone {
         #[command(subcommand)]
         command: ZoneCommand,
@@ -180,6 +181,22 @@ pub enum PlansCommand {
 pub enum ZoneCommand {
     /// The managed records as they are served, as an RFC 1035 master file.
     Export,
+    /// Every zone served: the managed one and the static ones beside it.
+    List,
+    /// Serve the master file FILE as a static zone (its SOA and apex NS in it), at once and
+    /// after restarts; a zone added before is replaced when FILE's SOA serial is newer.
+    Add {
+        /// The master file.
+        file: std::path::PathBuf,
+        /// The zone's name (default: the file's leading `$ORIGIN`).
+        #[arg(long)]
+        origin: Option<String>,
+    },
+    /// Stop serving the static zone NAME, added with `zone add`.
+    Remove {
+        /// The zone's name, e.g. `example.org.`.
+        name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -340,7 +357,7 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
             verify(client, &servers, &notes, Duration::from_secs(wait_secs)).await
         }
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
-        Command::Zone { command: ZoneCommand::Export } => zone_export(client).await,
+        Command::Zone { command } => zones::zone(client, command).await,
         Command::Backend { command } => backend(client, command).await,
     }
 }

@@ -202,6 +202,15 @@ pub enum WireError {
     BadRequest {
         detail: String,
     },
+    /// A zone change the zones served refuse (the managed zone, a zone of the config file, a
+    /// serial not newer than the one served).
+    ZoneConflict {
+        detail: String,
+    },
+    /// No such zone is served.
+    ZoneNotFound {
+        detail: String,
+    },
 }
 
 impl WireError {
@@ -218,6 +227,8 @@ impl WireError {
             WireError::TooManyHeartbeats => 429,
             WireError::Unauthorized => 401,
             WireError::BadRequest { .. } => 400,
+            WireError::ZoneConflict { .. } => 409,
+            WireError::ZoneNotFound { .. } => 404,
             WireError::Corrupt { .. } | WireError::Io { .. } => 500,
             WireError::Unavailable { .. } | WireError::WentBack { .. } => 503,
         }
@@ -286,6 +297,8 @@ impl From<WireError> for StoreError {
             WireError::WentBack { detail } => StoreError::WentBack(detail),
             WireError::Unauthorized => StoreError::Unauthorized,
             WireError::BadRequest { detail } => StoreError::BadRequest(detail),
+            // Not store calls: a store that receives one was asked something it never asks.
+            WireError::ZoneConflict { detail } | WireError::ZoneNotFound { detail } => StoreError::BadRequest(detail),
         }
     }
 }

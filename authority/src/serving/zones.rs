@@ -1,0 +1,391 @@
+//! The other DNS zones one authority serves beside the zone its store manages: static zones
+//! (a master file each, as NSD and Knot serve them), from the config file's `[[zones]]` or
+//! added at run time through the control API (`PUT /v1/zones/{origin}`, kept on disk in
+//! `data_dir/zones/` so a restart serves them again).
+//!
+//! Each zone is a `Serving` of its own (snapshot, serial, transfers), so answers, AXFR and
+//! IXFR of one never mix with another's. A query goes to the zone whose origin is the longest
+//! suffix of its name (`pick`: one hash lookup per label); the zone the store manages stops
+//! the walk, so a static parent zone never answers for it; a name in none of them goes to
+//! the managed zone, which refuses it. With no other zone, `pick` is one atomic load.
+//!
+//! The table is swapped whole (`ArcSwap`) when a zone is added, replaced or removed: a query
+//! sees the table before or after, never half of it. A replacement must carry a newer SOA
+//! serial (RFC 1982) than the one served, so no secondary is asked to go backwards.
+
+use crate::metrics::Metrics;
+use crate::query::answer::AnswerLimits;
+use crate::serving::Serving;
+use crate::serving::policy::TransferPolicy;
+use crate::zone::dns_zone::{DnsZoneConfig, StaticZone};
+use crate::zone::serial::serial_newer;
+use crate::zone::snapshot::{NAME_WIRE_BYTES_MAX, wire_key};
+use arc_swap::ArcSwap;
+use hickory_proto::rr::Name;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// The directory in `data_dir` that holds the zones added at run time, a master file each.
+pub const DIR_NAME: &str = "zones";
+
+/// Where a zone came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The config file's `[[zones]]`: changed by editing it.
+    Config,
+    /// Added at run time, kept in `data_dir/zones/`.
+    Added,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Added => "added",
+        }
+    }
+}
+
+/// One other zone as served.
+pub struct OtherZone {
+    pub serving: Arc<Serving>,
+    pub source: Source,
+}
+
+/// Why a zone change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ZoneChangeError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("no zone {0} is served")]
+    Missing(String),
+    #[error("cannot keep zone {origin} on disk at {path}: {source}")]
+    Io {
+        origin: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Every zone but the managed one, by the lower-case wire form of its origin.
+pub struct ZoneTable {
+    managed_key: Box<[u8]>,
+    managed_origin: Name,
+    zones: ArcSwap<HashMap<Box<[u8]>, Arc<OtherZone>>>,
+    /// What a new zone's `Serving` is made with.
+    limits: AnswerLimits,
+    metrics: Arc<Metrics>,
+    transfer: Arc<TransferPolicy>,
+    /// Where added zones are kept; `None`: not kept (tests of the table alone).
+    dir: Option<PathBuf>,
+    /// Changes one at a time (the check of a replacement's serial and the swap).
+    writer: Mutex<()>,
+}
+
+impl ZoneTable {
+    /// A table with no other zone, beside the managed zone `managed`.
+    pub fn new(
+        managed: &Name,
+        limits: AnswerLimits,
+        metrics: Arc<Metrics>,
+        transfer: Arc<TransferPolicy>,
+        dir: Option<PathBuf>,
+    ) -> ZoneTable {
+        ZoneTable {
+            managed_key: wire_key(managed).into(),
+            managed_origin: managed.clone(),
+            zones: ArcSwap::from_pointee(HashMap::new()),
+            limits,
+            metrics,
+            transfer,
+            dir,
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// A table without other zones and nowhere to keep them, for tests.
+    #[cfg(test)]
+    fn empty(managed: &Name) -> ZoneTable {
+        ZoneTable::new(managed, AnswerLimits::default(), Arc::new(Metrics::new()), Arc::new(TransferPolicy::closed()), None)
+    }
+
+    /// The zone that answers `packet`'s question, when it is not the managed zone; `None`
+    /// for the managed zone, for a name in no zone, and for a packet whose question does not
+    /// read (the managed zone's path answers those as it always has).
+    pub fn pick(&self, packet: &[u8]) -> Option<Arc<Serving>> {
+        let zones = self.zones.load();
+        if zones.is_empty() {
+            return None;
+        }
+        let mut key = [0u8; NAME_WIRE_BYTES_MAX];
+        let len = question_key(packet, &mut key)?;
+        let key = &key[..len];
+        let mut at = 0;
+        loop {
+            let suffix = &key[at..];
+            if suffix == &self.managed_key[..] {
+                return None;
+            }
+            if let Some(zone) = zones.get(suffix) {
+                return Some(zone.serving.clone());
+            }
+            if key[at] == 0 {
+                return None;
+            }
+            at += usize::from(key[at]) + 1;
+        }
+    }
+
+    /// Every other zone: origin, serial, names and source, by origin.
+    pub fn list(&self) -> Vec<(Name, u32, usize, Source)> {
+        let mut all: Vec<_> = self
+            .zones
+            .load()
+            .values()
+            .map(|z| {
+                let snapshot = z.serving.snapshot.load();
+                (snapshot.zone.origin.clone(), snapshot.serial, snapshot.entries().filter(|e| e.has_data()).count(), z.source)
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    pub fn len(&self) -> usize {
+        self.zones.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.zones.load().is_empty()
+    }
+
+    /// The zone `origin` serves, if it is one of these.
+    pub fn get(&self, origin: &Name) -> Option<Arc<Serving>> {
+        self.zones.load().get(&wire_key(&origin.to_lowercase())[..]).map(|z| z.serving.clone())
+    }
+
+    /// Adds the zone of `config` (from the config file) or replaces nothing: an origin twice
+    /// is refused. For the start, before anything is served.
+    pub fn add_configured(&self, zone: StaticZone) -> Result<(), ZoneChangeError> {
+        self.put(zone, Source::Config, None)
+    }
+
+    /// Adds or replaces the zone `origin` from master-file `text` (its SOA and apex NS in it),
+    /// kept on disk first. A replacement must carry a newer serial; a zone of the config file,
+    /// or the managed zone, cannot be replaced this way. Returns the serial served.
+    pub fn add_text(&self, origin: &str, text: &str) -> Result<u32, ZoneChangeError> {
+        let zone = load_text(origin, text)?;
+        let serial = zone.serial_base;
+        let path = self.dir.as_ref().map(|dir| dir.join(file_name(&zone.origin)));
+        self.put(zone, Source::Added, path.as_deref().map(|p| (p, text)))?;
+        Ok(serial)
+    }
+
+    /// Removes the zone `origin`, added at run time, and its file.
+    pub fn remove(&self, origin: &str) -> Result<(), ZoneChangeError> {
+        let name = parse_origin(origin)?;
+        let key: Box<[u8]> = wire_key(&name).into();
+        let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let zones = self.zones.load_full();
+        let Some(zone) = zones.get(&key) else { return Err(ZoneChangeError::Missing(name.to_string())) };
+        if zone.source == Source::Config {
+            return Err(ZoneChangeError::Conflict(format!(
+                "zone {name} is defined in the config file ([[zones]]); remove it there and restart"
+            )));
+        }
+        if let Some(dir) = &self.dir {
+            let path = dir.join(file_name(&name));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(ZoneChangeError::Io { origin: name.to_string(), path, source }),
+            }
+        }
+        let mut next = (*zones).clone();
+        next.remove(&key);
+        self.zones.store(Arc::new(next));
+        tracing::info!(target: crate::serving::AUDIT_TARGET, action = "zone_remove", origin = %name, "zone removed");
+        Ok(())
+    }
+
+    /// Reads back the zones added at run time (every `*.zone` file in the directory).
+    pub fn load_added(&self) -> Result<usize, ZoneChangeError> {
+        let Some(dir) = &self.dir else { return Ok(0) };
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(source) => return Err(ZoneChangeError::Io { origin: "(all)".into(), path: dir.clone(), source }),
+        };
+        let mut count = 0;
+        for entry in entries {
+            let entry = entry.map_err(|source| ZoneChangeError::Io { origin: "(all)".into(), path: dir.clone(), source })?;
+            let path = entry.path();
+            let Some(origin) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix("zone")) else { continue };
+            let text = std::fs::read_to_string(&path).map_err(|source| ZoneChangeError::Io {
+                origin: origin.into(),
+                path: path.clone(),
+                source,
+            })?;
+            let zone = load_text(origin, &text)
+                .map_err(|e| ZoneChangeError::Invalid(format!("{}: {e} (fix or remove the file)", path.display())))?;
+            self.put(zone, Source::Added, None)?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn put(&self, zone: StaticZone, source: Source, keep: Option<(&Path, &str)>) -> Result<(), ZoneChangeError> {
+        let origin = zone.origin.clone();
+        if origin == self.managed_origin {
+            return Err(ZoneChangeError::Conflict(format!(
+                "zone {origin} is the zone the store manages ([dns_zone]); it cannot also be a static zone"
+            )));
+        }
+        let key: Box<[u8]> = wire_key(&origin).into();
+        let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let zones = self.zones.load_full();
+        let serial = zone.serial_base;
+        if let Some(old) = zones.get(&key) {
+            if old.source == Source::Config || source == Source::Config {
+                return Err(ZoneChangeError::Conflict(format!(
+                    "zone {origin} is defined in the config file ([[zones]]); change it there and restart"
+                )));
+            }
+            let served = old.serving.snapshot.load().serial;
+            if !serial_newer(serial, served) {
+                return Err(ZoneChangeError::Conflict(format!(
+                    "zone {origin}: serial {serial} is not newer than the serial {served} served (RFC 1982); secondaries \
+                     would keep the old zone: raise the SOA serial"
+                )));
+            }
+        }
+        if let Some((path, text)) = keep {
+            write_atomic(path, &format!("$ORIGIN {origin}\n{text}")).map_err(|source| ZoneChangeError::Io {
+                origin: origin.to_string(),
+                path: path.to_path_buf(),
+                source,
+            })?;
+        }
+        let serving = Serving::for_static(Arc::new(zone), self.limits, self.metrics.clone(), self.transfer.clone());
+        let mut next = (*zones).clone();
+        next.insert(key, Arc::new(OtherZone { serving: Arc::new(serving), source }));
+        self.zones.store(Arc::new(next));
+        if source == Source::Added {
+            tracing::info!(target: crate::serving::AUDIT_TARGET, action = "zone_add", origin = %origin, serial, "zone added");
+        }
+        Ok(())
+    }
+}
+
+/// The file of zone `origin` in the zones directory: its name and `zone`
+/// (`example.org.zone`).
+fn file_name(origin: &Name) -> String {
+    format!("{}zone", origin.to_lowercase())
+}
+
+fn parse_origin(origin: &str) -> Result<Name, ZoneChangeError> {
+    let mut name = Name::from_ascii(origin).map_err(|e| ZoneChangeError::Invalid(format!("{origin:?} is not a DNS name: {e}")))?;
+    name.set_fqdn(true);
+    if name.is_root() {
+        return Err(ZoneChangeError::Invalid("the root zone is not served".into()));
+    }
+    Ok(name.to_lowercase())
+}
+
+/// The static zone `origin` from master-file `text`, which must hold its SOA and apex NS.
+fn load_text(origin: &str, text: &str) -> Result<StaticZone, ZoneChangeError> {
+    let origin = parse_origin(origin)?;
+    let config = DnsZoneConfig {
+        origin: origin.to_string(),
+        soa: None,
+        ns: Vec::new(),
+        ns_ttl_secs: 3_600,
+        master_file: None,
+        records: Some(text.to_string()),
+    };
+    StaticZone::load(&config, Path::new(".")).map_err(|e| ZoneChangeError::Invalid(format!("zone {origin}: {e}")))
+}
+
+/// Writes `text` to `path` through a file beside it, fsynced and renamed over it, then the
+/// directory fsynced: after a crash the file is the old one or the new one.
+fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The lower-case wire form of `packet`'s question name into `out`, and its length; `None`
+/// when the packet has no question or its name does not read (no compression in a question).
+fn question_key(packet: &[u8], out: &mut [u8; NAME_WIRE_BYTES_MAX]) -> Option<usize> {
+    if packet.len() < 12 || packet[4..6] == [0, 0] {
+        return None;
+    }
+    let (mut at, mut len) = (12, 0);
+    loop {
+        let label = usize::from(*packet.get(at)?);
+        if label > 63 || len + label + 1 >= NAME_WIRE_BYTES_MAX {
+            return None;
+        }
+        out[len] = label as u8;
+        if label == 0 {
+            return Some(len + 1);
+        }
+        for (dst, src) in out[len + 1..len + 1 + label].iter_mut().zip(packet.get(at + 1..at + 1 + label)?) {
+            *dst = src.to_ascii_lowercase();
+        }
+        len += 1 + label;
+        at += 1 + label;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut p = vec![0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        p.extend_from_slice(&wire_key(&Name::from_ascii(name).expect("name")));
+        p.extend_from_slice(&[0, 1, 0, 1]);
+        p
+    }
+
+    const ZONE: &str = "@ 300 IN SOA ns1 hostmaster 7 3600 600 604800 30\n@ 300 IN NS ns1\nns1 300 IN A 192.0.2.1\n";
+
+    /// A query goes to the zone of the longest origin that ends its name, never past the
+    /// managed zone; a replacement needs a newer serial; config zones and the managed zone
+    /// cannot be changed at run time.
+    #[test]
+    fn queries_go_to_the_closest_zone_and_changes_are_checked() {
+        let table = ZoneTable::empty(&Name::from_ascii("managed.test.").expect("name"));
+        assert!(table.pick(&query("www.managed.test.")).is_none(), "no other zone");
+        table.add_text("test.", ZONE).expect("parent");
+        table.add_text("b.other.", ZONE).expect("b.other");
+        table.add_text("a.b.other.", ZONE).expect("a.b.other");
+        let origin_of = |name: &str| table.pick(&query(name)).map(|s| s.zone.origin.to_string());
+        assert_eq!(origin_of("x.A.b.Other."), Some("a.b.other.".into()));
+        assert_eq!(origin_of("b.other."), Some("b.other.".into()));
+        assert_eq!(origin_of("other."), None, "in no zone");
+        assert_eq!(origin_of("x.managed.test."), None, "the managed zone stops the walk");
+        assert_eq!(origin_of("x.test."), Some("test.".into()));
+        let err = table.add_text("b.other.", ZONE).expect_err("same serial").to_string();
+        assert!(err.contains("serial 7 is not newer than the serial 7 served"), "{err}");
+        table.add_text("b.other.", &ZONE.replace(" 7 ", " 8 ")).expect("newer serial");
+        assert!(table.add_text("managed.test.", ZONE).is_err(), "the managed zone");
+        let text = "@ 300 IN SOA ns1 hostmaster 7 3600 600 604800 30\n".to_string();
+        assert!(table.add_text("c.other.", &text).expect_err("no NS").to_string().contains("no NS records"));
+        table.remove("a.b.other.").expect("remove");
+        assert_eq!(origin_of("x.a.b.other."), Some("b.other.".into()));
+        assert!(matches!(table.remove("a.b.other."), Err(ZoneChangeError::Missing(_))));
+        assert_eq!(table.len(), 2);
+    }
+}
