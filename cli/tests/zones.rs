@@ -3,7 +3,9 @@
 //! `dnsplan zone add`, kept across a SIGKILL and a restart, replaced only by a newer serial,
 //! and removed with `dnsplan zone remove`. After each step each static zone's whole AXFR and
 //! the answers to a set of questions (apex, names, a wildcard, a delegation, a miss) are
-//! compared with a real NSD serving the same master files.
+//! compared with a real NSD serving the same master files; a second NSD, a secondary of the
+//! added zone, is told of each add and replacement by NOTIFY and must then hold the zone
+//! whole, well before its SOA refresh (an hour) would have it ask.
 
 mod support;
 
@@ -140,7 +142,8 @@ fn refused(server: SocketAddr, zone: &str) -> anyhow::Result<bool> {
 /// Teeth, checked once each: without the zone table in the listeners (`with_zones`), every
 /// static zone's question is REFUSED and the first comparison fails; without reading the
 /// added zones back at start (`load_added`), "added.test. not served after the restart";
-/// without the serial check, the same serial is taken again.
+/// without the serial check, the same serial is taken again; without the NOTIFY of an added
+/// zone (`notify::spawn_static`), "the secondary was not told of the new zone".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_zones_are_served_beside_the_managed_one_added_and_removed_at_run_time() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -165,7 +168,33 @@ async fn static_zones_are_served_beside_the_managed_one_added_and_removed_at_run
     })
     .await?;
 
-    let up = up(dir.path())?;
+    // The secondary first, so the stack's config can name where it takes NOTIFY; the stack's
+    // DNS port chosen before either starts.
+    let dns_port = free_port()?;
+    let secondary = Nsd::start(&NsdSpec {
+        zones: vec![NsdZone {
+            origin: "added.test.".into(),
+            text: None,
+            zone_extra: vec![
+                format!("request-xfr: 127.0.0.1@{dns_port} NOKEY"),
+                "allow-notify: 127.0.0.1 NOKEY".into(),
+                "provide-xfr: 127.0.0.1 NOKEY".into(),
+            ],
+        }],
+        keys: Vec::new(),
+        server_extra: Vec::new(),
+    })
+    .await?;
+    let config = dir.path().join("dnsplan.toml");
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(&config, format!("{text}notify = \"{}\"\n", secondary.addr()))?;
+    let start = || -> anyhow::Result<Up> {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
+        command.arg("up").arg("--config").arg(&config).arg("--data-dir").arg(dir.path().join("data"));
+        command.args(["--dns", &format!("127.0.0.1:{dns_port}"), "--listen-control", "127.0.0.1:0"]).env_remove("DNSPLAN_TOKEN");
+        spawn_up(&mut command)
+    };
+    let up = start()?;
     until_serial(up.dns, "static.test.", 10)?;
     same_as_nsd(up.dns, nsd.addr(), "static.test.")?;
     let managed = ask(up.dns, "example.test.", RecordType::SOA)?;
@@ -179,6 +208,8 @@ async fn static_zones_are_served_beside_the_managed_one_added_and_removed_at_run
     assert!(said.contains("zone added.test. served: serial 5"), "{said}");
     until_serial(up.dns, "added.test.", 5)?;
     same_as_nsd(up.dns, nsd.addr(), "added.test.")?;
+    until_serial(secondary.addr(), "added.test.", 5).map_err(|e| anyhow::anyhow!("the secondary was not told of the new zone: {e}"))?;
+    anyhow::ensure!(axfr(secondary.addr(), "added.test.")? == axfr(up.dns, "added.test.")?, "the secondary's copy differs");
     let list = ok(&dnsplan(&up, &["zone", "list"])?);
     for row in ["example.test.", "static.test.", "added.test."] {
         assert!(list.contains(row), "{row} not in:\n{list}");
@@ -190,13 +221,19 @@ async fn static_zones_are_served_beside_the_managed_one_added_and_removed_at_run
     let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success() && said.contains("serial 5 is not newer than the serial 5 served"), "{said}");
     same_as_nsd(up.dns, nsd.addr(), "added.test.")?;
+    // A newer serial replaces it, and the secondary is told.
+    std::fs::write(&file, added(6, "10.5.0.9"))?;
+    ok(&dnsplan(&up, &["zone", "add", file.to_str().unwrap_or_default()])?);
+    until_serial(up.dns, "added.test.", 6)?;
+    until_serial(secondary.addr(), "added.test.", 6).map_err(|e| anyhow::anyhow!("the secondary was not told of the replacement: {e}"))?;
+    anyhow::ensure!(axfr(secondary.addr(), "added.test.")? == axfr(up.dns, "added.test.")?, "the secondary's copy differs");
 
-    // Killed and started again: the added zone is served from disk.
+    // Killed and started again: the added zone is served from disk, as replaced.
     drop(up);
-    let up = support::up(dir.path())?;
+    let up = start()?;
     until_serial(up.dns, "static.test.", 10)?;
-    until_serial(up.dns, "added.test.", 5).map_err(|e| anyhow::anyhow!("added.test. not served after the restart: {e}"))?;
-    same_as_nsd(up.dns, nsd.addr(), "added.test.")?;
+    until_serial(up.dns, "added.test.", 6).map_err(|e| anyhow::anyhow!("added.test. not served after the restart: {e}"))?;
+    anyhow::ensure!(axfr(secondary.addr(), "added.test.")? == axfr(up.dns, "added.test.")?, "the restart served another added.test.");
 
     // A zone of the config file is not removed at run time; an added one is, for good.
     let out = dnsplan(&up, &["zone", "remove", "static.test."])?;
@@ -205,10 +242,10 @@ async fn static_zones_are_served_beside_the_managed_one_added_and_removed_at_run
     ok(&dnsplan(&up, &["zone", "remove", "added.test."])?);
     assert!(refused(up.dns, "added.test.")?, "added.test. still served after its removal");
     drop(up);
-    let up = support::up(dir.path())?;
+    let up = start()?;
     until_serial(up.dns, "static.test.", 10)?;
     assert!(refused(up.dns, "added.test.")?, "added.test. served again after a restart");
     same_as_nsd(up.dns, nsd.addr(), "static.test.")?;
-    drop(nsd);
+    drop((nsd, secondary));
     Ok(())
 }

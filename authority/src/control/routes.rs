@@ -440,7 +440,12 @@ async fn zone_put<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<St
         .map_err(|e| ApiError::bad_request(format!("the zone load failed: {e}")))??;
     let served = table.get(&Name::from_ascii(&origin).map_err(|e| ApiError::bad_request(e.to_string()))?);
     let (origin, names) = match served {
-        Some(s) => (s.zone.origin.to_string(), s.snapshot.load().entries().filter(|e| e.has_data()).count()),
+        Some(s) => {
+            let names = s.snapshot.load().entries().filter(|e| e.has_data()).count();
+            let origin = s.zone.origin.to_string();
+            crate::xfr::notify::spawn_static(s);
+            (origin, names)
+        }
         None => (origin, 0),
     };
     Ok(Json(ZoneInfo { origin, serial, names, source: "added".into() }))

@@ -95,7 +95,7 @@ impl Serving {
     /// behind it. Its figures are not the managed zone's, so the snapshot gauges are left
     /// alone.
     pub fn for_static(zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, transfer: Arc<TransferPolicy>) -> Serving {
-        let snapshot = Snapshot::statics_only(zone.clone());
+        let snapshot = Snapshot::static_zone(zone.clone());
         let serial = snapshot.serial;
         Serving {
             snapshot: ArcSwap::from_pointee(snapshot),

@@ -79,6 +79,37 @@ fn update(statuses: &Statuses, index: usize, change: impl FnOnce(&mut SecondaryS
     }
 }
 
+/// Most NOTIFYs sent for one change of a static zone (`spawn_static`), the wait doubling from
+/// `NOTIFY_TIMEOUT`: about a minute in all.
+pub const STATIC_ATTEMPTS: u32 = 6;
+
+/// NOTIFYs each secondary with a `notify` address of a static zone just added or replaced
+/// (`serving::zones`) until it acknowledges, at most `STATIC_ATTEMPTS` times; one WARN line
+/// when none is acknowledged (the secondary then finds the change at its SOA refresh). Static
+/// zones change only this way, so no task waits on them between changes.
+pub fn spawn_static(serving: Arc<Serving>) {
+    for target in serving.transfer.notify_targets().to_vec() {
+        let origin = serving.zone.origin.clone();
+        let serial = serving.snapshot.load().serial;
+        tokio::spawn(async move {
+            let mut backoff = NOTIFY_TIMEOUT;
+            let mut last = String::new();
+            for _ in 0..STATIC_ATTEMPTS {
+                match notify(&target, &origin).await {
+                    Ok(()) => {
+                        tracing::debug!(secondary = %target.addr, zone = %origin, serial, "NOTIFY acknowledged");
+                        return;
+                    }
+                    Err(err) => last = err,
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RETRY_MAX);
+            }
+            tracing::warn!(secondary = %target.addr, zone = %origin, serial, error = %last, "NOTIFY of a static zone not acknowledged; the secondary finds the change at its SOA refresh");
+        });
+    }
+}
+
 async fn notify_loop(index: usize, target: NotifyTarget, serving: Arc<Serving>, statuses: Statuses) {
     let origin = serving.zone.origin.clone();
     let mut changes = serving.served_serial.subscribe();

@@ -31,9 +31,17 @@ use std::hash::BuildHasher;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, LazyLock};
 
-/// Shards of the name table. A change of `k` names copies at most `k` shards (of about
-/// `names / SHARDS` entry pointers each).
+/// Shards of a managed zone's name table. A change of `k` names copies at most `k` shards
+/// (of about `names / SHARDS` entry pointers each). A static zone, which never changes, gets
+/// as few as hold its names (`shards_for`), so ten thousand small zones do not cost ten
+/// thousand times 1,024 empty tables.
 pub const SHARDS: usize = 1024;
+
+/// The shards of a table that will hold `names` names and never change: a power of two,
+/// about 64 names a shard, at most `SHARDS`.
+pub fn shards_for(names: usize) -> usize {
+    (names / 64).next_power_of_two().clamp(1, SHARDS)
+}
 /// Longest name in wire form (RFC 1035 §2.3.4).
 pub const NAME_WIRE_BYTES_MAX: usize = 255;
 
@@ -46,10 +54,11 @@ pub fn hash_key(key: &[u8]) -> u64 {
     HASHER.hash_one(key)
 }
 
-fn shard_of(hash: u64) -> usize {
+/// The shard of `hash` among `shards` (a power of two).
+fn shard_of(hash: u64, shards: usize) -> usize {
     // The table uses the low bits for its buckets and the top 7 for its tags; the shard comes
     // from bits in between so the three stay independent.
-    ((hash >> 32) as usize) % SHARDS
+    ((hash >> 32) as usize) & (shards - 1)
 }
 
 /// The lower-case wire form of `name` (labels with length bytes, ending in the root).
@@ -353,7 +362,19 @@ impl Snapshot {
     /// A snapshot of the static zone alone, at applied-change count 0. Pages of the active
     /// state go in with `load_page`.
     pub fn statics_only(zone: Arc<StaticZone>) -> Snapshot {
-        let shards: Arc<[Arc<Shard>]> = (0..SHARDS).map(|_| Arc::new(Shard::new())).collect();
+        Snapshot::statics_in(zone, SHARDS)
+    }
+
+    /// A snapshot of a static zone that never changes: as `statics_only`, in as few shards as
+    /// its names need (`shards_for`).
+    pub fn static_zone(zone: Arc<StaticZone>) -> Snapshot {
+        let shards = shards_for(zone.records.len() + zone.ns.len() + 1);
+        Snapshot::statics_in(zone, shards)
+    }
+
+    fn statics_in(zone: Arc<StaticZone>, shards: usize) -> Snapshot {
+        assert!(shards.is_power_of_two() && shards <= SHARDS);
+        let shards: Arc<[Arc<Shard>]> = (0..shards).map(|_| Arc::new(Shard::new())).collect();
         let origin_key = wire_key(&zone.origin);
         let apex_ns = ApexNs::build(&zone, &origin_key).map(Arc::new);
         let mut snapshot = Snapshot {
@@ -555,7 +576,10 @@ impl Snapshot {
     fn remove_if_empty(&mut self, key: &[u8]) {
         if self.get_key(key).is_some_and(|e| !e.has_data() && e.descendants == 0) {
             let hash = hash_key(key);
-            let shard = Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash)]);
+            let shard = {
+                let n = self.shards.len();
+                Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash, n)])
+            };
             if let Ok(found) = shard.find_entry(hash, |e| &*e.key == key) {
                 found.remove();
             }
@@ -564,7 +588,10 @@ impl Snapshot {
 
     fn entry_mut(&mut self, key: &[u8]) -> &mut Entry {
         let hash = hash_key(key);
-        let shard = Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash)]);
+        let shard = {
+            let n = self.shards.len();
+            Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash, n)])
+        };
         let entry = shard
             .entry(hash, |e| &*e.key == key, |e| hash_key(&e.key))
             .or_insert_with(|| Arc::new(Entry { key: SmallVec::from_slice(key), ..Entry::default() }))
@@ -579,12 +606,12 @@ impl Snapshot {
 
     /// As `get_key`, with the key's hash already computed.
     pub fn get_hashed(&self, key: &[u8], hash: u64) -> Option<&Entry> {
-        self.shards[shard_of(hash)].find(hash, |e| &*e.key == key).map(|e| &**e)
+        self.shards[shard_of(hash, self.shards.len())].find(hash, |e| &*e.key == key).map(|e| &**e)
     }
 
     /// The entry at a lower-case wire-form name, shared (for the IXFR history).
     pub fn entry_arc(&self, key: &[u8]) -> Option<Arc<Entry>> {
-        self.shards[shard_of(hash_key(key))].find(hash_key(key), |e| &*e.key == key).cloned()
+        self.shards[shard_of(hash_key(key), self.shards.len())].find(hash_key(key), |e| &*e.key == key).cloned()
     }
 
     /// The data at `name`, if it has any.
