@@ -193,6 +193,7 @@ impl StaticZone {
                     if let Some(data) = rewritten.replacement(&record.data) {
                         record.data = data.clone();
                     }
+                    complete_relative_targets(&mut record.data, &origin);
                     match &record.data {
                         RData::SOA(s) if name == origin => {
                             soa = Some(s.clone());
@@ -279,6 +280,23 @@ impl StaticZone {
         let s = &self.soa;
         let soa = SOA::new(s.mname.clone(), s.rname.clone(), serial, s.refresh, s.retry, s.expire, s.minimum);
         Record::from_rdata(self.origin.clone(), ttl, RData::SOA(soa))
+    }
+}
+
+/// SVCB and HTTPS targets written relative (`SVCB 1 svc port=8443`): hickory's reader keeps
+/// them as they are written, not completed with the origin as it completes every other name,
+/// so `svc` would be served as the top-level name `svc.`. Completed here with the zone's
+/// origin (a `$ORIGIN` changed inside the file is not seen: write such targets in full).
+fn complete_relative_targets(data: &mut RData, origin: &Name) {
+    let svcb = match data {
+        RData::SVCB(svcb) => svcb,
+        RData::HTTPS(https) => &mut https.0,
+        _ => return,
+    };
+    if !svcb.target_name.is_fqdn()
+        && let Ok(full) = svcb.target_name.clone().append_domain(origin)
+    {
+        svcb.target_name = full;
     }
 }
 
@@ -421,6 +439,24 @@ mod tests {
         assert_eq!(zone.cuts.len(), 1, "the generic NS is a delegation");
         let err = load("$TTL 3600\n\nbad TYPE1 \\# 2 0a00\n").expect_err("a torn A was loaded");
         assert!(matches!(err, DnsZoneError::Record { line: 3, .. }), "{err}");
+    }
+
+    /// A relative SVCB or HTTPS target is completed with the origin, as every other name is.
+    /// Fails without `complete_relative_targets`: the target was `svc.`, a top-level name.
+    #[test]
+    fn relative_svcb_targets_are_in_the_zone() {
+        let zone = load("$TTL 3600\nx SVCB 1 svc port=8443\ny HTTPS 1 . alpn=h2\nz HTTPS 1 full.example.org.\n").expect("loads");
+        let mut targets: Vec<String> = zone
+            .records
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::SVCB(s) => Some(s.target_name.to_string()),
+                RData::HTTPS(h) => Some(h.0.target_name.to_string()),
+                _ => None,
+            })
+            .collect();
+        targets.sort();
+        assert_eq!(targets, [".", "full.example.org.", "svc.example.test."]);
     }
 
     #[test]
