@@ -40,6 +40,11 @@ pub const PER_ENDPOINT_SERIES_MAX: usize = 10_000;
 pub const STORE_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ZoneSourceLabels {
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QueryLabels {
     pub qtype: &'static str,
     pub rcode: &'static str,
@@ -353,6 +358,10 @@ pub struct Metrics {
     managed_endpoints: Gauge,
     applied_changes: Gauge,
     soa_serial: Gauge,
+    /// `dnsplan_static_zones{source}`: how many static zones are served (per-zone figures are
+    /// in `GET /v1/zones`, not here: one series per zone would be 100,000 series at 100,000
+    /// zones).
+    static_zones: Family<ZoneSourceLabels, Gauge>,
     /// `dnsplan_dns_malformed_total`, one counter per `Malformed::ALL` entry, in its order.
     malformed: [Counter; Malformed::ALL.len()],
     rrl_dropped: Counter,
@@ -458,6 +467,15 @@ impl Metrics {
             "The SOA serial served: serial_base plus the store's content-change count (it moves only when served records change)",
             soa_serial.clone(),
         );
+        let static_zones = Family::<ZoneSourceLabels, Gauge>::default();
+        registry.register(
+            "static_zones",
+            "Static zones served beside the managed one, by where they come from (config, added); per zone: GET /v1/zones",
+            static_zones.clone(),
+        );
+        for source in ["config", "added"] {
+            static_zones.get_or_create(&ZoneSourceLabels { source }).set(0);
+        }
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
         let store = StoreGauges::default();
@@ -479,6 +497,7 @@ impl Metrics {
             managed_endpoints,
             applied_changes,
             soa_serial,
+            static_zones,
             malformed,
             rrl_dropped,
             rrl_slipped,
@@ -634,6 +653,13 @@ impl Metrics {
     pub fn observe_store_disk(&self, writes_failing: bool, free_bytes: Option<u64>) {
         self.store.writes_failing.set(i64::from(writes_failing));
         self.store.disk_free_bytes.set(free_bytes.map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)));
+    }
+
+    /// How many static zones come from the config file and how many were added at run time.
+    pub fn observe_static_zones(&self, config: usize, added: usize) {
+        for (source, count) in [("config", config), ("added", added)] {
+            self.static_zones.get_or_create(&ZoneSourceLabels { source }).set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     /// Whether the store answers now (`dnsplan_store_reachable`).

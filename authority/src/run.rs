@@ -519,9 +519,12 @@ where
     let metrics_store = store.clone();
     // A store outage (etcd down) is logged when it begins and ends, not on every scrape.
     let metrics_reach = Arc::new(daemon::Reachability::new("the store, for metrics,"));
+    let render_zones = others.clone();
     let render = move || {
         let (metrics, extra, store, reach) = (metrics.clone(), extra_metrics.clone(), metrics_store.clone(), metrics_reach.clone());
+        let (config_zones, added_zones) = render_zones.counts();
         async move {
+            metrics.observe_static_zones(config_zones, added_zones);
             metrics.observe_store_disk(store.fault().is_some(), store.disk_free_bytes());
             // The store's own figures, read now: independent of the follower, which they check.
             match StoreReading::read(&store).await {

@@ -63,6 +63,7 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         served_log: None,
         ixfr_log: None,
         others: None,
+        answered: Default::default(),
     }
 });
 

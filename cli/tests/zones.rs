@@ -214,6 +214,13 @@ async fn static_zones_are_served_beside_the_managed_one_added_and_removed_at_run
     for row in ["example.test.", "static.test.", "added.test."] {
         assert!(list.contains(row), "{row} not in:\n{list}");
     }
+    let listed: dnsplan_common::status::ZoneList = serde_json::from_str(&ok(&dnsplan(&up, &["--output", "json", "zone", "list"])?))?;
+    let counted = listed.zones.iter().find(|z| z.origin == "static.test.").map_or(0, |z| z.queries);
+    assert!(counted >= questions("static.test.").len() as u64, "static.test. counted {counted} queries: {listed:?}");
+    let metrics = reqwest::get(format!("{}/metrics", up.control)).await?.text().await?;
+    for line in ["dnsplan_static_zones{source=\"config\"} 1", "dnsplan_static_zones{source=\"added\"} 1"] {
+        assert!(metrics.contains(line), "{line} not in the metrics");
+    }
 
     // The same serial again: refused, the zone served as it was.
     std::fs::write(&file, added(5, "10.5.0.9"))?;

@@ -249,4 +249,6 @@ pub struct ZoneInfo {
     pub names: usize,
     /// `config` (the config file's `[[zones]]`) or `added` (at run time).
     pub source: String,
+    /// Queries it answered since the authority started, or since it was added or replaced.
+    pub queries: u64,
 }

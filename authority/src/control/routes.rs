@@ -424,7 +424,13 @@ async fn zones_list<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<Z
     let zones = table
         .list()
         .into_iter()
-        .map(|(origin, serial, names, source)| ZoneInfo { origin: origin.to_string(), serial, names, source: source.as_str().into() })
+        .map(|z| ZoneInfo {
+            origin: z.origin.to_string(),
+            serial: z.serial,
+            names: z.names,
+            source: z.source.as_str().into(),
+            queries: z.queries,
+        })
         .collect();
     Ok(Json(ZoneList { managed, zones }))
 }
@@ -448,7 +454,7 @@ async fn zone_put<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<St
         }
         None => (origin, 0),
     };
-    Ok(Json(ZoneInfo { origin, serial, names, source: "added".into() }))
+    Ok(Json(ZoneInfo { origin, serial, names, source: "added".into(), queries: 0 }))
 }
 
 /// `DELETE /v1/zones/{origin}`: stops serving zone `origin`, added at run time.

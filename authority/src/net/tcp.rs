@@ -92,6 +92,9 @@ async fn tcp_connection(mut stream: TcpStream, peer: IpAddr, serving: &Arc<Servi
         let packet = &buf[..len];
         // Another zone's question is answered by that zone (`zones`).
         let other = serving.others.as_ref().and_then(|others| others.pick(packet));
+        if let Some(zone) = &other {
+            zone.answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let zone = other.as_ref().unwrap_or(serving);
         if matches!(respond::kind(packet), Kind::Axfr | Kind::Ixfr) {
             transfer::transfer_tcp(&mut stream, packet, peer, zone, idle).await?;

@@ -246,7 +246,10 @@ impl Batch {
             let other = serving.others.as_ref().and_then(|others| others.pick(query));
             let other_snapshot = other.as_ref().map(|zone| zone.snapshot.load());
             let (zone, snapshot): (&Serving, &Snapshot) = match (&other, &other_snapshot) {
-                (Some(zone), Some(other_snapshot)) => (zone, other_snapshot),
+                (Some(zone), Some(other_snapshot)) => {
+                    zone.answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    (zone, other_snapshot)
+                }
                 _ => (serving, &snapshot),
             };
             let mut outcome = match respond_fast(query, snapshot, &zone.limits, rng, out) {

@@ -53,6 +53,8 @@ pub struct Serving {
     pub ixfr_log: Option<Arc<IxfrLog>>,
     /// On the managed zone's `Serving`: the other zones the listeners answer for (`zones`).
     pub others: Option<Arc<ZoneTable>>,
+    /// Queries a static zone answered (`GET /v1/zones`); the managed zone's are in the metrics.
+    pub answered: std::sync::atomic::AtomicU64,
 }
 
 /// The log target of the audit lines (every write that changes what is served or automated).
@@ -88,6 +90,7 @@ impl Serving {
             served_log: None,
             ixfr_log: None,
             others: None,
+            answered: Default::default(),
         }
     }
 
@@ -110,6 +113,7 @@ impl Serving {
             served_log: None,
             ixfr_log: None,
             others: None,
+            answered: Default::default(),
         }
     }
 

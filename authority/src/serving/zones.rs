@@ -47,6 +47,17 @@ impl Source {
     }
 }
 
+/// One other zone as `list` tells it.
+pub struct Listed {
+    pub origin: Name,
+    pub serial: u32,
+    /// Names with records.
+    pub names: usize,
+    pub source: Source,
+    /// Queries it answered since the process started (or since it was added).
+    pub queries: u64,
+}
+
 /// One other zone as served.
 pub struct OtherZone {
     pub serving: Arc<Serving>,
@@ -140,19 +151,32 @@ impl ZoneTable {
         }
     }
 
-    /// Every other zone: origin, serial, names and source, by origin.
-    pub fn list(&self) -> Vec<(Name, u32, usize, Source)> {
-        let mut all: Vec<_> = self
+    /// Every other zone, by origin.
+    pub fn list(&self) -> Vec<Listed> {
+        let mut all: Vec<Listed> = self
             .zones
             .load()
             .values()
             .map(|z| {
                 let snapshot = z.serving.snapshot.load();
-                (snapshot.zone.origin.clone(), snapshot.serial, snapshot.entries().filter(|e| e.has_data()).count(), z.source)
+                Listed {
+                    origin: snapshot.zone.origin.clone(),
+                    serial: snapshot.serial,
+                    names: snapshot.entries().filter(|e| e.has_data()).count(),
+                    source: z.source,
+                    queries: z.serving.answered.load(std::sync::atomic::Ordering::Relaxed),
+                }
             })
             .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.sort_by(|a, b| a.origin.cmp(&b.origin));
         all
+    }
+
+    /// How many zones come from the config file, and how many were added at run time.
+    pub fn counts(&self) -> (usize, usize) {
+        let zones = self.zones.load();
+        let config = zones.values().filter(|z| z.source == Source::Config).count();
+        (config, zones.len() - config)
     }
 
     pub fn len(&self) -> usize {

@@ -18,9 +18,14 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
             if client.format == Format::Json {
                 return client.print_json(&list).map(|()| ExitCode::SUCCESS);
             }
-            let mut rows = vec![vec![list.managed.clone(), "-".into(), "-".into(), "managed".into()]];
-            rows.extend(list.zones.iter().map(|z| vec![z.origin.clone(), z.serial.to_string(), z.names.to_string(), z.source.clone()]));
-            crate::out_raw!("{}", table(&["ZONE", "SERIAL", "NAMES", "SOURCE"], &rows));
+            // The managed zone's serial and names are in `dnsplan status`.
+            let mut rows = vec![vec![list.managed.clone(), "-".into(), "-".into(), "managed".into(), "-".into()]];
+            rows.extend(
+                list.zones
+                    .iter()
+                    .map(|z| vec![z.origin.clone(), z.serial.to_string(), z.names.to_string(), z.source.clone(), z.queries.to_string()]),
+            );
+            crate::out_raw!("{}", table(&["ZONE", "SERIAL", "NAMES", "SOURCE", "QUERIES"], &rows));
             Ok(ExitCode::SUCCESS)
         }
         ZoneCommand::Add { file, origin } => {
