@@ -195,7 +195,7 @@ start_server() {
     ROOT[$server]=$pid
     for name in $SAMPLE; do
         for ((i = 0; ; i++)); do
-            alive "$pid" || { echo "$server exited while loading; its log:" >&2; tail -20 "$WORK/$server.log" >&2; exit 1; }
+            alive "$pid" || { echo "$server exited while loading; its log:" >&2; grep -v "^ *[0-9]*: \|^ *at " "$WORK/$server.log" | tail -20 >&2; exit 1; }
             [ -n "$(answers "${PORT[$server]}" "$name")" ] && break
             [ "$i" -lt $((LOAD_TIMEOUT_SECS * 20)) ] || { echo "$server does not answer $name after ${LOAD_TIMEOUT_SECS}s" >&2; exit 1; }
             sleep 0.05

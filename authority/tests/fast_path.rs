@@ -233,8 +233,8 @@ fn fast_path_answers_like_the_reference() -> Result<(), TestCaseError> {
         let chaos = query(1, name, RecordType::TXT, DNSClass::CH, None, false, false);
         prop_assert!(!compare(&chaos, &SNAPSHOT, &limits())?, "class CH must take the reference path");
     }
-    // The common queries take the fast path: A/AAAA at managed names, NXDOMAIN, NODATA, the
-    // apex NS.
+    // The common queries take the fast path: A/AAAA at managed and static names, NXDOMAIN,
+    // NODATA, the apex NS.
     for (name, qtype) in [
         ("api.example.test.", RecordType::A),
         ("API.Example.TEST.", RecordType::AAAA),
@@ -246,6 +246,11 @@ fn fast_path_answers_like_the_reference() -> Result<(), TestCaseError> {
         ("one.example.test.", RecordType::MX),
         ("example.test.", RecordType::NS),
         ("eXaMpLe.TeSt.", RecordType::NS),
+        // Static addresses and NODATA at a static name (a static zone's hosts).
+        ("ns1.example.test.", RecordType::A),
+        ("Ns1.example.test.", RecordType::AAAA),
+        ("a.b.c.example.test.", RecordType::A),
+        ("txt.example.test.", RecordType::AAAA),
     ] {
         let packet = query(9, name, qtype, DNSClass::IN, Some(1232), true, false);
         prop_assert!(compare(&packet, &SNAPSHOT, &limits())?, "{} {} should take the fast path", name, qtype);

@@ -4,7 +4,8 @@
 //! It takes only what it can answer exactly as `answer::respond` would: a standard QUERY with
 //! one question of class IN for a name inside the zone, no answer or authority records, at
 //! most an EDNS version-0 OPT record, asking A or AAAA at a managed name, anything but ANY at a
-//! managed name without static records, NS at the apex (the answer `snapshot` precompiled,
+//! managed name without static records, A or AAAA at a static name without a CNAME in a zone
+//! without delegations (a static zone's hosts), NS at the apex (the answer `snapshot` precompiled,
 //! with glue), or any type at a name that does not exist or is an empty non-terminal in a
 //! zone without delegations and wildcards (in one with them, such a name may be below a cut or
 //! covered by a wildcard, which the reference path works out). Managed names are never at or
@@ -25,7 +26,7 @@ use crate::query::wire::{self, TYPE_OPT, u16_at};
 use crate::zone::compress::{Written, write_name};
 use crate::zone::snapshot::{ApexNs, Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::RecordType;
+use hickory_proto::rr::{RData, RecordType};
 use rand::Rng;
 
 /// What the fast path did with a packet.
@@ -194,7 +195,7 @@ fn answer_at(
         let Some(ns) = &snapshot.apex_ns else { return Fast::Slow };
         return apex_ns(p, question, q, ns, edns, limits, udp_limit, out);
     }
-    let Some(m) = &entry.managed else { return Fast::Slow };
+    let Some(m) = &entry.managed else { return static_addresses(p, question, q, entry, edns, snapshot, limits, udp_limit, out) };
     let mut picked = [0u8; FAMILY_TARGETS_MAX];
     match q.qtype {
         TYPE_A | TYPE_AAAA => {
@@ -238,6 +239,64 @@ fn answer_at(
         }
         _ => Fast::Slow,
     }
+}
+
+/// A or AAAA at a name with static records only (a static zone's names, the name servers'
+/// addresses): its records of the type in zone order, as `answer::collect` gives them, or
+/// NODATA. A name with a CNAME, any other type, and every name of a zone with delegations (it
+/// may be at or below a cut) go to the reference path.
+#[allow(clippy::too_many_arguments)]
+fn static_addresses(
+    p: &[u8],
+    question: &[u8],
+    q: &Question,
+    entry: &Entry,
+    edns: Option<ClientEdns>,
+    snapshot: &Snapshot,
+    limits: &AnswerLimits,
+    udp_limit: usize,
+    out: &mut Vec<u8>,
+) -> Fast {
+    if !matches!(q.qtype, TYPE_A | TYPE_AAAA) || !snapshot.zone.cuts.is_empty() {
+        return Fast::Slow;
+    }
+    let wanted = RecordType::from(q.qtype);
+    let mut count = 0;
+    for r in entry.statics.iter() {
+        match r.record_type() {
+            RecordType::CNAME => return Fast::Slow,
+            t if t == wanted => count += 1,
+            _ => {}
+        }
+    }
+    if count == 0 {
+        return negative(p, question, q, snapshot.origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out);
+    }
+    let rdlen = if q.qtype == TYPE_A { 4 } else { 16 };
+    let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + if edns.is_some() { OPT_BYTES } else { 0 };
+    if size > udp_limit || count > usize::from(u16::MAX) {
+        return Fast::Slow; // `respond` truncates
+    }
+    header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
+    out.extend_from_slice(question);
+    for r in entry.statics.iter() {
+        let address: &[u8] = match &r.data {
+            RData::A(a) if q.qtype == TYPE_A => &a.0.octets(),
+            RData::AAAA(a) if q.qtype == TYPE_AAAA => &a.0.octets(),
+            _ => continue,
+        };
+        // Owner: a pointer to the question's name at offset 12, in the client's case.
+        out.extend_from_slice(&[0xc0, 0x0c]);
+        out.extend_from_slice(&q.qtype.to_be_bytes());
+        out.extend_from_slice(&CLASS_IN.to_be_bytes());
+        out.extend_from_slice(&r.ttl.to_be_bytes());
+        out.extend_from_slice(&(rdlen as u16).to_be_bytes());
+        out.extend_from_slice(address);
+    }
+    if let Some(edns) = edns {
+        opt(out, limits, edns.dnssec_ok);
+    }
+    Fast::Answered(outcome(q.qtype, ResponseCode::NoError, out.len()))
 }
 
 /// The precompiled apex NS answer, with as much of its glue as fits `udp_limit` (whole

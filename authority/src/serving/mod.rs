@@ -98,7 +98,10 @@ impl Serving {
     /// behind it. Its figures are not the managed zone's, so the snapshot gauges are left
     /// alone.
     pub fn for_static(zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, transfer: Arc<TransferPolicy>) -> Serving {
-        let snapshot = Snapshot::static_zone(zone.clone());
+        let mut snapshot = Snapshot::static_zone(zone.clone());
+        // The records are in the snapshot now; a copy in the zone would double them.
+        let zone = Arc::new(zone.without_records());
+        snapshot.zone = zone.clone();
         let serial = snapshot.serial;
         Serving {
             snapshot: ArcSwap::from_pointee(snapshot),

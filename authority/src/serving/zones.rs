@@ -22,7 +22,8 @@ use crate::zone::serial::serial_newer;
 use crate::zone::snapshot::{NAME_WIRE_BYTES_MAX, wire_key};
 use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
-use std::collections::HashMap;
+/// The table's map: keys are names a client chose, so the hasher is seeded at random.
+type Table = std::collections::HashMap<Box<[u8]>, Arc<OtherZone>, foldhash::fast::RandomState>;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -86,7 +87,7 @@ pub enum ZoneChangeError {
 pub struct ZoneTable {
     managed_key: Box<[u8]>,
     managed_origin: Name,
-    zones: ArcSwap<HashMap<Box<[u8]>, Arc<OtherZone>>>,
+    zones: ArcSwap<Table>,
     /// What a new zone's `Serving` is made with.
     limits: AnswerLimits,
     metrics: Arc<Metrics>,
@@ -109,7 +110,7 @@ impl ZoneTable {
         ZoneTable {
             managed_key: wire_key(managed).into(),
             managed_origin: managed.clone(),
-            zones: ArcSwap::from_pointee(HashMap::new()),
+            zones: ArcSwap::from_pointee(Table::default()),
             limits,
             metrics,
             transfer,
@@ -192,10 +193,13 @@ impl ZoneTable {
         self.zones.load().get(&wire_key(&origin.to_lowercase())[..]).map(|z| z.serving.clone())
     }
 
-    /// Adds the zone of `config` (from the config file) or replaces nothing: an origin twice
-    /// is refused. For the start, before anything is served.
-    pub fn add_configured(&self, zone: StaticZone) -> Result<(), ZoneChangeError> {
-        self.put(zone, Source::Config, None)
+    /// Adds the zones of the config file's `[[zones]]`, loaded on every core (`config_dir`
+    /// resolves relative master files): an origin twice, or the managed one, is refused. For
+    /// the start, before anything is served.
+    pub fn add_configured(&self, configs: &[DnsZoneConfig], config_dir: &Path) -> anyhow::Result<()> {
+        let loaded = load_parallel(configs, |config| StaticZone::load(config, config_dir).map_err(anyhow::Error::from))?;
+        self.insert_new(loaded.into_iter().map(|zone| (zone, Source::Config)).collect())?;
+        Ok(())
     }
 
     /// Adds or replaces the zone `origin` from master-file `text` (its SOA and apex NS in it),
@@ -244,22 +248,50 @@ impl ZoneTable {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
             Err(source) => return Err(ZoneChangeError::Io { origin: "(all)".into(), path: dir.clone(), source }),
         };
-        let mut count = 0;
+        let mut files = Vec::new();
         for entry in entries {
             let entry = entry.map_err(|source| ZoneChangeError::Io { origin: "(all)".into(), path: dir.clone(), source })?;
             let path = entry.path();
             let Some(origin) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix("zone")) else { continue };
-            let text = std::fs::read_to_string(&path).map_err(|source| ZoneChangeError::Io {
-                origin: origin.into(),
+            files.push((origin.to_string(), path.clone()));
+        }
+        let loaded = load_parallel(&files, |(origin, path)| {
+            let text = std::fs::read_to_string(path).map_err(|source| ZoneChangeError::Io {
+                origin: origin.clone(),
                 path: path.clone(),
                 source,
             })?;
-            let zone = load_text(origin, &text)
-                .map_err(|e| ZoneChangeError::Invalid(format!("{}: {e} (fix or remove the file)", path.display())))?;
-            self.put(zone, Source::Added, None)?;
-            count += 1;
-        }
+            load_text(origin, &text).map_err(|e| ZoneChangeError::Invalid(format!("{}: {e} (fix or remove the file)", path.display())))
+        })?;
+        let count = loaded.len();
+        self.insert_new(loaded.into_iter().map(|zone| (zone, Source::Added)).collect())?;
         Ok(count)
+    }
+
+    /// Inserts zones none of which is served yet (the start), into one new table.
+    fn insert_new(&self, zones: Vec<(StaticZone, Source)>) -> Result<(), ZoneChangeError> {
+        let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut next = (*self.zones.load_full()).clone();
+        next.reserve(zones.len());
+        for (zone, source) in zones {
+            let origin = zone.origin.clone();
+            if origin == self.managed_origin {
+                return Err(ZoneChangeError::Conflict(format!(
+                    "zone {origin} is the zone the store manages ([dns_zone]); it cannot also be a static zone"
+                )));
+            }
+            let key: Box<[u8]> = wire_key(&origin).into();
+            if next.contains_key(&key) {
+                return Err(ZoneChangeError::Conflict(format!(
+                    "zone {origin} is given twice (in [[zones]], or both there and added at run time in {}); keep one",
+                    self.dir.as_ref().map_or_else(String::new, |d| d.display().to_string())
+                )));
+            }
+            let serving = Serving::for_static(Arc::new(zone), self.limits, self.metrics.clone(), self.transfer.clone());
+            next.insert(key, Arc::new(OtherZone { serving: Arc::new(serving), source }));
+        }
+        self.zones.store(Arc::new(next));
+        Ok(())
     }
 
     fn put(&self, zone: StaticZone, source: Source, keep: Option<(&Path, &str)>) -> Result<(), ZoneChangeError> {
@@ -303,6 +335,23 @@ impl ZoneTable {
         }
         Ok(())
     }
+}
+
+/// `load` of each of `items`, on every core, in order; the first error ends it.
+fn load_parallel<T: Sync, E: Send>(items: &[T], load: impl Fn(&T) -> Result<StaticZone, E> + Sync) -> Result<Vec<StaticZone>, E> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len().max(1));
+    let chunk = items.len().div_ceil(threads).max(1);
+    let load = &load;
+    let parts: Vec<Result<Vec<StaticZone>, E>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = items.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(load).collect())).collect();
+        // A panic in a loader is a bug of ours; it is not input.
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    let mut all = Vec::with_capacity(items.len());
+    for part in parts {
+        all.extend(part?);
+    }
+    Ok(all)
 }
 
 /// The file of zone `origin` in the zones directory: its name and `zone`

@@ -240,6 +240,22 @@ impl StaticZone {
         Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards })
     }
 
+    /// This zone without its static records (`records`), for a snapshot already built from
+    /// them that never changes: they are then held once, in the snapshot, not twice.
+    pub fn without_records(&self) -> StaticZone {
+        StaticZone {
+            origin: self.origin.clone(),
+            soa: self.soa.clone(),
+            serial_base: self.serial_base,
+            soa_ttl_secs: self.soa_ttl_secs,
+            ns: self.ns.clone(),
+            records: Vec::new(),
+            cuts: self.cuts.clone(),
+            aliases: self.aliases.clone(),
+            wildcards: self.wildcards,
+        }
+    }
+
     /// Why a managed endpoint at `name` could not be served beside the static records, if it
     /// could not: at or below a delegation (the child zone answers for it), or at a name with
     /// a CNAME (which has no other data, RFC 1034 §3.6.2). A publish of such a plan is
