@@ -208,7 +208,7 @@ pub fn respond(
     if let Some(data) = data {
         // A wildcard's records take the name asked as owner (RFC 4592 §2.1.1), as every
         // answer here does.
-        let mut answers = collect(query, data.managed.as_ref(), &data.statics, limits, rng);
+        let mut answers = collect(query, data.managed.as_ref(), &data.statics.records(query.name()), limits, rng);
         let ends = follow_cnames(&mut answers, &name, qtype_asked, snapshot, limits, rng);
         if answers.is_empty() {
             negative(&mut resp, snapshot, ResponseCode::NoError);
@@ -260,7 +260,7 @@ fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
 /// adds it only to signed zones' referrals).
 fn referral(resp: &mut Message, cut: &Entry, snapshot: &Snapshot, limits: &AnswerLimits, rng: &mut impl Rng) -> (Vec<usize>, usize) {
     let Some(cut_name) = cut.name() else { return (Vec::new(), 0) };
-    let ns: Vec<Record> = cut.statics.iter().filter(|r| r.record_type() == RecordType::NS).cloned().collect();
+    let ns: Vec<Record> = cut.statics.records(&cut_name).into_iter().filter(|r| r.record_type() == RecordType::NS).collect();
     let mut rrsets = glue(snapshot, &ns, limits, rng);
     // The in-domain RRsets first, keeping NSD's order within each kind.
     rrsets.sort_by_key(|rrset| !rrset.first().is_some_and(|r| cut_name.zone_of(&r.name)));
@@ -293,7 +293,7 @@ fn glue(snapshot: &Snapshot, answers: &[Record], limits: &AnswerLimits, rng: &mu
             let Some(entry) = snapshot.get(server) else { continue };
             let asked = Query::query(server.clone(), family);
             // Only the family's records: a CNAME there would not be glue.
-            let rrset: Vec<Record> = collect(&asked, entry.managed.as_ref(), &entry.statics, limits, rng)
+            let rrset: Vec<Record> = collect(&asked, entry.managed.as_ref(), &entry.statics.records(server), limits, rng)
                 .into_iter()
                 .filter(|r| r.record_type() == family)
                 .collect();
@@ -390,7 +390,7 @@ fn follow_cnames<'a>(
         }
         let more = match snapshot.find(&wire_key(&target)) {
             Found::Name(data) | Found::Wildcard(data) => {
-                collect(&Query::query(target.clone(), qtype), data.managed.as_ref(), &data.statics, limits, rng)
+                collect(&Query::query(target.clone(), qtype), data.managed.as_ref(), &data.statics.records(&target), limits, rng)
             }
             Found::Cut(cut) => return ChainEnd::Referral(cut),
             Found::Empty => return ChainEnd::NoData,

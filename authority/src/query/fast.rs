@@ -26,7 +26,7 @@ use crate::query::wire::{self, TYPE_OPT, u16_at};
 use crate::zone::compress::{Written, write_name};
 use crate::zone::snapshot::{ApexNs, Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
 use hickory_proto::op::ResponseCode;
-use hickory_proto::rr::{RData, RecordType};
+use hickory_proto::rr::RecordType;
 use rand::Rng;
 
 /// What the fast path did with a packet.
@@ -262,10 +262,10 @@ fn static_addresses(
     }
     let wanted = RecordType::from(q.qtype);
     let mut count = 0;
-    for r in entry.statics.iter() {
-        match r.record_type() {
+    for r in entry.statics.raw() {
+        match r.rtype {
             RecordType::CNAME => return Fast::Slow,
-            t if t == wanted => count += 1,
+            t if t == wanted && r.rdata.len() == if q.qtype == TYPE_A { 4 } else { 16 } => count += 1,
             _ => {}
         }
     }
@@ -279,19 +279,14 @@ fn static_addresses(
     }
     header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
     out.extend_from_slice(question);
-    for r in entry.statics.iter() {
-        let address: &[u8] = match &r.data {
-            RData::A(a) if q.qtype == TYPE_A => &a.0.octets(),
-            RData::AAAA(a) if q.qtype == TYPE_AAAA => &a.0.octets(),
-            _ => continue,
-        };
+    for r in entry.statics.raw().filter(|r| r.rtype == wanted && r.rdata.len() == rdlen) {
         // Owner: a pointer to the question's name at offset 12, in the client's case.
         out.extend_from_slice(&[0xc0, 0x0c]);
         out.extend_from_slice(&q.qtype.to_be_bytes());
         out.extend_from_slice(&CLASS_IN.to_be_bytes());
         out.extend_from_slice(&r.ttl.to_be_bytes());
         out.extend_from_slice(&(rdlen as u16).to_be_bytes());
-        out.extend_from_slice(address);
+        out.extend_from_slice(r.rdata);
     }
     if let Some(edns) = edns {
         opt(out, limits, edns.dnssec_ok);

@@ -26,6 +26,8 @@ pub fn entry_records(entry: &Entry) -> Vec<Record> {
         out.extend(m.v6.targets.iter().map(|(a, _)| Record::from_rdata(name.clone(), m.ttl_secs, RData::AAAA(AAAA(*a)))));
     }
     let shadowed = |t: RecordType| entry.managed.is_some() && matches!(t, RecordType::A | RecordType::AAAA | RecordType::CNAME);
-    out.extend(entry.statics.iter().filter(|r| r.record_type() != RecordType::SOA && !shadowed(r.record_type())).cloned());
+    if let Some(name) = entry.name() {
+        out.extend(entry.statics.records(&name).into_iter().filter(|r| r.record_type() != RecordType::SOA && !shadowed(r.record_type())));
+    }
     out
 }
