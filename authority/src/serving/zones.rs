@@ -360,18 +360,33 @@ fn file_name(origin: &Name) -> String {
     format!("{}zone", origin.to_lowercase())
 }
 
+/// A zone's name as given to the control API: labels of letters, digits, `-` and `_` only, as
+/// its file's name in the zones directory is made of it (no `/`, no escapes).
 fn parse_origin(origin: &str) -> Result<Name, ZoneChangeError> {
     let mut name = Name::from_ascii(origin).map_err(|e| ZoneChangeError::Invalid(format!("{origin:?} is not a DNS name: {e}")))?;
     name.set_fqdn(true);
     if name.is_root() {
         return Err(ZoneChangeError::Invalid("the root zone is not served".into()));
     }
+    if !name.iter().all(|label| label.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')) {
+        return Err(ZoneChangeError::Invalid(format!(
+            "zone {origin:?}: a zone added at run time is named with letters, digits, '-' and '_' only"
+        )));
+    }
     Ok(name.to_lowercase())
 }
 
-/// The static zone `origin` from master-file `text`, which must hold its SOA and apex NS.
+/// The static zone `origin` from master-file `text`, which must hold its SOA and apex NS, and
+/// no `$INCLUDE` (a zone sent to the control API is whole: an include would read a file of the
+/// server's, outside the zones directory).
 fn load_text(origin: &str, text: &str) -> Result<StaticZone, ZoneChangeError> {
     let origin = parse_origin(origin)?;
+    if let Some(line) = text.lines().position(|l| l.trim_start().get(..8).is_some_and(|d| d.eq_ignore_ascii_case("$INCLUDE"))) {
+        return Err(ZoneChangeError::Invalid(format!(
+            "zone {origin}, line {}: $INCLUDE is not taken in a zone added at run time; send the whole zone",
+            line + 1
+        )));
+    }
     let config = DnsZoneConfig {
         origin: origin.to_string(),
         soa: None,
@@ -456,6 +471,10 @@ mod tests {
         assert!(table.add_text("managed.test.", ZONE).is_err(), "the managed zone");
         let text = "@ 300 IN SOA ns1 hostmaster 7 3600 600 604800 30\n".to_string();
         assert!(table.add_text("c.other.", &text).expect_err("no NS").to_string().contains("no NS records"));
+        for (origin, says) in [("a\\.\\.b.other.", "letters, digits"), ("d.other.", "$INCLUDE is not taken")] {
+            let err = table.add_text(origin, &format!("$INCLUDE /etc/hostname\n{ZONE}")).expect_err(origin).to_string();
+            assert!(err.contains(says), "{origin}: {err}");
+        }
         table.remove("a.b.other.").expect("remove");
         assert_eq!(origin_of("x.a.b.other."), Some("b.other.".into()));
         assert!(matches!(table.remove("a.b.other."), Err(ZoneChangeError::Missing(_))));

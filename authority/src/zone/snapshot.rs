@@ -10,9 +10,11 @@
 //! A managed endpoint's key is built from its `EndpointName` text (lower case, labels of
 //! letters, digits, `-` and `_`), with no DNS name parse; a name whose wire form ends with the
 //! origin's bytes but not on a label boundary is outside the zone and not served. An entry
-//! keeps its key and its managed targets inline, and its static records behind one pointer
-//! that is null for the names without any (`Statics`), so a million names cost no allocation
-//! each for what they do not have. Each entry counts the names with data below it, so an
+//! keeps its key and its managed targets inline, and its static records, in wire form, behind
+//! one pointer that is null for the names without any (`Statics`), so a million names cost no
+//! allocation each for what they do not have, and a million static names a few bytes of
+//! records each. A static zone, which never changes, has as few shards as its names need
+//! (`shards_for`). Each entry counts the names with data below it, so an
 //! empty non-terminal is an entry without data and a miss is one lookup. The SOA's RDATA with
 //! the current serial and the apex NS answer with its in-zone glue (`ApexNs`) are
 //! precompiled; the fast path uses the latter only while no in-zone name server is a managed
