@@ -447,12 +447,10 @@ impl Snapshot {
             generations: Arc::default(),
             zone: zone.clone(),
         };
-        let mut statics: Vec<Record> = vec![zone.soa_record(0, zone.soa_ttl_secs)];
-        statics.extend(zone.ns.iter().cloned());
-        statics.extend(zone.records.iter().cloned());
-        for record in statics {
+        let soa = zone.soa_record(0, zone.soa_ttl_secs);
+        for record in std::iter::once(&soa).chain(&zone.ns).chain(&zone.records) {
             let key = wire_key(&record.name);
-            snapshot.update(&key, |entry| entry.statics.push(&record));
+            snapshot.update(&key, |entry| entry.statics.push(record));
         }
         snapshot.set_serial(0, 0);
         snapshot
