@@ -439,6 +439,22 @@ fn question_key(packet: &[u8], out: &mut [u8; NAME_WIRE_BYTES_MAX]) -> Option<us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes: `pick` answers or declines, never panics, and a name it reads is the
+        /// question's own.
+        #[test]
+        fn any_packet_is_picked_or_declined(packet in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let mut key = [0u8; NAME_WIRE_BYTES_MAX];
+            if let Some(len) = question_key(&packet, &mut key) {
+                prop_assert!(len >= 1 && key[len - 1] == 0 && len <= NAME_WIRE_BYTES_MAX);
+            }
+            let table = ZoneTable::empty(&Name::from_ascii("managed.test.").expect("name"));
+            table.add_text("a.", ZONE).expect("zone");
+            let _ = table.pick(&packet);
+        }
+    }
 
     fn query(name: &str) -> Vec<u8> {
         let mut p = vec![0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
