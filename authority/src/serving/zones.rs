@@ -226,6 +226,15 @@ impl ZoneTable {
             )));
         }
         if let Some(dir) = &self.dir {
+            // The fence first: if the removal of the file fails after it, the zone is still
+            // served and its next add must only be newer.
+            let served = zone.serving.snapshot.load().serial;
+            let tombstone = dir.join(tombstone_name(&name));
+            write_atomic(&tombstone, &format!("{served}\n")).map_err(|source| ZoneChangeError::Io {
+                origin: name.to_string(),
+                path: tombstone.clone(),
+                source,
+            })?;
             let path = dir.join(file_name(&name));
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
@@ -319,12 +328,34 @@ impl ZoneTable {
                 )));
             }
         }
+        // A zone removed is fenced at its last serial: an add that was sent before the removal
+        // and arrives after it, or an old copy of the file, is refused.
+        let tombstone = self.dir.as_ref().filter(|_| source == Source::Added).map(|dir| dir.join(tombstone_name(&origin)));
+        if let Some(tombstone) = &tombstone
+            && let Ok(text) = std::fs::read_to_string(tombstone)
+            && let Ok(removed) = text.trim().parse::<u32>()
+            && !serial_newer(serial, removed)
+        {
+            return Err(ZoneChangeError::Conflict(format!(
+                "zone {origin} was removed at serial {removed}; an add of serial {serial} is older or the same (a late \
+                 write, or an old file) and refused: raise the SOA serial above {removed} to serve it again"
+            )));
+        }
         if let Some((path, text)) = keep {
             write_atomic(path, &format!("$ORIGIN {origin}\n{text}")).map_err(|source| ZoneChangeError::Io {
                 origin: origin.to_string(),
                 path: path.to_path_buf(),
                 source,
             })?;
+        }
+        if let Some(tombstone) = &tombstone
+            && keep.is_some()
+        {
+            match std::fs::remove_file(tombstone) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(ZoneChangeError::Io { origin: origin.to_string(), path: tombstone.clone(), source }),
+            }
         }
         let serving = Serving::for_static(Arc::new(zone), self.limits, self.metrics.clone(), self.transfer.clone());
         let mut next = (*zones).clone();
@@ -352,6 +383,11 @@ fn load_parallel<T: Sync, E: Send>(items: &[T], load: impl Fn(&T) -> Result<Stat
         all.extend(part?);
     }
     Ok(all)
+}
+
+/// The file that fences zone `origin` after its removal: the last serial it was served at.
+fn tombstone_name(origin: &Name) -> String {
+    format!("{}removed", origin.to_lowercase())
 }
 
 /// The file of zone `origin` in the zones directory: its name and `zone`
@@ -495,5 +531,38 @@ mod tests {
         assert_eq!(origin_of("x.a.b.other."), Some("b.other.".into()));
         assert!(matches!(table.remove("a.b.other."), Err(ZoneChangeError::Missing(_))));
         assert_eq!(table.len(), 2);
+    }
+
+    /// A removed zone is fenced at its last serial, across a restart (the tombstone is a file
+    /// beside the zones): a late add of that serial or an older one is refused; a newer one
+    /// serves it again and lifts the fence. Fails without the tombstone: the late add is
+    /// served.
+    #[test]
+    fn a_removed_zone_refuses_late_adds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let managed = Name::from_ascii("managed.test.").expect("name");
+        let table = || {
+            ZoneTable::new(
+                &managed,
+                AnswerLimits::default(),
+                Arc::new(Metrics::new()),
+                Arc::new(TransferPolicy::closed()),
+                Some(dir.path().to_path_buf()),
+            )
+        };
+        let first = table();
+        first.add_text("z.other.", ZONE).expect("add at 7");
+        first.remove("z.other.").expect("remove");
+        drop(first);
+        let again = table();
+        assert_eq!(again.load_added().expect("load"), 0);
+        let err = again.add_text("z.other.", ZONE).expect_err("a late add at 7").to_string();
+        assert!(err.contains("was removed at serial 7"), "{err}");
+        assert!(again.add_text("z.other.", &ZONE.replace(" 7 ", " 6 ")).is_err(), "an older one");
+        again.add_text("z.other.", &ZONE.replace(" 7 ", " 8 ")).expect("a newer one");
+        again.remove("z.other.").expect("remove at 8");
+        assert!(again.add_text("z.other.", &ZONE.replace(" 7 ", " 8 ")).is_err(), "fenced at 8 now");
+        again.add_text("z.other.", &ZONE.replace(" 7 ", " 9 ")).expect("9");
+        assert!(!dir.path().join("z.other.removed").exists(), "the fence is lifted by a newer add");
     }
 }
