@@ -279,10 +279,10 @@ where
     // The other zones: the config file's, then those added at run time and kept on disk.
     let others =
         Arc::new(ZoneTable::new(&zone.origin, limits, metrics.clone(), transfer.clone(), Some(config.data_dir.join(zones::DIR_NAME))));
-    others.add_configured(&config.zones, config_dir).context("[[zones]]")?;
+    let from_image = others.add_configured(&config.zones, config_dir).context("[[zones]]")?;
     let added = others.load_added().context("the zones added at run time")?;
     if !others.is_empty() {
-        tracing::info!(zones = others.len(), added, "serving other zones beside the managed one");
+        tracing::info!(zones = others.len(), added, from_image, "serving other zones beside the managed one");
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = Stop(stop_rx);

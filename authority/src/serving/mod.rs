@@ -8,6 +8,7 @@
 pub mod ixfr_log;
 pub mod local_log;
 pub mod policy;
+pub mod zone_image;
 pub mod zones;
 
 use crate::metrics::Metrics;

@@ -17,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
+use crate::serving::zone_image::{self, ZoneImage};
 use crate::zone::dns_zone::{DnsZoneConfig, StaticZone};
 use crate::zone::serial::serial_newer;
 use crate::zone::snapshot::{NAME_WIRE_BYTES_MAX, wire_key};
@@ -196,10 +197,37 @@ impl ZoneTable {
     /// Adds the zones of the config file's `[[zones]]`, loaded on every core (`config_dir`
     /// resolves relative master files): an origin twice, or the managed one, is refused. For
     /// the start, before anything is served.
-    pub fn add_configured(&self, configs: &[DnsZoneConfig], config_dir: &Path) -> anyhow::Result<()> {
-        let loaded = load_parallel(configs, |config| StaticZone::load(config, config_dir).map_err(anyhow::Error::from))?;
-        self.insert_new(loaded.into_iter().map(|zone| (zone, Source::Config)).collect())?;
-        Ok(())
+    ///
+    /// A zone whose config table, master file and binary are those of the last start is read
+    /// from the zones' image (`zone_image`) instead of parsed; the image is written again when
+    /// any zone was parsed. Returns how many came from the image.
+    pub fn add_configured(&self, configs: &[DnsZoneConfig], config_dir: &Path) -> anyhow::Result<usize> {
+        let image_path = self.dir.as_ref().map(|dir| zone_image::path_in(dir));
+        let image = image_path.as_deref().map(ZoneImage::read).unwrap_or_default();
+        let from_image = std::sync::atomic::AtomicUsize::new(0);
+        let loaded = load_parallel(configs, |config| -> anyhow::Result<(u64, StaticZone)> {
+            let fingerprint = zone_image::fingerprint(config, config_dir).unwrap_or(0);
+            if let Some(zone) = image.zone(config, fingerprint) {
+                from_image.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok((fingerprint, zone));
+            }
+            Ok((fingerprint, StaticZone::load(config, config_dir)?))
+        })?;
+        drop(image);
+        // The image is written again only when a zone was parsed (a first start, a changed
+        // file or binary), here, before the zones are served: encoded a zone at a time, never
+        // a second copy of them all.
+        let read_back = from_image.into_inner();
+        if let Some(path) = image_path.filter(|_| read_back < loaded.len()) {
+            let zones: Vec<(u64, &StaticZone)> = loaded.iter().map(|(f, z)| (*f, z)).collect();
+            if let Some(dir) = path.parent()
+                && let Err(err) = std::fs::create_dir_all(dir).and_then(|()| ZoneImage::write(&path, &zones))
+            {
+                tracing::warn!(path = %path.display(), error = %err, "cannot write the zones' image; the next start parses every master file");
+            }
+        }
+        self.insert_new(loaded.into_iter().map(|(_, zone)| (zone, Source::Config)).collect())?;
+        Ok(read_back)
     }
 
     /// Adds or replaces the zone `origin` from master-file `text` (its SOA and apex NS in it),
@@ -369,11 +397,11 @@ impl ZoneTable {
 }
 
 /// `load` of each of `items`, on every core, in order; the first error ends it.
-fn load_parallel<T: Sync, E: Send>(items: &[T], load: impl Fn(&T) -> Result<StaticZone, E> + Sync) -> Result<Vec<StaticZone>, E> {
+fn load_parallel<T: Sync, Z: Send, E: Send>(items: &[T], load: impl Fn(&T) -> Result<Z, E> + Sync) -> Result<Vec<Z>, E> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len().max(1));
     let chunk = items.len().div_ceil(threads).max(1);
     let load = &load;
-    let parts: Vec<Result<Vec<StaticZone>, E>> = std::thread::scope(|scope| {
+    let parts: Vec<Result<Vec<Z>, E>> = std::thread::scope(|scope| {
         let handles: Vec<_> = items.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(load).collect())).collect();
         // A panic in a loader is a bug of ours; it is not input.
         handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()

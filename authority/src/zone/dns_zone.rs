@@ -240,6 +240,23 @@ impl StaticZone {
         Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards })
     }
 
+    /// The zone of these parts, as `load` makes it from a config and a master file (the
+    /// delegation points, CNAME owners and wildcards worked out again): for a zone read back
+    /// from the zones' image on disk. `path` names the image in errors.
+    pub fn from_parts(
+        origin: Name,
+        soa: SOA,
+        serial_base: u32,
+        soa_ttl_secs: u32,
+        ns: Vec<Record>,
+        records: Vec<Record>,
+        path: &Path,
+    ) -> Result<StaticZone, DnsZoneError> {
+        let (cuts, wildcards) = delegations(&records, path)?;
+        let aliases = records.iter().filter(|r| r.record_type() == RecordType::CNAME).map(|r| r.name.clone()).collect();
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs, ns, records, cuts, aliases, wildcards })
+    }
+
     /// This zone without its static records (`records`), for a snapshot already built from
     /// them that never changes: they are then held once, in the snapshot, not twice.
     pub fn without_records(&self) -> StaticZone {

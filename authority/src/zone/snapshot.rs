@@ -270,6 +270,18 @@ impl Statics {
         self.0.is_none()
     }
 
+    /// The stored bytes (for the zones' image on disk, `serving::zone_image`).
+    pub fn bytes(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+
+    /// Records from bytes `bytes` gave; `None` unless they frame as whole records.
+    pub fn from_bytes(bytes: Vec<u8>) -> Option<Statics> {
+        let statics = Statics((!bytes.is_empty()).then(|| bytes.into_boxed_slice()));
+        let framed: usize = statics.raw().map(|r| 8 + r.rdata.len()).sum();
+        (framed == statics.bytes().len()).then_some(statics)
+    }
+
     /// Every record as stored, in the order pushed.
     pub fn raw(&self) -> impl Iterator<Item = RawRecord<'_>> {
         let mut rest: &[u8] = self.0.as_deref().unwrap_or(&[]);
