@@ -356,6 +356,7 @@ pub struct Metrics {
     active_generation_min: Gauge,
     active_generation_max: Gauge,
     managed_endpoints: Gauge,
+    managed_endpoints_not_served: Gauge,
     applied_changes: Gauge,
     soa_serial: Gauge,
     /// `dnsplan_static_zones{source}`: how many static zones are served (per-zone figures are
@@ -459,6 +460,12 @@ impl Metrics {
         registry.register("active_generation_max", "Newest generation any managed endpoint serves", active_generation_max.clone());
         let managed_endpoints = Gauge::default();
         registry.register("managed_endpoints", "Managed endpoints being served", managed_endpoints.clone());
+        let managed_endpoints_not_served = Gauge::default();
+        registry.register(
+            "managed_endpoints_not_served",
+            "Endpoints the store says to serve that the zone cannot (at or below a delegation, or outside the zone): each has an ERROR line",
+            managed_endpoints_not_served.clone(),
+        );
         let applied_changes = Gauge::default();
         registry.register("applied_changes", "The store's applied-change count the served state is at", applied_changes.clone());
         let soa_serial = Gauge::default();
@@ -495,6 +502,7 @@ impl Metrics {
             active_generation_min,
             active_generation_max,
             managed_endpoints,
+            managed_endpoints_not_served,
             applied_changes,
             soa_serial,
             static_zones,
@@ -564,6 +572,7 @@ impl Metrics {
     pub fn observe_snapshot(&self, snapshot: &Snapshot, changed: Option<&ActiveDelta>, build_seconds: f64) {
         self.snapshot_swap_seconds.observe(build_seconds);
         self.managed_endpoints.set(snapshot.managed_count() as i64);
+        self.managed_endpoints_not_served.set(snapshot.not_served_count() as i64);
         self.applied_changes.set(snapshot.applied_changes as i64);
         self.soa_serial.set(i64::from(snapshot.serial));
         let (min, max) = snapshot.generation_range().map_or((0, 0), |(lo, hi)| (lo.0 as i64, hi.0 as i64));

@@ -428,8 +428,10 @@ async fn delegations_and_wildcards_answer_as_nsd_does() -> anyhow::Result<()> {
 /// A managed endpoint at or below a delegation, or at a name with a static CNAME, could not
 /// be served: a publish of it through the control API is refused naming it and why; one
 /// written to the store by another way (as a planner on etcd writes) is not served, and the
-/// referral stays. Teeth, checked once: without `Control::with_zone` the publishes succeed;
-/// without the check in `Snapshot::managed_key`, `www.sub A` answers the plan's address.
+/// referral stays, and `dnsplan_managed_endpoints_not_served` counts it. Teeth, checked once:
+/// without `Control::with_zone` the publishes succeed; without the check in
+/// `Snapshot::managed_key`, `www.sub A` answers the plan's address; without the count, "not
+/// counted".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_that_collide_with_the_static_zone_are_refused() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -460,6 +462,9 @@ async fn endpoints_that_collide_with_the_static_zone_are_refused() -> anyhow::Re
     )?;
     assert!(reply.answers.is_empty() && !reply.metadata.authoritative, "www.sub answered past its delegation: {reply:?}");
     assert!(reply.authorities.iter().any(|r| r.record_type() == RecordType::NS), "no referral: {reply:?}");
+    // And it is counted, for the alert (`DnsplanEndpointsNotServed`).
+    let metrics = reqwest::get(format!("http://{}/metrics", dnsplan.control)).await?.text().await?;
+    assert!(metrics.lines().any(|l| l == "dnsplan_managed_endpoints_not_served 1"), "not counted:\n{metrics}");
     dnsplan.stop().await
 }
 

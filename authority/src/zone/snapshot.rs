@@ -416,6 +416,9 @@ pub struct Snapshot {
     managed_count: usize,
     /// How many managed endpoints serve each generation.
     generations: Arc<BTreeMap<Generation, usize>>,
+    /// Endpoints the store says to serve that this zone cannot (at or below a delegation,
+    /// outside the zone): `dnsplan_managed_endpoints_not_served`.
+    not_served: Arc<std::collections::BTreeSet<EndpointName>>,
 }
 
 impl Snapshot {
@@ -457,6 +460,7 @@ impl Snapshot {
             shards,
             managed_count: 0,
             generations: Arc::default(),
+            not_served: Arc::default(),
             zone: zone.clone(),
         };
         let soa = zone.soa_record(0, zone.soa_ttl_secs);
@@ -504,8 +508,19 @@ impl Snapshot {
 
     fn merge_endpoints<'a>(&mut self, endpoints: impl Iterator<Item = (&'a EndpointName, &'a ActiveRecord)>) {
         for (endpoint, record) in endpoints {
-            let Some(key) = self.managed_key(endpoint) else { continue };
-            self.put_managed(&key, Managed::from_record(record));
+            let key = self.managed_key(endpoint);
+            let refused = key.is_none() && matches!(record.state, ActiveState::Serving(_));
+            if refused != self.not_served.contains(endpoint) {
+                let not_served = Arc::make_mut(&mut self.not_served);
+                if refused {
+                    not_served.insert(endpoint.clone());
+                } else {
+                    not_served.remove(endpoint);
+                }
+            }
+            if let Some(key) = key {
+                self.put_managed(&key, Managed::from_record(record));
+            }
         }
         self.refresh_apex_ns();
     }
@@ -752,6 +767,11 @@ impl Snapshot {
 
     pub fn managed_count(&self) -> usize {
         self.managed_count
+    }
+
+    /// How many endpoints the store says to serve that this zone does not (see `not_served`).
+    pub fn not_served_count(&self) -> usize {
+        self.not_served.len()
     }
 
     /// The oldest and newest generation any managed endpoint serves.
