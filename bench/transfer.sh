@@ -86,20 +86,8 @@ echo "$VERSIONS" >&2
 
 WORK=$(mktemp -d)
 PIDS=""
-
-# Every pid in the process tree rooted at $1 (the root first when alive).
-tree_pids() {
-    { cat /proc/[0-9]*/stat 2> /dev/null || true; } | awk -v root="$1" '
-        { pid = $1; line = $0; sub(/^.*\) /, "", line); split(line, f, " "); ppid[pid] = f[2] }
-        END {
-            if (!(root in ppid)) exit
-            want[root] = 1; print root
-            for (changed = 1; changed;) {
-                changed = 0
-                for (p in ppid) if (!(p in want) && (ppid[p] in want)) { want[p] = 1; changed = 1; print p }
-            }
-        }'
-}
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
 
 # CPU time of the tree rooted at $1 in nanoseconds: the run time of every thread of every live
 # process (/proc/PID/task/TID/schedstat), finer than the 10 ms ticks of /proc/PID/stat, which
@@ -112,30 +100,6 @@ tree_cpu_ns() {
     done | awk '{ t += $1 } END { printf "%.0f\n", t }'
 }
 
-# True while process $1 runs (a zombie does not count).
-alive() {
-    local state
-    state=$(sed 's/^.*) //' "/proc/$1/stat" 2> /dev/null | cut -c1)
-    [ -n "$state" ] && [ "$state" != Z ]
-}
-
-# Stops the tree rooted at $1: SIGTERM to the root, then SIGKILL to whatever is left.
-stop_tree() {
-    local root=$1 pids pid i left
-    pids=$(tree_pids "$root")
-    [ -n "$pids" ] || return 0
-    kill -TERM "$root" 2> /dev/null || true
-    for ((i = 0; i < STOP_TIMEOUT_SECS * 10; i++)); do
-        left=""
-        for pid in $pids; do alive "$pid" && left="$left $pid"; done
-        [ -n "$left" ] || break
-        sleep 0.1
-    done
-    # shellcheck disable=SC2086
-    kill -KILL $pids 2> /dev/null || true
-    wait "$root" 2> /dev/null || true
-}
-
 cleanup() {
     local pid
     for pid in $PIDS; do stop_tree "$pid"; done
@@ -145,11 +109,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-port_busy() {
-    command -v ss > /dev/null || return 1
-    [ -n "$(ss -Hlnu "sport = :$1" 2> /dev/null)$(ss -Hlnt "sport = :$1" 2> /dev/null)" ]
-}
 
 # Three consecutive free ports from 53631 on: dnsplan, Knot, dnsplan's control API.
 BASE=""

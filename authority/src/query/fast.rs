@@ -214,16 +214,10 @@ fn answer_at(
             header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
             out.extend_from_slice(question);
             for &i in &picked[..count] {
-                // Owner: a pointer to the question's name at offset 12, in the client's case.
-                out.extend_from_slice(&[0xc0, 0x0c]);
-                out.extend_from_slice(&q.qtype.to_be_bytes());
-                out.extend_from_slice(&CLASS_IN.to_be_bytes());
-                out.extend_from_slice(&m.ttl_secs.to_be_bytes());
-                out.extend_from_slice(&(rdlen as u16).to_be_bytes());
                 if q.qtype == TYPE_A {
-                    out.extend_from_slice(&m.v4.targets[usize::from(i)].0.octets());
+                    address_record(out, q.qtype, m.ttl_secs, &m.v4.targets[usize::from(i)].0.octets());
                 } else {
-                    out.extend_from_slice(&m.v6.targets[usize::from(i)].0.octets());
+                    address_record(out, q.qtype, m.ttl_secs, &m.v6.targets[usize::from(i)].0.octets());
                 }
             }
             if let Some(edns) = edns {
@@ -280,18 +274,23 @@ fn static_addresses(
     header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
     out.extend_from_slice(question);
     for r in entry.statics.raw().filter(|r| r.rtype == wanted && r.rdata.len() == rdlen) {
-        // Owner: a pointer to the question's name at offset 12, in the client's case.
-        out.extend_from_slice(&[0xc0, 0x0c]);
-        out.extend_from_slice(&q.qtype.to_be_bytes());
-        out.extend_from_slice(&CLASS_IN.to_be_bytes());
-        out.extend_from_slice(&r.ttl.to_be_bytes());
-        out.extend_from_slice(&(rdlen as u16).to_be_bytes());
-        out.extend_from_slice(r.rdata);
+        address_record(out, q.qtype, r.ttl, r.rdata);
     }
     if let Some(edns) = edns {
         opt(out, limits, edns.dnssec_ok);
     }
     Fast::Answered(outcome(q.qtype, ResponseCode::NoError, out.len()))
+}
+
+/// One A or AAAA record of the answer: its owner a pointer to the question's name at offset 12
+/// (in the client's case), class IN, `ttl`, the address's bytes.
+fn address_record(out: &mut Vec<u8>, qtype: u16, ttl: u32, address: &[u8]) {
+    out.extend_from_slice(&[0xc0, 0x0c]);
+    out.extend_from_slice(&qtype.to_be_bytes());
+    out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    out.extend_from_slice(&ttl.to_be_bytes());
+    out.extend_from_slice(&(address.len() as u16).to_be_bytes());
+    out.extend_from_slice(address);
 }
 
 /// The precompiled apex NS answer, with as much of its glue as fits `udp_limit` (whole
