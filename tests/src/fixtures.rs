@@ -36,6 +36,16 @@ pub fn operator() -> Author {
 
 /// Plan `g` (parent `g - 1`) serving `endpoints` with `endpoint_for(g)`.
 pub fn plan(g: u64, endpoints: &[EndpointName], author: Author) -> ValidatedPlan {
+    plan_in(&dns_zone(), g, endpoints, author)
+}
+
+/// Endpoint `label` of DNS zone `zone`.
+pub fn name_in(zone: &DnsName, label: &str) -> EndpointName {
+    DnsName::parse(&format!("{label}.{zone}")).expect("fixture names are valid")
+}
+
+/// [`plan`] for DNS zone `zone`.
+pub fn plan_in(zone: &DnsName, g: u64, endpoints: &[EndpointName], author: Author) -> ValidatedPlan {
     let generation = Generation(g);
     let plan = Plan {
         generation,
@@ -43,7 +53,7 @@ pub fn plan(g: u64, endpoints: &[EndpointName], author: Author) -> ValidatedPlan
         created_at_unix_ms: 1_700_000_000_000 + g,
         author,
         reason: format!("test plan {g}"),
-        dns_zone: dns_zone(),
+        dns_zone: zone.clone(),
         endpoints: endpoints.iter().map(|n| (n.clone(), endpoint_for(generation))).collect::<BTreeMap<_, _>>(),
         retired: BTreeSet::new(),
         rollback_of: None,

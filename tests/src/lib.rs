@@ -5,6 +5,8 @@
 //! things: a real store has none, and the naive store (check-then-act apply, age-only
 //! cleanup, unfenced publish) has some. A suite that passes the naive store is broken.
 //!
+//! `zone_checks` checks a store's zones (`ManagedZones`): isolation, and the fence of a removal.
+//!
 //! `etcd` starts a real etcd cluster on loopback for the store on etcd.
 //!
 //! `daemon` starts real daemon processes and follows their JSON logs; `stack` runs an
@@ -26,3 +28,4 @@ pub mod nsd;
 pub mod pdns;
 pub mod stack;
 pub mod watch;
+pub mod zone_checks;

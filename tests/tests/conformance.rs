@@ -2,6 +2,11 @@
 //! store to prove that the suite has teeth.
 
 use dnsplan_common::SledStore;
+use dnsplan_common::store::zones::ManagedZones;
+use dnsplan_common::{PauseState, Store};
+use dnsplan_tests::fixtures::dns_zone;
+use dnsplan_tests::zone_checks::{publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
+use std::time::Duration;
 use dnsplan_tests::conformance::{Harness, run_all};
 use dnsplan_tests::naive::NaiveStore;
 
@@ -54,6 +59,87 @@ async fn naive_store_fails_the_suite() -> anyhow::Result<()> {
         "content_changes_count_what_is_served",
     ] {
         assert!(failed.contains(must_fail), "the suite did not catch the naive store in {must_fail}:\n{report}");
+    }
+    Ok(())
+}
+
+/// A store whose first zone (`busy.test.`) holds a plan, is paused and has its planner lease
+/// held, and whose added zone `example.test.` is what the suite gets: a pause or lease shared
+/// across zones would fail the suite's publish and lease checks.
+struct SledAddedZone {
+    dir: tempfile::TempDir,
+}
+
+impl Harness for SledAddedZone {
+    type S = SledStore;
+    async fn fresh(&self) -> anyhow::Result<SledStore> {
+        let root = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
+        let busy = zone("busy.test.");
+        publish_and_apply(&root, &busy, 1, &["www"]).await?;
+        root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
+        root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
+        root.add_zone(&dns_zone()).await?;
+        Ok(root.zone(&dns_zone()).await?)
+    }
+}
+
+/// The suite on the first zone while an added zone is paused and its lease held.
+struct SledFirstZone {
+    dir: tempfile::TempDir,
+}
+
+impl Harness for SledFirstZone {
+    type S = SledStore;
+    async fn fresh(&self) -> anyhow::Result<SledStore> {
+        let root = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
+        let busy = zone("busy.test.");
+        root.add_zone(&busy).await?;
+        let other = root.zone(&busy).await?;
+        publish_and_apply(&other, &busy, 1, &["www"]).await?;
+        other.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
+        other.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
+        Ok(root)
+    }
+}
+
+/// Teeth: with one `meta` tree for every zone (where pause, lease, counts and the DNS zone
+/// live), this test and `sled_zones_are_isolated` fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sled_zones_each_pass_the_suite_beside_a_paused_and_leased_zone() -> anyhow::Result<()> {
+    let report = run_all(&SledAddedZone { dir: tempfile::tempdir()? }).await?;
+    assert!(report.is_clean(), "an added zone of SledStore violates the Store contract:\n{report}");
+    let report = run_all(&SledFirstZone { dir: tempfile::tempdir()? }).await?;
+    assert!(report.is_clean(), "the first zone of SledStore, beside an added one, violates the Store contract:\n{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_zones_are_isolated() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let violations = zones_are_isolated(SledStore::open(dir.path())?, &zone("first.test.")).await?;
+    assert!(violations.is_empty(), "{violations:?}");
+    Ok(())
+}
+
+/// Teeth: without the checks of `Inner::guard` and `SledStore::current`, the held handle's
+/// writes are refused only as "being reopened" (and one that got hold of the zone's trees
+/// before the removal would land after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_zone_removal_fences_late_writes_and_survives_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let violations = removal_fences_late_writes(SledStore::open(dir.path())?).await?;
+    assert!(violations.is_empty(), "{violations:?}");
+    // After a restart: the zone added again is live with its plan; a zone removed stays so.
+    let root = SledStore::open(dir.path())?;
+    let origin = zone("gone.zones.test.");
+    let again = root.zone(&origin).await?;
+    assert_eq!(again.latest().await?, dnsplan_common::Generation(1));
+    assert!(root.remove_zone(&origin).await?);
+    drop((again, root));
+    let root = SledStore::open(dir.path())?;
+    match root.zone(&origin).await {
+        Err(dnsplan_common::StoreError::ZoneGone { .. }) => {}
+        other => panic!("a removed zone opened after a restart: {:?}", other.map(|_| ())),
     }
     Ok(())
 }

@@ -28,6 +28,7 @@ pub mod remote;
 pub mod rules;
 pub mod sled;
 pub mod wire;
+pub mod zones;
 
 use crate::changes::PlanChanges;
 pub use crate::changes::{PLAN_CHANGES_ENDPOINTS_MAX, PLAN_CHANGES_GAP_MAX};
@@ -353,6 +354,9 @@ pub enum StoreError {
     Unauthorized,
     #[error("the control API could not understand the request: {0}")]
     BadRequest(String),
+    /// The zone was removed (or never added): its writes are refused.
+    #[error("DNS zone {zone} is not managed by this store: it was removed or never added (`dnsplan zone list` names the zones)")]
+    ZoneGone { zone: DnsName },
 }
 
 /// What a plan says of an endpoint when an apply sent something else

@@ -211,6 +211,10 @@ pub enum WireError {
     ZoneNotFound {
         detail: String,
     },
+    /// The managed zone was removed or never added.
+    ZoneGone {
+        zone: DnsName,
+    },
 }
 
 impl WireError {
@@ -220,7 +224,7 @@ impl WireError {
             WireError::Conflict { .. } | WireError::Stale { .. } | WireError::Unpublished { .. } | WireError::Exhausted { .. } => 409,
             WireError::Paused { .. } | WireError::LeaseHeld { .. } => 423,
             WireError::NotLeaseHolder { .. } => 409,
-            WireError::Pruned { .. } => 410,
+            WireError::Pruned { .. } | WireError::ZoneGone { .. } => 410,
             WireError::PlanNotFound { .. } => 404,
             WireError::DnsZoneMismatch { .. } | WireError::Invalid { .. } | WireError::ContentMismatch { .. } => 422,
             WireError::TooLong { .. } => 413,
@@ -270,6 +274,7 @@ impl From<&StoreError> for WireError {
             StoreError::WentBack(d) => WireError::WentBack { detail: d.clone() },
             StoreError::Unauthorized => WireError::Unauthorized,
             StoreError::BadRequest(d) => WireError::BadRequest { detail: d.clone() },
+            StoreError::ZoneGone { zone } => WireError::ZoneGone { zone: zone.clone() },
         }
     }
 }
@@ -297,6 +302,7 @@ impl From<WireError> for StoreError {
             WireError::WentBack { detail } => StoreError::WentBack(detail),
             WireError::Unauthorized => StoreError::Unauthorized,
             WireError::BadRequest { detail } => StoreError::BadRequest(detail),
+            WireError::ZoneGone { zone } => StoreError::ZoneGone { zone },
             // Not store calls: a store that receives one was asked something it never asks.
             WireError::ZoneConflict { detail } | WireError::ZoneNotFound { detail } => StoreError::BadRequest(detail),
         }
@@ -357,9 +363,10 @@ mod tests {
             StoreError::Unauthorized => 17,
             StoreError::BadRequest(_) => 18,
             StoreError::WentBack(_) => 19,
+            StoreError::ZoneGone { .. } => 20,
         }
     }
-    const VARIANTS: usize = 20;
+    const VARIANTS: usize = 21;
 
     fn build(index: usize, g: u64, n: u64, text: &str, label: &str) -> StoreError {
         let name = |l: &str| EndpointName::parse(&format!("{l}.example.test.")).expect("name");
@@ -395,6 +402,7 @@ mod tests {
             16 => StoreError::Unavailable(text.into()),
             17 => StoreError::Unauthorized,
             19 => StoreError::WentBack(text.into()),
+            20 => StoreError::ZoneGone { zone: name(label) },
             _ => StoreError::BadRequest(text.into()),
         }
     }

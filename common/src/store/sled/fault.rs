@@ -20,11 +20,11 @@ pub(super) fn fault_text(err: &StoreError) -> String {
     crate::store::wire::error_chain(err)
 }
 
-impl Shared {
+impl Database {
     /// Records a failed write and starts reopening the database: sled answers every later
     /// call with the same error until it is opened again. The fault stays until a reopened
     /// database has made a write durable.
-    pub(super) fn failed(shared: &Arc<Shared>, error: &str) {
+    pub(super) fn failed(shared: &Arc<Database>, error: &str) {
         let Ok(mut fault) = shared.fault.lock() else { return };
         let free_bytes = fs2::available_space(&shared.path).ok();
         let now = std::time::Instant::now();
@@ -49,7 +49,7 @@ impl Shared {
             fault.reopening = true;
             let weak = Arc::downgrade(shared);
             let spawned =
-                std::thread::Builder::new().name("dnsplan-store-reopen".into()).spawn(move || Shared::reopen_until_written(&weak));
+                std::thread::Builder::new().name("dnsplan-store-reopen".into()).spawn(move || Database::reopen_until_written(&weak));
             if let Err(err) = spawned {
                 fault.reopening = false;
                 tracing::error!(error = %err, "could not start reopening the store; the next failed write tries again");
@@ -59,7 +59,7 @@ impl Shared {
 
     /// Reopens the database every [`REOPEN_EVERY`] until one opens and makes a write
     /// durable, or the store is dropped.
-    pub(super) fn reopen_until_written(weak: &std::sync::Weak<Shared>) {
+    pub(super) fn reopen_until_written(weak: &std::sync::Weak<Database>) {
         loop {
             // The pace of the retries, not a synchronisation: nothing waits on it.
             std::thread::sleep(REOPEN_EVERY);
@@ -85,20 +85,34 @@ impl Shared {
         }
     }
 
-    /// Drops the database that failed, opens it again (checked against its high-water mark
-    /// like any open) and makes one write durable, which fails as long as the disk is full.
+    /// Drops the database that failed, opens it again (each zone checked against its
+    /// high-water mark like any open) and makes one write durable, which fails as long as the
+    /// disk is full.
     pub(super) fn reopen(&self) -> StoreResult<()> {
+        // Zones are neither added nor removed meanwhile.
+        let zones = self.zones.lock().map_err(|_| poisoned())?;
+        let first = self.first.lock().map_err(|_| poisoned())?.upgrade();
+        let open: Vec<Arc<Shared>> = first.into_iter().chain(zones.values().filter_map(std::sync::Weak::upgrade)).collect();
         // Taken out first, so sled's lock is released once the calls still on it return
-        // (`Inner::open` waits up to `OPEN_LOCK_WAIT` for that).
-        drop(self.inner.write().map_err(|_| poisoned())?.take());
-        let inner = Inner::open(&self.path, self.version.clone(), self.high_water.clone(), None)?;
-        {
+        // (`open_db` waits up to `OPEN_LOCK_WAIT` for that).
+        for shared in &open {
+            drop(shared.inner.write().map_err(|_| poisoned())?.take());
+        }
+        let db = open_db(&self.path)?;
+        let mut inners = Vec::with_capacity(open.len());
+        for shared in &open {
+            let inner = Inner::from_db(db.clone(), &shared.zone, &shared.path, shared.version.clone(), shared.high_water.clone(), None)?;
+            inners.push(Arc::new(inner));
+        }
+        if let Some(inner) = inners.first() {
             let _guard = inner.guard()?;
             inner.meta.insert(META_REOPENED, &lease::now_unix_ms().to_be_bytes()).map_err(io)?;
             inner.flush()?;
             inner.publish_version()?;
         }
-        *self.inner.write().map_err(|_| poisoned())? = Some(Arc::new(inner));
+        for (shared, inner) in open.iter().zip(inners) {
+            *shared.inner.write().map_err(|_| poisoned())? = Some(inner);
+        }
         Ok(())
     }
 }

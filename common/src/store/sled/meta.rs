@@ -3,8 +3,12 @@
 use super::*;
 
 impl Inner {
+    /// The writer lock (see the module docs); refused once the zone was removed, so a write
+    /// that waited for the removal's lock never lands.
     pub(super) fn guard(&self) -> StoreResult<MutexGuard<'_, ()>> {
-        self.lock.lock().map_err(|_| poisoned())
+        let guard = self.lock.lock().map_err(|_| poisoned())?;
+        self.zone.check_live()?;
+        Ok(guard)
     }
 
     /// The applied-change and content-change counts (both 0 in a new store).

@@ -84,6 +84,7 @@ use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
 use compact_str::CompactString;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -100,6 +101,7 @@ mod open;
 mod plans;
 #[cfg(test)]
 mod tests;
+mod zones;
 
 // Each concern's file adds to `Inner` and uses the others' items through these.
 use active::*;
@@ -107,28 +109,48 @@ use contents::*;
 use fault::*;
 use layout::*;
 use plans::*;
+use open::open_db;
+use zones::ZoneTrees;
 
 pub use active::CHANGE_LOG_KEPT;
 pub use fault::REOPEN_EVERY;
 pub use open::{LAYOUT, OPEN_LOCK_WAIT, OnLoss};
 pub use plans::CHECKPOINT_PLANS_MAX;
 
-/// The embedded store. Clones share one database.
+/// The embedded store: one DNS zone's plans, fences and control state. The handle `open`
+/// returns is the store's first zone (the single zone of a store before zones were added);
+/// [`SledStore::zone`] hands out the others (`zones.rs`). Clones share one database.
 #[derive(Clone)]
 pub struct SledStore {
     shared: Arc<Shared>,
 }
 
-/// What outlives one opening of the database: sled refuses every call after an I/O error
-/// (a full disk), so the store reopens it (see [`Shared::failed`]).
+/// One zone of the database, as this process holds it.
 struct Shared {
+    /// The zone's directory, which holds its high-water mark: the store's own for the first
+    /// zone, `managed-zones/<origin>` in it for an added one.
     path: PathBuf,
-    /// The open database; `None` while a reopen replaces it, so that the old one lets go of
-    /// sled's lock.
+    zone: ZoneTrees,
+    /// The zone's trees in the open database; `None` while a reopen replaces it, so that the
+    /// old database lets go of sled's lock.
     inner: RwLock<Option<Arc<Inner>>>,
     version: Arc<watch::Sender<StoreVersion>>,
     high_water: Arc<Mutex<HighWater>>,
+    database: Arc<Database>,
+}
+
+/// What outlives one opening of the database: sled refuses every call after an I/O error
+/// (a full disk), so the store reopens it (see [`Database::failed`]), every zone at once.
+struct Database {
+    path: PathBuf,
     fault: Mutex<Option<Fault>>,
+    /// The added zones this process holds open, so that a reopen opens their trees again; its
+    /// lock orders zone additions, removals and reopens.
+    zones: Mutex<BTreeMap<DnsName, std::sync::Weak<Shared>>>,
+    /// The first zone, which a reopen opens and proves with a write first.
+    first: Mutex<std::sync::Weak<Shared>>,
+    /// What opening a zone behind its high-water mark does.
+    on_loss: OnLoss,
 }
 
 /// A write that failed, until a reopen writes again.
@@ -166,6 +188,8 @@ struct Inner {
     contents_chunks: sled::Tree,
     /// Serialises every operation; see the module docs.
     lock: Mutex<()>,
+    /// Which zone's trees these are, and whether it was removed.
+    zone: ZoneTrees,
     version: Arc<watch::Sender<StoreVersion>>,
     /// Written after each write that moves the version (see `high_water`).
     high_water: Arc<Mutex<HighWater>>,
@@ -193,15 +217,23 @@ impl SledStore {
         let high_water = Arc::new(Mutex::new(high_water));
         let version = Arc::new(watch::Sender::new(StoreVersion::default()));
         let inner = Inner::open(path, version.clone(), high_water.clone(), Some((found, on_loss)))?;
-        Ok(SledStore {
-            shared: Arc::new(Shared {
-                path: path.to_path_buf(),
-                inner: RwLock::new(Some(Arc::new(inner))),
-                version,
-                high_water,
-                fault: Mutex::new(None),
-            }),
-        })
+        let database = Arc::new(Database {
+            path: path.to_path_buf(),
+            fault: Mutex::new(None),
+            zones: Mutex::new(BTreeMap::new()),
+            first: Mutex::new(std::sync::Weak::new()),
+            on_loss,
+        });
+        let shared = Arc::new(Shared {
+            path: path.to_path_buf(),
+            zone: ZoneTrees::first(),
+            inner: RwLock::new(Some(Arc::new(inner))),
+            version,
+            high_water,
+            database,
+        });
+        *shared.database.first.lock().map_err(|_| poisoned())? = Arc::downgrade(&shared);
+        Ok(SledStore { shared })
     }
 
     #[cfg(test)]
@@ -212,6 +244,7 @@ impl SledStore {
     /// The open database; while a failed write is not yet undone by a reopen, an error that
     /// says why (sled refuses every call after it anyway).
     fn current(&self) -> StoreResult<Arc<Inner>> {
+        self.shared.zone.check_live()?;
         if let Some(fault) = self.fault() {
             return Err(StoreError::Unavailable(fault.to_string()));
         }
@@ -225,12 +258,12 @@ impl SledStore {
         F: FnOnce(&Inner) -> StoreResult<T> + Send + 'static,
     {
         let inner = self.current()?;
-        let shared = self.shared.clone();
+        let database = self.shared.database.clone();
         tokio::task::spawn_blocking(move || {
             let result = f(&inner);
             drop(inner);
             if let Err(err @ StoreError::Io(_)) = &result {
-                Shared::failed(&shared, &fault_text(err));
+                Database::failed(&database, &fault_text(err));
             }
             result
         })
@@ -301,6 +334,7 @@ impl Store for SledStore {
     }
 
     async fn latest(&self) -> StoreResult<Generation> {
+        self.shared.zone.check_live()?;
         Ok(self.shared.version.borrow().latest)
     }
 
@@ -393,22 +427,24 @@ impl Store for SledStore {
     }
 
     async fn version(&self) -> StoreResult<StoreVersion> {
+        self.shared.zone.check_live()?;
         Ok(*self.shared.version.borrow())
     }
 
     /// Set by a failed write, cleared once a reopened database has written again.
     fn fault(&self) -> Option<StoreFault> {
-        self.shared.fault.lock().ok()?.as_ref().map(|f| f.shown.clone())
+        self.shared.database.fault.lock().ok()?.as_ref().map(|f| f.shown.clone())
     }
 
     fn disk_free_bytes(&self) -> Option<u64> {
-        fs2::available_space(&self.shared.path).ok()
+        fs2::available_space(&self.shared.database.path).ok()
     }
 
     async fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> StoreResult<StoreVersion> {
         let mut rx = self.shared.version.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
+            self.shared.zone.check_live()?;
             let current = *rx.borrow_and_update();
             if current != seen {
                 return Ok(current);

@@ -41,37 +41,21 @@ impl Inner {
         high_water: Arc<Mutex<HighWater>>,
         check: Option<(Found, OnLoss)>,
     ) -> StoreResult<Inner> {
-        // A process that just exited (or a store just dropped) releases sled's file lock from
-        // background threads a moment later, so lock contention is retried briefly before it
-        // is reported. Other errors are not retried.
-        let deadline = std::time::Instant::now() + OPEN_LOCK_WAIT;
-        let mut backoff = Duration::from_millis(5);
-        let mut compressed = true;
-        let db = loop {
-            let config = sled::Config::new().path(path).use_compression(compressed).compression_factor(COMPRESSION_LEVEL);
-            match config.open() {
-                Ok(db) => break db,
-                // sled fixes compression when it creates a store: a store created without it
-                // is opened as it is (and one of an older layout is then refused by name).
-                Err(sled::Error::Unsupported(why)) if compressed && why.contains("use_compression") => compressed = false,
-                // sled reports a held lock as an `Other` error naming it, with the
-                // `WouldBlock` of the lock call only in its text.
-                Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock") =>
-                {
-                    if std::time::Instant::now() >= deadline {
-                        return Err(StoreError::Unavailable(format!(
-                            "{} is in use by another process (sled holds a lock on it); stop that process first: {e}",
-                            path.display()
-                        )));
-                    }
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(Duration::from_millis(200));
-                }
-                Err(other) => return Err(io(other)),
-            }
-        };
-        let tree = |name: &str| db.open_tree(name).map_err(io);
+        let db = open_db(path)?;
+        Inner::from_db(db, &ZoneTrees::first(), path, version, high_water, check)
+    }
+
+    /// A zone's trees in the open database `db` (`trees` says which zone's), checked and
+    /// recovered; `path` is the zone's directory, which holds its high-water mark.
+    pub(super) fn from_db(
+        db: sled::Db,
+        trees: &ZoneTrees,
+        path: &Path,
+        version: Arc<watch::Sender<StoreVersion>>,
+        high_water: Arc<Mutex<HighWater>>,
+        check: Option<(Found, OnLoss)>,
+    ) -> StoreResult<Inner> {
+        let tree = |name: &str| db.open_tree(format!("{}{name}", trees.prefix)).map_err(io);
         let inner = Inner {
             plans: tree("plans")?,
             summaries: tree("summaries")?,
@@ -87,6 +71,7 @@ impl Inner {
             contents_chunks: tree("contents_chunks")?,
             db,
             lock: Mutex::new(()),
+            zone: trees.clone(),
             version,
             high_water,
             chain: Mutex::new(Chain::default()),
@@ -103,7 +88,43 @@ impl Inner {
         }
         Ok(inner)
     }
+}
 
+/// Opens the sled database in `path`, waiting briefly for a lock a process that just exited
+/// still holds.
+pub(super) fn open_db(path: &Path) -> StoreResult<sled::Db> {
+    // A process that just exited (or a store just dropped) releases sled's file lock from
+    // background threads a moment later, so lock contention is retried briefly before it
+    // is reported. Other errors are not retried.
+    let deadline = std::time::Instant::now() + OPEN_LOCK_WAIT;
+    let mut backoff = Duration::from_millis(5);
+    let mut compressed = true;
+    let db = loop {
+        let config = sled::Config::new().path(path).use_compression(compressed).compression_factor(COMPRESSION_LEVEL);
+        match config.open() {
+            Ok(db) => break db,
+            // sled fixes compression when it creates a store: a store created without it
+            // is opened as it is (and one of an older layout is then refused by name).
+            Err(sled::Error::Unsupported(why)) if compressed && why.contains("use_compression") => compressed = false,
+            // sled reports a held lock as an `Other` error naming it, with the
+            // `WouldBlock` of the lock call only in its text.
+            Err(sled::Error::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock || e.to_string().contains("could not acquire lock") => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(StoreError::Unavailable(format!(
+                        "{} is in use by another process (sled holds a lock on it); stop that process first: {e}",
+                        path.display()
+                    )));
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+            Err(other) => return Err(io(other)),
+        }
+    };
+    Ok(db)
+}
+
+impl Inner {
     /// Refuses a store behind its high-water mark, or accepts the loss (see `high_water`).
     /// `check` is `None` on a reopen: the mark is then the one this process kept.
     pub(super) fn check_high_water(&self, path: &Path, check: Option<(Found, OnLoss)>) -> StoreResult<()> {

@@ -1,0 +1,240 @@
+//! The zones added beside the store's first one (see `store::zones`): each zone's trees are
+//! the first zone's names prefixed with `zone:<origin>/` in the same database, its high-water
+//! mark is `managed-zones/<origin>/store-high-water` in the store's directory, and the registry
+//! tree `managed_zones` (origin → [`ManagedZone`] envelope) says which are live.
+//!
+//! The fence of a removal: every operation of a zone takes the zone's writer lock, and
+//! [`Inner::guard`] refuses once the zone's `removed` flag is set. `remove_zone` sets it under
+//! that lock, then writes the tombstone: an operation that got the lock before the removal
+//! finished before it; any after it is refused, and a process that restarts finds the
+//! tombstone (sled locks its directory, so this process is the only writer).
+
+use super::*;
+use crate::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The registry's tree.
+const REGISTRY: &str = "managed_zones";
+/// The directory, in the store's, of the added zones' high-water marks.
+const ZONES_DIR: &str = "managed-zones";
+
+/// Which zone's trees an [`Inner`] holds, and whether that zone was removed.
+#[derive(Clone)]
+pub(super) struct ZoneTrees {
+    /// Prefix of the trees' names: empty for the first zone.
+    pub(super) prefix: String,
+    /// `None` for the first zone.
+    origin: Option<DnsName>,
+    removed: Arc<AtomicBool>,
+}
+
+impl ZoneTrees {
+    pub(super) fn first() -> ZoneTrees {
+        ZoneTrees { prefix: String::new(), origin: None, removed: Arc::new(AtomicBool::new(false)) }
+    }
+
+    fn added(origin: &DnsName) -> ZoneTrees {
+        ZoneTrees { prefix: prefix(origin), origin: Some(origin.clone()), removed: Arc::new(AtomicBool::new(false)) }
+    }
+
+    /// [`StoreError::ZoneGone`] once the zone was removed.
+    pub(super) fn check_live(&self) -> StoreResult<()> {
+        match (&self.origin, self.removed.load(Ordering::Acquire)) {
+            (Some(zone), true) => Err(StoreError::ZoneGone { zone: zone.clone() }),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn prefix(origin: &DnsName) -> String {
+    format!("zone:{origin}/")
+}
+
+fn registry(db: &sled::Db) -> StoreResult<sled::Tree> {
+    db.open_tree(REGISTRY).map_err(io)
+}
+
+fn read_entry(registry: &sled::Tree, origin: &DnsName) -> StoreResult<Option<ManagedZone>> {
+    registry
+        .get(origin.as_str())
+        .map_err(io)?
+        .map(|bytes| codec::decode::<ManagedZone>(&bytes).map_err(|e| corrupt(format!("registry entry of zone {origin}"), e)))
+        .transpose()
+}
+
+impl SledStore {
+    /// The directory of added zone `origin`, which holds its high-water mark.
+    fn zone_dir(&self, origin: &DnsName) -> PathBuf {
+        self.shared.database.path.join(ZONES_DIR).join(origin.as_str())
+    }
+
+    /// The open database, through this handle's zone (the first zone's when this one is gone).
+    fn db(&self) -> StoreResult<sled::Db> {
+        let first = self.shared.database.first.lock().map_err(|_| poisoned())?.upgrade();
+        let shared = first.unwrap_or_else(|| self.shared.clone());
+        let inner = shared.inner.read().map_err(|_| poisoned())?.clone();
+        inner.map(|inner| inner.db.clone()).ok_or_else(|| StoreError::Unavailable("the store is being reopened".into()))
+    }
+
+    /// The handle of live zone `origin`, opened if this process has not yet; `zones` is the
+    /// database's lock of zone changes, held.
+    fn open_zone(&self, zones: &mut BTreeMap<DnsName, std::sync::Weak<Shared>>, origin: &DnsName) -> StoreResult<SledStore> {
+        if let Some(shared) = zones.get(origin).and_then(std::sync::Weak::upgrade) {
+            return Ok(SledStore { shared });
+        }
+        let db = self.db()?;
+        match read_entry(&registry(&db)?, origin)? {
+            Some(entry) if entry.is_live() => {}
+            _ => return Err(StoreError::ZoneGone { zone: origin.clone() }),
+        }
+        let dir = self.zone_dir(origin);
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let (high_water, found) = HighWater::open(&dir).map_err(|err| {
+            StoreError::Unavailable(format!("cannot open zone {origin}'s high-water mark {}: {err}", dir.join(high_water::FILE_NAME).display()))
+        })?;
+        let (high_water, version) = (Arc::new(Mutex::new(high_water)), Arc::new(watch::Sender::new(StoreVersion::default())));
+        let trees = ZoneTrees::added(origin);
+        let on_loss = self.shared.database.on_loss;
+        let inner = Inner::from_db(db, &trees, &dir, version.clone(), high_water.clone(), Some((found, on_loss)))?;
+        let shared = Arc::new(Shared {
+            path: dir,
+            zone: trees,
+            inner: RwLock::new(Some(Arc::new(inner))),
+            version,
+            high_water,
+            database: self.shared.database.clone(),
+        });
+        zones.insert(origin.clone(), Arc::downgrade(&shared));
+        Ok(SledStore { shared })
+    }
+
+    fn zone_sync(&self, origin: &DnsName) -> StoreResult<SledStore> {
+        let mut zones = self.shared.database.zones.lock().map_err(|_| poisoned())?;
+        self.open_zone(&mut zones, origin)
+    }
+
+    fn add_zone_sync(&self, origin: &DnsName) -> StoreResult<bool> {
+        let _zones = self.shared.database.zones.lock().map_err(|_| poisoned())?;
+        let db = self.db()?;
+        let first = {
+            let first = self.shared.database.first.lock().map_err(|_| poisoned())?.upgrade();
+            let inner = first.and_then(|shared| shared.inner.read().ok().and_then(|inner| inner.clone()));
+            inner.map(|inner| inner.dns_zone()).transpose()?.flatten()
+        };
+        check_added(origin, first.as_ref())?;
+        let registry = registry(&db)?;
+        let old = read_entry(&registry, origin)?;
+        if old.as_ref().is_some_and(ManagedZone::is_live) {
+            return Ok(false);
+        }
+        if old.is_none() && registry.len() >= MANAGED_ZONES_MAX {
+            return Err(StoreError::BadRequest(format!(
+                "the store's registry holds {MANAGED_ZONES_MAX} zones, live and removed; no more are added"
+            )));
+        }
+        // What an earlier incarnation (or an addition a crash interrupted) left: its trees
+        // and its high-water mark, which names another store id.
+        self.drop_trees(&db, origin)?;
+        let dir = self.zone_dir(origin);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(io(err)),
+        }
+        // The zone's meta before its registry entry: a crash between the two leaves trees no
+        // entry names, which the next addition drops.
+        let (applied, content) = old.as_ref().map_or((0, 0), ManagedZone::restart_counts);
+        let meta = db.open_tree(format!("{}meta", prefix(origin))).map_err(io)?;
+        meta.insert(open::META_LAYOUT, &open::LAYOUT.to_be_bytes()).map_err(io)?;
+        meta.insert(META_DNS_ZONE, origin.as_str().as_bytes()).map_err(io)?;
+        meta.insert(META_APPLIED, &applied.to_be_bytes()).map_err(io)?;
+        meta.insert(META_CONTENT, &content.to_be_bytes()).map_err(io)?;
+        let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: lease::now_unix_ms() } };
+        registry.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
+        db.flush().map_err(io)?;
+        Ok(true)
+    }
+
+    fn remove_zone_sync(&self, origin: &DnsName) -> StoreResult<bool> {
+        let mut zones = self.shared.database.zones.lock().map_err(|_| poisoned())?;
+        let handle = match self.open_zone(&mut zones, origin) {
+            Ok(handle) => handle,
+            Err(StoreError::ZoneGone { .. }) => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        let inner = handle.current()?;
+        let db = inner.db.clone();
+        {
+            let _guard = inner.guard()?;
+            let (applied_changes, content_changes) = inner.counts()?;
+            let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes };
+            let entry = ManagedZone { origin: origin.clone(), state };
+            registry(&db)?.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
+            db.flush().map_err(io)?;
+            handle.shared.zone.removed.store(true, Ordering::Release);
+        }
+        zones.remove(origin);
+        // Waiters on the zone's changes wake, and find it gone.
+        handle.shared.version.send_modify(|_| {});
+        drop(handle.shared.inner.write().map_err(|_| poisoned())?.take());
+        drop(inner);
+        self.drop_trees(&db, origin)?;
+        match std::fs::remove_dir_all(self.zone_dir(origin)) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => tracing::warn!(zone = %origin, error = %err, "could not remove the removed zone's directory; the next addition does"),
+        }
+        Ok(true)
+    }
+
+    /// Drops every tree of zone `origin`.
+    fn drop_trees(&self, db: &sled::Db, origin: &DnsName) -> StoreResult<()> {
+        let prefix = prefix(origin);
+        for name in db.tree_names() {
+            if name.starts_with(prefix.as_bytes()) {
+                db.drop_tree(&name).map_err(io)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn zones_sync(&self) -> StoreResult<Vec<ManagedZone>> {
+        let registry = registry(&self.db()?)?;
+        registry
+            .iter()
+            .map(|item| {
+                let (key, bytes) = item.map_err(io)?;
+                codec::decode::<ManagedZone>(&bytes)
+                    .map_err(|e| corrupt(format!("registry entry {}", String::from_utf8_lossy(&key)), e))
+            })
+            .collect()
+    }
+
+    async fn zone_call<T: Send + 'static>(&self, f: impl FnOnce(&SledStore) -> StoreResult<T> + Send + 'static) -> StoreResult<T> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?
+    }
+}
+
+impl ManagedZones for SledStore {
+    async fn zone(&self, origin: &DnsName) -> StoreResult<SledStore> {
+        let origin = origin.clone();
+        self.zone_call(move |store| store.zone_sync(&origin)).await
+    }
+
+    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        let origin = origin.clone();
+        self.zone_call(move |store| store.add_zone_sync(&origin)).await
+    }
+
+    async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        let origin = origin.clone();
+        self.zone_call(move |store| store.remove_zone_sync(&origin)).await
+    }
+
+    async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
+        self.zone_call(SledStore::zones_sync).await
+    }
+}

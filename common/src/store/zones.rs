@@ -1,0 +1,79 @@
+//! The DNS zones one store manages: its first zone (the single zone of a store before any was
+//! added) and the zones added beside it, each with its own plans, fences, cleanup, pause and
+//! lease. A zone handle is a [`Store`] of its own; the registry of zones says which are live.
+//!
+//! A removed zone is fenced: its registry entry becomes a tombstone in the same step that the
+//! zone's writes start being refused ([`StoreError::ZoneGone`]), so a late write of an enactor
+//! or planner that still holds the zone never lands. The tombstone keeps the counts the zone had
+//! reached; a zone added again under the same name starts past them, so its SOA serial never
+//! goes back for a secondary that still holds the old one.
+
+use super::{Store, StoreError, StoreResult};
+use crate::codec::{self, Record};
+use crate::names::DnsName;
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+
+/// Most zones, live and removed, one store's registry holds (`add_zone` refuses beyond).
+pub const MANAGED_ZONES_MAX: usize = 100_000;
+
+/// One zone of the registry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagedZone {
+    pub origin: DnsName,
+    pub state: ZoneState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ZoneState {
+    /// Plans are published and applied.
+    Live { added_unix_ms: u64 },
+    /// Every write is refused. The counts it had reached, past which a zone added again under
+    /// this name starts.
+    Removed { removed_unix_ms: u64, applied_changes: u64, content_changes: u64 },
+}
+
+impl ManagedZone {
+    pub fn is_live(&self) -> bool {
+        matches!(self.state, ZoneState::Live { .. })
+    }
+
+    /// The counts a zone added again under this name starts at: past the removed one's, so
+    /// its serial moves on.
+    pub fn restart_counts(&self) -> (u64, u64) {
+        match self.state {
+            ZoneState::Live { .. } => (0, 0),
+            ZoneState::Removed { applied_changes, content_changes, .. } => {
+                (applied_changes.saturating_add(1), content_changes.saturating_add(1))
+            }
+        }
+    }
+}
+
+impl Record for ManagedZone {
+    const KIND: u8 = 18;
+    const KIND_NAME: &'static str = "managed zone";
+    const BODY_BYTES_MAX: usize = codec::SMALL_BODY_BYTES_MAX;
+}
+
+/// The zones of a store: the handle of each added zone, and their addition and removal.
+pub trait ManagedZones: Store {
+    /// The store of added zone `origin`: [`StoreError::ZoneGone`] unless it is live.
+    fn zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<Self>> + Send;
+    /// Adds zone `origin`; `false` when it was live already. The store's first zone cannot be
+    /// added again.
+    fn add_zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// Removes zone `origin`, fencing its writes; `false` when it was not live.
+    fn remove_zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// Every zone of the registry, live and removed, in name order.
+    fn zones(&self) -> impl Future<Output = StoreResult<Vec<ManagedZone>>> + Send;
+}
+
+/// Refuses to add `origin` as a zone beside the store's first zone `first`.
+pub fn check_added(origin: &DnsName, first: Option<&DnsName>) -> StoreResult<()> {
+    if first == Some(origin) {
+        return Err(StoreError::BadRequest(format!("{origin} is the store's first zone; it is not added again")));
+    }
+    Ok(())
+}
