@@ -66,6 +66,9 @@ pub(crate) struct Inner {
     /// The store's layout was found to be [`LAYOUT`] (or the store empty): checked once, by
     /// the first transaction.
     pub(crate) layout_checked: AtomicBool,
+    /// For the handle of an added zone: the zone's live key and the value it had when the
+    /// handle was made, compared by every transaction (see `zones`).
+    pub(crate) zone: Option<crate::zones::ZoneFence>,
     /// Test-only: the write transaction whose committed reply is lost next (see
     /// `lose_next_reply`).
     #[cfg(feature = "testing")]
@@ -96,7 +99,12 @@ impl EtcdStore {
             response_bytes_max: RESPONSE_BYTES_MAX,
         };
         let client = Client::new(&config.endpoints, &options).map_err(ConnectError::Client)?;
-        Ok(EtcdStore {
+        Ok(EtcdStore::with_client(client, config, None))
+    }
+
+    /// A store on `client` under `config.prefix`; `zone` fences an added zone's handle.
+    pub(crate) fn with_client(client: Client, config: EtcdConfig, zone: Option<crate::zones::ZoneFence>) -> EtcdStore {
+        EtcdStore {
             inner: Arc::new(Inner {
                 client,
                 keys: Keys::new(&config.prefix),
@@ -107,12 +115,13 @@ impl EtcdStore {
                 active_log: Mutex::new(None),
                 from_log: AtomicU64::new(0),
                 layout_checked: AtomicBool::new(false),
+                zone,
                 #[cfg(feature = "testing")]
                 lose_reply: Mutex::new(None),
                 #[cfg(feature = "testing")]
                 hold: Mutex::new(None),
             }),
-        })
+        }
     }
 
     /// Test-only: the next write transaction named `what` (`"publish"`, `"apply"`, ...) that

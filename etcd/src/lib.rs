@@ -132,6 +132,7 @@ mod handle;
 mod keys;
 mod plans;
 mod txn;
+mod zones;
 
 pub use client::EtcdTls;
 use client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};

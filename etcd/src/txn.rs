@@ -182,7 +182,16 @@ impl EtcdStore {
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> StoreResult<TxnResponse> {
         self.check_layout().await?;
+        let txn = match &self.inner.zone {
+            Some(fence) => txn.also_when(fence.compare()),
+            None => txn,
+        };
         let response = self.call(what, self.inner.client.txn(txn)).await?;
+        if !response.succeeded()
+            && let Some(fence) = &self.inner.zone
+        {
+            self.check_zone_live(fence).await?;
+        }
         #[cfg(feature = "testing")]
         if response.succeeded() && response.put_any() {
             let lost = self.inner.lose_reply.lock().ok().and_then(|mut lose| lose.take_if(|w| *w == what)).is_some();

@@ -142,6 +142,10 @@ pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Res
     });
     v.check(again.latest().await? == Generation::NONE, || "the zone added again has plans".into());
     publish_and_apply(&again, &origin, 1, &["www"]).await?;
-    refused("apply of the old handle after the zone was added again", late.apply(&www, Generation(1), &endpoint_for(Generation(1))).await.map(|_| ()), &mut v);
+    refused(
+        "apply of the old handle after the zone was added again",
+        late.apply(&www, Generation(1), &endpoint_for(Generation(1))).await.map(|_| ()),
+        &mut v,
+    );
     Ok(v)
 }

@@ -4,11 +4,11 @@
 use dnsplan_common::SledStore;
 use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::{PauseState, Store};
+use dnsplan_tests::conformance::{Harness, run_all};
 use dnsplan_tests::fixtures::dns_zone;
+use dnsplan_tests::naive::NaiveStore;
 use dnsplan_tests::zone_checks::{publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
 use std::time::Duration;
-use dnsplan_tests::conformance::{Harness, run_all};
-use dnsplan_tests::naive::NaiveStore;
 
 struct Sled {
     dir: tempfile::TempDir,

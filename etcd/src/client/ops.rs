@@ -262,6 +262,11 @@ impl Txn {
         self.compare = compares.into();
         self
     }
+    /// Adds `compare` to those already given.
+    pub fn also_when(mut self, compare: Compare) -> Self {
+        self.compare.push(compare);
+        self
+    }
     pub fn and_then(mut self, ops: impl Into<Vec<TxnOp>>) -> Self {
         self.success = ops.into();
         self

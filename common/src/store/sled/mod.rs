@@ -108,8 +108,8 @@ use active::*;
 use contents::*;
 use fault::*;
 use layout::*;
-use plans::*;
 use open::open_db;
+use plans::*;
 use zones::ZoneTrees;
 
 pub use active::CHANGE_LOG_KEPT;

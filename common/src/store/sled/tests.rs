@@ -745,3 +745,39 @@ async fn a_store_of_another_layout_is_refused_naming_both() {
     let (applied, content) = store.inner().counts().expect("counts");
     assert!(applied > served.0 && content > served.1, "{applied}, {content} past {served:?}");
 }
+
+/// A reopen after a failed write (a full disk) opens every added zone's trees again: a zone
+/// handle held across it serves its own state, and its writes land again.
+#[tokio::test]
+async fn a_reopen_opens_the_added_zones_again() {
+    use crate::store::zones::ManagedZones;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = SledStore::open(dir.path()).expect("open");
+    let origin = DnsName::parse("example.test.").expect("zone");
+    assert!(root.add_zone(&origin).await.expect("add"));
+    let zone = root.zone(&origin).await.expect("zone");
+    let plan = |g: u64| {
+        ValidatedPlan::new(Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: "test".into() },
+            reason: "test".into(),
+            dns_zone: origin.clone(),
+            endpoints: items(&["www"], g as u8).into_iter().map(|i| (i.endpoint, i.records)).collect(),
+            retired: BTreeSet::new(),
+            rollback_of: None,
+            provenance: vec![],
+        })
+        .expect("valid")
+    };
+    zone.publish(&plan(1)).await.expect("publish");
+    zone.apply_many(Generation(1), &items(&["www"], 1)).await.expect("apply");
+    root.shared.database.reopen().expect("reopen");
+    let active = zone.active_all().await.expect("read after the reopen");
+    assert_eq!(active.endpoints.len(), 1, "the zone's state after the reopen: {active:?}");
+    zone.publish(&plan(2)).await.expect("publish after the reopen");
+    let outcomes = zone.apply_many(Generation(2), &items(&["www"], 2)).await.expect("apply after the reopen");
+    assert!(matches!(outcomes[0], Ok(ApplyOutcome::Switched { .. })), "{outcomes:?}");
+    assert_eq!(root.latest().await.expect("latest"), Generation::NONE, "the first zone has no plan");
+}

@@ -90,7 +90,10 @@ impl SledStore {
         let dir = self.zone_dir(origin);
         std::fs::create_dir_all(&dir).map_err(io)?;
         let (high_water, found) = HighWater::open(&dir).map_err(|err| {
-            StoreError::Unavailable(format!("cannot open zone {origin}'s high-water mark {}: {err}", dir.join(high_water::FILE_NAME).display()))
+            StoreError::Unavailable(format!(
+                "cannot open zone {origin}'s high-water mark {}: {err}",
+                dir.join(high_water::FILE_NAME).display()
+            ))
         })?;
         let (high_water, version) = (Arc::new(Mutex::new(high_water)), Arc::new(watch::Sender::new(StoreVersion::default())));
         let trees = ZoneTrees::added(origin);
@@ -182,7 +185,9 @@ impl SledStore {
         match std::fs::remove_dir_all(self.zone_dir(origin)) {
             Ok(()) => {}
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-            Err(err) => tracing::warn!(zone = %origin, error = %err, "could not remove the removed zone's directory; the next addition does"),
+            Err(err) => {
+                tracing::warn!(zone = %origin, error = %err, "could not remove the removed zone's directory; the next addition does")
+            }
         }
         Ok(true)
     }
@@ -204,8 +209,7 @@ impl SledStore {
             .iter()
             .map(|item| {
                 let (key, bytes) = item.map_err(io)?;
-                codec::decode::<ManagedZone>(&bytes)
-                    .map_err(|e| corrupt(format!("registry entry {}", String::from_utf8_lossy(&key)), e))
+                codec::decode::<ManagedZone>(&bytes).map_err(|e| corrupt(format!("registry entry {}", String::from_utf8_lossy(&key)), e))
             })
             .collect()
     }

@@ -1,0 +1,192 @@
+//! The zones added beside the store's first one (see `dnsplan_common::store::zones`).
+//!
+//! Keys, under the store's prefix: `zones/registry/<origin>` → the zone's [`ManagedZone`]
+//! envelope; `zones/z/<origin>/` is the prefix of the zone's own store, the layout of `keys`
+//! under it, plus `zones/z/<origin>/state/live` → a nonce drawn when the zone was added. The
+//! handle of a zone (another `EtcdStore` on the same client) adds to every transaction it sends
+//! the compare "the live key holds the nonce I was made with": removal writes the tombstone and
+//! deletes the zone's whole prefix, live key included, in one transaction, so every later
+//! transaction of a handle made before it fails that compare, and is answered
+//! [`StoreError::ZoneGone`]; a zone added again draws another nonce, so an old handle stays out
+//! of the new zone too. The check is etcd's, at write time, like every other fence here.
+
+use crate::active::slot_counts;
+use crate::client::{Compare, CompareOp, Txn};
+use crate::handle::fresh_nonce;
+use crate::txn::{cmp_bytes, delete_range, first, get, get_range, put};
+use crate::{EtcdStore, LAYOUT, prefix_end};
+use dnsplan_common::codec;
+use dnsplan_common::names::DnsName;
+use dnsplan_common::store::lease::now_unix_ms;
+use dnsplan_common::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added};
+use dnsplan_common::store::{Store, StoreError, StoreResult};
+
+/// An added zone's handle's fence: its live key and the nonce it was made with.
+#[derive(Clone, Debug)]
+pub(crate) struct ZoneFence {
+    origin: DnsName,
+    live_key: Vec<u8>,
+    token: Vec<u8>,
+}
+
+impl ZoneFence {
+    pub(crate) fn compare(&self) -> Compare {
+        Compare::value(self.live_key.clone(), CompareOp::Equal, self.token.clone())
+    }
+}
+
+impl EtcdStore {
+    fn registry_prefix(&self) -> Vec<u8> {
+        format!("{}zones/registry/", self.inner.config.prefix).into_bytes()
+    }
+
+    fn registry_key(&self, origin: &DnsName) -> Vec<u8> {
+        format!("{}zones/registry/{origin}", self.inner.config.prefix).into_bytes()
+    }
+
+    fn zone_prefix(&self, origin: &DnsName) -> String {
+        format!("{}zones/z/{origin}/", self.inner.config.prefix)
+    }
+
+    fn live_key(&self, origin: &DnsName) -> Vec<u8> {
+        format!("{}state/live", self.zone_prefix(origin)).into_bytes()
+    }
+
+    /// After a transaction of a zone handle failed: [`StoreError::ZoneGone`] when the zone's
+    /// live key no longer holds the handle's nonce (the zone was removed, or removed and added
+    /// again); else the failure was another compare's.
+    pub(crate) async fn check_zone_live(&self, fence: &ZoneFence) -> StoreResult<()> {
+        let response = self.call("zone liveness", self.inner.client.txn(Txn::new().and_then(vec![get(fence.live_key.clone())]))).await?;
+        let live = response.op_responses().into_iter().find_map(|r| match r {
+            crate::client::TxnOpResponse::Get(g) => Some(first(&g).map(|kv| kv.value().to_vec())),
+            _ => None,
+        });
+        match live {
+            Some(Some(value)) if value == fence.token => Ok(()),
+            _ => Err(StoreError::ZoneGone { zone: fence.origin.clone() }),
+        }
+    }
+
+    /// The registry entry of `origin` and its raw value (compared by the writes).
+    async fn entry(&self, origin: &DnsName) -> StoreResult<(Option<ManagedZone>, Option<Vec<u8>>, Option<Vec<u8>>)> {
+        let (_, r) = self.read("zone registry", vec![get(self.registry_key(origin)), get(self.live_key(origin))]).await?;
+        let raw = first(&r[0]).map(|kv| kv.value().to_vec());
+        let entry = raw
+            .as_deref()
+            .map(|bytes| {
+                codec::decode::<ManagedZone>(bytes)
+                    .map_err(|e| StoreError::Corrupt { what: format!("registry entry of zone {origin}"), source: e })
+            })
+            .transpose()?;
+        Ok((entry, raw, first(&r[1]).map(|kv| kv.value().to_vec())))
+    }
+
+    fn handle(&self, origin: &DnsName, token: Vec<u8>) -> EtcdStore {
+        let mut config = self.inner.config.clone();
+        config.prefix = self.zone_prefix(origin);
+        let fence = ZoneFence { origin: origin.clone(), live_key: self.live_key(origin), token };
+        EtcdStore::with_client(self.inner.client.clone(), config, Some(fence))
+    }
+}
+
+impl ManagedZones for EtcdStore {
+    async fn zone(&self, origin: &DnsName) -> StoreResult<EtcdStore> {
+        match self.entry(origin).await? {
+            (Some(entry), _, Some(token)) if entry.is_live() => Ok(self.handle(origin, token)),
+            _ => Err(StoreError::ZoneGone { zone: origin.clone() }),
+        }
+    }
+
+    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        check_added(origin, self.dns_zone().await?.as_ref())?;
+        for attempt in 0..crate::ATTEMPTS_MAX {
+            let (entry, raw, _) = self.entry(origin).await?;
+            if entry.as_ref().is_some_and(ManagedZone::is_live) {
+                return Ok(false);
+            }
+            if entry.is_none() {
+                let prefix = self.registry_prefix();
+                let count = self
+                    .inner
+                    .client
+                    .get(prefix.clone(), Some(crate::client::GetOptions::new().with_range(prefix_end(&prefix)).with_count_only()));
+                let count = self.call("zone count", count).await?.count();
+                if usize::try_from(count).unwrap_or(usize::MAX) >= MANAGED_ZONES_MAX {
+                    return Err(StoreError::BadRequest(format!(
+                        "the store's registry holds {MANAGED_ZONES_MAX} zones, live and removed; no more are added"
+                    )));
+                }
+            }
+            let (applied, content) = entry.as_ref().map_or((0, 0), ManagedZone::restart_counts);
+            let zone = self.zone_prefix(origin);
+            // What a publish that died between its chunks and its commit left after the
+            // removal (chunks are written before the transaction that would have been fenced).
+            let registry_key = self.registry_key(origin);
+            let cleaned = Txn::new()
+                .when(vec![cmp_bytes(registry_key.clone(), raw.as_deref())])
+                .and_then(vec![delete_range(zone.clone().into_bytes(), prefix_end(zone.as_bytes()))]);
+            if !self.txn("zone add", cleaned).await?.succeeded() {
+                crate::txn::back_off(attempt).await;
+                continue;
+            }
+            let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: now_unix_ms() } };
+            let mut ops = vec![
+                put(registry_key.clone(), codec::encode(&entry)),
+                put(self.live_key(origin), fresh_nonce().to_be_bytes().to_vec()),
+                put(format!("{zone}state/layout").into_bytes(), LAYOUT.to_be_bytes().to_vec()),
+                put(format!("{zone}state/dns_zone").into_bytes(), origin.as_str().as_bytes().to_vec()),
+            ];
+            if applied > 0 {
+                ops.push(put(format!("{zone}meta/applied").into_bytes(), [applied.to_be_bytes(), content.to_be_bytes()].concat()));
+            }
+            let added = Txn::new().when(vec![cmp_bytes(registry_key, raw.as_deref())]).and_then(ops);
+            if self.txn("zone add", added).await?.succeeded() {
+                return Ok(true);
+            }
+            crate::txn::back_off(attempt).await;
+        }
+        Err(crate::txn::contention("zone add"))
+    }
+
+    async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        for attempt in 0..crate::ATTEMPTS_MAX {
+            let (entry, raw, token) = self.entry(origin).await?;
+            let (Some(_), Some(token)) = (entry.filter(ManagedZone::is_live), token) else { return Ok(false) };
+            let zone = self.handle(origin, token.clone());
+            let (_, slots) =
+                zone.read("zone counts", vec![get_range(zone.inner.keys.applied(), prefix_end(&zone.inner.keys.applied()), 0)]).await?;
+            let (mut applied, mut content) = (0u64, 0u64);
+            for kv in slots[0].kvs() {
+                let (a, c) = slot_counts(kv)?;
+                applied = applied.saturating_add(a);
+                content = content.saturating_add(c);
+            }
+            let state = ZoneState::Removed { removed_unix_ms: now_unix_ms(), applied_changes: applied, content_changes: content };
+            let tombstone = ManagedZone { origin: origin.clone(), state };
+            let prefix = self.zone_prefix(origin);
+            // The compare on the slots' range: no apply of the zone committed since they were
+            // read (its counts would be missed by the tombstone).
+            let slots_revision = slots[0].kvs().iter().map(|kv| kv.mod_revision()).max().unwrap_or(0);
+            let txn = Txn::new()
+                .when(vec![
+                    cmp_bytes(self.registry_key(origin), raw.as_deref()),
+                    Compare::value(self.live_key(origin), CompareOp::Equal, token),
+                    Compare::mod_revision(zone.inner.keys.applied(), CompareOp::Less, slots_revision + 1)
+                        .with_range(prefix_end(&zone.inner.keys.applied())),
+                ])
+                .and_then(vec![
+                    put(self.registry_key(origin), codec::encode(&tombstone)),
+                    delete_range(prefix.clone().into_bytes(), prefix_end(prefix.as_bytes())),
+                ]);
+            if self.txn("zone remove", txn).await?.succeeded() {
+                return Ok(true);
+            }
+            crate::txn::back_off(attempt).await;
+        }
+        Err(crate::txn::contention("zone remove"))
+    }
+
+    async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
+        self.read_all("zone registry", self.registry_prefix()).await
+    }
+}
