@@ -42,6 +42,7 @@ use dnsplan_common::status::AuthorityStatus;
 use dnsplan_common::store::AuthorityReport;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::sled::OnLoss;
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_common::{Generation, SledStore, Store, StoreError};
 use dnsplan_etcd::{EtcdConfig, EtcdStore};
@@ -227,7 +228,7 @@ pub struct Extras {
 }
 
 /// As `run`, on a store the caller opened (the one-process stack shares it).
-pub async fn run_with_store<S: Store>(
+pub async fn run_with_store<S: ManagedZones>(
     store: S,
     config: AuthorityConfig,
     config_dir: &Path,
@@ -238,7 +239,7 @@ pub async fn run_with_store<S: Store>(
 }
 
 /// As `run_with_store`, with routes and metrics of the embedding process.
-pub async fn run_with_extras<S: Store>(
+pub async fn run_with_extras<S: ManagedZones>(
     store: S,
     config: AuthorityConfig,
     config_dir: &Path,
@@ -266,7 +267,7 @@ async fn serve<S, R, F>(
     extras: Extras,
 ) -> anyhow::Result<()>
 where
-    S: Store,
+    S: ManagedZones,
     R: FnOnce(Stop) -> F,
     F: Future<Output = anyhow::Result<Option<S>>>,
 {

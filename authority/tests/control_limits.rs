@@ -11,6 +11,8 @@ mod support;
 
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_authority::run::{Bound, run_with_store};
+use dnsplan_common::store::zones::{ManagedZone, ManagedZones};
+use dnsplan_common::{DnsName, StoreError};
 use dnsplan_common::store::{CleanupDecision, CleanupReport, Lease};
 use dnsplan_common::{
     ActiveRecord, ActiveSnapshot, ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PauseState, PlanSummary, SledStore, Store,
@@ -42,7 +44,7 @@ impl Control {
     }
 
     /// As `start`, on `store`.
-    async fn start_with<S: Store>(store: S, dir: &Path, limits: &str) -> anyhow::Result<Control> {
+    async fn start_with<S: ManagedZones>(store: S, dir: &Path, limits: &str) -> anyhow::Result<Control> {
         std::fs::write(dir.join("zone.db"), support::ZONE_FILE)?;
         let text = format!(
             "data_dir = \"{data}\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n{limits}\n\
@@ -368,4 +370,20 @@ async fn status_summaries_are_computed_one_at_a_time() -> anyhow::Result<()> {
     }
     assert_eq!(store.inside_max.load(Ordering::SeqCst), 1, "status reads in the store at once");
     control.stop().await
+}
+
+/// The gate is the first zone's; no zone is added beside it.
+impl ManagedZones for Gated {
+    async fn zone(&self, origin: &DnsName) -> StoreResult<Gated> {
+        Err(StoreError::ZoneGone { zone: origin.clone() })
+    }
+    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        Err(StoreError::BadRequest(format!("the gated store has one zone; {origin} is not added")))
+    }
+    async fn remove_zone(&self, _origin: &DnsName) -> StoreResult<bool> {
+        Ok(false)
+    }
+    async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
+        Ok(Vec::new())
+    }
 }

@@ -3,15 +3,19 @@
 //! hides no violation); writes without the right token are refused.
 
 use dnsplan_authority::control::routes::{Control, router};
+use dnsplan_common::PauseState;
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::{SledStore, Store, StoreError};
 use dnsplan_tests::conformance::{Harness, run_all};
-use dnsplan_tests::fixtures::{name, plan, planner};
+use dnsplan_tests::fixtures::{dns_zone, name, plan, planner};
+use dnsplan_tests::zone_checks::{publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
+use std::time::Duration;
 use dnsplan_tests::naive::NaiveStore;
 
 const TOKEN: &str = "test-token-0123456789";
 
-async fn serve<S: Store>(store: S) -> anyhow::Result<String> {
+async fn serve<S: ManagedZones>(store: S) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let ctl = Control::new(store, TOKEN);
@@ -39,6 +43,44 @@ impl Harness for OverNaive {
     async fn fresh(&self) -> anyhow::Result<RemoteStore> {
         Ok(RemoteStore::new(&serve(NaiveStore::default()).await?, Some(TOKEN.into()))?)
     }
+}
+
+/// An added zone, through `/v1/managed/{zone}/...`, of a store whose first zone holds a plan,
+/// is paused and has its planner lease held.
+struct OverSledZone {
+    dir: tempfile::TempDir,
+}
+
+impl Harness for OverSledZone {
+    type S = RemoteStore;
+    async fn fresh(&self) -> anyhow::Result<RemoteStore> {
+        let store = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
+        let root = RemoteStore::new(&serve(store).await?, Some(TOKEN.into()))?;
+        let busy = zone("busy.test.");
+        publish_and_apply(&root, &busy, 1, &["www"]).await?;
+        root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
+        root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
+        root.add_zone(&dns_zone()).await?;
+        Ok(root.zone(&dns_zone()).await?)
+    }
+}
+
+/// The control API routes each added zone's calls to that zone's store: the suite through
+/// `/v1/managed/{zone}`, the zones isolated and a removal fenced over HTTP as in the store.
+/// Teeth: with `Zoned` answering every request with the first zone's store, all three fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remote_zones_pass_the_suite_are_isolated_and_fence_removal() -> anyhow::Result<()> {
+    let report = run_all(&OverSledZone { dir: tempfile::tempdir()? }).await?;
+    assert!(report.is_clean(), "RemoteStore on an added zone violates the Store contract:
+{report}");
+    let (one, two) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let root = RemoteStore::new(&serve(SledStore::open(one.path())?).await?, Some(TOKEN.into()))?;
+    let violations = zones_are_isolated(root, &zone("first.test.")).await?;
+    assert!(violations.is_empty(), "{violations:?}");
+    let root = RemoteStore::new(&serve(SledStore::open(two.path())?).await?, Some(TOKEN.into()))?;
+    let violations = removal_fences_late_writes(root).await?;
+    assert!(violations.is_empty(), "{violations:?}");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -16,8 +16,9 @@
 //! behaviour must be caught on the secondary too. A missing `knotd` fails the run, saying
 //! how to install it.
 
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::dns_probe::{self, RecordType};
-use dnsplan_common::{EndpointName, Generation, Store, ValidatedPlan, ZoneId};
+use dnsplan_common::{EndpointName, Generation, ValidatedPlan, ZoneId};
 use dnsplan_enactor::config::VerifySettings;
 use dnsplan_enactor::hooks::{Behaviour, Event, HookFuture, Hooks};
 use dnsplan_enactor::metrics::ReasonLabels;
@@ -209,7 +210,7 @@ async fn wait_converged(dns: std::net::SocketAddr, target: Generation) -> Result
 /// Starts a Knot secondary of the race's DNS zone and the authority serving `store`, which
 /// allows Knot to transfer with the key and notifies it of each change; returns once Knot
 /// serves the zone at the authority's serial.
-async fn authority_with_knot<S: Store>(store: S, dir: &std::path::Path) -> anyhow::Result<(Authority, Knot)> {
+async fn authority_with_knot<S: ManagedZones>(store: S, dir: &std::path::Path) -> anyhow::Result<(Authority, Knot)> {
     // Knot must name its primary and the primary its secondary: the authority's port is
     // chosen first and Knot started on it, then the authority with Knot's address. The port
     // is only free when chosen: taken meanwhile (by Knot itself, say), another is tried.
@@ -290,12 +291,12 @@ async fn first_transfer(authority: &Authority, knot: &Knot) -> anyhow::Result<()
 
 /// Runs the race on `store` with enactors of `behaviour`: `Fenced` on a `SledStore` must see
 /// no violation; `Naive` on `NaiveStore::as_in_2025` must see some.
-pub async fn race<S: Store>(store: S, behaviour: Behaviour) -> anyhow::Result<Outcome> {
+pub async fn race<S: ManagedZones>(store: S, behaviour: Behaviour) -> anyhow::Result<Outcome> {
     race_with(store, behaviour, Secondaries::None).await
 }
 
 /// As `race`, with `secondaries` fed by the authority and watched and judged the same way.
-pub async fn race_with<S: Store>(store: S, behaviour: Behaviour, secondaries: Secondaries) -> anyhow::Result<Outcome> {
+pub async fn race_with<S: ManagedZones>(store: S, behaviour: Behaviour, secondaries: Secondaries) -> anyhow::Result<Outcome> {
     let dir = tempfile::tempdir()?;
     let names = names();
     let mut published: BTreeMap<Generation, ValidatedPlan> = BTreeMap::new();

@@ -2,26 +2,25 @@
 //!
 //! Keys, under the store's prefix: `zones/registry/<origin>` → the zone's [`ManagedZone`]
 //! envelope; `zones/z/<origin>/` is the prefix of the zone's own store, the layout of `keys`
-//! under it, plus `zones/z/<origin>/state/live` → a nonce drawn when the zone was added. The
+//! under it, plus `zones/z/<origin>/state/live` → the zone's incarnation, drawn when it was added. The
 //! handle of a zone (another `EtcdStore` on the same client) adds to every transaction it sends
-//! the compare "the live key holds the nonce I was made with": removal writes the tombstone and
+//! the compare "the live key holds the incarnation I was made with": removal writes the tombstone and
 //! deletes the zone's whole prefix, live key included, in one transaction, so every later
 //! transaction of a handle made before it fails that compare, and is answered
-//! [`StoreError::ZoneGone`]; a zone added again draws another nonce, so an old handle stays out
+//! [`StoreError::ZoneGone`]; a zone added again draws another incarnation, so an old handle stays out
 //! of the new zone too. The check is etcd's, at write time, like every other fence here.
 
 use crate::active::slot_counts;
 use crate::client::{Compare, CompareOp, Txn};
-use crate::handle::fresh_nonce;
 use crate::txn::{cmp_bytes, delete_range, first, get, get_range, put};
 use crate::{EtcdStore, LAYOUT, prefix_end};
 use dnsplan_common::codec;
 use dnsplan_common::names::DnsName;
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added};
+use dnsplan_common::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added, random_id};
 use dnsplan_common::store::{Store, StoreError, StoreResult};
 
-/// An added zone's handle's fence: its live key and the nonce it was made with.
+/// An added zone's handle's fence: its live key and the incarnation it was made with.
 #[derive(Clone, Debug)]
 pub(crate) struct ZoneFence {
     origin: DnsName,
@@ -53,7 +52,7 @@ impl EtcdStore {
     }
 
     /// After a transaction of a zone handle failed: [`StoreError::ZoneGone`] when the zone's
-    /// live key no longer holds the handle's nonce (the zone was removed, or removed and added
+    /// live key no longer holds the handle's incarnation (the zone was removed, or removed and added
     /// again); else the failure was another compare's.
     pub(crate) async fn check_zone_live(&self, fence: &ZoneFence) -> StoreResult<()> {
         let response = self.call("zone liveness", self.inner.client.txn(Txn::new().and_then(vec![get(fence.live_key.clone())]))).await?;
@@ -129,10 +128,11 @@ impl ManagedZones for EtcdStore {
                 crate::txn::back_off(attempt).await;
                 continue;
             }
-            let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: now_unix_ms() } };
+            let incarnation = random_id();
+            let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: now_unix_ms(), incarnation } };
             let mut ops = vec![
                 put(registry_key.clone(), codec::encode(&entry)),
-                put(self.live_key(origin), fresh_nonce().to_be_bytes().to_vec()),
+                put(self.live_key(origin), incarnation.to_be_bytes().to_vec()),
                 put(format!("{zone}state/layout").into_bytes(), LAYOUT.to_be_bytes().to_vec()),
                 put(format!("{zone}state/dns_zone").into_bytes(), origin.as_str().as_bytes().to_vec()),
             ];
@@ -188,5 +188,10 @@ impl ManagedZones for EtcdStore {
 
     async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
         self.read_all("zone registry", self.registry_prefix()).await
+    }
+
+    fn incarnation(&self) -> Option<u64> {
+        let fence = self.inner.zone.as_ref()?;
+        Some(u64::from_be_bytes(fence.token.as_slice().try_into().unwrap_or_default()))
     }
 }

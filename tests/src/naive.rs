@@ -277,3 +277,22 @@ async fn yield_a_while() {
         tokio::task::yield_now().await;
     }
 }
+
+/// The naive store has one zone: none is added beside it.
+impl dnsplan_common::store::zones::ManagedZones for NaiveStore {
+    async fn zone(&self, origin: &dnsplan_common::DnsName) -> StoreResult<NaiveStore> {
+        Err(StoreError::ZoneGone { zone: origin.clone() })
+    }
+
+    async fn add_zone(&self, origin: &dnsplan_common::DnsName) -> StoreResult<bool> {
+        Err(StoreError::BadRequest(format!("the naive store has one zone; {origin} is not added")))
+    }
+
+    async fn remove_zone(&self, _origin: &dnsplan_common::DnsName) -> StoreResult<bool> {
+        Ok(false)
+    }
+
+    async fn zones(&self) -> StoreResult<Vec<dnsplan_common::store::zones::ManagedZone>> {
+        Ok(Vec::new())
+    }
+}

@@ -4,7 +4,6 @@
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_authority::run::{Bound, run_with_store};
 use dnsplan_authority::zone::dns_zone::{DnsZoneConfig, SoaConfig};
-use dnsplan_common::Store;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -77,12 +76,12 @@ pub struct Authority {
 
 impl Authority {
     /// Serves `store` with a config written into `dir`.
-    pub async fn start<S: Store>(store: S, dir: &Path) -> anyhow::Result<Authority> {
+    pub async fn start<S: dnsplan_common::store::zones::ManagedZones>(store: S, dir: &Path) -> anyhow::Result<Authority> {
         Authority::start_with(store, dir, &AuthorityOptions::default()).await
     }
 
     /// As `start`, with the tests' config changed by `options`.
-    pub async fn start_with<S: Store>(store: S, dir: &Path, options: &AuthorityOptions) -> anyhow::Result<Authority> {
+    pub async fn start_with<S: dnsplan_common::store::zones::ManagedZones>(store: S, dir: &Path, options: &AuthorityOptions) -> anyhow::Result<Authority> {
         let mut text = authority_config_text(&dir.join("data"));
         if options.dns_port != 0 {
             let listen = "listen = [\"127.0.0.1:0\"]";

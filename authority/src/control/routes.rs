@@ -34,7 +34,8 @@ use dnsplan_common::store::wire::{
     AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesFrom, ChangesQuery, CleanupRequest,
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
-use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, Store, StoreError, StoreVersion};
+use dnsplan_common::store::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones};
+use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta, PlanEntry};
 use hickory_proto::rr::Name;
 use serde::Deserialize;
@@ -76,6 +77,9 @@ pub struct Control<S> {
     zone: Option<Arc<StaticZone>>,
     /// The other zones served, changed through `/v1/zones` (`with_zones`).
     zones: Option<Arc<ZoneTable>>,
+    /// The handles of the store's added zones that requests named (`/v1/managed/{zone}/...`),
+    /// dropped when one answers that its zone is gone.
+    managed: Arc<std::sync::Mutex<std::collections::HashMap<DnsName, S>>>,
 }
 
 impl<S> Clone for Control<S>
@@ -90,11 +94,12 @@ where
             full_reads: self.full_reads.clone(),
             zone: self.zone.clone(),
             zones: self.zones.clone(),
+            managed: self.managed.clone(),
         }
     }
 }
 
-impl<S: Store> Control<S> {
+impl<S: ManagedZones> Control<S> {
     pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
         Control {
             store,
@@ -103,7 +108,20 @@ impl<S: Store> Control<S> {
             full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)),
             zone: None,
             zones: None,
+            managed: Default::default(),
         }
+    }
+
+    /// The store of added zone `origin`, its handle kept for the next request.
+    async fn managed_store(&self, origin: &DnsName) -> ApiResult<S> {
+        if let Some(store) = self.managed.lock().ok().and_then(|m| m.get(origin).cloned()) {
+            return Ok(store);
+        }
+        let store = self.store.zone(origin).await?;
+        if let Ok(mut managed) = self.managed.lock() {
+            managed.insert(origin.clone(), store.clone());
+        }
+        Ok(store)
     }
 
     /// `/v1/zones` lists and changes `zones`.
@@ -203,8 +221,16 @@ impl ApiError {
     }
 }
 
+/// On a response whose call found its zone removed: the zone, so its handle is dropped.
+#[derive(Clone)]
+struct GoneZone(DnsName);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let gone = match &self.error {
+            WireError::ZoneGone { zone } => Some(GoneZone(zone.clone())),
+            _ => None,
+        };
         let status = StatusCode::from_u16(self.error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         // An unavailable store is logged once when it goes and once when it comes back (the
         // follower's reachability), not on every call it fails.
@@ -217,8 +243,70 @@ impl IntoResponse for ApiError {
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }
+        if let Some(gone) = gone {
+            resp.extensions_mut().insert(gone);
+        }
         resp
     }
+}
+
+/// The control API of the zone a request names: the store's first zone for `/v1/...`, added
+/// zone `Z` for `/v1/managed/Z/...` (the same routes).
+pub struct Zoned<S>(pub Control<S>);
+
+impl<S: ManagedZones> axum::extract::FromRequestParts<Control<S>> for Zoned<S> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, ctl: &Control<S>) -> Result<Zoned<S>, ApiError> {
+        let params = axum::extract::RawPathParams::from_request_parts(parts, ctl)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("the request's path: {}", e.body_text())))?;
+        let Some((_, zone)) = params.iter().find(|(key, _)| *key == "zone") else { return Ok(Zoned(ctl.clone())) };
+        let origin = DnsName::parse(zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
+        let asked = match parts.headers.get(INCARNATION_HEADER) {
+            None => None,
+            Some(value) => Some(value.to_str().ok().and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| {
+                ApiError::bad_request(format!("{INCARNATION_HEADER} {value:?} is not a number"))
+            })?),
+        };
+        let mut store = ctl.managed_store(&origin).await?;
+        if asked.is_some() && store.incarnation() != asked {
+            // The handle kept may be of an incarnation removed since: look again, once.
+            if let Ok(mut managed) = ctl.managed.lock() {
+                managed.remove(&origin);
+            }
+            store = ctl.managed_store(&origin).await?;
+            if store.incarnation() != asked {
+                return Err(StoreError::ZoneGone { zone: origin }.into());
+            }
+        }
+        let mut zoned = ctl.clone();
+        zoned.store = store;
+        // The static records checked at publish are the first zone's.
+        zoned.zone = None;
+        Ok(Zoned(zoned))
+    }
+}
+
+/// Drops the handle of a zone a call found removed: a zone added again gets a new one.
+async fn forget_gone_zones<S: ManagedZones>(State(ctl): State<Control<S>>, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    if let Some(GoneZone(zone)) = resp.extensions().get::<GoneZone>()
+        && let Ok(mut managed) = ctl.managed.lock()
+    {
+        managed.remove(zone);
+    }
+    resp
+}
+
+#[derive(Deserialize)]
+struct GenerationParam {
+    generation: String,
+}
+
+#[derive(Deserialize)]
+struct EndpointParam {
+    endpoint: String,
 }
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -240,7 +328,7 @@ pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     diff == 0
 }
 
-async fn require_token_for_writes<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, req: Request, next: Next) -> Response {
+async fn require_token_for_writes<S: ManagedZones>(State(ctl): State<Control<S>>, headers: HeaderMap, req: Request, next: Next) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
         return next.run(req).await;
     }
@@ -253,36 +341,77 @@ async fn require_token_for_writes<S: Store>(State(ctl): State<Control<S>>, heade
 
 /// The `/v1` store routes, `/healthz` and the auth layer. The caller adds `/metrics`,
 /// `/readyz` and `/v1/status`, which depend on what else runs in the process.
-pub fn router<S: Store>(ctl: Control<S>) -> Router<Control<S>> {
-    let plans = Router::new().route("/v1/plans", post(publish::<S>).get(list::<S>)).layer(DefaultBodyLimit::max(PLAN_BODY_BYTES_MAX));
-    let batches = Router::new().route("/v1/apply", post(apply_many::<S>)).layer(DefaultBodyLimit::max(BATCH_BODY_BYTES_MAX));
-    // Full-state reads share `control.full_reads_max` permits; more wait their turn.
-    let full_read = GlobalConcurrencyLimitLayer::with_semaphore(ctl.full_reads.clone());
-    let rest = Router::new()
-        .route("/v1/plans/{generation}", get(plan::<S>).layer(full_read.clone()))
-        .route("/v1/plans/{generation}/changes", get(plan_changes::<S>).layer(full_read.clone()).post(publish_changes::<S>))
-        .route("/v1/version", get(version::<S>))
-        .route("/v1/wait", get(wait::<S>))
-        .route("/v1/active", get(active_all::<S>).layer(full_read.clone()))
-        .route("/v1/active/{endpoint}", get(active::<S>).put(apply::<S>))
-        .route("/v1/active/{endpoint}/retire", post(retire::<S>))
-        .route("/v1/changes", get(changes::<S>).layer(full_read))
-        .route("/v1/cleanup", get(cleanup_preview::<S>).post(cleanup::<S>))
-        .route("/v1/pause", get(paused::<S>).put(pause::<S>).delete(resume::<S>))
-        .route("/v1/heartbeats", get(heartbeats::<S>).post(heartbeat::<S>))
-        .route("/v1/lease", get(lease::<S>).post(acquire_lease::<S>).delete(release_lease::<S>))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
+pub fn router<S: ManagedZones>(ctl: Control<S>) -> Router<Control<S>> {
     let zones = Router::new()
         .route("/v1/zones", get(zones_list::<S>))
         .route("/v1/zones/{origin}", put(zone_put::<S>).delete(zone_delete::<S>))
         .layer(DefaultBodyLimit::max(ZONE_BODY_BYTES_MAX));
-    plans
-        .merge(batches)
+    let managed = Router::new()
+        .route("/v1/managed", get(managed_list::<S>))
+        .route("/v1/managed/{zone}", put(managed_add::<S>).delete(managed_remove::<S>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
+    let added = store_routes("/v1/managed/{zone}", &ctl).route_layer(middleware::from_fn_with_state(ctl.clone(), forget_gone_zones::<S>));
+    store_routes("/v1", &ctl)
+        .merge(added)
         .merge(zones)
-        .merge(rest)
+        .merge(managed)
         .route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
         .layer(middleware::map_response(json_for_framework_errors))
+}
+
+/// The routes of one zone's store under `prefix`: `/v1` for the store's first zone,
+/// `/v1/managed/{zone}` for an added one.
+fn store_routes<S: ManagedZones>(prefix: &str, ctl: &Control<S>) -> Router<Control<S>> {
+    let at = |path: &str| format!("{prefix}{path}");
+    let plans = Router::new().route(&at("/plans"), post(publish::<S>).get(list::<S>)).layer(DefaultBodyLimit::max(PLAN_BODY_BYTES_MAX));
+    let batches = Router::new().route(&at("/apply"), post(apply_many::<S>)).layer(DefaultBodyLimit::max(BATCH_BODY_BYTES_MAX));
+    // Full-state reads share `control.full_reads_max` permits; more wait their turn.
+    let full_read = GlobalConcurrencyLimitLayer::with_semaphore(ctl.full_reads.clone());
+    let rest = Router::new()
+        .route(&at("/plans/{generation}"), get(plan::<S>).layer(full_read.clone()))
+        .route(&at("/plans/{generation}/changes"), get(plan_changes::<S>).layer(full_read.clone()).post(publish_changes::<S>))
+        .route(&at("/version"), get(version::<S>))
+        .route(&at("/wait"), get(wait::<S>))
+        .route(&at("/active"), get(active_all::<S>).layer(full_read.clone()))
+        .route(&at("/active/{endpoint}"), get(active::<S>).put(apply::<S>))
+        .route(&at("/active/{endpoint}/retire"), post(retire::<S>))
+        .route(&at("/changes"), get(changes::<S>).layer(full_read))
+        .route(&at("/cleanup"), get(cleanup_preview::<S>).post(cleanup::<S>))
+        .route(&at("/pause"), get(paused::<S>).put(pause::<S>).delete(resume::<S>))
+        .route(&at("/heartbeats"), get(heartbeats::<S>).post(heartbeat::<S>))
+        .route(&at("/lease"), get(lease::<S>).post(acquire_lease::<S>).delete(release_lease::<S>))
+        .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
+    plans.merge(batches).merge(rest)
+}
+
+/// `GET /v1/managed`: the store's added zones, live and removed.
+async fn managed_list<S: ManagedZones>(State(ctl): State<Control<S>>) -> ApiResult<Json<Vec<ManagedZone>>> {
+    Ok(Json(ctl.store.zones().await?))
+}
+
+/// `PUT /v1/managed/{zone}`: adds zone `zone` to the store (201; 200 when it was there).
+async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>) -> ApiResult<StatusCode> {
+    let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
+    if !ctl.store.add_zone(&origin).await? {
+        return Ok(StatusCode::OK);
+    }
+    tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone added");
+    Ok(StatusCode::CREATED)
+}
+
+/// `DELETE /v1/managed/{zone}`: removes zone `zone`, fencing its late writes (204; 410
+/// `ZoneGone` when it was not live).
+async fn managed_remove<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>) -> ApiResult<StatusCode> {
+    let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
+    if !ctl.store.remove_zone(&origin).await? {
+        return Err(StoreError::ZoneGone { zone: origin }.into());
+    }
+    if let Ok(mut managed) = ctl.managed.lock() {
+        managed.remove(&origin);
+    }
+    tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone removed");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// axum's own refusals (body too large, wrong method) are plain text; give them the same
@@ -337,7 +466,7 @@ fn lease_headers(headers: &HeaderMap) -> ApiResult<Option<Lease>> {
 
 /// Plans are codec envelopes by default; `Content-Type: application/json` accepts the same
 /// plan as JSON (for `curl`), validated exactly the same way.
-async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiResult<StatusCode> {
+async fn publish<S: ManagedZones>(Zoned(ctl): Zoned<S>, req: Request) -> ApiResult<StatusCode> {
     let headers = req.headers().clone();
     let (json, body) = plan_body(&headers, req).await?;
     let plan = if json {
@@ -367,7 +496,7 @@ async fn publish<S: Store>(State(ctl): State<Control<S>>, req: Request) -> ApiRe
 
 /// `POST /v1/plans/{generation}/changes`: plan `generation` as a [`PlanDelta`] against its
 /// parent (a codec envelope, or JSON), published through `Store::publish_changes`.
-async fn publish_changes<S: Store>(State(ctl): State<Control<S>>, Path(generation): Path<String>, req: Request) -> ApiResult<StatusCode> {
+async fn publish_changes<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(GenerationParam { generation }): Path<GenerationParam>, req: Request) -> ApiResult<StatusCode> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
     let headers = req.headers().clone();
     let (json, body) = plan_body(&headers, req).await?;
@@ -418,7 +547,7 @@ fn zone_table<S>(ctl: &Control<S>) -> ApiResult<Arc<ZoneTable>> {
 }
 
 /// `GET /v1/zones`: the managed zone and every other zone served.
-async fn zones_list<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<ZoneList>> {
+async fn zones_list<S: ManagedZones>(State(ctl): State<Control<S>>) -> ApiResult<Json<ZoneList>> {
     let table = zone_table(&ctl)?;
     let managed = ctl.zone.as_ref().map(|z| z.origin.to_string()).unwrap_or_default();
     let zones = table
@@ -437,7 +566,7 @@ async fn zones_list<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<Z
 
 /// `PUT /v1/zones/{origin}`: serves the master file in the body as zone `origin` (added, or
 /// replacing one added before with a newer serial), kept on disk first.
-async fn zone_put<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<String>, body: Bytes) -> ApiResult<Json<ZoneInfo>> {
+async fn zone_put<S: ManagedZones>(State(ctl): State<Control<S>>, Path(origin): Path<String>, body: Bytes) -> ApiResult<Json<ZoneInfo>> {
     let table = zone_table(&ctl)?;
     let text = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the zone's master file is not UTF-8 text"))?;
     let (names_table, at) = (table.clone(), origin.clone());
@@ -458,7 +587,7 @@ async fn zone_put<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<St
 }
 
 /// `DELETE /v1/zones/{origin}`: stops serving zone `origin`, added at run time.
-async fn zone_delete<S: Store>(State(ctl): State<Control<S>>, Path(origin): Path<String>) -> ApiResult<StatusCode> {
+async fn zone_delete<S: ManagedZones>(State(ctl): State<Control<S>>, Path(origin): Path<String>) -> ApiResult<StatusCode> {
     zone_table(&ctl)?.remove(&origin)?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -471,13 +600,13 @@ struct ListParams {
     limit: Option<usize>,
 }
 
-async fn list<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ListParams>) -> ApiResult<Response> {
+async fn list<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<ListParams>) -> ApiResult<Response> {
     let limit = q.limit.unwrap_or(dnsplan_common::store::LIST_LIMIT_MAX);
     Ok(Json(ctl.store.list(Generation(q.from), limit).await?).into_response())
 }
 
 /// A plan as a codec envelope, or as JSON with `Accept: application/json`.
-async fn plan<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Path(generation): Path<String>) -> ApiResult<Response> {
+async fn plan<S: ManagedZones>(Zoned(ctl): Zoned<S>, headers: HeaderMap, Path(GenerationParam { generation }): Path<GenerationParam>) -> ApiResult<Response> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
     if is_json(&headers, header::ACCEPT) {
         return Ok(Json(ctl.store.plan(Generation(g)).await?.plan()).into_response());
@@ -488,10 +617,10 @@ async fn plan<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Path(
 /// What plan `generation` changes since `?from=F`, as a codec envelope (JSON with
 /// `Accept: application/json`), or 204 No Content when the store cannot say it in less than
 /// the plan.
-async fn plan_changes<S: Store>(
-    State(ctl): State<Control<S>>,
+async fn plan_changes<S: ManagedZones>(
+    Zoned(ctl): Zoned<S>,
     headers: HeaderMap,
-    Path(generation): Path<String>,
+    Path(GenerationParam { generation }): Path<GenerationParam>,
     Query(q): Query<ChangesFrom>,
 ) -> ApiResult<Response> {
     let to: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
@@ -504,17 +633,17 @@ async fn plan_changes<S: Store>(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode(&changes)).into_response())
 }
 
-async fn version<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Json<StoreVersion>> {
+async fn version<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Json<StoreVersion>> {
     Ok(Json(ctl.store.version().await?))
 }
 
-async fn wait<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<WaitQuery>) -> ApiResult<Json<StoreVersion>> {
+async fn wait<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<WaitQuery>) -> ApiResult<Json<StoreVersion>> {
     let seen = StoreVersion { latest: q.latest, applied_changes: q.applied_changes, control_changes: q.control_changes };
     Ok(Json(ctl.store.wait_for_change(seen, Duration::from_millis(q.timeout_ms)).await?))
 }
 
 /// The whole active state, or with `?limit=N[&after=NAME]` one page of it.
-async fn active_all<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<ActiveQuery>) -> ApiResult<Response> {
+async fn active_all<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<ActiveQuery>) -> ApiResult<Response> {
     match q.limit {
         None if q.after.is_some() => Err(ApiError::bad_request("after= needs limit=")),
         None => Ok(Json(ctl.store.active_all().await?).into_response()),
@@ -525,11 +654,11 @@ async fn active_all<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<Act
     }
 }
 
-async fn active<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>) -> ApiResult<Response> {
+async fn active<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(EndpointParam { endpoint }): Path<EndpointParam>) -> ApiResult<Response> {
     Ok(Json(ctl.store.active(&parse_endpoint(&endpoint)?).await?).into_response())
 }
 
-async fn apply<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {
+async fn apply<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(EndpointParam { endpoint }): Path<EndpointParam>, body: Bytes) -> ApiResult<Response> {
     let name = parse_endpoint(&endpoint)?;
     let req: ApplyRequest = parse_json(&body)?;
     let result = ctl.store.apply(&name, req.generation, &req.records).await;
@@ -539,7 +668,7 @@ async fn apply<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<Str
 
 /// The batch as JSON (`application/json`) or as a codec envelope (`application/octet-stream`,
 /// what `RemoteStore` sends).
-async fn apply_many<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+async fn apply_many<S: ManagedZones>(Zoned(ctl): Zoned<S>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
     let envelope =
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/octet-stream"));
     let req: ApplyManyRequest = if envelope {
@@ -555,7 +684,7 @@ async fn apply_many<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap,
 
 /// JSON, or a codec envelope with `Accept: application/octet-stream` (what `RemoteStore` asks
 /// for).
-async fn changes<S: Store>(State(ctl): State<Control<S>>, headers: HeaderMap, Query(q): Query<ChangesQuery>) -> ApiResult<Response> {
+async fn changes<S: ManagedZones>(Zoned(ctl): Zoned<S>, headers: HeaderMap, Query(q): Query<ChangesQuery>) -> ApiResult<Response> {
     let delta = ctl.store.active_since(q.since).await?;
     if wants_envelope(&headers) {
         return Ok(([(header::CONTENT_TYPE, "application/octet-stream")], codec::encode(&delta)).into_response());
@@ -567,17 +696,17 @@ fn wants_envelope(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/octet-stream"))
 }
 
-async fn retire<S: Store>(State(ctl): State<Control<S>>, Path(endpoint): Path<String>, body: Bytes) -> ApiResult<Response> {
+async fn retire<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(EndpointParam { endpoint }): Path<EndpointParam>, body: Bytes) -> ApiResult<Response> {
     let name = parse_endpoint(&endpoint)?;
     let req: RetireRequest = parse_json(&body)?;
     Ok(Json(ctl.store.retire(&name, req.generation).await?).into_response())
 }
 
-async fn cleanup_preview<S: Store>(State(ctl): State<Control<S>>, Query(q): Query<CleanupRequest>) -> ApiResult<Response> {
+async fn cleanup_preview<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<CleanupRequest>) -> ApiResult<Response> {
     Ok(Json(ctl.store.cleanup_preview(q.retain).await?).into_response())
 }
 
-async fn cleanup<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<Response> {
+async fn cleanup<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<Response> {
     let req: CleanupRequest = parse_json(&body)?;
     let report = ctl.store.cleanup(req.retain).await?;
     if let Some((first, last)) = report.deleted() {
@@ -586,11 +715,11 @@ async fn cleanup<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiRes
     Ok(Json(report).into_response())
 }
 
-async fn paused<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+async fn paused<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Response> {
     Ok(Json(ctl.store.paused().await?).into_response())
 }
 
-async fn pause<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+async fn pause<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<StatusCode> {
     let state: PauseState = parse_json(&body)?;
     let (by, reason) = (state.by.to_string(), state.reason.clone());
     ctl.store.pause(state).await?;
@@ -599,33 +728,33 @@ async fn pause<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResul
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn resume<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<StatusCode> {
+async fn resume<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<StatusCode> {
     ctl.store.resume().await?;
     tracing::info!(target: AUDIT_TARGET, action = "resume", "automation resumed");
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn heartbeats<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+async fn heartbeats<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Response> {
     Ok(Json(ctl.store.heartbeats().await?).into_response())
 }
 
-async fn heartbeat<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+async fn heartbeat<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<StatusCode> {
     let beat: Heartbeat = parse_json(&body)?;
     ctl.store.heartbeat(beat).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn lease<S: Store>(State(ctl): State<Control<S>>) -> ApiResult<Response> {
+async fn lease<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Response> {
     Ok(Json(ctl.store.lease().await?).into_response())
 }
 
-async fn acquire_lease<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<Response> {
+async fn acquire_lease<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<Response> {
     let req: AcquireLeaseRequest = parse_json(&body)?;
     let lease = ctl.store.acquire_lease(&req.holder, Duration::from_millis(req.ttl_ms)).await?;
     Ok(Json(lease).into_response())
 }
 
-async fn release_lease<S: Store>(State(ctl): State<Control<S>>, body: Bytes) -> ApiResult<StatusCode> {
+async fn release_lease<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<StatusCode> {
     let lease: Lease = parse_json(&body)?;
     ctl.store.release_lease(&lease).await?;
     tracing::info!(holder = %lease.holder, epoch = lease.epoch, "planner lease released");

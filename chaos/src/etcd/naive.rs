@@ -226,3 +226,22 @@ impl Store for NaiveEtcdStore {
         self.inner.wait_for_change(seen, timeout).await
     }
 }
+
+/// The 2025 automation had one zone: none is added beside it.
+impl dnsplan_common::store::zones::ManagedZones for NaiveEtcdStore {
+    async fn zone(&self, origin: &dnsplan_common::DnsName) -> StoreResult<NaiveEtcdStore> {
+        Err(StoreError::ZoneGone { zone: origin.clone() })
+    }
+
+    async fn add_zone(&self, origin: &dnsplan_common::DnsName) -> StoreResult<bool> {
+        Err(StoreError::BadRequest(format!("the naive store has one zone; {origin} is not added")))
+    }
+
+    async fn remove_zone(&self, _origin: &dnsplan_common::DnsName) -> StoreResult<bool> {
+        Ok(false)
+    }
+
+    async fn zones(&self) -> StoreResult<Vec<dnsplan_common::store::zones::ManagedZone>> {
+        Ok(Vec::new())
+    }
+}

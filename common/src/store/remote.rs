@@ -17,7 +17,8 @@ use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
 use crate::delta::PlanDelta;
 use crate::generation::Generation;
-use crate::names::EndpointName;
+use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones};
+use crate::names::{DnsName, EndpointName};
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -35,6 +36,9 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct RemoteStore {
     inner: Arc<Inner>,
+    /// The added zone this handle calls (`/v1/managed/{zone}/...`) and its incarnation, sent
+    /// with each call; `None` for the store's first zone (`/v1/...`).
+    zone: Option<(DnsName, u64)>,
 }
 
 struct Inner {
@@ -49,7 +53,7 @@ struct Inner {
 impl std::fmt::Debug for RemoteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The token is never printed.
-        f.debug_struct("RemoteStore").field("base", &self.inner.base).finish_non_exhaustive()
+        f.debug_struct("RemoteStore").field("base", &self.inner.base).field("zone", &self.zone).finish_non_exhaustive()
     }
 }
 
@@ -76,14 +80,28 @@ impl RemoteStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot build an HTTP client: {e}")))?;
         Ok(RemoteStore {
             inner: Arc::new(Inner { client, base: base.trim_end_matches('/').to_owned(), token, json_batches: Default::default() }),
+            zone: None,
         })
     }
 
+    /// `path` is a route of the first zone's (`/v1/...`); a zone handle's goes to its zone.
     fn url(&self, path: &str) -> String {
+        match (&self.zone, path.strip_prefix("/v1/")) {
+            (Some((zone, _)), Some(rest)) => format!("{}/v1/managed/{zone}/{rest}", self.inner.base),
+            _ => format!("{}{path}", self.inner.base),
+        }
+    }
+
+    /// The base URL, for the store's own routes whatever zone this handle calls.
+    fn root_url(&self, path: &str) -> String {
         format!("{}{path}", self.inner.base)
     }
 
     fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let req = match &self.zone {
+            Some((_, incarnation)) => req.header(INCARNATION_HEADER, incarnation.to_string()),
+            None => req,
+        };
         match &self.inner.token {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -324,5 +342,36 @@ impl Store for RemoteStore {
             q.latest, q.applied_changes, q.control_changes, q.timeout_ms
         ));
         self.json(self.inner.client.get(url).timeout(timeout + REQUEST_TIMEOUT)).await
+    }
+}
+
+impl ManagedZones for RemoteStore {
+    /// The handle of added zone `origin`, of the incarnation live now.
+    async fn zone(&self, origin: &DnsName) -> StoreResult<RemoteStore> {
+        let zones = self.zones().await?;
+        let live = zones.iter().find(|z| &z.origin == origin).and_then(ManagedZone::incarnation);
+        let Some(incarnation) = live else { return Err(StoreError::ZoneGone { zone: origin.clone() }) };
+        Ok(RemoteStore { inner: self.inner.clone(), zone: Some((origin.clone(), incarnation)) })
+    }
+
+    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        let resp = self.send(self.inner.client.put(self.root_url(&format!("/v1/managed/{origin}")))).await?;
+        Ok(resp.status() == reqwest::StatusCode::CREATED)
+    }
+
+    async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        match self.send(self.inner.client.delete(self.root_url(&format!("/v1/managed/{origin}")))).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::ZoneGone { .. }) => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
+        self.json(self.inner.client.get(self.root_url("/v1/managed"))).await
+    }
+
+    fn incarnation(&self) -> Option<u64> {
+        self.zone.as_ref().map(|(_, incarnation)| *incarnation)
     }
 }

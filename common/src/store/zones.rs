@@ -27,8 +27,9 @@ pub struct ManagedZone {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ZoneState {
-    /// Plans are published and applied.
-    Live { added_unix_ms: u64 },
+    /// Plans are published and applied. `incarnation` is drawn at random when the zone is
+    /// added: a client that names it is refused by a zone added again since.
+    Live { added_unix_ms: u64, incarnation: u64 },
     /// Every write is refused. The counts it had reached, past which a zone added again under
     /// this name starts.
     Removed { removed_unix_ms: u64, applied_changes: u64, content_changes: u64 },
@@ -37,6 +38,14 @@ pub enum ZoneState {
 impl ManagedZone {
     pub fn is_live(&self) -> bool {
         matches!(self.state, ZoneState::Live { .. })
+    }
+
+    /// The live zone's incarnation.
+    pub fn incarnation(&self) -> Option<u64> {
+        match self.state {
+            ZoneState::Live { incarnation, .. } => Some(incarnation),
+            ZoneState::Removed { .. } => None,
+        }
     }
 
     /// The counts a zone added again under this name starts at: past the removed one's, so
@@ -68,6 +77,24 @@ pub trait ManagedZones: Store {
     fn remove_zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<bool>> + Send;
     /// Every zone of the registry, live and removed, in name order.
     fn zones(&self) -> impl Future<Output = StoreResult<Vec<ManagedZone>>> + Send;
+    /// The incarnation of the added zone this handle is of; `None` for the first zone.
+    fn incarnation(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The header a client of the control API sends with each call to an added zone: the
+/// incarnation it resolved, so a zone removed and added again refuses it.
+pub const INCARNATION_HEADER: &str = "dnsplan-zone-incarnation";
+
+/// A random `u64` (not 0), for incarnations and store ids: the standard library's hasher keys
+/// are drawn from the operating system's randomness.
+pub fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.write_u32(std::process::id());
+    hasher.finish().max(1)
 }
 
 /// Refuses to add `origin` as a zone beside the store's first zone `first`.

@@ -33,15 +33,10 @@ impl Inner {
 
     /// Draws the store's id if it has none (a new store).
     pub(super) fn ensure_store_id(&self) -> StoreResult<()> {
-        use std::hash::{BuildHasher, Hasher};
         if self.meta.get(META_STORE_ID).map_err(io)?.is_some() {
             return Ok(());
         }
-        // The standard library's hasher keys are drawn from the operating system's randomness.
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-        hasher.write_u32(std::process::id());
-        let id = hasher.finish().max(1);
+        let id = crate::store::zones::random_id();
         // Set only if still absent, so two opens racing agree on one id.
         let _ = self.meta.compare_and_swap(META_STORE_ID, None as Option<&[u8]>, Some(&id.to_be_bytes()[..])).map_err(io)?;
         self.db.flush().map_err(io)?;

@@ -10,7 +10,7 @@
 //! tombstone (sled locks its directory, so this process is the only writer).
 
 use super::*;
-use crate::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added};
+use crate::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added, random_id};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The registry's tree.
@@ -25,16 +25,18 @@ pub(super) struct ZoneTrees {
     pub(super) prefix: String,
     /// `None` for the first zone.
     origin: Option<DnsName>,
+    /// The added zone's incarnation (0 for the first zone).
+    pub(super) incarnation: u64,
     removed: Arc<AtomicBool>,
 }
 
 impl ZoneTrees {
     pub(super) fn first() -> ZoneTrees {
-        ZoneTrees { prefix: String::new(), origin: None, removed: Arc::new(AtomicBool::new(false)) }
+        ZoneTrees { prefix: String::new(), origin: None, incarnation: 0, removed: Arc::new(AtomicBool::new(false)) }
     }
 
-    fn added(origin: &DnsName) -> ZoneTrees {
-        ZoneTrees { prefix: prefix(origin), origin: Some(origin.clone()), removed: Arc::new(AtomicBool::new(false)) }
+    fn added(origin: &DnsName, incarnation: u64) -> ZoneTrees {
+        ZoneTrees { prefix: prefix(origin), origin: Some(origin.clone()), incarnation, removed: Arc::new(AtomicBool::new(false)) }
     }
 
     /// [`StoreError::ZoneGone`] once the zone was removed.
@@ -83,10 +85,9 @@ impl SledStore {
             return Ok(SledStore { shared });
         }
         let db = self.db()?;
-        match read_entry(&registry(&db)?, origin)? {
-            Some(entry) if entry.is_live() => {}
-            _ => return Err(StoreError::ZoneGone { zone: origin.clone() }),
-        }
+        let Some(incarnation) = read_entry(&registry(&db)?, origin)?.and_then(|entry| entry.incarnation()) else {
+            return Err(StoreError::ZoneGone { zone: origin.clone() });
+        };
         let dir = self.zone_dir(origin);
         std::fs::create_dir_all(&dir).map_err(io)?;
         let (high_water, found) = HighWater::open(&dir).map_err(|err| {
@@ -96,7 +97,7 @@ impl SledStore {
             ))
         })?;
         let (high_water, version) = (Arc::new(Mutex::new(high_water)), Arc::new(watch::Sender::new(StoreVersion::default())));
-        let trees = ZoneTrees::added(origin);
+        let trees = ZoneTrees::added(origin, incarnation);
         let on_loss = self.shared.database.on_loss;
         let inner = Inner::from_db(db, &trees, &dir, version.clone(), high_water.clone(), Some((found, on_loss)))?;
         let shared = Arc::new(Shared {
@@ -152,7 +153,7 @@ impl SledStore {
         meta.insert(META_DNS_ZONE, origin.as_str().as_bytes()).map_err(io)?;
         meta.insert(META_APPLIED, &applied.to_be_bytes()).map_err(io)?;
         meta.insert(META_CONTENT, &content.to_be_bytes()).map_err(io)?;
-        let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: lease::now_unix_ms() } };
+        let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: lease::now_unix_ms(), incarnation: random_id() } };
         registry.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
         db.flush().map_err(io)?;
         Ok(true)
@@ -240,5 +241,9 @@ impl ManagedZones for SledStore {
 
     async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
         self.zone_call(SledStore::zones_sync).await
+    }
+
+    fn incarnation(&self) -> Option<u64> {
+        self.shared.zone.origin.as_ref().map(|_| self.shared.zone.incarnation)
     }
 }
