@@ -12,12 +12,12 @@ mod support;
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_authority::run::{Bound, run_with_store};
 use dnsplan_common::store::zones::{ManagedZone, ManagedZones};
-use dnsplan_common::{DnsName, StoreError};
 use dnsplan_common::store::{CleanupDecision, CleanupReport, Lease};
 use dnsplan_common::{
     ActiveRecord, ActiveSnapshot, ApplyOutcome, Endpoint, EndpointName, Generation, Heartbeat, PauseState, PlanSummary, SledStore, Store,
     StoreResult, StoreVersion, ValidatedPlan,
 };
+use dnsplan_common::{DnsName, StoreError};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -377,9 +377,13 @@ impl ManagedZones for Gated {
     async fn zone(&self, origin: &DnsName) -> StoreResult<Gated> {
         Err(StoreError::ZoneGone { zone: origin.clone() })
     }
-    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+    async fn add_zone(&self, origin: &DnsName, _master: &str) -> StoreResult<bool> {
         Err(StoreError::BadRequest(format!("the gated store has one zone; {origin} is not added")))
     }
+    async fn zone_master(&self, origin: &DnsName) -> StoreResult<String> {
+        Err(StoreError::ZoneGone { zone: origin.clone() })
+    }
+
     async fn remove_zone(&self, _origin: &DnsName) -> StoreResult<bool> {
         Ok(false)
     }

@@ -9,9 +9,9 @@ use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::{SledStore, Store, StoreError};
 use dnsplan_tests::conformance::{Harness, run_all};
 use dnsplan_tests::fixtures::{dns_zone, name, plan, planner};
-use dnsplan_tests::zone_checks::{publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
-use std::time::Duration;
 use dnsplan_tests::naive::NaiveStore;
+use dnsplan_tests::zone_checks::{master, publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
+use std::time::Duration;
 
 const TOKEN: &str = "test-token-0123456789";
 
@@ -60,7 +60,7 @@ impl Harness for OverSledZone {
         publish_and_apply(&root, &busy, 1, &["www"]).await?;
         root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
         root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
-        root.add_zone(&dns_zone()).await?;
+        root.add_zone(&dns_zone(), &master(&dns_zone())).await?;
         Ok(root.zone(&dns_zone()).await?)
     }
 }
@@ -71,8 +71,11 @@ impl Harness for OverSledZone {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn remote_zones_pass_the_suite_are_isolated_and_fence_removal() -> anyhow::Result<()> {
     let report = run_all(&OverSledZone { dir: tempfile::tempdir()? }).await?;
-    assert!(report.is_clean(), "RemoteStore on an added zone violates the Store contract:
-{report}");
+    assert!(
+        report.is_clean(),
+        "RemoteStore on an added zone violates the Store contract:
+{report}"
+    );
     let (one, two) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let root = RemoteStore::new(&serve(SledStore::open(one.path())?).await?, Some(TOKEN.into()))?;
     let violations = zones_are_isolated(root, &zone("first.test.")).await?;

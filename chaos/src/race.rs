@@ -16,8 +16,8 @@
 //! behaviour must be caught on the secondary too. A missing `knotd` fails the run, saying
 //! how to install it.
 
-use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::{EndpointName, Generation, ValidatedPlan, ZoneId};
 use dnsplan_enactor::config::VerifySettings;
 use dnsplan_enactor::hooks::{Behaviour, Event, HookFuture, Hooks};

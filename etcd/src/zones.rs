@@ -96,8 +96,8 @@ impl ManagedZones for EtcdStore {
         }
     }
 
-    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
-        check_added(origin, self.dns_zone().await?.as_ref())?;
+    async fn add_zone(&self, origin: &DnsName, master: &str) -> StoreResult<bool> {
+        check_added(origin, self.dns_zone().await?.as_ref(), master)?;
         for attempt in 0..crate::ATTEMPTS_MAX {
             let (entry, raw, _) = self.entry(origin).await?;
             if entry.as_ref().is_some_and(ManagedZone::is_live) {
@@ -135,6 +135,7 @@ impl ManagedZones for EtcdStore {
                 put(self.live_key(origin), incarnation.to_be_bytes().to_vec()),
                 put(format!("{zone}state/layout").into_bytes(), LAYOUT.to_be_bytes().to_vec()),
                 put(format!("{zone}state/dns_zone").into_bytes(), origin.as_str().as_bytes().to_vec()),
+                put(format!("{zone}state/master").into_bytes(), master.as_bytes().to_vec()),
             ];
             if applied > 0 {
                 ops.push(put(format!("{zone}meta/applied").into_bytes(), [applied.to_be_bytes(), content.to_be_bytes()].concat()));
@@ -146,6 +147,13 @@ impl ManagedZones for EtcdStore {
             crate::txn::back_off(attempt).await;
         }
         Err(crate::txn::contention("zone add"))
+    }
+
+    async fn zone_master(&self, origin: &DnsName) -> StoreResult<String> {
+        let zone = self.zone(origin).await?;
+        let (_, r) = zone.read("zone master", vec![get(format!("{}state/master", self.zone_prefix(origin)).into_bytes())]).await?;
+        let bytes = first(&r[0]).map(|kv| kv.value().to_vec()).unwrap_or_default();
+        String::from_utf8(bytes).map_err(|e| crate::txn::corrupt("an added zone's master file", e.to_string()))
     }
 
     async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {

@@ -284,8 +284,12 @@ impl dnsplan_common::store::zones::ManagedZones for NaiveStore {
         Err(StoreError::ZoneGone { zone: origin.clone() })
     }
 
-    async fn add_zone(&self, origin: &dnsplan_common::DnsName) -> StoreResult<bool> {
+    async fn add_zone(&self, origin: &dnsplan_common::DnsName, _master: &str) -> StoreResult<bool> {
         Err(StoreError::BadRequest(format!("the naive store has one zone; {origin} is not added")))
+    }
+
+    async fn zone_master(&self, origin: &dnsplan_common::DnsName) -> StoreResult<String> {
+        Err(StoreError::ZoneGone { zone: origin.clone() })
     }
 
     async fn remove_zone(&self, _origin: &dnsplan_common::DnsName) -> StoreResult<bool> {

@@ -81,7 +81,11 @@ impl Authority {
     }
 
     /// As `start`, with the tests' config changed by `options`.
-    pub async fn start_with<S: dnsplan_common::store::zones::ManagedZones>(store: S, dir: &Path, options: &AuthorityOptions) -> anyhow::Result<Authority> {
+    pub async fn start_with<S: dnsplan_common::store::zones::ManagedZones>(
+        store: S,
+        dir: &Path,
+        options: &AuthorityOptions,
+    ) -> anyhow::Result<Authority> {
         let mut text = authority_config_text(&dir.join("data"));
         if options.dns_port != 0 {
             let listen = "listen = [\"127.0.0.1:0\"]";

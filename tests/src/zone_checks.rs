@@ -13,6 +13,11 @@ pub fn zone(origin: &str) -> DnsName {
     DnsName::parse(origin).expect("fixture zones are valid")
 }
 
+/// A master file for added zone `origin`: its SOA and apex NS.
+pub fn master(origin: &DnsName) -> String {
+    format!("$ORIGIN {origin}\n@ 3600 IN SOA ns1 hostmaster 1 3600 600 86400 60\n@ 3600 IN NS ns1\nns1 3600 IN A 192.0.2.53\n")
+}
+
 /// Publishes plan `g` of `zone` serving `labels` and applies it to each.
 pub async fn publish_and_apply<S: Store>(store: &S, zone: &DnsName, g: u64, labels: &[&str]) -> anyhow::Result<()> {
     let names: Vec<_> = labels.iter().map(|l| name_in(zone, l)).collect();
@@ -29,10 +34,12 @@ pub async fn publish_and_apply<S: Store>(store: &S, zone: &DnsName, g: u64, labe
 pub async fn zones_are_isolated<S: ManagedZones>(root: S, first: &DnsName) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let (a_zone, b_zone) = (zone("a.zones.test."), zone("b.zones.test."));
-    v.check(root.add_zone(&a_zone).await?, || "adding zone a said it was there already".into());
-    v.check(!root.add_zone(&a_zone).await?, || "adding zone a twice said it added it again".into());
-    v.check(root.add_zone(&b_zone).await?, || "adding zone b said it was there already".into());
+    v.check(root.add_zone(&a_zone, &master(&a_zone)).await?, || "adding zone a said it was there already".into());
+    v.check(!root.add_zone(&a_zone, &master(&a_zone)).await?, || "adding zone a twice said it added it again".into());
+    v.check(root.add_zone(&b_zone, &master(&b_zone)).await?, || "adding zone b said it was there already".into());
     let (a, b) = (root.zone(&a_zone).await?, root.zone(&b_zone).await?);
+    let kept = root.zone_master(&a_zone).await?;
+    v.check(kept == master(&a_zone), || format!("zone a's master file reads back as {kept:?}"));
 
     // Each zone's plans start at 1 and are its own.
     publish_and_apply(&root, first, 1, &["www"]).await?;
@@ -102,7 +109,7 @@ pub async fn zones_are_isolated<S: ManagedZones>(root: S, first: &DnsName) -> an
 pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let origin = zone("gone.zones.test.");
-    root.add_zone(&origin).await?;
+    root.add_zone(&origin, &master(&origin)).await?;
     let late = root.zone(&origin).await?;
     publish_and_apply(&late, &origin, 1, &["www"]).await?;
     publish_and_apply(&late, &origin, 2, &["www", "api"]).await?;
@@ -133,7 +140,7 @@ pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Res
 
     // Added again: a new plan sequence, counts past the old ones, and still no way in for the
     // old handle.
-    v.check(root.add_zone(&origin).await?, || "adding the removed zone again said it was live".into());
+    v.check(root.add_zone(&origin, &master(&origin)).await?, || "adding the removed zone again said it was live".into());
     let again = root.zone(&origin).await?;
     let fresh = again.active_all().await?;
     v.check(fresh.endpoints.is_empty(), || format!("the zone added again holds the old zone's endpoints: {:?}", fresh.endpoints.keys()));

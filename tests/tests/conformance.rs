@@ -7,7 +7,7 @@ use dnsplan_common::{PauseState, Store};
 use dnsplan_tests::conformance::{Harness, run_all};
 use dnsplan_tests::fixtures::dns_zone;
 use dnsplan_tests::naive::NaiveStore;
-use dnsplan_tests::zone_checks::{publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
+use dnsplan_tests::zone_checks::{master, publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
 use std::time::Duration;
 
 struct Sled {
@@ -78,7 +78,7 @@ impl Harness for SledAddedZone {
         publish_and_apply(&root, &busy, 1, &["www"]).await?;
         root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
         root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
-        root.add_zone(&dns_zone()).await?;
+        root.add_zone(&dns_zone(), &master(&dns_zone())).await?;
         Ok(root.zone(&dns_zone()).await?)
     }
 }
@@ -93,7 +93,7 @@ impl Harness for SledFirstZone {
     async fn fresh(&self) -> anyhow::Result<SledStore> {
         let root = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
         let busy = zone("busy.test.");
-        root.add_zone(&busy).await?;
+        root.add_zone(&busy, &master(&busy)).await?;
         let other = root.zone(&busy).await?;
         publish_and_apply(&other, &busy, 1, &["www"]).await?;
         other.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;

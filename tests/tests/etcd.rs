@@ -12,7 +12,7 @@ use dnsplan_etcd::EtcdStore;
 use dnsplan_tests::conformance::{Harness, run_all};
 use dnsplan_tests::etcd::EtcdCluster;
 use dnsplan_tests::fixtures::{dns_zone, endpoint_for, name, operator, plan};
-use dnsplan_tests::zone_checks::{publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
+use dnsplan_tests::zone_checks::{master, publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -803,7 +803,7 @@ impl Harness for EtcdAddedZone {
         publish_and_apply(&root, &busy, 1, &["www"]).await?;
         root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
         root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
-        root.add_zone(&dns_zone()).await?;
+        root.add_zone(&dns_zone(), &master(&dns_zone())).await?;
         Ok(root.zone(&dns_zone()).await?)
     }
 }

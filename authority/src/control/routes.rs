@@ -265,9 +265,13 @@ impl<S: ManagedZones> axum::extract::FromRequestParts<Control<S>> for Zoned<S> {
         let origin = DnsName::parse(zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
         let asked = match parts.headers.get(INCARNATION_HEADER) {
             None => None,
-            Some(value) => Some(value.to_str().ok().and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| {
-                ApiError::bad_request(format!("{INCARNATION_HEADER} {value:?} is not a number"))
-            })?),
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or_else(|| ApiError::bad_request(format!("{INCARNATION_HEADER} {value:?} is not a number")))?,
+            ),
         };
         let mut store = ctl.managed_store(&origin).await?;
         if asked.is_some() && store.incarnation() != asked {
@@ -328,7 +332,12 @@ pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     diff == 0
 }
 
-async fn require_token_for_writes<S: ManagedZones>(State(ctl): State<Control<S>>, headers: HeaderMap, req: Request, next: Next) -> Response {
+async fn require_token_for_writes<S: ManagedZones>(
+    State(ctl): State<Control<S>>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
         return next.run(req).await;
     }
@@ -348,9 +357,9 @@ pub fn router<S: ManagedZones>(ctl: Control<S>) -> Router<Control<S>> {
         .layer(DefaultBodyLimit::max(ZONE_BODY_BYTES_MAX));
     let managed = Router::new()
         .route("/v1/managed", get(managed_list::<S>))
-        .route("/v1/managed/{zone}", put(managed_add::<S>).delete(managed_remove::<S>))
+        .route("/v1/managed/{zone}", put(managed_add::<S>).delete(managed_remove::<S>).get(managed_master::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
-        .layer(DefaultBodyLimit::max(JSON_BODY_BYTES_MAX));
+        .layer(DefaultBodyLimit::max(dnsplan_common::store::zones::MASTER_BYTES_MAX + 1024));
     let added = store_routes("/v1/managed/{zone}", &ctl).route_layer(middleware::from_fn_with_state(ctl.clone(), forget_gone_zones::<S>));
     store_routes("/v1", &ctl)
         .merge(added)
@@ -390,14 +399,28 @@ async fn managed_list<S: ManagedZones>(State(ctl): State<Control<S>>) -> ApiResu
     Ok(Json(ctl.store.zones().await?))
 }
 
-/// `PUT /v1/managed/{zone}`: adds zone `zone` to the store (201; 200 when it was there).
-async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>) -> ApiResult<StatusCode> {
+/// `PUT /v1/managed/{zone}`: adds zone `zone` to the store, with the master file in the body
+/// (its SOA, NS and static records, checked as a zone added at run time is) (201; 200 when it
+/// was there).
+async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
     let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
-    if !ctl.store.add_zone(&origin).await? {
+    let text = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the zone's master file is not UTF-8 text"))?;
+    let (at, checked) = (origin.to_string(), text.clone());
+    tokio::task::spawn_blocking(move || crate::serving::zones::managed_zone_records(&at, &checked))
+        .await
+        .map_err(|e| ApiError::bad_request(format!("the zone load failed: {e}")))??;
+    if !ctl.store.add_zone(&origin, &text).await? {
         return Ok(StatusCode::OK);
     }
     tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone added");
     Ok(StatusCode::CREATED)
+}
+
+/// `GET /v1/managed/{zone}`: the master file zone `zone` was added with.
+async fn managed_master<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>) -> ApiResult<Response> {
+    let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
+    let text = ctl.store.zone_master(&origin).await?;
+    Ok(([(header::CONTENT_TYPE, "text/dns")], text).into_response())
 }
 
 /// `DELETE /v1/managed/{zone}`: removes zone `zone`, fencing its late writes (204; 410
@@ -496,7 +519,11 @@ async fn publish<S: ManagedZones>(Zoned(ctl): Zoned<S>, req: Request) -> ApiResu
 
 /// `POST /v1/plans/{generation}/changes`: plan `generation` as a [`PlanDelta`] against its
 /// parent (a codec envelope, or JSON), published through `Store::publish_changes`.
-async fn publish_changes<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(GenerationParam { generation }): Path<GenerationParam>, req: Request) -> ApiResult<StatusCode> {
+async fn publish_changes<S: ManagedZones>(
+    Zoned(ctl): Zoned<S>,
+    Path(GenerationParam { generation }): Path<GenerationParam>,
+    req: Request,
+) -> ApiResult<StatusCode> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
     let headers = req.headers().clone();
     let (json, body) = plan_body(&headers, req).await?;
@@ -606,7 +633,11 @@ async fn list<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<ListParams>
 }
 
 /// A plan as a codec envelope, or as JSON with `Accept: application/json`.
-async fn plan<S: ManagedZones>(Zoned(ctl): Zoned<S>, headers: HeaderMap, Path(GenerationParam { generation }): Path<GenerationParam>) -> ApiResult<Response> {
+async fn plan<S: ManagedZones>(
+    Zoned(ctl): Zoned<S>,
+    headers: HeaderMap,
+    Path(GenerationParam { generation }): Path<GenerationParam>,
+) -> ApiResult<Response> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
     if is_json(&headers, header::ACCEPT) {
         return Ok(Json(ctl.store.plan(Generation(g)).await?.plan()).into_response());
@@ -658,7 +689,11 @@ async fn active<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(EndpointParam { endp
     Ok(Json(ctl.store.active(&parse_endpoint(&endpoint)?).await?).into_response())
 }
 
-async fn apply<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(EndpointParam { endpoint }): Path<EndpointParam>, body: Bytes) -> ApiResult<Response> {
+async fn apply<S: ManagedZones>(
+    Zoned(ctl): Zoned<S>,
+    Path(EndpointParam { endpoint }): Path<EndpointParam>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let name = parse_endpoint(&endpoint)?;
     let req: ApplyRequest = parse_json(&body)?;
     let result = ctl.store.apply(&name, req.generation, &req.records).await;
@@ -696,7 +731,11 @@ fn wants_envelope(headers: &HeaderMap) -> bool {
     headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/octet-stream"))
 }
 
-async fn retire<S: ManagedZones>(Zoned(ctl): Zoned<S>, Path(EndpointParam { endpoint }): Path<EndpointParam>, body: Bytes) -> ApiResult<Response> {
+async fn retire<S: ManagedZones>(
+    Zoned(ctl): Zoned<S>,
+    Path(EndpointParam { endpoint }): Path<EndpointParam>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let name = parse_endpoint(&endpoint)?;
     let req: RetireRequest = parse_json(&body)?;
     Ok(Json(ctl.store.retire(&name, req.generation).await?).into_response())

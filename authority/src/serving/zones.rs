@@ -440,6 +440,12 @@ fn parse_origin(origin: &str) -> Result<Name, ZoneChangeError> {
     Ok(name.to_lowercase())
 }
 
+/// The records beside the managed endpoints of a zone added to the store, from master-file
+/// `text` (as a static zone added at run time is read).
+pub fn managed_zone_records(origin: &str, text: &str) -> Result<StaticZone, ZoneChangeError> {
+    load_text(origin, text)
+}
+
 /// The static zone `origin` from master-file `text`, which must hold its SOA and apex NS, and
 /// no `$INCLUDE` (a zone sent to the control API is whole: an include would read a file of the
 /// server's, outside the zones directory).

@@ -9,6 +9,7 @@ use super::wire::{
     AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
     LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
 };
+use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones};
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, Lease,
     PauseState, Store, StoreError, StoreResult, StoreVersion,
@@ -17,7 +18,6 @@ use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
 use crate::delta::PlanDelta;
 use crate::generation::Generation;
-use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones};
 use crate::names::{DnsName, EndpointName};
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
 use serde::de::DeserializeOwned;
@@ -354,9 +354,20 @@ impl ManagedZones for RemoteStore {
         Ok(RemoteStore { inner: self.inner.clone(), zone: Some((origin.clone(), incarnation)) })
     }
 
-    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
-        let resp = self.send(self.inner.client.put(self.root_url(&format!("/v1/managed/{origin}")))).await?;
+    async fn add_zone(&self, origin: &DnsName, master: &str) -> StoreResult<bool> {
+        let req = self
+            .inner
+            .client
+            .put(self.root_url(&format!("/v1/managed/{origin}")))
+            .header("content-type", "text/dns")
+            .body(master.to_owned());
+        let resp = self.send(req).await?;
         Ok(resp.status() == reqwest::StatusCode::CREATED)
+    }
+
+    async fn zone_master(&self, origin: &DnsName) -> StoreResult<String> {
+        let resp = self.send(self.inner.client.get(self.root_url(&format!("/v1/managed/{origin}")))).await?;
+        resp.text().await.map_err(|e| transport(&self.inner.base, e))
     }
 
     async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {

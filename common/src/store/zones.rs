@@ -70,9 +70,13 @@ impl Record for ManagedZone {
 pub trait ManagedZones: Store {
     /// The store of added zone `origin`: [`StoreError::ZoneGone`] unless it is live.
     fn zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<Self>> + Send;
-    /// Adds zone `origin`; `false` when it was live already. The store's first zone cannot be
-    /// added again.
-    fn add_zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// Adds zone `origin`, with `master`, the master file of its records beside the managed
+    /// endpoints (SOA, NS, static records; opaque to the store, at most
+    /// [`MASTER_BYTES_MAX`]); `false` when it was live already. The store's first zone cannot
+    /// be added again.
+    fn add_zone(&self, origin: &DnsName, master: &str) -> impl Future<Output = StoreResult<bool>> + Send;
+    /// The master file added zone `origin` was added with.
+    fn zone_master(&self, origin: &DnsName) -> impl Future<Output = StoreResult<String>> + Send;
     /// Removes zone `origin`, fencing its writes; `false` when it was not live.
     fn remove_zone(&self, origin: &DnsName) -> impl Future<Output = StoreResult<bool>> + Send;
     /// Every zone of the registry, live and removed, in name order.
@@ -97,10 +101,18 @@ pub fn random_id() -> u64 {
     hasher.finish().max(1)
 }
 
-/// Refuses to add `origin` as a zone beside the store's first zone `first`.
-pub fn check_added(origin: &DnsName, first: Option<&DnsName>) -> StoreResult<()> {
+/// Largest master file an added zone keeps in the store (etcd's default request limit is
+/// 1.5 MiB): its SOA, NS and static records, the managed endpoints being the plans'.
+pub const MASTER_BYTES_MAX: usize = 1024 * 1024;
+
+/// Refuses to add `origin` as a zone beside the store's first zone `first`, or with a master
+/// file over [`MASTER_BYTES_MAX`].
+pub fn check_added(origin: &DnsName, first: Option<&DnsName>, master: &str) -> StoreResult<()> {
     if first == Some(origin) {
         return Err(StoreError::BadRequest(format!("{origin} is the store's first zone; it is not added again")));
+    }
+    if master.len() > MASTER_BYTES_MAX {
+        return Err(StoreError::TooLong { what: format!("zone {origin}'s master file").into(), len: master.len(), max: MASTER_BYTES_MAX });
     }
     Ok(())
 }

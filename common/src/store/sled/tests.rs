@@ -754,7 +754,7 @@ async fn a_reopen_opens_the_added_zones_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = SledStore::open(dir.path()).expect("open");
     let origin = DnsName::parse("example.test.").expect("zone");
-    assert!(root.add_zone(&origin).await.expect("add"));
+    assert!(root.add_zone(&origin, "").await.expect("add"));
     let zone = root.zone(&origin).await.expect("zone");
     let plan = |g: u64| {
         ValidatedPlan::new(Plan {

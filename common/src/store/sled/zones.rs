@@ -13,6 +13,8 @@ use super::*;
 use crate::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added, random_id};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// An added zone's master file, in its `meta`.
+const META_MASTER: &[u8] = b"master";
 /// The registry's tree.
 const REGISTRY: &str = "managed_zones";
 /// The directory, in the store's, of the added zones' high-water marks.
@@ -117,7 +119,7 @@ impl SledStore {
         self.open_zone(&mut zones, origin)
     }
 
-    fn add_zone_sync(&self, origin: &DnsName) -> StoreResult<bool> {
+    fn add_zone_sync(&self, origin: &DnsName, master: &str) -> StoreResult<bool> {
         let _zones = self.shared.database.zones.lock().map_err(|_| poisoned())?;
         let db = self.db()?;
         let first = {
@@ -125,7 +127,7 @@ impl SledStore {
             let inner = first.and_then(|shared| shared.inner.read().ok().and_then(|inner| inner.clone()));
             inner.map(|inner| inner.dns_zone()).transpose()?.flatten()
         };
-        check_added(origin, first.as_ref())?;
+        check_added(origin, first.as_ref(), master)?;
         let registry = registry(&db)?;
         let old = read_entry(&registry, origin)?;
         if old.as_ref().is_some_and(ManagedZone::is_live) {
@@ -153,7 +155,11 @@ impl SledStore {
         meta.insert(META_DNS_ZONE, origin.as_str().as_bytes()).map_err(io)?;
         meta.insert(META_APPLIED, &applied.to_be_bytes()).map_err(io)?;
         meta.insert(META_CONTENT, &content.to_be_bytes()).map_err(io)?;
-        let entry = ManagedZone { origin: origin.clone(), state: ZoneState::Live { added_unix_ms: lease::now_unix_ms(), incarnation: random_id() } };
+        meta.insert(META_MASTER, master.as_bytes()).map_err(io)?;
+        let entry = ManagedZone {
+            origin: origin.clone(),
+            state: ZoneState::Live { added_unix_ms: lease::now_unix_ms(), incarnation: random_id() },
+        };
         registry.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
         db.flush().map_err(io)?;
         Ok(true)
@@ -229,9 +235,20 @@ impl ManagedZones for SledStore {
         self.zone_call(move |store| store.zone_sync(&origin)).await
     }
 
-    async fn add_zone(&self, origin: &DnsName) -> StoreResult<bool> {
-        let origin = origin.clone();
-        self.zone_call(move |store| store.add_zone_sync(&origin)).await
+    async fn add_zone(&self, origin: &DnsName, master: &str) -> StoreResult<bool> {
+        let (origin, master) = (origin.clone(), master.to_owned());
+        self.zone_call(move |store| store.add_zone_sync(&origin, &master)).await
+    }
+
+    async fn zone_master(&self, origin: &DnsName) -> StoreResult<String> {
+        let zone = self.zone(origin).await?;
+        zone.blocking(|inner| {
+            let _guard = inner.guard()?;
+            let bytes = inner.meta.get(META_MASTER).map_err(io)?.unwrap_or_default();
+            String::from_utf8(bytes.to_vec())
+                .map_err(|e| corrupt("an added zone's master file", codec::CodecError::Body { kind: "text".into(), detail: e.to_string() }))
+        })
+        .await
     }
 
     async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {
