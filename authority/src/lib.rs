@@ -16,8 +16,10 @@
 //! 6. `net`: the DNS listeners (UDP, TCP) and their connection caps.
 //! 7. `control`: the control API (routes, front door, HTTP server, status page).
 //! 8. `config` and `args`: the config file and the command line.
-//! 9. `run`: the wiring of one authority process.
+//! 9. `added` and `run`: the zones the store manages beside its first one, each served and
+//!    followed (`added`, which uses `follow` and `xfr`); the wiring of one authority process.
 
+pub mod added;
 pub mod args;
 pub mod config;
 pub mod control;

@@ -12,6 +12,7 @@
 //! 0 it tries up to 16 ports for one free for both (a port free for UDP may be held by an
 //! outgoing TCP connection).
 
+use crate::added::AddedZones;
 use crate::config::AuthorityConfig;
 use crate::control::gate::Gate;
 use crate::control::routes::{self, ApiError, Control};
@@ -502,6 +503,10 @@ where
     }
     tasks.spawn(serving.clone().follow(store.clone(), store_reach.clone()));
     crate::xfr::notify::spawn(&mut tasks, &serving);
+    // The zones the store manages beside its first one, served as its registry says.
+    let zones_changed = Arc::new(tokio::sync::Notify::new());
+    let added = AddedZones::new(store.clone(), others.clone(), limits, serving.transfer.clone(), zones_changed.clone());
+    tasks.spawn(added.keep());
     let id = report_id(&config.dns.advertise, &dns);
     // On etcd, where several authorities may follow one store, each reports where it serves.
     if local.is_some() {
@@ -513,7 +518,8 @@ where
         .with_metrics(metrics.clone())
         .with_full_reads_max(config.control.full_reads_max)
         .with_zone(zone.clone())
-        .with_zones(others.clone());
+        .with_zones(others.clone())
+        .with_zone_changes(zones_changed);
     let extra_metrics = extras.metrics.clone();
     let metrics_store = store.clone();
     // A store outage (etcd down) is logged when it begins and ends, not on every scrape.

@@ -23,6 +23,10 @@ pub struct Cli {
     /// Output format of read commands.
     #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
     pub output: output::Format,
+    /// The DNS zone the plan commands act on: one the store manages beside its first zone
+    /// (`zone add --managed`). Without it, the store's first zone.
+    #[arg(long, global = true, env = "DNSPLAN_ZONE")]
+    pub zone: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -92,6 +92,13 @@ fn main() -> ExitCode {
                     Ok(c) => c,
                     Err(err) => return err.exit(),
                 };
+                let client = match &cli.zone {
+                    Some(zone) => match client.for_zone(zone).await {
+                        Ok(c) => c,
+                        Err(err) => return err.exit(),
+                    },
+                    None => client,
+                };
                 match commands::run(&client, command).await {
                     Ok(code) => code,
                     Err(err) => err.exit(),

@@ -115,7 +115,27 @@ pub struct Removal {
 /// publishing it would do. Nothing is written.
 pub async fn preview<S: Store>(store: &S, file: PlanFile, reason: &str, by: &str) -> Result<Preview, StoreError> {
     let latest = store.latest().await?;
-    let current = store.plan(latest).await?.into_plan();
+    // A zone without a plan yet (one just added to the store): the file's plan is its first,
+    // compared with nothing.
+    let current = if latest == Generation::NONE {
+        let Some(dns_zone) = store.dns_zone().await?.or_else(|| file.dns_zone.clone()) else {
+            return Err(StoreError::BadRequest("the store has no plan and no DNS zone yet: name it with dns_zone in the file".into()));
+        };
+        Plan {
+            generation: Generation::NONE,
+            parent_generation: Generation::NONE,
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: by.to_owned() },
+            reason: String::new(),
+            dns_zone,
+            endpoints: BTreeMap::new(),
+            retired: BTreeSet::new(),
+            rollback_of: None,
+            provenance: Vec::new(),
+        }
+    } else {
+        store.plan(latest).await?.into_plan()
+    };
     let generation = latest.next().ok_or(StoreError::Exhausted(latest))?;
     let removal_limit = dnsplan_enactor::config::ApplyConfig::default().max_removal_fraction;
     let breaker_fraction = dnsplan_planner::config::Policy::default().breaker_endpoint_fraction.0;
@@ -234,7 +254,7 @@ pub async fn preview<S: Store>(store: &S, file: PlanFile, reason: &str, by: &str
         Ok(plan) => preview.plan = Some(plan),
         Err(err) => preview.refused = Some(format!("the plan is invalid: {err}")),
     }
-    preview.parent = Some(current);
+    preview.parent = (latest != Generation::NONE).then_some(current);
     Ok(preview)
 }
 

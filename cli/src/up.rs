@@ -217,6 +217,7 @@ impl Stack {
                 id: format!("enactor-{zone}"),
                 zone,
                 store: StoreConfig::control("http://embedded", None),
+                dns_zones: Vec::new(),
                 // The one-process stack enacts onto its own store.
                 target: Default::default(),
                 apply: up.enactors.apply.clone(),

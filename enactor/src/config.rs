@@ -22,6 +22,11 @@ pub struct EnactorConfig {
     /// The availability zone it runs in.
     pub zone: ZoneId,
     pub store: StoreConfig,
+    /// The DNS zones the store manages beside its first one (`dnsplan zone add --managed`)
+    /// that this enactor enacts, each with its own loop, heartbeat and metrics (label
+    /// `dns_zone`). Empty (the default): the store's first zone.
+    #[serde(default)]
+    pub dns_zones: Vec<DnsName>,
     /// Where plans are enacted: the store (the default) or an RFC 2136 primary.
     #[serde(default)]
     pub target: TargetConfig,
@@ -199,6 +204,18 @@ impl EnactorConfig {
             return Err(format!("id: {:?} must be 1..={ID_BYTES_MAX} bytes of letters, digits, '-', '_' or '.'", self.id));
         }
         self.store.check()?;
+        let mut zones = std::collections::BTreeSet::new();
+        if let Some(twice) = self.dns_zones.iter().find(|z| !zones.insert(*z)) {
+            return Err(format!("dns_zones: {twice} is named twice"));
+        }
+        if let TargetConfig::Rfc2136(target) = &self.target
+            && (self.dns_zones.len() > 1 || self.dns_zones.first().is_some_and(|z| z != &target.dns_zone))
+        {
+            return Err(format!(
+                "dns_zones: an RFC 2136 target takes the updates of one zone, target.dns_zone ({}); run one enactor per zone, each with its [target]",
+                target.dns_zone
+            ));
+        }
         let a = &self.apply;
         let positive = [
             ("apply.reconcile_interval_secs", a.reconcile_interval_secs),
@@ -350,6 +367,7 @@ impl Settings {
             id: id.into(),
             zone,
             store: StoreConfig::control("http://127.0.0.1:8053", None),
+            dns_zones: Vec::new(),
             target: TargetConfig::Store,
             apply: ApplyConfig::default(),
             cleanup: CleanupConfig::default(),

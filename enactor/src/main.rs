@@ -7,6 +7,7 @@ use clap::Parser;
 use dnsplan_common::Store;
 use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_enactor::args::Args;
 use dnsplan_enactor::{Enactor, EnactorConfig, Metrics, http};
@@ -60,19 +61,81 @@ async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFail
     }
 }
 
-async fn run<S: Store>(store: S, config: &EnactorConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+async fn run<S: ManagedZones>(store: S, config: &EnactorConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("dnsplan");
-    let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
-
-    {
-        let listen = config.metrics.listen;
-        let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
-        daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
-        // Served until the process ends, after the enactor's clean stop.
-        let id = config.id.clone();
-        tokio::spawn(async move { http::serve(listener, registry, &id, std::future::pending()).await });
+    if !config.dns_zones.is_empty() {
+        return run_zones(store, config, registry, shutdown).await;
     }
+    let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
+    serve_metrics(config, registry).await?;
     daemon::announce(&format!("enactor  {} in zone {} against {}", config.id, config.zone, config.store.describe()));
     Enactor::new(store, config.settings(), metrics).run(shutdown).await;
+    Ok(())
+}
+
+/// Serves the metrics in `registry` on the configured listener until the process ends.
+async fn serve_metrics(config: &EnactorConfig, registry: Registry) -> anyhow::Result<()> {
+    let listen = config.metrics.listen;
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
+    daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
+    let id = config.id.clone();
+    tokio::spawn(async move { http::serve(listener, registry, &id, std::future::pending()).await });
+    Ok(())
+}
+
+/// One enactor loop per zone of `dns_zones`, each on its zone's store, with metrics labelled
+/// `dns_zone`. A zone not (yet) in the store is looked for again until it is; each loop stops
+/// at shutdown.
+async fn run_zones<S: ManagedZones>(
+    store: S,
+    config: &EnactorConfig,
+    mut registry: Registry,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let metrics: Vec<Arc<Metrics>> = config
+        .dns_zones
+        .iter()
+        .map(|zone| {
+            let labelled =
+                registry.sub_registry_with_label((std::borrow::Cow::Borrowed("dns_zone"), std::borrow::Cow::Owned(zone.to_string())));
+            Arc::new(Metrics::register(labelled, &config.id))
+        })
+        .collect();
+    serve_metrics(config, registry).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut loops = tokio::task::JoinSet::new();
+    for (zone, metrics) in config.dns_zones.iter().cloned().zip(metrics) {
+        let (store, settings, mut stopped) = (store.clone(), config.settings(), stopped.clone());
+        daemon::announce(&format!(
+            "enactor  {} in zone {} for DNS zone {zone} against {}",
+            config.id,
+            config.zone,
+            config.store.describe()
+        ));
+        loops.spawn(async move {
+            let until_stop = async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            tokio::pin!(until_stop);
+            let mut wait = std::time::Duration::from_millis(200);
+            let handle = loop {
+                match store.zone(&zone).await {
+                    Ok(handle) => break handle,
+                    Err(err) => {
+                        tracing::warn!(dns_zone = %zone, error = %err, "the zone is not in the store (yet); looking again");
+                        tokio::select! {
+                            _ = &mut until_stop => return,
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                        wait = (wait * 2).min(std::time::Duration::from_secs(5));
+                    }
+                }
+            };
+            Enactor::new(handle, settings, metrics).run(until_stop).await;
+        });
+    }
+    shutdown.await;
+    let _ = stop.send(true);
+    while loops.join_next().await.is_some() {}
     Ok(())
 }

@@ -80,6 +80,8 @@ pub struct Control<S> {
     /// The handles of the store's added zones that requests named (`/v1/managed/{zone}/...`),
     /// dropped when one answers that its zone is gone.
     managed: Arc<std::sync::Mutex<std::collections::HashMap<DnsName, S>>>,
+    /// Told when a zone was added to the store or removed from it (`with_zone_changes`).
+    zone_changes: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl<S> Clone for Control<S>
@@ -95,6 +97,7 @@ where
             zone: self.zone.clone(),
             zones: self.zones.clone(),
             managed: self.managed.clone(),
+            zone_changes: self.zone_changes.clone(),
         }
     }
 }
@@ -109,6 +112,20 @@ impl<S: ManagedZones> Control<S> {
             zone: None,
             zones: None,
             managed: Default::default(),
+            zone_changes: None,
+        }
+    }
+
+    /// `changed` is told when `/v1/managed` added or removed a zone, so the zones served follow
+    /// at once.
+    pub fn with_zone_changes(mut self, changed: Arc<tokio::sync::Notify>) -> Control<S> {
+        self.zone_changes = Some(changed);
+        self
+    }
+
+    fn zones_changed(&self) {
+        if let Some(changed) = &self.zone_changes {
+            changed.notify_one();
         }
     }
 
@@ -405,6 +422,18 @@ async fn managed_list<S: ManagedZones>(State(ctl): State<Control<S>>) -> ApiResu
 async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
     let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
     let text = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the zone's master file is not UTF-8 text"))?;
+    if ctl.zone.as_ref().is_some_and(|z| z.origin.to_lowercase().to_ascii() == origin.as_str()) {
+        return Err(
+            ZoneChangeError::Conflict(format!("zone {origin} is the store's first zone ([dns_zone]); it is not added again")).into()
+        );
+    }
+    if let (Some(table), Ok(name)) = (&ctl.zones, Name::from_ascii(origin.as_str()))
+        && table.is_static(&name)
+    {
+        return Err(
+            ZoneChangeError::Conflict(format!("zone {origin} is served as a static zone; remove it before the store manages it")).into()
+        );
+    }
     let (at, checked) = (origin.to_string(), text.clone());
     tokio::task::spawn_blocking(move || crate::serving::zones::managed_zone_records(&at, &checked))
         .await
@@ -412,6 +441,7 @@ async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone):
     if !ctl.store.add_zone(&origin, &text).await? {
         return Ok(StatusCode::OK);
     }
+    ctl.zones_changed();
     tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone added");
     Ok(StatusCode::CREATED)
 }
@@ -433,6 +463,7 @@ async fn managed_remove<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zon
     if let Ok(mut managed) = ctl.managed.lock() {
         managed.remove(&origin);
     }
+    ctl.zones_changed();
     tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone removed");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -38,6 +38,9 @@ pub enum Source {
     Config,
     /// Added at run time, kept in `data_dir/zones/`.
     Added,
+    /// A zone the store manages beside its first one: plans change its endpoints
+    /// (`follow::added`).
+    Managed,
 }
 
 impl Source {
@@ -45,6 +48,7 @@ impl Source {
         match self {
             Source::Config => "config",
             Source::Added => "added",
+            Source::Managed => "managed",
         }
     }
 }
@@ -174,11 +178,53 @@ impl ZoneTable {
         all
     }
 
-    /// How many zones come from the config file, and how many were added at run time.
+    /// How many static zones come from the config file, and how many were added at run time.
     pub fn counts(&self) -> (usize, usize) {
         let zones = self.zones.load();
-        let config = zones.values().filter(|z| z.source == Source::Config).count();
-        (config, zones.len() - config)
+        let count = |source| zones.values().filter(|z| z.source == source).count();
+        (count(Source::Config), count(Source::Added))
+    }
+
+    /// Serves `serving`, a zone the store manages beside its first one, in place of an
+    /// earlier incarnation of it. Refused when a static zone has its origin.
+    pub fn put_managed(&self, serving: Arc<Serving>) -> Result<(), ZoneChangeError> {
+        let origin = serving.zone.origin.clone();
+        if origin == self.managed_origin {
+            return Err(ZoneChangeError::Conflict(format!("zone {origin} is the store's first zone ([dns_zone])")));
+        }
+        let key: Box<[u8]> = wire_key(&origin).into();
+        let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut next = (*self.zones.load_full()).clone();
+        if let Some(old) = next.get(&key)
+            && old.source != Source::Managed
+        {
+            return Err(ZoneChangeError::Conflict(format!(
+                "zone {origin} is served as a static zone ({}); remove it before the store manages it",
+                old.source.as_str()
+            )));
+        }
+        next.insert(key, Arc::new(OtherZone { serving, source: Source::Managed }));
+        self.zones.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Stops serving managed zone `origin`; `false` when it was not served as one.
+    pub fn remove_managed(&self, origin: &Name) -> bool {
+        let key: Box<[u8]> = wire_key(&origin.to_lowercase()).into();
+        let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let zones = self.zones.load_full();
+        if !zones.get(&key).is_some_and(|z| z.source == Source::Managed) {
+            return false;
+        }
+        let mut next = (*zones).clone();
+        next.remove(&key);
+        self.zones.store(Arc::new(next));
+        true
+    }
+
+    /// Whether `origin` is served as a static zone (from the config file or added).
+    pub fn is_static(&self, origin: &Name) -> bool {
+        self.zones.load().get(&wire_key(&origin.to_lowercase())[..]).is_some_and(|z| z.source != Source::Managed)
     }
 
     pub fn len(&self) -> usize {
@@ -251,6 +297,11 @@ impl ZoneTable {
         if zone.source == Source::Config {
             return Err(ZoneChangeError::Conflict(format!(
                 "zone {name} is defined in the config file ([[zones]]); remove it there and restart"
+            )));
+        }
+        if zone.source == Source::Managed {
+            return Err(ZoneChangeError::Conflict(format!(
+                "zone {name} is managed by the store; remove it with `dnsplan zone remove --managed {name}`"
             )));
         }
         if let Some(dir) = &self.dir {
@@ -343,6 +394,11 @@ impl ZoneTable {
         let zones = self.zones.load_full();
         let serial = zone.serial_base;
         if let Some(old) = zones.get(&key) {
+            if old.source == Source::Managed {
+                return Err(ZoneChangeError::Conflict(format!(
+                    "zone {origin} is managed by the store (plans change its endpoints); it cannot also be a static zone"
+                )));
+            }
             if old.source == Source::Config || source == Source::Config {
                 return Err(ZoneChangeError::Conflict(format!(
                     "zone {origin} is defined in the config file ([[zones]]); change it there and restart"

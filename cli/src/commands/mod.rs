@@ -19,6 +19,7 @@ use clap::Subcommand;
 use dnsplan_common::status::{Deferred, PlannerStatus, SecondaryState, SecondaryStatus, Status};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::{ActiveState, EndpointName, Generation, PauseState, Provenance, Store, StoreError, ValidatedPlan};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -184,18 +185,28 @@ pub enum ZoneCommand {
     /// Every zone served: the managed one and the static ones beside it.
     List,
     /// Serve the master file FILE as a static zone (its SOA and apex NS in it), at once and
-    /// after restarts; a zone added before is replaced when FILE's SOA serial is newer.
+    /// after restarts; a zone added before is replaced when FILE's SOA serial is newer. With
+    /// --managed, add a zone to the store instead: plans change its endpoints (`--zone NAME`
+    /// on the plan commands, enactors' `dns_zones`), FILE gives its SOA, NS and static records.
     Add {
         /// The master file.
         file: std::path::PathBuf,
         /// The zone's name (default: the file's leading `$ORIGIN`).
         #[arg(long)]
         origin: Option<String>,
+        /// Add the zone to the store, managed by plans, on every authority of the store.
+        #[arg(long)]
+        managed: bool,
     },
-    /// Stop serving the static zone NAME, added with `zone add`.
+    /// Stop serving the static zone NAME, added with `zone add`. With --managed, remove the
+    /// zone NAME from the store: every authority stops serving it, and the late writes of its
+    /// enactors and planner are refused.
     Remove {
         /// The zone's name, e.g. `example.org.`.
         name: String,
+        /// Remove a zone the store manages (added with `zone add --managed`).
+        #[arg(long)]
+        managed: bool,
     },
 }
 
@@ -278,6 +289,8 @@ type CliResult<T> = Result<T, CliError>;
 
 pub struct Client {
     store: RemoteStore,
+    /// The added zone `--zone` named.
+    zone: Option<dnsplan_common::DnsName>,
     http: reqwest::Client,
     control: String,
     token: Option<String>,
@@ -285,13 +298,42 @@ pub struct Client {
 }
 
 impl Client {
+    /// The commands that read and change plans (plans, rollback, endpoints, pause, resume,
+    /// cleanup) go to zone `zone` of the store: one added beside the first (`zone add
+    /// --managed`), or the first zone by its name. Status, verify and backend stay the first
+    /// zone's, and say so when asked for another.
+    pub async fn for_zone(mut self, zone: &str) -> CliResult<Client> {
+        let origin = dnsplan_common::DnsName::parse(zone).map_err(|e| CliError::Failed(format!("--zone {zone:?}: {e}")))?;
+        let live = self.store.zones().await?.into_iter().any(|z| z.origin == origin && z.is_live());
+        if live {
+            self.store = self.store.zone(&origin).await?;
+            self.zone = Some(origin);
+            return Ok(self);
+        }
+        let first = self.get_json::<dnsplan_common::status::ZoneList>("/v1/zones").await?.map(|list| list.managed);
+        if first.as_deref().and_then(|f| dnsplan_common::DnsName::parse(f).ok()).as_ref() == Some(&origin) {
+            return Ok(self);
+        }
+        Err(CliError::Refused(format!("zone {origin} is not managed by this stack; `dnsplan zone list` names the zones served")))
+    }
+
+    /// Refuses `what` for an added zone: it reads the first zone's status.
+    fn first_zone_only(&self, what: &str) -> CliResult<()> {
+        match &self.zone {
+            Some(zone) => Err(CliError::Failed(format!(
+                "{what} with --zone {zone}: per-zone status is not built yet; {what} tells of the store's first zone"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     pub fn new(control: &str, token: Option<String>, format: Format) -> CliResult<Client> {
         let store = RemoteStore::new(control, token.clone())?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| CliError::Failed(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Client { store, http, control: control.trim_end_matches('/').to_owned(), token, format })
+        Ok(Client { store, zone: None, http, control: control.trim_end_matches('/').to_owned(), token, format })
     }
 
     async fn get_json<T: for<'de> Deserialize<'de>>(&self, path: &str) -> CliResult<Option<T>> {
@@ -334,7 +376,10 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
         ));
     }
     match command {
-        Command::Status => status(client).await,
+        Command::Status => {
+            client.first_zone_only("status")?;
+            status(client).await
+        }
         Command::Plans { command } => plans(client, command).await,
         Command::Rollback { to, reason, keep_automation, by, dns, wait_secs } => {
             let dns = client.dns(dns).await?;
@@ -353,12 +398,16 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify { dns, wait_secs } => {
+            client.first_zone_only("verify")?;
             let (servers, notes) = client.dns_all(dns).await?;
             verify(client, &servers, &notes, Duration::from_secs(wait_secs)).await
         }
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
         Command::Zone { command } => zones::zone(client, command).await,
-        Command::Backend { command } => backend(client, command).await,
+        Command::Backend { command } => {
+            client.first_zone_only("backend")?;
+            backend(client, command).await
+        }
     }
 }
 

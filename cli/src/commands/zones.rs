@@ -1,10 +1,12 @@
 //! `dnsplan zone list|add|remove`: the static zones an authority serves beside the managed
-//! one (`GET`, `PUT` and `DELETE /v1/zones`).
+//! one (`GET`, `PUT` and `DELETE /v1/zones`), and with `--managed` the zones the store manages
+//! beside its first one (`PUT` and `DELETE /v1/managed/{zone}`).
 
 use super::{CliError, CliResult, Client, ZoneCommand};
 use crate::output::{Format, table};
 use dnsplan_common::status::{ZoneInfo, ZoneList};
 use dnsplan_common::store::wire::ErrorBody;
+use dnsplan_common::store::zones::ManagedZones;
 use std::process::ExitCode;
 
 pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<ExitCode> {
@@ -28,7 +30,7 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
             crate::out_raw!("{}", table(&["ZONE", "SERIAL", "NAMES", "SOURCE", "QUERIES"], &rows));
             Ok(ExitCode::SUCCESS)
         }
-        ZoneCommand::Add { file, origin } => {
+        ZoneCommand::Add { file, origin, managed } => {
             let text = std::fs::read_to_string(&file).map_err(|e| CliError::Failed(format!("cannot read {}: {e}", file.display())))?;
             let origin = match origin {
                 Some(origin) => origin,
@@ -39,6 +41,15 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
                     ))
                 })?,
             };
+            if managed {
+                let name = dnsplan_common::DnsName::parse(&origin).map_err(|e| CliError::Failed(format!("zone {origin:?}: {e}")))?;
+                let added = client.store.add_zone(&name, &text).await?;
+                crate::out!(
+                    "zone {name} {} the store: plans change its endpoints (dnsplan --zone {name} plans ...), every authority of the store serves it",
+                    if added { "added to" } else { "was already in" }
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             let resp = send(client, client.http.put(url(client, &origin)).body(text)).await?;
             let info: ZoneInfo = resp.json().await.map_err(|e| CliError::Failed(format!("the answer does not read: {e}")))?;
             if client.format == Format::Json {
@@ -47,7 +58,15 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
             crate::out!("zone {} served: serial {}, {} names", info.origin, info.serial, info.names);
             Ok(ExitCode::SUCCESS)
         }
-        ZoneCommand::Remove { name } => {
+        ZoneCommand::Remove { name, managed } => {
+            if managed {
+                let origin = dnsplan_common::DnsName::parse(&name).map_err(|e| CliError::Failed(format!("zone {name:?}: {e}")))?;
+                if !client.store.remove_zone(&origin).await? {
+                    return Err(CliError::Refused(format!("zone {origin} is not a live zone of the store (`dnsplan zone list`)")));
+                }
+                crate::out!("zone {origin} removed from the store: no longer served, and its late writes are refused");
+                return Ok(ExitCode::SUCCESS);
+            }
             send(client, client.http.delete(url(client, &name))).await?;
             crate::out!("zone {name} no longer served");
             Ok(ExitCode::SUCCESS)

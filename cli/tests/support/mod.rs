@@ -2,6 +2,8 @@
 //! CLI run against it, and bounded waits on the store's change feed and on DNS answers.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod dns;
+
 use dnsplan_common::dns_probe::{self, RecordType};
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{Generation, Store, ValidatedPlan};

@@ -157,6 +157,17 @@ impl RemoteStore {
 }
 
 impl Store for RemoteStore {
+    /// An added zone's handle knows its zone; the first zone's is its latest plan's.
+    async fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
+        if let Some((zone, _)) = &self.zone {
+            return Ok(Some(zone.clone()));
+        }
+        match self.latest().await? {
+            Generation::NONE => Ok(None),
+            latest => Ok(Some(self.plan(latest).await?.into_plan().dns_zone)),
+        }
+    }
+
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
         let body = codec::encode_plan(plan);
         let req = self.inner.client.post(self.url("/v1/plans")).header("content-type", "application/octet-stream").body(body);

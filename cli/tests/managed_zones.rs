@@ -1,0 +1,212 @@
+//! A zone the store manages beside its first one, as shipped: `dnsplan up` (transfers open on
+//! loopback, a real NSD secondary of the added zone told by NOTIFY), `dnsplan zone add
+//! --managed FILE`, a `dnsplan-enactor` daemon with its config file enacting that zone
+//! (`dns_zones`) against the stack's control API, and plans published with `dnsplan --zone`.
+//! After each step the zone's whole AXFR from dnsplan is exactly the master file's records
+//! plus the plan's, and the NSD secondary holds the same; the first zone's plans and pause are
+//! not touched by the added zone's. Removed, the zone is no longer answered, the enactor's
+//! writes and the CLI's calls to it are refused.
+
+mod support;
+
+use dnsplan_tests::nsd::{Nsd, NsdSpec, NsdZone};
+use hickory_proto::rr::RecordType;
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+use support::dns::*;
+use support::*;
+
+const SHOP: &str = "$ORIGIN shop.test.
+$TTL 300
+@ IN SOA ns1.shop.test. hostmaster.shop.test. 100 3600 600 604800 30
+@ IN NS ns1
+ns1 IN A 192.0.2.7
+www IN CNAME api
+";
+
+/// A plan file serving `api.shop.test.` at `addresses`.
+fn plan_file(addresses: &[&str]) -> String {
+    let targets: Vec<String> = addresses.iter().map(|a| format!("{{ address = \"{a}\", zone = \"a\", weight = 1 }}")).collect();
+    format!("[endpoints.\"api.shop.test.\"]\nttl_secs = 60\ntargets = [{}]\n", targets.join(", "))
+}
+
+/// The zone's whole content as AXFR lines: the master file's records, the plan's addresses
+/// for `api`, and the SOA at `serial` (twice, as AXFR ends with it).
+fn expected(serial: u32, addresses: &[&str]) -> BTreeSet<String> {
+    let soa = format!("shop.test. 300 in soa ns1.shop.test. hostmaster.shop.test. {serial} 3600 600 604800 30");
+    let mut all: BTreeSet<String> = [
+        soa,
+        "shop.test. 300 in ns ns1.shop.test.".to_string(),
+        "ns1.shop.test. 300 in a 192.0.2.7".to_string(),
+        "www.shop.test. 300 in cname api.shop.test.".to_string(),
+    ]
+    .into_iter()
+    .collect();
+    all.extend(addresses.iter().map(|a| format!("api.shop.test. 60 in a {a}")));
+    all
+}
+
+/// Waits until `server`'s AXFR of shop.test. is `want`.
+fn until_axfr(server: std::net::SocketAddr, want: &BTreeSet<String>) -> anyhow::Result<()> {
+    let start = Instant::now();
+    loop {
+        let got = axfr(server, "shop.test.").unwrap_or_default();
+        if &got == want {
+            return Ok(());
+        }
+        anyhow::ensure!(start.elapsed() < WITHIN, "{server}'s AXFR of shop.test.:\n{got:#?}\nnot\n{want:#?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A `dnsplan-enactor` enacting shop.test. against `control`, its log in `dir/enactor.log`.
+struct Enactor(Child);
+
+impl Drop for Enactor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn enactor(dir: &std::path::Path, control: &str) -> anyhow::Result<Enactor> {
+    let config = format!(
+        "id = \"shop-enactor\"\nzone = \"a\"\ndns_zones = [\"shop.test.\"]\n[store]\nkind = \"control\"\nurl = \"{control}\"\n\
+         token = \"{TOKEN}\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n[verify]\nenabled = false\n[apply]\nheartbeat_interval_secs = 1\n"
+    );
+    let path = dir.join("enactor.toml");
+    std::fs::write(&path, config)?;
+    let log = std::fs::File::create(dir.join("enactor.log"))?;
+    let child = Command::new(bin_dir().join("dnsplan-enactor"))
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "info")
+        .env_remove("DNSPLAN_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    Ok(Enactor(child))
+}
+
+fn failed(out: &std::process::Output) -> String {
+    assert!(!out.status.success(), "exit {}: {}", out.status, String::from_utf8_lossy(&out.stdout));
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Teeth, checked once: without `AddedZones` in the authority, shop.test. is REFUSED ("not
+/// served"). (Routing and the removal's fence have theirs in `authority/tests/remote_store.rs`
+/// and the stores' zone checks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dns_port = free_port()?;
+    let secondary = Nsd::start(&NsdSpec {
+        zones: vec![NsdZone {
+            origin: "shop.test.".into(),
+            text: None,
+            zone_extra: vec![
+                format!("request-xfr: 127.0.0.1@{dns_port} NOKEY"),
+                "allow-notify: 127.0.0.1 NOKEY".into(),
+                "provide-xfr: 127.0.0.1 NOKEY".into(),
+            ],
+        }],
+        keys: Vec::new(),
+        server_extra: Vec::new(),
+    })
+    .await?;
+    let text = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
+    let text = format!(
+        "{text}\n[authority.dns.transfer]\ntsig_required = false\n[[authority.dns.transfer.secondaries]]\naddress = \"127.0.0.1\"\n\
+         notify = \"{}\"\n",
+        secondary.addr()
+    );
+    let config = dir.path().join("dnsplan.toml");
+    std::fs::write(&config, text)?;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
+    command.arg("up").arg("--config").arg(&config).arg("--data-dir").arg(dir.path().join("data"));
+    command.args(["--dns", &format!("127.0.0.1:{dns_port}"), "--listen-control", "127.0.0.1:0"]).env_remove("DNSPLAN_TOKEN");
+    let up = spawn_up(&mut command)?;
+    until_dns(up.dns, "api.example.test.", |a| !a.is_empty()).await?;
+    let first_plans = ok(&dnsplan(&up, &["--output", "json", "plans", "list"])?);
+
+    // Added to the store: served at once with its master file's records, no endpoint yet.
+    let zone_file = dir.path().join("shop.zone");
+    std::fs::write(&zone_file, SHOP)?;
+    let said = ok(&dnsplan(&up, &["zone", "add", "--managed", zone_file.to_str().unwrap_or_default()])?);
+    assert!(said.contains("zone shop.test. added to the store"), "{said}");
+    until_axfr(up.dns, &expected(100, &[])).map_err(|e| anyhow::anyhow!("not served: {e}"))?;
+    let list = ok(&dnsplan(&up, &["zone", "list"])?);
+    assert!(list.lines().any(|l| l.starts_with("shop.test.") && l.contains("managed")), "{list}");
+
+    // Its enactor, and a plan published to it with --zone: enacted, served, transferred.
+    let _enactor = enactor(dir.path(), &up.control)?;
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(&plan, plan_file(&["10.7.0.1", "10.7.0.2"]))?;
+    let plan_arg = plan.to_str().unwrap_or_default();
+    let dns_arg = up.dns.to_string();
+    let published = dnsplan(
+        &up,
+        &["--zone", "shop.test.", "plans", "publish", plan_arg, "--reason", "shop opens", "--yes", "--dns", &dns_arg, "--wait-secs", "30"],
+    )?;
+    let published_text = format!("{}{}", String::from_utf8_lossy(&published.stdout), String::from_utf8_lossy(&published.stderr));
+    assert!(
+        published.status.success(),
+        "not enacted: {published_text}\nthe enactor's log:\n{}",
+        std::fs::read_to_string(dir.path().join("enactor.log")).unwrap_or_default()
+    );
+    until_axfr(up.dns, &expected(101, &["10.7.0.1", "10.7.0.2"]))?;
+    until_serial(secondary.addr(), "shop.test.", 101).map_err(|e| anyhow::anyhow!("the secondary was not told: {e}"))?;
+    anyhow::ensure!(axfr(secondary.addr(), "shop.test.")? == axfr(up.dns, "shop.test.")?, "the secondary's copy differs");
+    let www = ask(up.dns, "www.shop.test.", RecordType::A)?;
+    assert!(www.metadata.authoritative && www.answers.len() == 3, "the CNAME into the managed endpoint: {www:?}");
+
+    // The added zone's plan and pause are its own: the first zone's plans are as they were
+    // (its planner's only), and it is not paused.
+    let plans_of_shop = ok(&dnsplan(&up, &["--zone", "shop.test.", "--output", "json", "plans", "list"])?);
+    let shop: serde_json::Value = serde_json::from_str(&plans_of_shop)?;
+    assert_eq!(shop.as_array().map(Vec::len), Some(1), "{plans_of_shop}");
+    let first: serde_json::Value = serde_json::from_str(&ok(&dnsplan(&up, &["--output", "json", "plans", "list"])?))?;
+    let operator_plans = first.as_array().map_or(0, |p| p.iter().filter(|p| p.to_string().contains("\"Operator\"")).count());
+    assert_eq!(operator_plans, 0, "an operator plan in the first zone: {first}\n(before: {first_plans})");
+    let status = ok(&dnsplan(&up, &["status"])?);
+    assert!(!status.contains("PAUSED"), "the first zone paused by the added zone's operator plan:\n{status}");
+    let refused_status = failed(&dnsplan(&up, &["--zone", "shop.test.", "status"])?);
+    assert!(refused_status.contains("per-zone status is not built yet"), "{refused_status}");
+
+    // A second plan: one address less.
+    std::fs::write(&plan, plan_file(&["10.7.0.2"]))?;
+    ok(&dnsplan(
+        &up,
+        &["--zone", "shop.test.", "plans", "publish", plan_arg, "--reason", "shop opens", "--yes", "--dns", &dns_arg, "--wait-secs", "30"],
+    )?);
+    until_axfr(up.dns, &expected(102, &["10.7.0.2"]))?;
+    until_serial(secondary.addr(), "shop.test.", 102)?;
+    anyhow::ensure!(axfr(secondary.addr(), "shop.test.")? == axfr(up.dns, "shop.test.")?, "the secondary's copy differs");
+
+    // Removed: no longer answered, the CLI's calls to it refused.
+    let said = ok(&dnsplan(&up, &["zone", "remove", "--managed", "shop.test."])?);
+    assert!(said.contains("removed from the store"), "{said}");
+    let start = Instant::now();
+    while !refused(up.dns, "shop.test.")? {
+        anyhow::ensure!(start.elapsed() < WITHIN, "shop.test. still served after its removal");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let gone = failed(&dnsplan(&up, &["--zone", "shop.test.", "plans", "list"])?);
+    assert!(gone.contains("not managed by this stack"), "{gone}");
+    // The enactor still holds the zone: its next heartbeat is refused, by the zone's fence.
+    let log = dir.path().join("enactor.log");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)?.contains("DNS zone shop.test. is not managed by this store") {
+        anyhow::ensure!(
+            start.elapsed() < WITHIN,
+            "the enactor's writes after the removal were not refused:\n{}",
+            std::fs::read_to_string(&log)?
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(ok(&dnsplan(&up, &["status"])?).contains("example.test."), "the first zone after the removal");
+    until_dns(up.dns, "api.example.test.", |a| !a.is_empty()).await?;
+    drop(secondary);
+    Ok(())
+}
