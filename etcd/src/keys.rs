@@ -20,6 +20,8 @@
 //! | `lease/record`, `lease/live` | the planner `Lease`; the live key (epoch ++ holder) is attached to an etcd lease of the TTL |
 //! | `heartbeats/id` | an enactor's heartbeat |
 //! | `authorities/id` | an authority's `AuthorityReport` |
+//! | `zones/registry/<origin>` | a zone added beside the first: its `ManagedZone` (live with its incarnation, or a tombstone) |
+//! | `zones/z/<origin>/...` | that zone's own store, this layout under it, plus `state/live` (its incarnation, compared by each of its transactions) and `state/master` (its master file) |
 
 use dnsplan_common::Generation;
 use dnsplan_common::names::EndpointName;

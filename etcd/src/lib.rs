@@ -14,8 +14,9 @@
 //! One file per concern: `config` (settings), `txn` (the client, bounded transactions and
 //! reads, retries, compare helpers), `plans` (staging, publish, settle, reads and the cache),
 //! `active` (fenced switches, the applied-change slots, reads of what is served),
-//! `active_log` (the watch `active_since` reads first), `control` (lease, pause), `cleanup`;
-//! this file has the types and the `Store` impl.
+//! `active_log` (the watch `active_since` reads first), `control` (lease, pause), `cleanup`,
+//! `zones` (the zones added beside the first, each a store under its own prefix, fenced by its
+//! live key); this file has the types and the `Store` impl.
 //!
 //! Not here: connecting daemons to etcd (their configs), keeping an authority serving while
 //! etcd is away (the authority keeps its own copy), and TLS options beyond what the client

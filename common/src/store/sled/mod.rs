@@ -47,6 +47,10 @@
 //!   endpoint to records its plan does not hold. Cleanup removes the entries no stored plan
 //!   can resolve to any more (`contents.rs`).
 //!
+//! Zones added beside the first one (`zones.rs`): the same trees, each name prefixed with
+//! `zone:<origin>/`, and the registry tree `managed_zones`; each zone has its own writer lock,
+//! version and high-water mark.
+//!
 //! The plan trees are `plans.rs`'s. A store is opened, checked against its high-water mark and
 //! recovered in `open.rs`: it must be of layout [`LAYOUT`] (a new store is marked with it); any
 //! other is refused with a message naming both, as no release has written another. A write
