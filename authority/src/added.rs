@@ -8,9 +8,9 @@
 //! The registry is read again when this authority's control API added or removed a zone (at
 //! once) and every [`REREAD_EVERY`] (the changes other authorities of an etcd store made).
 //!
-//! Not yet per zone: metrics (an added zone's figures are kept apart, not exported), the
-//! persistent IXFR journal (its IXFR history is in memory) and RRL (the first zone's limiter
-//! is not shared with added zones; they are not limited).
+//! RRL and the query counts are the listeners' and cover every zone. Not yet per zone: the
+//! follower's metrics (an added zone's figures are kept apart, not exported) and the
+//! persistent IXFR journal (its IXFR history is in memory).
 
 use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;

@@ -200,6 +200,7 @@ impl Stack {
         let planner = PlannerConfig {
             id: "planner".into(),
             dns_zone,
+            added_zone: false,
             store: dnsplan_planner::config::StoreConfig::control("http://embedded", None),
             planner: up.planner.planner,
             policy: up.planner.policy,

@@ -5,7 +5,8 @@
 //! After each step the zone's whole AXFR from dnsplan is exactly the master file's records
 //! plus the plan's, and the NSD secondary holds the same; the first zone's plans and pause are
 //! not touched by the added zone's. Removed, the zone is no longer answered, the enactor's
-//! writes and the CLI's calls to it are refused.
+//! writes and the CLI's calls to it are refused; added again, it starts empty at a serial past
+//! every one served (the secondary takes it), and the same enactor enacts it.
 
 mod support;
 
@@ -207,6 +208,20 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     }
     assert!(ok(&dnsplan(&up, &["status"])?).contains("example.test."), "the first zone after the removal");
     until_dns(up.dns, "api.example.test.", |a| !a.is_empty()).await?;
+
+    // Added again: a new incarnation, empty, its serial past every one served before (the
+    // secondary takes it); the same enactor process enacts it, nothing carried over.
+    ok(&dnsplan(&up, &["zone", "add", "--managed", zone_file.to_str().unwrap_or_default()])?);
+    until_axfr(up.dns, &expected(103, &[]))?;
+    std::fs::write(&plan, plan_file(&["10.7.0.3"]))?;
+    ok(&dnsplan(
+        &up,
+        &["--zone", "shop.test.", "plans", "publish", plan_arg, "--reason", "reopened", "--yes", "--dns", &dns_arg, "--wait-secs", "30"],
+    )?);
+    until_axfr(up.dns, &expected(104, &["10.7.0.3"]))?;
+    until_serial(secondary.addr(), "shop.test.", 104)
+        .map_err(|e| anyhow::anyhow!("the secondary did not take the zone added again: {e}"))?;
+    anyhow::ensure!(axfr(secondary.addr(), "shop.test.")? == axfr(up.dns, "shop.test.")?, "the secondary's copy differs");
     drop(secondary);
     Ok(())
 }

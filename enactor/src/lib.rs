@@ -24,3 +24,7 @@ pub mod verify;
 pub use config::{EnactorConfig, Settings};
 pub use enactor::Enactor;
 pub use metrics::{Families, Metrics};
+
+/// How often an enactor of zones added to the store (`dns_zones`) reads the store's registry
+/// to learn that a zone was removed or added again.
+pub const ZONE_REREAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);

@@ -49,6 +49,10 @@ pub struct PlannerConfig {
     pub id: String,
     /// The managed DNS zone's origin.
     pub dns_zone: DnsName,
+    /// `dns_zone` is a zone added to the store beside its first one (`dnsplan zone add
+    /// --managed`): the planner waits until the store has it, and plans it alone.
+    #[serde(default)]
+    pub added_zone: bool,
     pub store: StoreConfig,
     #[serde(default)]
     pub planner: LoopConfig,

@@ -7,6 +7,7 @@ use clap::Parser;
 use dnsplan_common::Store;
 use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore};
 use dnsplan_planner::args::Args;
@@ -67,7 +68,28 @@ async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFail
     }
 }
 
-async fn run<S: Store>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+/// The planner on `store`'s first zone, or with `added_zone` on the zone `dns_zone` once the
+/// store has it (looked for again until it does, or shutdown).
+async fn run<S: ManagedZones>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if !config.added_zone {
+        return run_on(store, config, shutdown).await;
+    }
+    tokio::pin!(shutdown);
+    let mut wait = std::time::Duration::from_millis(200);
+    loop {
+        match store.zone(&config.dns_zone).await {
+            Ok(zone) => return run_on(zone, config, shutdown).await,
+            Err(err) => tracing::warn!(dns_zone = %config.dns_zone, error = %err, "the zone is not in the store (yet); looking again"),
+        }
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(std::time::Duration::from_secs(5));
+    }
+}
+
+async fn run_on<S: Store>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
     let book = Arc::new(HealthBook::default());

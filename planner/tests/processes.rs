@@ -11,7 +11,7 @@ use dnsplan_tests::stack::{Authority, TOKEN};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
-use support::{Backends, config_text};
+use support::{Backends, config_text, weight};
 use tokio::sync::mpsc;
 
 const WITHIN: Duration = Duration::from_secs(30);
@@ -76,6 +76,72 @@ async fn a_standby_planner_takes_over_without_publishing_any_generation_twice() 
     let after: Vec<_> = plans.iter().filter(|p| p.generation > before).collect();
     assert!(!after.is_empty() && after.iter().all(|p| p.author.to_string() == format!("planner:{survivor}")), "{after:?}");
     drop(processes);
+    authority.stop().await?;
+    Ok(())
+}
+
+/// A planner for a zone added to the store (`added_zone`) beside a planner for the store's
+/// first zone, one store: each holds its own zone's lease at the same time and publishes only
+/// its zone's plans; a backend that fails is planned out of both.
+///
+/// Teeth: without `added_zone` taken (the planner on the first zone's store), the shop
+/// planner's plans are refused as another DNS zone's, and "no plan of shop.test." is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planners_of_two_zones_of_one_store_each_plan_their_own() -> anyhow::Result<()> {
+    use dnsplan_common::store::zones::ManagedZones;
+    let dir = tempfile::tempdir()?;
+    let store = SledStore::open(dir.path().join("store"))?;
+    let authority = Authority::start(store, dir.path()).await?;
+    let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    let shop_zone = dnsplan_common::DnsName::parse("shop.test.")?;
+    let master = "$ORIGIN shop.test.\n@ 300 IN SOA ns1 hostmaster 1 3600 600 86400 30\n@ 300 IN NS ns1\nns1 300 IN A 192.0.2.7\n";
+    assert!(remote.add_zone(&shop_zone, master).await?);
+    let mut backends = Backends::start().await?;
+    let store_line = format!("url = \"{}\"\ntoken = \"{TOKEN}\"", authority.control);
+    let first =
+        config_text(backends.port, "").replace("url = \"http://127.0.0.1:1\"", &store_line) + "[metrics]\nlisten = \"127.0.0.1:0\"\n";
+    let shop = first
+        .replace("example.test.", "shop.test.")
+        .replace("dns_zone = \"shop.test.\"\n", "dns_zone = \"shop.test.\"\nadded_zone = true\n");
+    std::fs::write(dir.path().join("first.toml"), first)?;
+    std::fs::write(dir.path().join("shop.toml"), shop)?;
+
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let mut log = Vec::new();
+    let _first = spawn("p-first", &dir.path().join("first.toml"), tx.clone())?;
+    let _shop = spawn("p-shop", &dir.path().join("shop.toml"), tx.clone())?;
+    let zone = remote.zone(&shop_zone).await?;
+    for who in ["p-first", "p-shop"] {
+        until(&mut lines, &mut log, |l| l.who == who && l.message == "plan published").await?;
+    }
+    let (first_lease, shop_lease) = (remote.lease().await?, zone.lease().await?);
+    assert_eq!(first_lease.map(|l| l.holder).as_deref(), Some("p-first"), "the first zone's lease");
+    assert_eq!(shop_lease.map(|l| l.holder).as_deref(), Some("p-shop"), "shop.test.'s lease, held at the same time");
+    for (store, zone_name, author) in [(&remote, "example.test.", "planner:p-first"), (&zone, "shop.test.", "planner:p-shop")] {
+        let latest = store.latest().await?;
+        anyhow::ensure!(latest > Generation::NONE, "no plan of {zone_name} is published");
+        let plan = store.plan(latest).await?;
+        assert_eq!(plan.plan().dns_zone.as_str(), zone_name);
+        assert!(plan.plan().endpoints.keys().all(|n| n.as_str().ends_with(zone_name)), "{:?}", plan.plan().endpoints.keys());
+        let plans = store.list(Generation::NONE, 1_000).await?;
+        assert!(plans.iter().all(|p| p.author.to_string() == author), "{zone_name}: {plans:?}");
+    }
+
+    // A backend fails: each planner plans it out of its own zone.
+    backends.stop("127.0.2.5")?;
+    for (store, zone_name) in [(&remote, "example.test."), (&zone, "shop.test.")] {
+        let deadline = std::time::Instant::now() + WITHIN;
+        loop {
+            let version = store.version().await?;
+            let plan = store.plan(version.latest).await?;
+            if weight(&plan, &format!("db.{zone_name}"), "127.0.2.5") == Some(0) {
+                break;
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "127.0.2.5 still weighted in {zone_name}'s plan {}", version.latest);
+            store.wait_for_change(version, Duration::from_secs(1)).await?;
+        }
+    }
+    drop(log);
     authority.stop().await?;
     Ok(())
 }
