@@ -15,7 +15,7 @@
 use crate::added::AddedZones;
 use crate::config::AuthorityConfig;
 use crate::control::gate::Gate;
-use crate::control::routes::{self, ApiError, Control};
+use crate::control::routes::{self, ApiError, Control, Zoned};
 use crate::control::server::{self, ControlLimits};
 use crate::control::ui;
 use crate::follow::follower::{LoadError, check_dns_zone};
@@ -47,6 +47,7 @@ use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_common::{Generation, SledStore, Store, StoreError};
 use dnsplan_etcd::{EtcdConfig, EtcdStore};
+use hickory_proto::rr::Name;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -570,11 +571,30 @@ where
                     let (serving, dns, id) = (serving.clone(), dns.clone(), id.clone());
                     async move {
                         let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-                        status(ctl, serving, dns, id, q).await
+                        status(&ctl.store, &ctl.store, serving, dns, id, q).await
                     }
                 }
             })
             // Pollers take turns: a flood of them cannot take every core from writes.
+            .layer(status_reads.clone()),
+        )
+        .route(
+            "/v1/managed/{zone}/status",
+            get({
+                let (others, dns, id) = (others.clone(), dns.clone(), id.clone());
+                move |State(ctl): State<Control<S>>, Zoned(zoned): Zoned<S>, q: Result<Query<StatusQuery>, QueryRejection>| {
+                    let (others, dns, id) = (others.clone(), dns.clone(), id.clone());
+                    async move {
+                        let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+                        let origin = zoned.store.dns_zone().await?.map(|z| z.to_string()).unwrap_or_default();
+                        // Served once this authority has loaded it (`added`), a moment after it was added.
+                        let serving = Name::from_ascii(&origin).ok().and_then(|name| others.get(&name)).ok_or_else(|| {
+                            ApiError::from(StoreError::Unavailable(format!("zone {origin} is in the store but not served here yet")))
+                        })?;
+                        status(&zoned.store, &ctl.store, serving, dns, id, q).await
+                    }
+                }
+            })
             .layer(status_reads.clone()),
         )
         .route(
@@ -640,14 +660,16 @@ fn start_dns(
     Ok(udp)
 }
 
+/// The status of the zone `store` holds and `serving` serves; the authorities' reports are the
+/// store's first zone's (`root`), where every authority reports.
 async fn status<S: Store>(
-    ctl: Control<S>,
+    store: &S,
+    root: &S,
     serving: Arc<Serving>,
     dns: Vec<SocketAddr>,
     id: String,
     q: StatusQuery,
 ) -> Result<Json<dnsplan_common::status::Status>, ApiError> {
-    let store = &ctl.store;
     let limit = q.limit.unwrap_or(STATUS_ENDPOINTS_DEFAULT);
     let after = q.after.as_deref().map(routes::parse_endpoint).transpose()?;
     let (endpoints, endpoints_more) = match limit {
@@ -668,7 +690,7 @@ async fn status<S: Store>(
         id,
         authorities: {
             let now = now_unix_ms();
-            store.authorities().await?.into_iter().map(|report| AuthorityStatus::of(report, now)).collect()
+            root.authorities().await?.into_iter().map(|report| AuthorityStatus::of(report, now)).collect()
         },
         heartbeats: store.heartbeats().await?,
         endpoints,

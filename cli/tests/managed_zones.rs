@@ -4,7 +4,7 @@
 //! (`dns_zones`) against the stack's control API, and plans published with `dnsplan --zone`.
 //! After each step the zone's whole AXFR from dnsplan is exactly the master file's records
 //! plus the plan's, and the NSD secondary holds the same; the first zone's plans and pause are
-//! not touched by the added zone's. Removed, the zone is no longer answered, the enactor's
+//! not touched by the added zone's, and `--zone` status and verify tell of the added zone. Removed, the zone is no longer answered, the enactor's
 //! writes and the CLI's calls to it are refused; added again, it starts empty at a serial past
 //! every one served (the secondary takes it), and the same enactor enacts it.
 
@@ -172,8 +172,11 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     assert_eq!(operator_plans, 0, "an operator plan in the first zone: {first}\n(before: {first_plans})");
     let status = ok(&dnsplan(&up, &["status"])?);
     assert!(!status.contains("PAUSED"), "the first zone paused by the added zone's operator plan:\n{status}");
-    let refused_status = failed(&dnsplan(&up, &["--zone", "shop.test.", "status"])?);
-    assert!(refused_status.contains("per-zone status is not built yet"), "{refused_status}");
+    // Its own status: paused by its operator's plan, at its serial; verify asks its endpoints.
+    let shop_status = ok(&dnsplan(&up, &["--zone", "shop.test.", "status"])?);
+    assert!(shop_status.contains("PAUSED") && shop_status.contains("101"), "shop.test.'s status:\n{shop_status}");
+    let verified = ok(&dnsplan(&up, &["--zone", "shop.test.", "verify", "--dns", &dns_arg])?);
+    assert!(verified.contains("1 of 1 endpoints served as active"), "{verified}");
 
     // A second plan: one address less.
     std::fs::write(&plan, plan_file(&["10.7.0.2"]))?;

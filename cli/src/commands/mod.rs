@@ -298,10 +298,9 @@ pub struct Client {
 }
 
 impl Client {
-    /// The commands that read and change plans (plans, rollback, endpoints, pause, resume,
-    /// cleanup) go to zone `zone` of the store: one added beside the first (`zone add
-    /// --managed`), or the first zone by its name. Status, verify and backend stay the first
-    /// zone's, and say so when asked for another.
+    /// Every command that reads or changes plans or status (plans, rollback, endpoints, pause,
+    /// resume, cleanup, status, verify) goes to zone `zone` of the store: one added beside the
+    /// first (`zone add --managed`), or the first zone by its name.
     pub async fn for_zone(mut self, zone: &str) -> CliResult<Client> {
         let origin = dnsplan_common::DnsName::parse(zone).map_err(|e| CliError::Failed(format!("--zone {zone:?}: {e}")))?;
         let live = self.store.zones().await?.into_iter().any(|z| z.origin == origin && z.is_live());
@@ -317,13 +316,12 @@ impl Client {
         Err(CliError::Refused(format!("zone {origin} is not managed by this stack; `dnsplan zone list` names the zones served")))
     }
 
-    /// Refuses `what` for an added zone: it reads the first zone's status.
-    fn first_zone_only(&self, what: &str) -> CliResult<()> {
+    /// The authority's status of the zone `--zone` named (`/v1/status`, or
+    /// `/v1/managed/{zone}/status`), with `query` (`?limit=0`, or empty).
+    fn status_path(&self, query: &str) -> String {
         match &self.zone {
-            Some(zone) => Err(CliError::Failed(format!(
-                "{what} with --zone {zone}: per-zone status is not built yet; {what} tells of the store's first zone"
-            ))),
-            None => Ok(()),
+            Some(zone) => format!("/v1/managed/{zone}/status{query}"),
+            None => format!("/v1/status{query}"),
         }
     }
 
@@ -376,10 +374,7 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
         ));
     }
     match command {
-        Command::Status => {
-            client.first_zone_only("status")?;
-            status(client).await
-        }
+        Command::Status => status(client).await,
         Command::Plans { command } => plans(client, command).await,
         Command::Rollback { to, reason, keep_automation, by, dns, wait_secs } => {
             let dns = client.dns(dns).await?;
@@ -398,16 +393,12 @@ async fn run_command(client: &Client, command: Command) -> CliResult<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify { dns, wait_secs } => {
-            client.first_zone_only("verify")?;
             let (servers, notes) = client.dns_all(dns).await?;
             verify(client, &servers, &notes, Duration::from_secs(wait_secs)).await
         }
         Command::Cleanup { dry_run, retain } => cleanup(client, dry_run, retain).await,
         Command::Zone { command } => zones::zone(client, command).await,
-        Command::Backend { command } => {
-            client.first_zone_only("backend")?;
-            backend(client, command).await
-        }
+        Command::Backend { command } => backend(client, command).await,
     }
 }
 

@@ -26,7 +26,7 @@ impl Client {
         if let Some(dns) = given {
             return Ok(dns);
         }
-        let status: Option<Status> = self.get_json("/v1/status?limit=0").await?;
+        let status: Option<Status> = self.get_json(&self.status_path("?limit=0")).await?;
         Ok(status.and_then(|s| s.dns.into_iter().next()).map_or(DNS_FALLBACK, reachable))
     }
 
@@ -38,7 +38,7 @@ impl Client {
         if !given.is_empty() {
             return Ok((given, Vec::new()));
         }
-        let status: Option<Status> = self.get_json("/v1/status?limit=0").await?;
+        let status: Option<Status> = self.get_json(&self.status_path("?limit=0")).await?;
         let Some(status) = status else { return Ok((vec![DNS_FALLBACK], Vec::new())) };
         let mut all: Vec<SocketAddr> = Vec::new();
         let mut notes = Vec::new();

@@ -46,8 +46,15 @@ pub(super) fn unmanaged_line(unmanaged: &[EndpointName]) -> String {
 }
 
 pub(super) async fn status(client: &Client) -> CliResult<ExitCode> {
-    let status: Status = client.get_json("/v1/status").await?.ok_or_else(|| CliError::Refused("no /v1/status at this address".into()))?;
-    let planner = client.get_json("/v1/planner").await.ok().flatten();
+    let status: Status = client
+        .get_json(&client.status_path(""))
+        .await?
+        .ok_or_else(|| CliError::Refused(format!("no {} at this address", client.status_path(""))))?;
+    // The planner of `dnsplan up` plans the first zone.
+    let planner = match client.zone {
+        Some(_) => None,
+        None => client.get_json("/v1/planner").await.ok().flatten(),
+    };
     let unmanaged = match status.latest {
         latest if latest.is_none() => Vec::new(),
         latest => workflow::unmanaged(&client.store, client.store.plan(latest).await?.plan()).await?.into_iter().collect(),
