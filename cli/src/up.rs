@@ -276,6 +276,7 @@ impl Stack {
             .with_state(demo_state);
 
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let zones_stopped = stop_rx.clone();
         let stopped = move || {
             let mut rx = stop_rx.clone();
             async move {
@@ -303,6 +304,11 @@ impl Stack {
             if let Some(v) = settings.verify.as_mut() {
                 v.dns_server = bound.dns[0];
             }
+            // The zones added to the store beside the first (`dnsplan zone add --managed`):
+            // each enactor enacts them too, a loop each, its series `id@zone`.
+            let (families, id) = (enactor_families.clone(), config.id.clone());
+            let zone_metrics = move |zone: &dnsplan_common::DnsName| Arc::new(families.enactor(&format!("{id}@{zone}")));
+            tasks.spawn(dnsplan_enactor::zones::enact_added_zones(store.clone(), settings.clone(), zone_metrics, zones_stopped.clone()));
             tasks.spawn(dnsplan_enactor::Enactor::new(store.clone(), settings, metrics).run(stopped()));
         }
         let checks = spawn_checks(&planner_config, book, planner_metrics);

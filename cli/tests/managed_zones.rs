@@ -228,3 +228,34 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     drop(secondary);
     Ok(())
 }
+
+/// `dnsplan up` alone, as a user's first hour has it: a zone added to its store is enacted by
+/// the stack's own enactors (no enactor to configure), so a plan published with `--zone` is
+/// served. Teeth: without `enact_added_zones` in `up`, the publish says "not enacted".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dnsplan_up_enacts_a_zone_added_to_its_store() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let text = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
+    let text = format!(
+        "{text}\n[authority.dns.transfer]\ntsig_required = false\n[[authority.dns.transfer.secondaries]]\naddress = \"127.0.0.1\"\n"
+    );
+    let config = dir.path().join("dnsplan.toml");
+    std::fs::write(&config, text)?;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
+    command.arg("up").arg("--config").arg(&config).arg("--data-dir").arg(dir.path().join("data"));
+    command.args(["--dns", "127.0.0.1:0", "--listen-control", "127.0.0.1:0"]).env_remove("DNSPLAN_TOKEN");
+    let up = spawn_up(&mut command)?;
+    let zone_file = dir.path().join("shop.zone");
+    std::fs::write(&zone_file, SHOP)?;
+    ok(&dnsplan(&up, &["zone", "add", "--managed", zone_file.to_str().unwrap_or_default()])?);
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(&plan, plan_file(&["10.7.0.9"]))?;
+    let dns_arg = up.dns.to_string();
+    let args = ["--zone", "shop.test.", "plans", "publish", plan.to_str().unwrap_or_default(), "--reason", "first hour", "--yes"];
+    let published = ok(&dnsplan(&up, &[&args[..], &["--dns", &dns_arg, "--wait-secs", "30"]].concat())?);
+    assert!(published.contains("served"), "{published}");
+    until_axfr(up.dns, &expected(101, &["10.7.0.9"]))?;
+    let status = ok(&dnsplan(&up, &["--zone", "shop.test.", "status"])?);
+    assert!(status.contains("enactor-a"), "the stack's enactors heartbeat in the added zone:\n{status}");
+    Ok(())
+}

@@ -9,7 +9,7 @@
 //! `config` the TOML config; `metrics` the Prometheus metrics (`http` the daemon's listener
 //! for them); `hooks` the hook points tests use to hold an enactor at an exact point (no-ops
 //! unless a test installs its own), and, with feature `testing` only, the naive 2025
-//! behaviour of the race tests.
+//! behaviour of the race tests; `zones` the loops of zones the store manages beside its first.
 
 pub mod args;
 pub mod config;
@@ -20,11 +20,8 @@ pub mod http;
 pub mod metrics;
 pub mod rfc2136;
 pub mod verify;
+pub mod zones;
 
 pub use config::{EnactorConfig, Settings};
 pub use enactor::Enactor;
 pub use metrics::{Families, Metrics};
-
-/// How often an enactor of zones added to the store (`dns_zones`) reads the store's registry
-/// to learn that a zone was removed or added again.
-pub const ZONE_REREAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);

@@ -112,59 +112,10 @@ async fn run_zones<S: ManagedZones>(
             config.zone,
             config.store.describe()
         ));
-        loops.spawn(async move {
-            loop {
-                let Some(handle) = zone_handle(&store, &zone, stopped.clone()).await else { return };
-                let incarnation = handle.incarnation();
-                let mut until_stop = stopped.clone();
-                let until_stop = async move {
-                    let _ = until_stop.wait_for(|stop| *stop).await;
-                };
-                tokio::select! {
-                    () = Enactor::new(handle, settings.clone(), metrics.clone()).run(until_stop) => return,
-                    () = incarnation_changes(&store, &zone, incarnation) => {
-                        tracing::warn!(dns_zone = %zone, "the zone was removed or added again; its old incarnation is no longer enacted");
-                    }
-                }
-            }
-        });
+        loops.spawn(dnsplan_enactor::zones::enact_zone(store, zone, settings, metrics, stopped));
     }
     shutdown.await;
     let _ = stop.send(true);
     while loops.join_next().await.is_some() {}
     Ok(())
-}
-
-/// Zone `zone`'s handle, looked for again until the store has it; `None` once `stopped`.
-async fn zone_handle<S: ManagedZones>(
-    store: &S,
-    zone: &dnsplan_common::DnsName,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) -> Option<S> {
-    let mut wait = std::time::Duration::from_millis(200);
-    loop {
-        match store.zone(zone).await {
-            Ok(handle) => return Some(handle),
-            Err(err) => tracing::warn!(dns_zone = %zone, error = %err, "the zone is not in the store (yet); looking again"),
-        }
-        tokio::select! {
-            _ = stopped.wait_for(|stop| *stop) => return None,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(std::time::Duration::from_secs(5));
-    }
-}
-
-/// Returns once the store's registry no longer has zone `zone` live at `incarnation` (it was
-/// removed, or removed and added again); read every [`dnsplan_enactor::ZONE_REREAD_EVERY`].
-async fn incarnation_changes<S: ManagedZones>(store: &S, zone: &dnsplan_common::DnsName, incarnation: Option<u64>) {
-    loop {
-        tokio::time::sleep(dnsplan_enactor::ZONE_REREAD_EVERY).await;
-        if let Ok(zones) = store.zones().await {
-            let live = zones.iter().find(|z| &z.origin == zone).and_then(|z| z.incarnation());
-            if live != incarnation {
-                return;
-            }
-        }
-    }
 }

@@ -1,0 +1,111 @@
+//! Enacting zones the store manages beside its first one (`ManagedZones`): a loop per zone on
+//! the zone's handle, started again on the zone's new incarnation when it was removed and added
+//! again (nothing carried over), and, for `dnsplan up`, every zone of the store's registry
+//! (`enact_added_zones`), a loop each, started when a zone is added and stopped when it is
+//! removed.
+
+use crate::config::Settings;
+use crate::enactor::Enactor;
+use crate::metrics::Metrics;
+use dnsplan_common::names::DnsName;
+use dnsplan_common::store::zones::ManagedZones;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How often a loop reads the store's registry to learn that its zone was removed or added
+/// again, and `enact_added_zones` that a zone was added or removed.
+pub const ZONE_REREAD_EVERY: Duration = Duration::from_secs(2);
+
+/// Enacts zone `zone` until `stopped` says so: on the zone's handle, looked for until the
+/// store has it, and again on each new incarnation.
+pub async fn enact_zone<S: ManagedZones>(
+    store: S,
+    zone: DnsName,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let Some(handle) = zone_handle(&store, &zone, stopped.clone()).await else { return };
+        let incarnation = handle.incarnation();
+        let mut until_stop = stopped.clone();
+        let until_stop = async move {
+            let _ = until_stop.wait_for(|stop| *stop).await;
+        };
+        tokio::select! {
+            () = Enactor::new(handle, settings.clone(), metrics.clone()).run(until_stop) => return,
+            () = incarnation_changes(&store, &zone, incarnation) => {
+                tracing::warn!(dns_zone = %zone, "the zone was removed or added again; its old incarnation is no longer enacted");
+            }
+        }
+    }
+}
+
+/// Enacts every zone the store manages beside its first one, as its registry says, until
+/// `stopped`: `metrics(zone)` gives each loop its metrics.
+pub async fn enact_added_zones<S: ManagedZones>(
+    store: S,
+    settings: Settings,
+    metrics: impl Fn(&DnsName) -> Arc<Metrics>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut loops: HashMap<DnsName, tokio::task::AbortHandle> = HashMap::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        if let Ok(zones) = store.zones().await {
+            let live: Vec<&DnsName> = zones.iter().filter(|z| z.is_live()).map(|z| &z.origin).collect();
+            loops.retain(|zone, task| {
+                let keep = live.contains(&zone);
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+            for zone in live {
+                if !loops.contains_key(zone) {
+                    let run = enact_zone(store.clone(), zone.clone(), settings.clone(), metrics(zone), stopped.clone());
+                    loops.insert(zone.clone(), tasks.spawn(run));
+                }
+            }
+        }
+        // Finished loops (aborted ones) are collected as they end.
+        while tasks.try_join_next().is_some() {}
+        tokio::select! {
+            _ = stopped.wait_for(|stop| *stop) => break,
+            _ = tokio::time::sleep(ZONE_REREAD_EVERY) => {}
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Zone `zone`'s handle, looked for again until the store has it; `None` once `stopped`.
+async fn zone_handle<S: ManagedZones>(store: &S, zone: &DnsName, mut stopped: watch::Receiver<bool>) -> Option<S> {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match store.zone(zone).await {
+            Ok(handle) => return Some(handle),
+            Err(err) => tracing::warn!(dns_zone = %zone, error = %err, "the zone is not in the store (yet); looking again"),
+        }
+        tokio::select! {
+            _ = stopped.wait_for(|stop| *stop) => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Returns once the store's registry no longer has zone `zone` live at `incarnation` (it was
+/// removed, or removed and added again).
+async fn incarnation_changes<S: ManagedZones>(store: &S, zone: &DnsName, incarnation: Option<u64>) {
+    loop {
+        tokio::time::sleep(ZONE_REREAD_EVERY).await;
+        if let Ok(zones) = store.zones().await {
+            let live = zones.iter().find(|z| &z.origin == zone).and_then(|z| z.incarnation());
+            if live != incarnation {
+                return;
+            }
+        }
+    }
+}
