@@ -5,7 +5,8 @@
 //! After each step the zone's whole AXFR from dnsplan is exactly the master file's records
 //! plus the plan's, and the NSD secondary holds the same; the first zone's plans and pause are
 //! not touched by the added zone's, and `--zone` status and verify tell of the added zone. Removed, the zone is no longer answered, the enactor's
-//! writes and the CLI's calls to it are refused; added again, it starts empty at a serial past
+//! writes and the CLI's calls to it are refused (before that, a SIGKILL and a restart of the
+//! stack serve it as it was); added again, it starts empty at a serial past
 //! every one served (the secondary takes it), and the same enactor enacts it.
 
 mod support;
@@ -126,7 +127,9 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     std::fs::write(&config, text)?;
     let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
     command.arg("up").arg("--config").arg(&config).arg("--data-dir").arg(dir.path().join("data"));
-    command.args(["--dns", &format!("127.0.0.1:{dns_port}"), "--listen-control", "127.0.0.1:0"]).env_remove("DNSPLAN_TOKEN");
+    // Fixed ports: the secondary and the enactor find the stack again after its restart.
+    let control = format!("127.0.0.1:{}", free_port()?);
+    command.args(["--dns", &format!("127.0.0.1:{dns_port}"), "--listen-control", &control]).env_remove("DNSPLAN_TOKEN");
     let up = spawn_up(&mut command)?;
     until_dns(up.dns, "api.example.test.", |a| !a.is_empty()).await?;
     let first_plans = ok(&dnsplan(&up, &["--output", "json", "plans", "list"])?);
@@ -187,6 +190,11 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     until_axfr(up.dns, &expected(102, &["10.7.0.2"]))?;
     until_serial(secondary.addr(), "shop.test.", 102)?;
     anyhow::ensure!(axfr(secondary.addr(), "shop.test.")? == axfr(up.dns, "shop.test.")?, "the secondary's copy differs");
+
+    // Killed (SIGKILL) and started again: the added zone is served as it was, from the store.
+    drop(up);
+    let up = spawn_up(&mut command)?;
+    until_axfr(up.dns, &expected(102, &["10.7.0.2"])).map_err(|e| anyhow::anyhow!("after a restart: {e}"))?;
 
     // Removed: no longer answered, the CLI's calls to it refused.
     let said = ok(&dnsplan(&up, &["zone", "remove", "--managed", "shop.test."])?);
