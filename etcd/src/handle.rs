@@ -2,10 +2,11 @@
 //! and the active-change log; `connect`, and the test-only hooks on its transactions.
 
 use crate::active_log::ActiveLog;
-use crate::client::{Client, ClientOptions};
+use crate::client::{Client, ClientOptions, Compare, CompareOp};
 use crate::config::*;
 use crate::keys::Keys;
 use dnsplan_common::codec::{self};
+use dnsplan_common::names::DnsName;
 use dnsplan_common::plan::ValidatedPlan;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -68,7 +69,7 @@ pub(crate) struct Inner {
     pub(crate) layout_checked: AtomicBool,
     /// For the handle of an added zone: the zone's live key and the value it had when the
     /// handle was made, compared by every transaction (see `zones`).
-    pub(crate) zone: Option<crate::zones::ZoneFence>,
+    pub(crate) zone: Option<ZoneFence>,
     /// Test-only: the write transaction whose committed reply is lost next (see
     /// `lose_next_reply`).
     #[cfg(feature = "testing")]
@@ -103,7 +104,7 @@ impl EtcdStore {
     }
 
     /// A store on `client` under `config.prefix`; `zone` fences an added zone's handle.
-    pub(crate) fn with_client(client: Client, config: EtcdConfig, zone: Option<crate::zones::ZoneFence>) -> EtcdStore {
+    pub(crate) fn with_client(client: Client, config: EtcdConfig, zone: Option<ZoneFence>) -> EtcdStore {
         EtcdStore {
             inner: Arc::new(Inner {
                 client,
@@ -147,5 +148,19 @@ impl EtcdStore {
             *hold = Some(Hold { what, reached, go });
         }
         (reached_rx, go_tx)
+    }
+}
+
+/// An added zone's handle's fence (see `zones`): its live key and the incarnation it was made with.
+#[derive(Clone, Debug)]
+pub(crate) struct ZoneFence {
+    pub(crate) origin: DnsName,
+    pub(crate) live_key: Vec<u8>,
+    pub(crate) token: Vec<u8>,
+}
+
+impl ZoneFence {
+    pub(crate) fn compare(&self) -> Compare {
+        Compare::value(self.live_key.clone(), CompareOp::Equal, self.token.clone())
     }
 }

@@ -12,6 +12,7 @@
 
 use crate::active::slot_counts;
 use crate::client::{Compare, CompareOp, Txn};
+use crate::handle::ZoneFence;
 use crate::txn::{cmp_bytes, delete_range, first, get, get_range, put};
 use crate::{EtcdStore, LAYOUT, prefix_end};
 use dnsplan_common::codec;
@@ -19,20 +20,6 @@ use dnsplan_common::names::DnsName;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added, random_id};
 use dnsplan_common::store::{Store, StoreError, StoreResult};
-
-/// An added zone's handle's fence: its live key and the incarnation it was made with.
-#[derive(Clone, Debug)]
-pub(crate) struct ZoneFence {
-    origin: DnsName,
-    live_key: Vec<u8>,
-    token: Vec<u8>,
-}
-
-impl ZoneFence {
-    pub(crate) fn compare(&self) -> Compare {
-        Compare::value(self.live_key.clone(), CompareOp::Equal, self.token.clone())
-    }
-}
 
 impl EtcdStore {
     fn registry_prefix(&self) -> Vec<u8> {
