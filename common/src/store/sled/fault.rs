@@ -92,7 +92,7 @@ impl Database {
         // Zones are neither added nor removed meanwhile.
         let zones = self.zones.lock().map_err(|_| poisoned())?;
         let first = self.first.lock().map_err(|_| poisoned())?.upgrade();
-        let open: Vec<Arc<Shared>> = first.into_iter().chain(zones.values().filter_map(std::sync::Weak::upgrade)).collect();
+        let open: Vec<Arc<Shared>> = first.into_iter().chain(zones.values().filter_map(zones::OpenZone::shared)).collect();
         // Taken out first, so sled's lock is released once the calls still on it return
         // (`open_db` waits up to `OPEN_LOCK_WAIT` for that).
         for shared in &open {
@@ -100,18 +100,26 @@ impl Database {
         }
         let db = open_db(&self.path)?;
         let mut inners = Vec::with_capacity(open.len());
-        for shared in &open {
-            let inner = Inner::from_db(db.clone(), &shared.zone, &shared.path, shared.version.clone(), shared.high_water.clone(), None)?;
-            inners.push(Arc::new(inner));
+        for (i, shared) in open.iter().enumerate() {
+            match Inner::from_db(db.clone(), &shared.zone, &shared.path, shared.version.clone(), shared.high_water.clone(), None) {
+                Ok(inner) => inners.push(Some(Arc::new(inner))),
+                // The first zone must open; an added zone that does not stays unavailable on
+                // its own (its calls say the store is being reopened), the others serve.
+                Err(err) if i > 0 => {
+                    tracing::error!(path = %shared.path.display(), error = %err, "an added zone did not open again; its calls are refused until the next open");
+                    inners.push(None);
+                }
+                Err(err) => return Err(err),
+            }
         }
-        if let Some(inner) = inners.first() {
+        if let Some(Some(inner)) = inners.first() {
             let _guard = inner.guard()?;
             inner.meta.insert(META_REOPENED, &lease::now_unix_ms().to_be_bytes()).map_err(io)?;
             inner.flush()?;
             inner.publish_version()?;
         }
         for (shared, inner) in open.iter().zip(inners) {
-            *shared.inner.write().map_err(|_| poisoned())? = Some(inner);
+            *shared.inner.write().map_err(|_| poisoned())? = inner;
         }
         Ok(())
     }

@@ -150,7 +150,7 @@ struct Database {
     fault: Mutex<Option<Fault>>,
     /// The added zones this process holds open, so that a reopen opens their trees again; its
     /// lock orders zone additions, removals and reopens.
-    zones: Mutex<BTreeMap<DnsName, std::sync::Weak<Shared>>>,
+    zones: Mutex<BTreeMap<DnsName, zones::OpenZone>>,
     /// The first zone, which a reopen opens and proves with a write first.
     first: Mutex<std::sync::Weak<Shared>>,
     /// What opening a zone behind its high-water mark does.
@@ -265,6 +265,11 @@ impl SledStore {
         let database = self.shared.database.clone();
         tokio::task::spawn_blocking(move || {
             let result = f(&inner);
+            // A call that raced a removal of its zone finds the zone's trees dropped: the
+            // removal, not a fault of the database.
+            if let Err(StoreError::Io(_)) = &result {
+                inner.zone.check_live()?;
+            }
             drop(inner);
             if let Err(err @ StoreError::Io(_)) = &result {
                 Database::failed(&database, &fault_text(err));

@@ -781,3 +781,24 @@ async fn a_reopen_opens_the_added_zones_again() {
     assert!(matches!(outcomes[0], Ok(ApplyOutcome::Switched { .. })), "{outcomes:?}");
     assert_eq!(root.latest().await.expect("latest"), Generation::NONE, "the first zone has no plan");
 }
+
+/// A zone whose every handle was dropped while a call still ran on its trees opens again on
+/// the same trees and writer lock, never on a second set beside them (two writers on one zone).
+#[tokio::test]
+async fn a_zone_opened_again_while_a_call_runs_keeps_one_writer_lock() {
+    use crate::store::zones::ManagedZones;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = SledStore::open(dir.path()).expect("open");
+    let origin = DnsName::parse("example.test.").expect("zone");
+    assert!(root.add_zone(&origin, "").await.expect("add"));
+    let first = root.zone(&origin).await.expect("zone");
+    // What a call in flight holds.
+    let running = first.current().expect("the zone's trees");
+    drop(first);
+    let again = root.zone(&origin).await.expect("zone again");
+    assert!(Arc::ptr_eq(&running, &again.current().expect("the zone's trees")), "a second set of trees and lock for one zone");
+    drop((running, again));
+    // With nothing running on it, the zone opens afresh.
+    let fresh = root.zone(&origin).await.expect("zone afresh");
+    assert_eq!(fresh.latest().await.expect("latest"), Generation::NONE);
+}

@@ -20,6 +20,30 @@ const REGISTRY: &str = "managed_zones";
 /// The directory, in the store's, of the added zones' high-water marks.
 const ZONES_DIR: &str = "managed-zones";
 
+/// An added zone this process opened: its handle's shared part, and its trees (alive as long as
+/// a call runs on them, after the last handle went).
+pub(super) struct OpenZone {
+    shared: std::sync::Weak<Shared>,
+    inner: std::sync::Weak<Inner>,
+}
+
+impl OpenZone {
+    /// The zone's shared part, while a handle holds it.
+    pub(super) fn shared(&self) -> Option<Arc<Shared>> {
+        self.shared.upgrade()
+    }
+}
+
+/// Fences the zone `open` holds: every later call of its handles is refused.
+fn fence(open: &OpenZone) {
+    if let Some(shared) = open.shared.upgrade() {
+        shared.zone.removed.store(true, Ordering::Release);
+    }
+    if let Some(inner) = open.inner.upgrade() {
+        inner.zone.removed.store(true, Ordering::Release);
+    }
+}
+
 /// Which zone's trees an [`Inner`] holds, and whether that zone was removed.
 #[derive(Clone)]
 pub(super) struct ZoneTrees {
@@ -82,9 +106,25 @@ impl SledStore {
 
     /// The handle of live zone `origin`, opened if this process has not yet; `zones` is the
     /// database's lock of zone changes, held.
-    fn open_zone(&self, zones: &mut BTreeMap<DnsName, std::sync::Weak<Shared>>, origin: &DnsName) -> StoreResult<SledStore> {
-        if let Some(shared) = zones.get(origin).and_then(std::sync::Weak::upgrade) {
-            return Ok(SledStore { shared });
+    fn open_zone(&self, zones: &mut BTreeMap<DnsName, OpenZone>, origin: &DnsName) -> StoreResult<SledStore> {
+        if let Some(open) = zones.get(origin) {
+            if let Some(shared) = open.shared.upgrade() {
+                return Ok(SledStore { shared });
+            }
+            // Every handle was dropped, but a call still runs on the zone's trees: the new
+            // handle takes the same `Inner`, so the zone keeps one writer lock.
+            if let Some(inner) = open.inner.upgrade() {
+                let shared = Arc::new(Shared {
+                    path: self.zone_dir(origin),
+                    zone: inner.zone.clone(),
+                    version: inner.version.clone(),
+                    high_water: inner.high_water.clone(),
+                    inner: RwLock::new(Some(inner.clone())),
+                    database: self.shared.database.clone(),
+                });
+                zones.insert(origin.clone(), OpenZone { shared: Arc::downgrade(&shared), inner: Arc::downgrade(&inner) });
+                return Ok(SledStore { shared });
+            }
         }
         let db = self.db()?;
         let Some(incarnation) = read_entry(&registry(&db)?, origin)?.and_then(|entry| entry.incarnation()) else {
@@ -101,16 +141,17 @@ impl SledStore {
         let (high_water, version) = (Arc::new(Mutex::new(high_water)), Arc::new(watch::Sender::new(StoreVersion::default())));
         let trees = ZoneTrees::added(origin, incarnation);
         let on_loss = self.shared.database.on_loss;
-        let inner = Inner::from_db(db, &trees, &dir, version.clone(), high_water.clone(), Some((found, on_loss)))?;
+        let inner = Arc::new(Inner::from_db(db, &trees, &dir, version.clone(), high_water.clone(), Some((found, on_loss)))?);
+        let weak_inner = Arc::downgrade(&inner);
         let shared = Arc::new(Shared {
             path: dir,
             zone: trees,
-            inner: RwLock::new(Some(Arc::new(inner))),
+            inner: RwLock::new(Some(inner)),
             version,
             high_water,
             database: self.shared.database.clone(),
         });
-        zones.insert(origin.clone(), Arc::downgrade(&shared));
+        zones.insert(origin.clone(), OpenZone { shared: Arc::downgrade(&shared), inner: weak_inner });
         Ok(SledStore { shared })
     }
 
@@ -120,7 +161,7 @@ impl SledStore {
     }
 
     fn add_zone_sync(&self, origin: &DnsName, master: &str) -> StoreResult<bool> {
-        let _zones = self.shared.database.zones.lock().map_err(|_| poisoned())?;
+        let mut zones = self.shared.database.zones.lock().map_err(|_| poisoned())?;
         let db = self.db()?;
         let first = {
             let first = self.shared.database.first.lock().map_err(|_| poisoned())?.upgrade();
@@ -137,6 +178,11 @@ impl SledStore {
             return Err(StoreError::BadRequest(format!(
                 "the store's registry holds {MANAGED_ZONES_MAX} zones, live and removed; no more are added"
             )));
+        }
+        // A handle of an earlier incarnation this process still holds (a removal whose
+        // tombstone was written but not confirmed) is fenced before its trees go.
+        if let Some(open) = zones.remove(origin) {
+            fence(&open);
         }
         // What an earlier incarnation (or an addition a crash interrupted) left: its trees
         // and its high-water mark, which names another store id.
@@ -177,13 +223,16 @@ impl SledStore {
         {
             let _guard = inner.guard()?;
             let (applied_changes, content_changes) = inner.counts()?;
+            // Fenced first, under the writer lock: a removal that fails after this leaves the
+            // zone refusing this process's writes until it is opened again, never a write after
+            // a tombstone that did reach the disk.
+            handle.shared.zone.removed.store(true, Ordering::Release);
+            zones.remove(origin);
             let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes };
             let entry = ManagedZone { origin: origin.clone(), state };
             registry(&db)?.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
             db.flush().map_err(io)?;
-            handle.shared.zone.removed.store(true, Ordering::Release);
         }
-        zones.remove(origin);
         // Waiters on the zone's changes wake, and find it gone.
         handle.shared.version.send_modify(|_| {});
         drop(handle.shared.inner.write().map_err(|_| poisoned())?.take());
@@ -223,9 +272,14 @@ impl SledStore {
 
     async fn zone_call<T: Send + 'static>(&self, f: impl FnOnce(&SledStore) -> StoreResult<T> + Send + 'static) -> StoreResult<T> {
         let store = self.clone();
-        tokio::task::spawn_blocking(move || f(&store))
+        let result = tokio::task::spawn_blocking(move || f(&store))
             .await
-            .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?
+            .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?;
+        // sled refuses every call after an I/O error until the database is opened again.
+        if let Err(err @ StoreError::Io(_)) = &result {
+            Database::failed(&self.shared.database, &fault_text(err));
+        }
+        result
     }
 }
 
