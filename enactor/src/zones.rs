@@ -8,15 +8,14 @@ use crate::config::Settings;
 use crate::enactor::Enactor;
 use crate::metrics::Metrics;
 use dnsplan_common::names::DnsName;
-use dnsplan_common::store::zones::ManagedZones;
+use dnsplan_common::store::zones::{ManagedZones, incarnation_changes, wait_for_zone};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::watch;
 
-/// How often a loop reads the store's registry to learn that its zone was removed or added
-/// again, and `enact_added_zones` that a zone was added or removed.
-pub const ZONE_REREAD_EVERY: Duration = Duration::from_secs(2);
+/// How often `enact_added_zones` reads the store's registry for zones added or removed (and a
+/// loop, that its zone was removed or added again).
+pub use dnsplan_common::store::zones::ZONE_REREAD_EVERY;
 
 /// Enacts zone `zone` until `stopped` says so: on the zone's handle, looked for until the
 /// store has it, and again on each new incarnation.
@@ -28,7 +27,11 @@ pub async fn enact_zone<S: ManagedZones>(
     stopped: watch::Receiver<bool>,
 ) {
     loop {
-        let Some(handle) = zone_handle(&store, &zone, stopped.clone()).await else { return };
+        let mut until_stopped = stopped.clone();
+        let stop = async move {
+            let _ = until_stopped.wait_for(|stop| *stop).await;
+        };
+        let Some(handle) = wait_for_zone(&store, &zone, stop).await else { return };
         let incarnation = handle.incarnation();
         let mut until_stop = stopped.clone();
         let until_stop = async move {
@@ -78,34 +81,4 @@ pub async fn enact_added_zones<S: ManagedZones>(
         }
     }
     while tasks.join_next().await.is_some() {}
-}
-
-/// Zone `zone`'s handle, looked for again until the store has it; `None` once `stopped`.
-async fn zone_handle<S: ManagedZones>(store: &S, zone: &DnsName, mut stopped: watch::Receiver<bool>) -> Option<S> {
-    let mut wait = Duration::from_millis(200);
-    loop {
-        match store.zone(zone).await {
-            Ok(handle) => return Some(handle),
-            Err(err) => tracing::warn!(dns_zone = %zone, error = %err, "the zone is not in the store (yet); looking again"),
-        }
-        tokio::select! {
-            _ = stopped.wait_for(|stop| *stop) => return None,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// Returns once the store's registry no longer has zone `zone` live at `incarnation` (it was
-/// removed, or removed and added again).
-async fn incarnation_changes<S: ManagedZones>(store: &S, zone: &DnsName, incarnation: Option<u64>) {
-    loop {
-        tokio::time::sleep(ZONE_REREAD_EVERY).await;
-        if let Ok(zones) = store.zones().await {
-            let live = zones.iter().find(|z| &z.origin == zone).and_then(|z| z.incarnation());
-            if live != incarnation {
-                return;
-            }
-        }
-    }
 }

@@ -7,7 +7,7 @@ use clap::Parser;
 use dnsplan_common::Store;
 use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
-use dnsplan_common::store::zones::ManagedZones;
+use dnsplan_common::store::zones::{ManagedZones, incarnation_changes, wait_for_zone};
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore};
 use dnsplan_planner::args::Args;
@@ -69,43 +69,36 @@ async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFail
 }
 
 /// The planner on `store`'s first zone, or with `added_zone` on the zone `dns_zone` once the
-/// store has it (looked for again until it does, or shutdown).
+/// store has it, started again on each new incarnation of the zone (removed and added again).
 async fn run<S: ManagedZones>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    if !config.added_zone {
-        return run_on(store, config, shutdown).await;
-    }
-    tokio::pin!(shutdown);
-    let mut wait = std::time::Duration::from_millis(200);
-    loop {
-        match store.zone(&config.dns_zone).await {
-            Ok(zone) => return run_on(zone, config, shutdown).await,
-            Err(err) => tracing::warn!(dns_zone = %config.dns_zone, error = %err, "the zone is not in the store (yet); looking again"),
-        }
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(std::time::Duration::from_secs(5));
-    }
-}
-
-async fn run_on<S: Store>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
     let book = Arc::new(HealthBook::default());
     let _checks = spawn_checks(&config, book.clone(), metrics.clone());
-    let planner = Planner::new(store, config.clone(), book, metrics);
-    let status = planner.status();
-
+    let status = Arc::new(std::sync::Mutex::new(dnsplan_planner::planner::Status { id: config.id.clone(), ..Default::default() }));
     {
         let listen = config.metrics.listen;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
         daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
         // Served until the process ends, after the planner's clean stop.
-        let id = config.id.clone();
+        let (id, status) = (config.id.clone(), status.clone());
         tokio::spawn(async move { http::serve(listener, registry, &id, status, std::future::pending()).await });
     }
     daemon::announce(&format!("planner  {} for {} against {}", config.id, config.dns_zone, config.store.describe()));
-    planner.run(shutdown).await;
-    Ok(())
+    let planner = |store| Planner::new(store, config.clone(), book.clone(), metrics.clone()).with_status(status.clone());
+    if !config.added_zone {
+        planner(store).run(shutdown).await;
+        return Ok(());
+    }
+    tokio::pin!(shutdown);
+    loop {
+        let Some(zone) = wait_for_zone(&store, &config.dns_zone, shutdown.as_mut()).await else { return Ok(()) };
+        let incarnation = zone.incarnation();
+        tokio::select! {
+            () = planner(zone).run(shutdown.as_mut()) => return Ok(()),
+            () = incarnation_changes(&store, &config.dns_zone, incarnation) => {
+                tracing::warn!(dns_zone = %config.dns_zone, "the zone was removed or added again; planning its new incarnation");
+            }
+        }
+    }
 }

@@ -83,6 +83,12 @@ impl<S: Store> Planner<S> {
         }
     }
 
+    /// Keeps its status in `status` (one the daemon serves across planners it starts again).
+    pub fn with_status(mut self, status: Arc<Mutex<Status>>) -> Self {
+        self.status = status;
+        self
+    }
+
     /// A handle on the status the loop keeps up to date.
     pub fn status(&self) -> Arc<Mutex<Status>> {
         self.status.clone()

@@ -82,7 +82,8 @@ async fn a_standby_planner_takes_over_without_publishing_any_generation_twice() 
 
 /// A planner for a zone added to the store (`added_zone`) beside a planner for the store's
 /// first zone, one store: each holds its own zone's lease at the same time and publishes only
-/// its zone's plans; a backend that fails is planned out of both.
+/// its zone's plans; a backend that fails is planned out of both; the added zone removed and
+/// added again is planned again by the same process.
 ///
 /// Teeth: without `added_zone` taken (the planner on the first zone's store), the shop
 /// planner's plans are refused as another DNS zone's, and "no plan of shop.test." is published.
@@ -140,6 +141,21 @@ async fn planners_of_two_zones_of_one_store_each_plan_their_own() -> anyhow::Res
             anyhow::ensure!(std::time::Instant::now() < deadline, "127.0.2.5 still weighted in {zone_name}'s plan {}", version.latest);
             store.wait_for_change(version, Duration::from_secs(1)).await?;
         }
+    }
+    // Removed and added again: the same planner process plans the new incarnation.
+    assert!(remote.remove_zone(&shop_zone).await?);
+    assert!(remote.add_zone(&shop_zone, master).await?);
+    let again = remote.zone(&shop_zone).await?;
+    let deadline = std::time::Instant::now() + WITHIN;
+    loop {
+        let version = again.version().await?;
+        if version.latest > Generation::NONE {
+            let plans = again.list(Generation::NONE, 1_000).await?;
+            assert!(plans.iter().all(|p| p.author.to_string() == "planner:p-shop"), "{plans:?}");
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the planner never planned shop.test. added again");
+        again.wait_for_change(version, Duration::from_secs(1)).await?;
     }
     drop(log);
     authority.stop().await?;

@@ -116,3 +116,39 @@ pub fn check_added(origin: &DnsName, first: Option<&DnsName>, master: &str) -> S
     }
     Ok(())
 }
+
+/// How often a daemon of an added zone reads the store's registry to learn that its zone was
+/// removed or added again ([`incarnation_changes`]).
+pub const ZONE_REREAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Zone `zone`'s handle, looked for again (at growing intervals, 5 s at most) until the store
+/// has it; `None` once `stop` resolves first.
+pub async fn wait_for_zone<S: ManagedZones>(store: &S, zone: &DnsName, stop: impl Future<Output = ()>) -> Option<S> {
+    tokio::pin!(stop);
+    let mut wait = std::time::Duration::from_millis(200);
+    loop {
+        match store.zone(zone).await {
+            Ok(handle) => return Some(handle),
+            Err(err) => tracing::warn!(dns_zone = %zone, error = %err, "the zone is not in the store (yet); looking again"),
+        }
+        tokio::select! {
+            _ = &mut stop => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(std::time::Duration::from_secs(5));
+    }
+}
+
+/// Returns once the store's registry no longer has zone `zone` live at `incarnation` (it was
+/// removed, or removed and added again), read every [`ZONE_REREAD_EVERY`].
+pub async fn incarnation_changes<S: ManagedZones>(store: &S, zone: &DnsName, incarnation: Option<u64>) {
+    loop {
+        tokio::time::sleep(ZONE_REREAD_EVERY).await;
+        if let Ok(zones) = store.zones().await {
+            let live = zones.iter().find(|z| &z.origin == zone).and_then(ManagedZone::incarnation);
+            if live != incarnation {
+                return;
+            }
+        }
+    }
+}
