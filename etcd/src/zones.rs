@@ -85,10 +85,13 @@ impl ManagedZones for EtcdStore {
 
     async fn add_zone(&self, origin: &DnsName, master: &str) -> StoreResult<bool> {
         check_added(origin, self.dns_zone().await?.as_ref(), master)?;
+        // The incarnation an attempt whose reply was lost may have committed.
+        let mut sent: Option<u64> = None;
         for attempt in 0..crate::ATTEMPTS_MAX {
             let (entry, raw, _) = self.entry(origin).await?;
-            if entry.as_ref().is_some_and(ManagedZone::is_live) {
-                return Ok(false);
+            if let Some(live) = entry.as_ref().and_then(ManagedZone::incarnation) {
+                // Ours, committed by an attempt whose answer was lost, or another's.
+                return Ok(sent == Some(live));
             }
             if entry.is_none() {
                 let prefix = self.registry_prefix();
@@ -128,8 +131,15 @@ impl ManagedZones for EtcdStore {
                 ops.push(put(format!("{zone}meta/applied").into_bytes(), [applied.to_be_bytes(), content.to_be_bytes()].concat()));
             }
             let added = Txn::new().when(vec![cmp_bytes(registry_key, raw.as_deref())]).and_then(ops);
-            if self.txn("zone add", added).await?.succeeded() {
-                return Ok(true);
+            sent = Some(incarnation);
+            match self.txn("zone add", added).await {
+                Ok(response) if response.succeeded() => return Ok(true),
+                Ok(_) => {}
+                // Committed or not: the next read of the registry tells.
+                Err(StoreError::Unavailable(detail)) => {
+                    tracing::debug!(zone = %origin, detail, "zone add without an answer; reading it back")
+                }
+                Err(err) => return Err(err),
             }
             crate::txn::back_off(attempt).await;
         }
@@ -144,9 +154,16 @@ impl ManagedZones for EtcdStore {
     }
 
     async fn remove_zone(&self, origin: &DnsName) -> StoreResult<bool> {
+        // The incarnation an attempt whose reply was lost may have removed.
+        let mut removing: Option<Vec<u8>> = None;
         for attempt in 0..crate::ATTEMPTS_MAX {
             let (entry, raw, token) = self.entry(origin).await?;
-            let (Some(_), Some(token)) = (entry.filter(ManagedZone::is_live), token) else { return Ok(false) };
+            let (Some(_), Some(token)) = (entry.filter(ManagedZone::is_live), token) else {
+                // Removed: by an attempt of ours whose answer was lost (the live key it compared
+                // is gone), or by another caller before.
+                return Ok(removing.is_some());
+            };
+            removing = Some(token.clone());
             let zone = self.handle(origin, token.clone());
             let (_, slots) =
                 zone.read("zone counts", vec![get_range(zone.inner.keys.applied(), prefix_end(&zone.inner.keys.applied()), 0)]).await?;
@@ -173,8 +190,14 @@ impl ManagedZones for EtcdStore {
                     put(self.registry_key(origin), codec::encode(&tombstone)),
                     delete_range(prefix.clone().into_bytes(), prefix_end(prefix.as_bytes())),
                 ]);
-            if self.txn("zone remove", txn).await?.succeeded() {
-                return Ok(true);
+            match self.txn("zone remove", txn).await {
+                Ok(response) if response.succeeded() => return Ok(true),
+                Ok(_) => {}
+                // Committed or not: the next read of the registry tells.
+                Err(StoreError::Unavailable(detail)) => {
+                    tracing::debug!(zone = %origin, detail, "zone removal without an answer; reading it back")
+                }
+                Err(err) => return Err(err),
             }
             crate::txn::back_off(attempt).await;
         }

@@ -823,5 +823,16 @@ async fn etcd_zones_pass_the_suite_are_isolated_and_fence_removal() -> anyhow::R
     assert!(violations.is_empty(), "{violations:?}");
     let violations = removal_fences_late_writes(harness.cluster.store("/removal/").await?).await?;
     assert!(violations.is_empty(), "{violations:?}");
+    // An addition and a removal whose answers are lost after etcd committed them: each is
+    // read back and reported done, not failed nor "already there" (teeth: without the
+    // incarnation it sent kept, the addition reports that the zone was there already).
+    let lossy = harness.cluster.store("/lost-replies/").await?;
+    let shop = zone("shop.test.");
+    lossy.lose_next_reply("zone add");
+    assert!(lossy.add_zone(&shop, &master(&shop)).await?, "an addition whose reply was lost");
+    lossy.zone(&shop).await?;
+    lossy.lose_next_reply("zone remove");
+    assert!(lossy.remove_zone(&shop).await?, "a removal whose reply was lost");
+    assert!(matches!(lossy.zone(&shop).await, Err(dnsplan_common::StoreError::ZoneGone { .. })));
     Ok(())
 }
