@@ -8,7 +8,7 @@ use crate::config::Settings;
 use crate::enactor::Enactor;
 use crate::metrics::Metrics;
 use dnsplan_common::names::DnsName;
-use dnsplan_common::store::zones::{ManagedZones, incarnation_changes, wait_for_zone};
+use dnsplan_common::store::zones::{ManagedZones, wait_for_zone, zone_gone};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -32,14 +32,13 @@ pub async fn enact_zone<S: ManagedZones>(
             let _ = until_stopped.wait_for(|stop| *stop).await;
         };
         let Some(handle) = wait_for_zone(&store, &zone, stop).await else { return };
-        let incarnation = handle.incarnation();
         let mut until_stop = stopped.clone();
         let until_stop = async move {
             let _ = until_stop.wait_for(|stop| *stop).await;
         };
         tokio::select! {
-            () = Enactor::new(handle, settings.clone(), metrics.clone()).run(until_stop) => return,
-            () = incarnation_changes(&store, &zone, incarnation) => {
+            () = Enactor::new(handle.clone(), settings.clone(), metrics.clone()).run(until_stop) => return,
+            () = zone_gone(&handle) => {
                 tracing::warn!(dns_zone = %zone, "the zone was removed or added again; its old incarnation is no longer enacted");
             }
         }

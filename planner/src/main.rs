@@ -7,7 +7,7 @@ use clap::Parser;
 use dnsplan_common::Store;
 use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
-use dnsplan_common::store::zones::{ManagedZones, incarnation_changes, wait_for_zone};
+use dnsplan_common::store::zones::{ManagedZones, wait_for_zone, zone_gone};
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore};
 use dnsplan_planner::args::Args;
@@ -93,10 +93,9 @@ async fn run<S: ManagedZones>(store: S, config: Arc<PlannerConfig>, shutdown: im
     tokio::pin!(shutdown);
     loop {
         let Some(zone) = wait_for_zone(&store, &config.dns_zone, shutdown.as_mut()).await else { return Ok(()) };
-        let incarnation = zone.incarnation();
         tokio::select! {
-            () = planner(zone).run(shutdown.as_mut()) => return Ok(()),
-            () = incarnation_changes(&store, &config.dns_zone, incarnation) => {
+            () = planner(zone.clone()).run(shutdown.as_mut()) => return Ok(()),
+            () = zone_gone(&zone) => {
                 tracing::warn!(dns_zone = %config.dns_zone, "the zone was removed or added again; planning its new incarnation");
             }
         }

@@ -118,7 +118,7 @@ pub fn check_added(origin: &DnsName, first: Option<&DnsName>, master: &str) -> S
 }
 
 /// How often a daemon of an added zone reads the store's registry to learn that its zone was
-/// removed or added again ([`incarnation_changes`]).
+/// removed or added again ([`zone_gone`]).
 pub const ZONE_REREAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Zone `zone`'s handle, looked for again (at growing intervals, 5 s at most) until the store
@@ -139,16 +139,14 @@ pub async fn wait_for_zone<S: ManagedZones>(store: &S, zone: &DnsName, stop: imp
     }
 }
 
-/// Returns once the store's registry no longer has zone `zone` live at `incarnation` (it was
-/// removed, or removed and added again), read every [`ZONE_REREAD_EVERY`].
-pub async fn incarnation_changes<S: ManagedZones>(store: &S, zone: &DnsName, incarnation: Option<u64>) {
+/// Returns once `handle`, a zone's, is refused as [`StoreError::ZoneGone`] (the zone was
+/// removed, or removed and added again: the handle is of the old incarnation), asked every
+/// [`ZONE_REREAD_EVERY`]: one read of the zone's version, whatever the number of zones.
+pub async fn zone_gone<S: Store>(handle: &S) {
     loop {
         tokio::time::sleep(ZONE_REREAD_EVERY).await;
-        if let Ok(zones) = store.zones().await {
-            let live = zones.iter().find(|z| &z.origin == zone).and_then(ManagedZone::incarnation);
-            if live != incarnation {
-                return;
-            }
+        if let Err(StoreError::ZoneGone { .. }) = handle.version().await {
+            return;
         }
     }
 }
