@@ -3,15 +3,13 @@
 //! hides no violation); writes without the right token are refused.
 
 use dnsplan_authority::control::routes::{Control, router};
-use dnsplan_common::PauseState;
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::{SledStore, Store, StoreError};
 use dnsplan_tests::conformance::{Harness, run_all};
-use dnsplan_tests::fixtures::{dns_zone, name, plan, planner};
+use dnsplan_tests::fixtures::{name, plan, planner};
 use dnsplan_tests::naive::NaiveStore;
-use dnsplan_tests::zone_checks::{master, publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
-use std::time::Duration;
+use dnsplan_tests::zone_checks::{added_beside_a_busy_zone, removal_fences_late_writes, zone, zones_are_isolated};
 
 const TOKEN: &str = "test-token-0123456789";
 
@@ -56,12 +54,7 @@ impl Harness for OverSledZone {
     async fn fresh(&self) -> anyhow::Result<RemoteStore> {
         let store = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
         let root = RemoteStore::new(&serve(store).await?, Some(TOKEN.into()))?;
-        let busy = zone("busy.test.");
-        publish_and_apply(&root, &busy, 1, &["www"]).await?;
-        root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
-        root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
-        root.add_zone(&dns_zone(), &master(&dns_zone())).await?;
-        Ok(root.zone(&dns_zone()).await?)
+        added_beside_a_busy_zone(root).await
     }
 }
 

@@ -29,6 +29,24 @@ pub async fn publish_and_apply<S: Store>(store: &S, zone: &DnsName, g: u64, labe
     Ok(())
 }
 
+/// Makes `store` busy: a plan of `zone` applied, automation paused and the planner lease held,
+/// what would fail the conformance suite on another zone if pause or lease were shared.
+pub async fn make_busy<S: Store>(store: &S, zone: &DnsName) -> anyhow::Result<()> {
+    publish_and_apply(store, zone, 1, &["www"]).await?;
+    store.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
+    store.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
+    Ok(())
+}
+
+/// The handle of zone `example.test.` (the fixtures' zone) added to `root`, whose first zone
+/// (`busy.test.`) is made busy first: what the conformance suite gets for an added zone.
+pub async fn added_beside_a_busy_zone<S: ManagedZones>(root: S) -> anyhow::Result<S> {
+    make_busy(&root, &zone("busy.test.")).await?;
+    let origin = crate::fixtures::dns_zone();
+    root.add_zone(&origin, &master(&origin)).await?;
+    Ok(root.zone(&origin).await?)
+}
+
 /// Two added zones beside the first: what one does (publish, apply, pause, lease, cleanup)
 /// changes nothing in the others. `root` is a fresh store whose first zone is `first`.
 pub async fn zones_are_isolated<S: ManagedZones>(root: S, first: &DnsName) -> anyhow::Result<Violations> {

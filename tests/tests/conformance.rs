@@ -2,13 +2,11 @@
 //! store to prove that the suite has teeth.
 
 use dnsplan_common::SledStore;
+use dnsplan_common::Store;
 use dnsplan_common::store::zones::ManagedZones;
-use dnsplan_common::{PauseState, Store};
 use dnsplan_tests::conformance::{Harness, run_all};
-use dnsplan_tests::fixtures::dns_zone;
 use dnsplan_tests::naive::NaiveStore;
-use dnsplan_tests::zone_checks::{master, publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
-use std::time::Duration;
+use dnsplan_tests::zone_checks::{added_beside_a_busy_zone, make_busy, master, removal_fences_late_writes, zone, zones_are_isolated};
 
 struct Sled {
     dir: tempfile::TempDir,
@@ -74,12 +72,7 @@ impl Harness for SledAddedZone {
     type S = SledStore;
     async fn fresh(&self) -> anyhow::Result<SledStore> {
         let root = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
-        let busy = zone("busy.test.");
-        publish_and_apply(&root, &busy, 1, &["www"]).await?;
-        root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
-        root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
-        root.add_zone(&dns_zone(), &master(&dns_zone())).await?;
-        Ok(root.zone(&dns_zone()).await?)
+        added_beside_a_busy_zone(root).await
     }
 }
 
@@ -94,10 +87,7 @@ impl Harness for SledFirstZone {
         let root = SledStore::open(tempfile::tempdir_in(self.dir.path())?.keep())?;
         let busy = zone("busy.test.");
         root.add_zone(&busy, &master(&busy)).await?;
-        let other = root.zone(&busy).await?;
-        publish_and_apply(&other, &busy, 1, &["www"]).await?;
-        other.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
-        other.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
+        make_busy(&root.zone(&busy).await?, &busy).await?;
         Ok(root)
     }
 }

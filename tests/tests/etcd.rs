@@ -4,7 +4,6 @@
 //! Each test starts its own cluster (a second or two), so the tests run in parallel without
 //! sharing state; inside one cluster every store gets its own key prefix.
 
-use dnsplan_common::PauseState;
 use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store::{ApplyItem, Store};
 use dnsplan_common::{Endpoint, Generation, Plan, Target, ValidatedPlan, ZoneId};
@@ -12,7 +11,7 @@ use dnsplan_etcd::EtcdStore;
 use dnsplan_tests::conformance::{Harness, run_all};
 use dnsplan_tests::etcd::EtcdCluster;
 use dnsplan_tests::fixtures::{dns_zone, endpoint_for, name, operator, plan};
-use dnsplan_tests::zone_checks::{master, publish_and_apply, removal_fences_late_writes, zone, zones_are_isolated};
+use dnsplan_tests::zone_checks::{added_beside_a_busy_zone, master, removal_fences_late_writes, zone, zones_are_isolated};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -799,12 +798,7 @@ impl Harness for EtcdAddedZone {
     async fn fresh(&self) -> anyhow::Result<EtcdStore> {
         let n = self.stores.fetch_add(1, Ordering::Relaxed);
         let root = self.cluster.store(&format!("/zoned-{n}/")).await?;
-        let busy = zone("busy.test.");
-        publish_and_apply(&root, &busy, 1, &["www"]).await?;
-        root.pause(PauseState::by_operator("busy elsewhere", "alice", 1)).await?;
-        root.acquire_lease("planner-busy", Duration::from_secs(300)).await?;
-        root.add_zone(&dns_zone(), &master(&dns_zone())).await?;
-        Ok(root.zone(&dns_zone()).await?)
+        added_beside_a_busy_zone(root).await
     }
 }
 
