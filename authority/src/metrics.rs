@@ -363,12 +363,58 @@ pub struct Metrics {
     /// in `GET /v1/zones`, not here: one series per zone would be 100,000 series at 100,000
     /// zones).
     static_zones: Family<ZoneSourceLabels, Gauge>,
+    /// The zones the store manages beside its first one (`observe_added_zones`): counts by
+    /// state, their secondaries by state, and the zones in trouble by name, at most
+    /// `ZONE_SERIES_MAX` of them.
+    added_zones: Family<StateLabels, Gauge>,
+    added_zone_secondaries: Family<StateLabels, Gauge>,
+    added_zone_trouble: Family<TroubleLabels, Gauge>,
+    added_zone_trouble_unlisted: Gauge,
     /// `dnsplan_dns_malformed_total`, one counter per `Malformed::ALL` entry, in its order.
     malformed: [Counter; Malformed::ALL.len()],
     rrl_dropped: Counter,
     rrl_slipped: Counter,
     transfers: Family<TransferLabels, Counter>,
     notify_failed: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TroubleLabels {
+    pub zone: String,
+    pub reason: &'static str,
+}
+
+/// Most zones named by `dnsplan_managed_zone_trouble`: the label cardinality of the added
+/// zones is bounded by this, whatever their number (100,000 zones in trouble are 100 series and
+/// a count of the others).
+pub const ZONE_SERIES_MAX: usize = 100;
+
+/// Every state of `dnsplan_managed_zones`, created at 0 at start: served and following its
+/// store; served from the state kept on disk, its store not read yet (an authority on etcd
+/// started in an outage); served, its store failing (its last state served); live in the
+/// store's registry and not served (REFUSED: its master file or its store cannot be read).
+pub const ADDED_ZONE_STATES: [&str; 4] = ["following", "kept", "store_failing", "not_served"];
+
+/// Every state of `dnsplan_managed_zone_secondaries`, created at 0 at start.
+pub const SECONDARY_STATES: [&str; 5] = ["current", "unverified", "behind", "differs", "unreachable"];
+
+/// What the added zones come to, at one scrape (`added::ZoneBook::summary`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AddedZonesSummary {
+    /// Zones by state, in `ADDED_ZONE_STATES`' order.
+    pub states: [usize; ADDED_ZONE_STATES.len()],
+    /// Their secondaries by state, in `SECONDARY_STATES`' order.
+    pub secondaries: [usize; SECONDARY_STATES.len()],
+    /// The zones in trouble, by name, with the worst reason each (a state but `following`, or
+    /// a secondary `behind`, `differs` or `unreachable`), at most `ZONE_SERIES_MAX`.
+    pub trouble: Vec<(String, &'static str)>,
+    /// The zones in trouble past `ZONE_SERIES_MAX`.
+    pub unlisted: usize,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -483,6 +529,39 @@ impl Metrics {
         for source in ["config", "added"] {
             static_zones.get_or_create(&ZoneSourceLabels { source }).set(0);
         }
+        let added_zones = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "managed_zones",
+            "Zones the store manages beside its first one, by state: following (served, following its store), kept (served from \
+             the state kept on disk, its store not read yet), store_failing (served, its store failing: its last state), \
+             not_served (live in the store, REFUSED here)",
+            added_zones.clone(),
+        );
+        for state in ADDED_ZONE_STATES {
+            added_zones.get_or_create(&StateLabels { state }).set(0);
+        }
+        let added_zone_secondaries = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "managed_zone_secondaries",
+            "Secondaries of the zones the store manages beside its first one, over every such zone, by state",
+            added_zone_secondaries.clone(),
+        );
+        for state in SECONDARY_STATES {
+            added_zone_secondaries.get_or_create(&StateLabels { state }).set(0);
+        }
+        let added_zone_trouble = Family::<TroubleLabels, Gauge>::default();
+        registry.register(
+            "managed_zone_trouble",
+            "1 for each zone the store manages beside its first one that is not served and following with its secondaries \
+             current, by zone and its worst reason; at most 100 zones, by name (the others: managed_zone_trouble_unlisted)",
+            added_zone_trouble.clone(),
+        );
+        let added_zone_trouble_unlisted = Gauge::default();
+        registry.register(
+            "managed_zone_trouble_unlisted",
+            "Zones in trouble past the 100 dnsplan_managed_zone_trouble names (GET /v1/managed lists every zone)",
+            added_zone_trouble_unlisted.clone(),
+        );
         let connections = ConnectionMetrics::default();
         connections.register(&mut registry);
         let store = StoreGauges::default();
@@ -506,6 +585,10 @@ impl Metrics {
             applied_changes,
             soa_serial,
             static_zones,
+            added_zones,
+            added_zone_secondaries,
+            added_zone_trouble,
+            added_zone_trouble_unlisted,
             malformed,
             rrl_dropped,
             rrl_slipped,
@@ -668,6 +751,44 @@ impl Metrics {
     pub fn observe_static_zones(&self, config: usize, added: usize) {
         for (source, count) in [("config", config), ("added", added)] {
             self.static_zones.get_or_create(&ZoneSourceLabels { source }).set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The added zones' figures (`dnsplan_managed_zone*`), the zones in trouble named anew.
+    pub fn observe_added_zones(&self, summary: &AddedZonesSummary) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for (state, n) in ADDED_ZONE_STATES.iter().zip(summary.states) {
+            self.added_zones.get_or_create(&StateLabels { state }).set(count(n));
+        }
+        for (state, n) in SECONDARY_STATES.iter().zip(summary.secondaries) {
+            self.added_zone_secondaries.get_or_create(&StateLabels { state }).set(count(n));
+        }
+        self.added_zone_trouble.clear();
+        for (zone, reason) in &summary.trouble {
+            self.added_zone_trouble.get_or_create(&TroubleLabels { zone: zone.clone(), reason }).set(1);
+        }
+        self.added_zone_trouble_unlisted.set(count(summary.unlisted));
+    }
+
+    /// The metrics of a zone added beside the first: its counters and histograms are these
+    /// (its queries, transfers, NOTIFYs and swaps count with every zone's), its gauges its own
+    /// (its serial and endpoints are summed up by `observe_added_zones`, not exported per zone:
+    /// 100,000 zones would be 100,000 series each).
+    pub fn for_added_zone(&self) -> Metrics {
+        Metrics {
+            connections: self.connections.clone(),
+            queries: self.queries.clone(),
+            truncated: self.truncated.clone(),
+            udp_unsent: self.udp_unsent.clone(),
+            response_bytes: self.response_bytes.clone(),
+            applies: self.applies.clone(),
+            snapshot_swap_seconds: self.snapshot_swap_seconds.clone(),
+            malformed: self.malformed.clone(),
+            rrl_dropped: self.rrl_dropped.clone(),
+            rrl_slipped: self.rrl_slipped.clone(),
+            transfers: self.transfers.clone(),
+            notify_failed: self.notify_failed.clone(),
+            ..Metrics::new()
         }
     }
 

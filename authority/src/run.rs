@@ -12,7 +12,7 @@
 //! 0 it tries up to 16 ports for one free for both (a port free for UDP may be held by an
 //! outgoing TCP connection).
 
-use crate::added::AddedZones;
+use crate::added::{self, AddedZones};
 use crate::config::AuthorityConfig;
 use crate::control::gate::Gate;
 use crate::control::routes::{self, ApiError, Control, Zoned};
@@ -20,7 +20,7 @@ use crate::control::server::{self, ControlLimits};
 use crate::control::ui;
 use crate::follow::follower::{LoadError, check_dns_zone};
 use crate::follow::image;
-use crate::follow::local_state;
+use crate::follow::kept::{self, Keeping};
 use crate::metrics::{Metrics, StoreReading};
 use crate::net::budget;
 use crate::net::tcp::{TcpLimits, serve_tcp};
@@ -28,7 +28,6 @@ use crate::net::udp::{UdpServers, bind_udp};
 use crate::query::answer::AnswerLimits;
 use crate::query::rrl::Rrl;
 use crate::serving::Serving;
-use crate::serving::local_log::{self, LocalLog};
 use crate::serving::policy::TransferPolicy;
 use crate::serving::zones::{self, ZoneTable};
 use crate::zone::dns_zone::StaticZone;
@@ -50,7 +49,7 @@ use dnsplan_etcd::{EtcdConfig, EtcdStore};
 use hickory_proto::rr::Name;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -139,8 +138,7 @@ pub async fn run(
                 tokio::pin!(stopped);
                 daemon::start_with_retry("the store on etcd", || connect_etcd(&etcd), stopped.as_mut()).await.map_err(anyhow::Error::msg)
             };
-            let local = local_state::path_in(&config.data_dir);
-            serve(reach, Some(local), config, config_dir, shutdown, on_bound, Extras::default()).await
+            serve(reach, Keeping::OnDisk, config, config_dir, shutdown, on_bound, Extras::default()).await
         }
         // `AuthorityConfig::check` refuses it; said again for a config built in code.
         Some(StoreConfig::Control(_)) => {
@@ -182,12 +180,13 @@ fn start_failure(err: anyhow::Error) -> StartFailure {
     }
 }
 
-/// The keeper of the saved state on etcd, emptying the log of served changes as it saves.
-fn keeper_for(path: PathBuf, saved: Option<u64>, served_log: Option<Arc<LocalLog>>) -> Arc<image::Keeper> {
-    match served_log {
-        Some(log) => image::Keeper::with_served_log(path, saved, local_state::SAVE_INTERVAL, log),
-        None => image::Keeper::new(path, saved, local_state::SAVE_INTERVAL),
-    }
+/// What is served for the added zone of `store` (`added`: a moment after it was added).
+async fn served_zone<S: Store>(others: &ZoneTable, store: &S) -> Result<Arc<Serving>, ApiError> {
+    let origin = store.dns_zone().await?.map(|z| z.to_string()).unwrap_or_default();
+    Name::from_ascii(&origin)
+        .ok()
+        .and_then(|name| others.get(&name))
+        .ok_or_else(|| ApiError::from(StoreError::Unavailable(format!("zone {origin} is in the store but not served here yet"))))
 }
 
 /// A spawned task aborted when dropped (an early return), or awaited to its end (`finish`).
@@ -249,19 +248,19 @@ pub async fn run_with_extras<S: ManagedZones>(
     on_bound: impl FnOnce(Bound),
     extras: Extras,
 ) -> anyhow::Result<()> {
-    serve(|_| async { Ok(Some(store)) }, None, config, config_dir, shutdown, on_bound, extras).await
+    serve(|_| async { Ok(Some(store)) }, Keeping::InStore, config, config_dir, shutdown, on_bound, extras).await
 }
 
 /// The authority on whichever store `reach` resolves to (`None`: shutdown came first).
 ///
-/// With `local` (the file of `local_state`), the state saved there is served at once, before
+/// With `Keeping::OnDisk` (on etcd: `follow::kept`), the state saved in `data_dir` is served at once, before
 /// `reach` resolves, so an unreachable store never stops the answers; a missing or refused
 /// file means waiting for the store, and then the state served is saved there after each
 /// change. DNS and the control API are bound first in any case; DNS answers once a state is
 /// loaded, the control API once the store is reached (until then its connections wait).
 async fn serve<S, R, F>(
     reach: R,
-    local: Option<PathBuf>,
+    local: Keeping,
     config: AuthorityConfig,
     config_dir: &Path,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -330,6 +329,18 @@ where
     let control_server =
         AbortOnDrop(tokio::spawn(server::serve(listener, gate.router(), control_limits, metrics.connections.clone(), stop.clone().wait())));
 
+    // The zones the store manages beside its first one (`added`).
+    let book = Arc::new(added::book::ZoneBook::default());
+    let setup = added::Setup {
+        table: others.clone(),
+        limits,
+        transfer: transfer.clone(),
+        data_dir: config.data_dir.clone(),
+        keeping: local,
+        metrics: metrics.clone(),
+        book: book.clone(),
+    };
+    let mut kept_zones = std::collections::HashMap::new();
     // Static stability: the state saved on our own disk, served before anything else.
     let mut rrl = Some(rrl);
     let mut transfer = Some(transfer);
@@ -351,59 +362,18 @@ where
     let mut keeper = None;
     // On etcd, the log each change is made durable in before it is served (`local_log`).
     let mut served_log = None;
-    if let Some(path) = &local {
-        let (file, started) = (path.clone(), std::time::Instant::now());
-        let read = {
-            let zone = zone.clone();
-            tokio::task::spawn_blocking(move || image::read(&file, zone)).await?
-        };
-        let log_path = local_log::path_in(&config.data_dir);
-        let base = match &read {
-            Ok(Some((_, snapshot))) => Some(snapshot.applied_changes),
-            _ => None,
-        };
-        // Without a saved state, the log's changes have no base to apply to: it is emptied.
-        let opened = tokio::task::spawn_blocking(move || {
-            let (log, changes) = LocalLog::open(&log_path, base.unwrap_or(u64::MAX))?;
-            if base.is_none() {
-                log.compact(u64::MAX)?;
-            }
-            Ok::<_, local_log::LogError>((Arc::new(log), changes))
-        })
-        .await?;
-        let changes = match opened {
-            Ok((log, changes)) => {
-                served_log = Some(log);
-                changes
-            }
-            Err(err) => {
-                tracing::error!(error = %format!("{:#}", anyhow::Error::new(err)), "cannot open the log of served changes; serving without it (a restart may answer with the older saved state)");
-                Vec::new()
-            }
-        };
-        match read {
-            Ok(Some((_, snapshot))) => {
-                let saved_at = snapshot.applied_changes;
-                let logged = changes.len();
-                let snapshot =
-                    tokio::task::spawn_blocking(move || changes.iter().fold(snapshot, |snapshot, delta| snapshot.apply(delta))).await?;
-                tracing::info!(
-                    applied_changes = snapshot.applied_changes,
-                    endpoints = snapshot.managed_count(),
-                    logged_changes = logged,
-                    path = %path.display(),
-                    "serving the state saved on disk at once; the store is followed once it answers"
-                );
-                keeper = Some(keeper_for(path.clone(), Some(saved_at), served_log.clone()));
-                saved = Some(dress(
-                    Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started).with_served_log(served_log.clone()),
-                ));
-            }
-            Ok(None) => tracing::info!(path = %path.display(), "no saved state yet (first start); DNS answers once the store is read"),
-            Err(err) => tracing::error!(
-                error = %format!("{:#}", anyhow::Error::new(err)),
-                "the saved state is not served; DNS answers once the store is read"
-            ),
+    if local == Keeping::OnDisk {
+        kept_zones = added::serve_kept(&setup).await;
+        let started = std::time::Instant::now();
+        let kept = kept::open(&config.data_dir, zone.clone()).await?;
+        served_log = kept.served_log.clone();
+        if kept.state.is_some() {
+            keeper = Some(kept.keeper(&config.data_dir));
+        }
+        if let Some((snapshot, _)) = kept.state {
+            saved = Some(dress(
+                Serving::from_loaded(snapshot, zone.clone(), limits, metrics.clone(), started).with_served_log(served_log.clone()),
+            ));
         }
     }
 
@@ -435,7 +405,7 @@ where
         if let Some(on_bound) = on_bound.take() {
             on_bound(bound.clone());
         }
-        tracing::info!(dns = ?dns, origin = %zone.origin, "authority serving its saved state");
+        tracing::info!(dns = ?dns, control = %control_addr, origin = %zone.origin, "authority serving its saved state");
         gate.dns_ready();
         serving = Some(saved);
     }
@@ -465,11 +435,11 @@ where
             serving
         }
         None => {
-            let serving = match &local {
+            let serving = match local {
                 // On etcd, a member that answered the first read may not answer the next ones
                 // (a cluster coming back): the load is retried as the connect is.
-                Some(path) => {
-                    keeper = Some(keeper_for(path.clone(), None, served_log.clone()));
+                Keeping::OnDisk => {
+                    keeper = Some(kept::keeper(&config.data_dir, None, served_log.clone()));
                     let (store, zone, metrics, served_log) = (&store, &zone, &metrics, &served_log);
                     let load = move || {
                         let (zone, metrics, served_log) = (zone.clone(), metrics.clone(), served_log.clone());
@@ -486,7 +456,7 @@ where
                         }
                     }
                 }
-                None => {
+                Keeping::InStore => {
                     let path = image::path_in(&config.data_dir);
                     let (serving, saved_at) = Serving::load_imaged(&store, &path, zone.clone(), limits, metrics.clone()).await?;
                     keeper = Some(image::Keeper::new(path, saved_at, image::SAVE_INTERVAL));
@@ -506,11 +476,11 @@ where
     crate::xfr::notify::spawn(&mut tasks, &serving);
     // The zones the store manages beside its first one, served as its registry says.
     let zones_changed = Arc::new(tokio::sync::Notify::new());
-    let added = AddedZones::new(store.clone(), others.clone(), limits, serving.transfer.clone(), zones_changed.clone());
+    let added = AddedZones::new(store.clone(), setup, zones_changed.clone(), kept_zones);
     tasks.spawn(added.keep());
     let id = report_id(&config.dns.advertise, &dns);
     // On etcd, where several authorities may follow one store, each reports where it serves.
-    if local.is_some() {
+    if local == Keeping::OnDisk {
         let advertised = if config.dns.advertise.is_empty() { dns.clone() } else { config.dns.advertise.clone() };
         tasks.spawn(report_itself(store.clone(), serving.clone(), store_reach.clone(), id.clone(), advertised));
     }
@@ -526,11 +496,14 @@ where
     // A store outage (etcd down) is logged when it begins and ends, not on every scrape.
     let metrics_reach = Arc::new(daemon::Reachability::new("the store, for metrics,"));
     let render_zones = others.clone();
+    let render_book = book.clone();
     let render = move || {
         let (metrics, extra, store, reach) = (metrics.clone(), extra_metrics.clone(), metrics_store.clone(), metrics_reach.clone());
         let (config_zones, added_zones) = render_zones.counts();
+        let added_summary = render_book.summary();
         async move {
             metrics.observe_static_zones(config_zones, added_zones);
+            metrics.observe_added_zones(&added_summary);
             metrics.observe_store_disk(store.fault().is_some(), store.disk_free_bytes());
             // The store's own figures, read now: independent of the follower, which they check.
             match StoreReading::read(&store).await {
@@ -586,11 +559,7 @@ where
                     let (others, dns, id) = (others.clone(), dns.clone(), id.clone());
                     async move {
                         let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
-                        let origin = zoned.store.dns_zone().await?.map(|z| z.to_string()).unwrap_or_default();
-                        // Served once this authority has loaded it (`added`), a moment after it was added.
-                        let serving = Name::from_ascii(&origin).ok().and_then(|name| others.get(&name)).ok_or_else(|| {
-                            ApiError::from(StoreError::Unavailable(format!("zone {origin} is in the store but not served here yet")))
-                        })?;
+                        let serving = served_zone(&others, &zoned.store).await?;
                         status(&zoned.store, &ctl.store, serving, dns, id, q).await
                     }
                 }
@@ -600,10 +569,16 @@ where
         .route(
             "/ui",
             get({
-                let (serving, planner) = (serving.clone(), extras.planner_status.clone());
+                let (serving, planner, book) = (serving.clone(), extras.planner_status.clone(), book.clone());
                 move |State(ctl): State<Control<S>>| {
                     let (serving, planner) = (serving.clone(), planner.clone());
-                    async move { ui::index(&ctl.store, &serving, planner.as_ref()).await.map(Html).map_err(ApiError::from) }
+                    let zones = ui::ZonesPanel { summary: book.summary(), first: book.first(ui::ZONES_SHOWN) };
+                    async move {
+                        ui::index(&ctl.store, &serving, planner.as_ref(), &ui::Base::first(), Some(&zones))
+                            .await
+                            .map(Html)
+                            .map_err(ApiError::from)
+                    }
                 }
             })
             .layer(status_reads.clone()),
@@ -612,7 +587,29 @@ where
             "/ui/plans/{generation}",
             get(|State(ctl): State<Control<S>>, g: Result<UrlPath<u64>, PathRejection>| async move {
                 let UrlPath(g) = g.map_err(|e| ApiError::bad_request(e.body_text()))?;
-                ui::plan_page(&ctl.store, Generation(g)).await.map(Html).map_err(ApiError::from)
+                ui::plan_page(&ctl.store, Generation(g), &ui::Base::first()).await.map(Html).map_err(ApiError::from)
+            })
+            .layer(status_reads.clone()),
+        )
+        .route(
+            "/ui/managed/{zone}",
+            get({
+                let others = others.clone();
+                move |Zoned(zoned): Zoned<S>, UrlPath(zone): UrlPath<String>| {
+                    let others = others.clone();
+                    async move {
+                        let serving = served_zone(&others, &zoned.store).await?;
+                        ui::index(&zoned.store, &serving, None, &ui::Base::managed(&zone), None).await.map(Html).map_err(ApiError::from)
+                    }
+                }
+            })
+            .layer(status_reads.clone()),
+        )
+        .route(
+            "/ui/managed/{zone}/plans/{generation}",
+            get(|Zoned(zoned): Zoned<S>, p: Result<UrlPath<(String, u64)>, PathRejection>| async move {
+                let UrlPath((zone, g)) = p.map_err(|e| ApiError::bad_request(e.body_text()))?;
+                ui::plan_page(&zoned.store, Generation(g), &ui::Base::managed(&zone)).await.map(Html).map_err(ApiError::from)
             })
             .layer(status_reads),
         )

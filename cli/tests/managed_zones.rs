@@ -6,7 +6,7 @@
 //! plus the plan's, and the NSD secondary holds the same; the first zone's plans and pause are
 //! not touched by the added zone's, and `--zone` status and verify tell of the added zone. Removed, the zone is no longer answered, the enactor's
 //! writes and the CLI's calls to it are refused (before that, a SIGKILL and a restart of the
-//! stack serve it as it was); added again, it starts empty at a serial past
+//! stack serve it as it was, IXFR from before the restart incremental); added again, it starts empty at a serial past
 //! every one served (the secondary takes it), and the same enactor enacts it.
 
 mod support;
@@ -47,6 +47,22 @@ fn expected(serial: u32, addresses: &[&str]) -> BTreeSet<String> {
     .collect();
     all.extend(addresses.iter().map(|a| format!("api.shop.test. 60 in a {a}")));
     all
+}
+
+/// Waits until the stack's `/metrics` has every line of `want`, and returns it.
+async fn until_metrics(up: &Up, want: &[&str]) -> anyhow::Result<String> {
+    let start = Instant::now();
+    loop {
+        let text = reqwest::get(format!("{}/metrics", up.control)).await?.text().await?;
+        if want.iter().all(|w| text.lines().any(|l| l == *w)) {
+            return Ok(text);
+        }
+        if start.elapsed() > WITHIN {
+            let status = dnsplan(up, &["--zone", "shop.test.", "status"])?;
+            anyhow::bail!("/metrics never had {want:?}:\n{text}\nthe zone's status:\n{}", String::from_utf8_lossy(&status.stdout));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until `server`'s AXFR of shop.test. is `want`.
@@ -164,6 +180,29 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     anyhow::ensure!(axfr(secondary.addr(), "shop.test.")? == axfr(up.dns, "shop.test.")?, "the secondary's copy differs");
     let www = ask(up.dns, "www.shop.test.", RecordType::A)?;
     assert!(www.metadata.authoritative && www.answers.len() == 3, "the CNAME into the managed endpoint: {www:?}");
+    // Its metrics, bounded whatever the number of zones: counted by state with its
+    // secondary, its transfers counted with every zone's, no series named after it (it is
+    // in no trouble).
+    let metrics =
+        until_metrics(&up, &["dnsplan_managed_zones{state=\"following\"} 1", "dnsplan_managed_zone_secondaries{state=\"current\"} 1"])
+            .await?;
+    let sent = metrics.lines().find_map(|l| l.strip_prefix("dnsplan_dns_transfers_total{result=\"sent\"} ")).unwrap_or("0");
+    assert!(sent.parse::<u64>()? >= 1, "the secondary's AXFR of the added zone not counted:\n{metrics}");
+    assert!(!metrics.contains("zone=\"shop.test.\""), "a series named after a zone in no trouble:\n{metrics}");
+    // Its status page, linked from the first zone's, with links to its own plans' pages.
+    let first_page = reqwest::get(format!("{}/ui", up.control)).await?.text().await?;
+    assert!(
+        first_page.contains("1 zones: 1 following · 0 in trouble") && first_page.contains("href=\"/ui/managed/shop.test.\""),
+        "/ui:\n{first_page}"
+    );
+    let zone_page = reqwest::get(format!("{}/ui/managed/shop.test.", up.control)).await?;
+    assert!(zone_page.status().is_success(), "{}", zone_page.status());
+    let zone_page = zone_page.text().await?;
+    for want in ["dnsplan: shop.test.", "SOA serial 101", "api.shop.test.", "10.7.0.2", "href=\"/ui/managed/shop.test./plans/1\""] {
+        assert!(zone_page.contains(want), "no {want:?} in /ui/managed/shop.test.:\n{zone_page}");
+    }
+    let plan_page = reqwest::get(format!("{}/ui/managed/shop.test./plans/1", up.control)).await?.text().await?;
+    assert!(plan_page.contains("<h1>Plan 1</h1>") && plan_page.contains("shop opens"), "{plan_page}");
 
     // The added zone's plan and pause are its own: the first zone's plans are as they were
     // (its planner's only), and it is not paused.
@@ -191,10 +230,12 @@ async fn a_managed_zone_is_added_enacted_served_transferred_and_removed() -> any
     until_serial(secondary.addr(), "shop.test.", 102)?;
     anyhow::ensure!(axfr(secondary.addr(), "shop.test.")? == axfr(up.dns, "shop.test.")?, "the secondary's copy differs");
 
-    // Killed (SIGKILL) and started again: the added zone is served as it was, from the store.
+    // Killed (SIGKILL) and started again: the added zone is served as it was, from the store,
+    // and its IXFR history is kept (its own directory on disk): IXFR from 101 is incremental.
     drop(up);
     let up = spawn_up(&mut command)?;
     until_axfr(up.dns, &expected(102, &["10.7.0.2"])).map_err(|e| anyhow::anyhow!("after a restart: {e}"))?;
+    assert!(ixfr_is_incremental(up.dns, "shop.test.", 101)?, "IXFR of shop.test. from 101 after a restart is the whole zone");
 
     // Removed: no longer answered, the CLI's calls to it refused.
     let said = ok(&dnsplan(&up, &["zone", "remove", "--managed", "shop.test."])?);

@@ -1,5 +1,8 @@
 //! The status page, for a shared screen during an incident: `GET /ui` and one page per plan,
-//! `GET /ui/plans/{g}` (its diff against its parent and its explanation).
+//! `GET /ui/plans/{g}` (its diff against its parent and its explanation); for each zone the
+//! store manages beside its first one, the same under `/ui/managed/{zone}`, and on `/ui` a
+//! panel of those zones (how many in each state, the ones in trouble, the first by name, each
+//! a link), bounded whatever their number.
 //!
 //! Server-rendered HTML with its style inline and no script or external asset, so it works
 //! without internet; it reloads itself every `REFRESH_SECS`; it fits a phone's width. It is
@@ -27,6 +30,32 @@ pub const REFRESH_SECS: u32 = 5;
 pub const PLANS_SHOWN: usize = 20;
 /// Endpoints listed; the page says how many more there are.
 pub const ENDPOINTS_SHOWN: usize = 100;
+
+/// Zones listed by name on `/ui`, beside those in trouble.
+pub const ZONES_SHOWN: usize = 50;
+
+/// Where a zone's pages are: `/ui` for the store's first zone, `/ui/managed/{zone}` for one
+/// added beside it.
+#[derive(Clone, Debug)]
+pub struct Base(String);
+
+impl Base {
+    pub fn first() -> Base {
+        Base("/ui".into())
+    }
+
+    pub fn managed(zone: &str) -> Base {
+        Base(format!("/ui/managed/{}", escape(zone)))
+    }
+}
+
+/// The zones the store manages beside its first one, for `/ui`'s panel.
+pub struct ZonesPanel {
+    /// How many in each state, and the ones in trouble (`metrics::AddedZonesSummary`).
+    pub summary: crate::metrics::AddedZonesSummary,
+    /// The first `ZONES_SHOWN` zones by name, with their state.
+    pub first: Vec<(String, &'static str)>,
+}
 
 /// The planner's status, when it runs in this process.
 pub type PlannerStatus = Arc<dyn Fn() -> Option<dnsplan_common::status::PlannerStatus> + Send + Sync>;
@@ -117,7 +146,14 @@ fn health_of(planner: Option<&dnsplan_common::status::PlannerStatus>) -> BTreeMa
 }
 
 /// `/ui`.
-pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&PlannerStatus>) -> Result<String, StoreError> {
+pub async fn index<S: Store>(
+    store: &S,
+    serving: &Serving,
+    planner: Option<&PlannerStatus>,
+    base: &Base,
+    zones: Option<&ZonesPanel>,
+) -> Result<String, StoreError> {
+    let Base(base) = base;
     let now = now_unix_ms();
     let latest = store.latest().await?;
     let paused = store.paused().await?;
@@ -131,10 +167,13 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
     let planner = planner.and_then(|p| p());
 
     let mut body = String::new();
+    if base != "/ui" {
+        body.push_str("<p><a href=\"/ui\">← the store's first zone</a></p>");
+    }
     let _ = write!(body, "<h1>dnsplan: {}</h1>", escape(&serving.zone.origin.to_string()));
     let _ = write!(
         body,
-        "<div class=\"banner ok\">latest plan <a href=\"/ui/plans/{latest}\">{latest}</a> · SOA serial {} · {} managed endpoints</div>",
+        "<div class=\"banner ok\">latest plan <a href=\"{base}/plans/{latest}\">{latest}</a> · SOA serial {} · {} managed endpoints</div>",
         snapshot.serial,
         snapshot.managed_count()
     );
@@ -205,7 +244,7 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
         .map(|p| {
             let rollback = p.rollback_of.map(|g| format!(" (rollback of {g})")).unwrap_or_default();
             vec![
-                format!("<a href=\"/ui/plans/{g}\">{g}</a>", g = p.generation),
+                format!("<a href=\"{base}/plans/{g}\">{g}</a>", g = p.generation),
                 escape(&ago(now, p.created_at_unix_ms)),
                 escape(&p.author.to_string()),
                 escape(&format!("{}{rollback}", p.reason)),
@@ -243,7 +282,7 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
                     .join("<br>"),
                 ActiveState::Retired => "<span class=\"muted\">(retired)</span>".into(),
             };
-            vec![escape(name.as_str()), format!("<a href=\"/ui/plans/{g}\">{g}</a>", g = record.generation), served]
+            vec![escape(name.as_str()), format!("<a href=\"{base}/plans/{g}\">{g}</a>", g = record.generation), served]
         })
         .collect();
     table(&mut body, &["ENDPOINT", "PLAN", "ADDRESSES"], &rows);
@@ -278,9 +317,49 @@ pub async fn index<S: Store>(store: &S, serving: &Serving, planner: Option<&Plan
         let rows: Vec<Vec<String>> = secondaries.iter().map(|s| secondary_row(s, snapshot.serial)).collect();
         table(&mut body, &["SECONDARY", "SERIAL", "STATE"], &rows);
     }
+    if let Some(zones) = zones {
+        zones_panel(&mut body, zones);
+    }
     let _ =
         write!(body, "<p class=\"muted\">read-only; reloads every {REFRESH_SECS}s; writes are the CLI's (<code>dnsplan --help</code>)</p>");
     Ok(page("dnsplan status", &body, true))
+}
+
+/// The zones managed beside the first: counts by state, those in trouble, the first by name.
+fn zones_panel(body: &mut String, zones: &ZonesPanel) {
+    use crate::metrics::ADDED_ZONE_STATES;
+    let total: usize = zones.summary.states.iter().sum();
+    if total == 0 {
+        return;
+    }
+    body.push_str("<h2>Zones managed beside this one</h2>");
+    let counts: Vec<String> =
+        ADDED_ZONE_STATES.iter().zip(zones.summary.states).filter(|(_, n)| *n > 0).map(|(state, n)| format!("{n} {state}")).collect();
+    let trouble = zones.summary.trouble.len() + zones.summary.unlisted;
+    let class = if trouble == 0 { "ok" } else { "bad" };
+    let _ = write!(body, "<div class=\"banner {class}\">{total} zones: {} · {trouble} in trouble</div>", counts.join(", "));
+    let link = |zone: &str| format!("<a href=\"/ui/managed/{z}\">{z}</a>", z = escape(zone));
+    if !zones.summary.trouble.is_empty() {
+        let rows: Vec<Vec<String>> = zones
+            .summary
+            .trouble
+            .iter()
+            .map(|(zone, reason)| vec![link(zone), format!("<span class=\"down\">{}</span>", escape(reason))])
+            .collect();
+        table(body, &["ZONE IN TROUBLE", "WHY"], &rows);
+        if zones.summary.unlisted > 0 {
+            let _ = write!(body, "<p class=\"muted\">and {} more in trouble</p>", zones.summary.unlisted);
+        }
+    }
+    let rows: Vec<Vec<String>> = zones.first.iter().map(|(zone, state)| vec![link(zone), escape(state)]).collect();
+    table(body, &["ZONE", "STATE"], &rows);
+    if total > zones.first.len() {
+        let _ = write!(
+            body,
+            "<p class=\"muted\">the first {} of {total} zones; <code>dnsplan zone list</code> shows every one</p>",
+            zones.first.len()
+        );
+    }
 }
 
 /// A secondary's row: its address, the serial it serves, and whether it is current: at the
@@ -300,7 +379,7 @@ fn secondary_row(s: &crate::serving::SecondaryStatus, served: u32) -> Vec<String
 }
 
 /// `/ui/plans/{g}`: who, why, the changes against its parent, and each endpoint's provenance.
-pub async fn plan_page<S: Store>(store: &S, generation: Generation) -> Result<String, StoreError> {
+pub async fn plan_page<S: Store>(store: &S, generation: Generation, base: &Base) -> Result<String, StoreError> {
     let now = now_unix_ms();
     let plan = store.plan(generation).await?.into_plan();
     let parent = match plan.parent_generation {
@@ -312,12 +391,12 @@ pub async fn plan_page<S: Store>(store: &S, generation: Generation) -> Result<St
             Err(err) => return Err(err),
         },
     };
-    Ok(page(&format!("dnsplan plan {generation}"), &render_plan(&plan, parent.as_ref(), now), false))
+    Ok(page(&format!("dnsplan plan {generation}"), &render_plan(&plan, parent.as_ref(), now, base), false))
 }
 
-fn render_plan(plan: &Plan, parent: Option<&Plan>, now: u64) -> String {
+fn render_plan(plan: &Plan, parent: Option<&Plan>, now: u64, Base(base): &Base) -> String {
     let mut body = String::new();
-    let _ = write!(body, "<p><a href=\"/ui\">← status</a></p><h1>Plan {}</h1>", plan.generation);
+    let _ = write!(body, "<p><a href=\"{base}\">← status</a></p><h1>Plan {}</h1>", plan.generation);
     let _ = write!(
         body,
         "<p>by <b>{}</b> {} · parent {} · {} endpoints</p><p>reason: {}</p>",
@@ -328,7 +407,7 @@ fn render_plan(plan: &Plan, parent: Option<&Plan>, now: u64) -> String {
         escape(&plan.reason)
     );
     if let Some(g) = plan.rollback_of {
-        let _ = write!(body, "<p class=\"down\">rollback to the content of plan <a href=\"/ui/plans/{g}\">{g}</a></p>");
+        let _ = write!(body, "<p class=\"down\">rollback to the content of plan <a href=\"{base}/plans/{g}\">{g}</a></p>");
     }
     let _ = write!(body, "<h2>Changes against plan {}</h2>", plan.parent_generation);
     match parent {
@@ -392,7 +471,7 @@ mod tests {
             rollback_of: None,
             provenance: vec![Provenance { endpoint: name.clone(), rule: "operator".into(), detail: "a & b".into() }],
         };
-        let page = render_plan(&plan(2, 0), Some(&plan(1, 1)), 0);
+        let page = render_plan(&plan(2, 0), Some(&plan(1, 1)), 0, &Base::first());
         assert!(page.contains("<span class=\"minus\">- api.example.test. 192.0.2.1 zone a weight 1</span>"), "{page}");
         assert!(page.contains("<span class=\"plus\">+ api.example.test. 192.0.2.1 zone a weight 0</span>"), "{page}");
         assert!(page.contains("drain &lt;script&gt;") && page.contains("&lt;b&gt;eve&lt;/b&gt;") && page.contains("a &amp; b"), "{page}");

@@ -5,7 +5,9 @@
 //! - `follower.rs`: the DNS zone check, `Loader`, and `Serving::load`, `follow` and `rebuild`.
 //! - `image.rs`: the serving image of an authority on the embedded store.
 //! - `local_state.rs`: the state last served, on disk, for an authority on etcd.
+//! - `kept.rs`: that state and the log of changes served since, read back and kept, per zone.
 
 pub mod follower;
 pub mod image;
+pub mod kept;
 pub mod local_state;

@@ -274,9 +274,12 @@ async fn watch_serial(index: usize, target: &NotifyTarget, origin: &Name, servin
                     _ => None,
                 });
                 let behind = theirs.is_none_or(|t| serial_newer(ours, t));
+                // It answered: an earlier failure (a SERVFAIL while its first copy of the zone
+                // was still loading) no longer says where it stands.
                 update(statuses, index, |s| {
                     s.serial = theirs;
                     s.behind = behind;
+                    s.last_error = None;
                 });
                 if !behind {
                     return (theirs == Some(ours)).then_some(ours);

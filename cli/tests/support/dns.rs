@@ -77,3 +77,37 @@ pub fn until_serial(server: SocketAddr, zone: &str, serial: u32) -> anyhow::Resu
 pub fn refused(server: SocketAddr, zone: &str) -> anyhow::Result<bool> {
     Ok(ask(server, zone, RecordType::SOA)?.metadata.response_code == ResponseCode::Refused)
 }
+
+/// Whether `server` answers IXFR of `zone` from `serial` (by `dig`, over TCP) incrementally
+/// (RFC 1995: its second record is the SOA at `serial`) rather than with the whole zone.
+pub fn ixfr_is_incremental(server: SocketAddr, zone: &str, serial: u32) -> anyhow::Result<bool> {
+    let out = Command::new("dig")
+        .args(["-p", &server.port().to_string(), &format!("@{}", server.ip()), zone, &format!("IXFR={serial}")])
+        .args(["+time=5", "+tries=1", "+noall", "+answer"])
+        .output()
+        .map_err(|e| anyhow::anyhow!("cannot run dig (install dnsutils): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let records: Vec<Vec<String>> = text
+        .lines()
+        .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_ascii_lowercase).collect())
+        .collect();
+    anyhow::ensure!(
+        records.first().is_some_and(|r| r.get(3).map(String::as_str) == Some("soa")),
+        "no IXFR of {zone} from {server}:\n{text}"
+    );
+    Ok(records.get(1).is_some_and(|r| r.get(3).map(String::as_str) == Some("soa") && r.get(6) == Some(&serial.to_string())))
+}
+
+/// The SOA serial `server` answers for `zone`.
+pub fn serial(server: SocketAddr, zone: &str) -> anyhow::Result<u32> {
+    let answer = ask(server, zone, RecordType::SOA)?;
+    answer
+        .answers
+        .iter()
+        .find_map(|r| match &r.data {
+            hickory_proto::rr::RData::SOA(soa) => Some(soa.serial),
+            _ => None,
+        })
+        .ok_or_else(|| anyhow::anyhow!("{server} answered {zone} SOA without a SOA ({})", answer.metadata.response_code))
+}

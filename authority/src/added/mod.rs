@@ -1,0 +1,297 @@
+//! The zones the store manages beside its first one (`ManagedZones`), served (the layer of
+//! `run`: it uses `follow` and `xfr`): each live zone of the store's registry gets a `Serving`
+//! of its own, loaded from the zone's store with the records of the master file it was added
+//! with, put in the zone table (`serving::zones`, source `managed`) and followed like the
+//! first zone; a zone removed from the registry (or added again, a new incarnation) stops
+//! being served, its tasks dropped with it, its directory removed.
+//!
+//! Each zone keeps a directory of its own on the authority's disk (`saved`): its IXFR history
+//! survives a restart, and on etcd the state it served and the log of changes since are kept
+//! as the first zone's are (`follow::kept`), so a restart answers for every zone it served at
+//! once, before etcd answers ([`serve_kept`]), never with a state older than it answered with.
+//!
+//! The registry is read again when this authority's control API added or removed a zone (at
+//! once) and every [`REREAD_EVERY`] (the changes other authorities of an etcd store made).
+//!
+//! RRL and the query counts are the listeners' and cover every zone. Not yet per zone: the
+//! follower's metrics (an added zone's figures are kept apart, not exported).
+
+pub mod book;
+pub mod saved;
+
+use crate::follow::image::Keeper;
+use crate::follow::kept::{self, Keeping};
+use crate::metrics::Metrics;
+use crate::query::answer::AnswerLimits;
+use crate::serving::Serving;
+use crate::serving::policy::TransferPolicy;
+use crate::serving::zones::{ZoneTable, managed_zone_records};
+use crate::zone::dns_zone::StaticZone;
+use book::{Entry, ZoneBook};
+use dnsplan_common::daemon::Reachability;
+use dnsplan_common::names::DnsName;
+use dnsplan_common::store::zones::{ManagedZone, ManagedZones};
+use hickory_proto::rr::Name;
+use saved::SavedZone;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+/// How often the registry is read again without being told of a change.
+pub const REREAD_EVERY: Duration = Duration::from_secs(2);
+
+/// How the added zones are served: the settings they share with the first zone.
+#[derive(Clone)]
+pub struct Setup {
+    pub table: Arc<ZoneTable>,
+    pub limits: AnswerLimits,
+    pub transfer: Arc<TransferPolicy>,
+    /// Where each zone's directory is (`saved`).
+    pub data_dir: PathBuf,
+    /// On etcd, each zone's served state is kept on disk (`follow::kept`).
+    pub keeping: Keeping,
+    /// The authority's metrics: each zone's counters count there (`Metrics::for_added_zone`).
+    pub metrics: Arc<Metrics>,
+    /// What each zone is now, for the metrics and the status page.
+    pub book: Arc<ZoneBook>,
+}
+
+/// The added zones served, and how to serve more.
+pub struct AddedZones<S> {
+    store: S,
+    setup: Setup,
+    /// Told by the control API when it added or removed a zone.
+    changed: Arc<Notify>,
+    /// Zones served at start from what their directory kept, before the store answered: taken
+    /// over (followed) once the registry says the same incarnation is live, dropped otherwise.
+    kept: HashMap<DnsName, KeptZone>,
+}
+
+/// A zone served from what its directory kept, not yet followed.
+pub struct KeptZone {
+    incarnation: u64,
+    serving: Arc<Serving>,
+    keeper: Option<Arc<Keeper>>,
+}
+
+/// One added zone served: its incarnation, and its follower, NOTIFY and keeper tasks
+/// (dropped with it).
+struct Served {
+    incarnation: u64,
+    _tasks: JoinSet<()>,
+}
+
+/// On etcd, serves every added zone whose directory kept a state (`follow::kept`) at once,
+/// before the store answers, as the first zone's saved state is; the zones are taken over by
+/// [`AddedZones`] once the store's registry is read. A zone whose directory cannot be used
+/// is not served until the store answers (a WARN line each).
+pub async fn serve_kept(setup: &Setup) -> HashMap<DnsName, KeptZone> {
+    let mut kept = HashMap::new();
+    if setup.keeping != Keeping::OnDisk {
+        return kept;
+    }
+    let data_dir = setup.data_dir.clone();
+    let found = match tokio::task::spawn_blocking(move || saved::read_all(&data_dir)).await {
+        Ok(Ok(found)) => found,
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "cannot list the added zones kept on disk; they are served once the store answers");
+            return kept;
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list the added zones kept on disk; they are served once the store answers");
+            return kept;
+        }
+    };
+    for found in found {
+        let zone = match found.zone {
+            Ok(zone) => zone,
+            Err(why) => {
+                tracing::warn!(dir = %found.dir.display(), "an added zone kept on disk is not served until the store answers: {why}");
+                continue;
+            }
+        };
+        match serve_one_kept(setup, &found.dir, &zone).await {
+            Ok(Some(one)) => {
+                tracing::info!(zone = %zone.origin, endpoints = one.serving.snapshot.load().managed_count(), "serving the added zone's saved state at once; the store is followed once it answers");
+                kept.insert(zone.origin.clone(), one);
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(zone = %zone.origin, error = %format!("{err:#}"), "an added zone kept on disk is not served until the store answers")
+            }
+        }
+    }
+    kept
+}
+
+/// Serves one zone from its directory; `None` when it kept no state.
+async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::Result<Option<KeptZone>> {
+    let started = Instant::now();
+    let records = parse(zone).await?;
+    let kept = kept::open(dir, records.clone()).await?;
+    let keeper = kept.keeper(dir);
+    let Some((snapshot, _)) = kept.state else { return Ok(None) };
+    let serving = Serving::from_loaded(snapshot, records, setup.limits, Arc::new(setup.metrics.for_added_zone()), started)
+        .with_transfer(setup.transfer.clone())
+        .with_served_log(kept.served_log)
+        .with_ixfr_log(dir);
+    let serving = Arc::new(serving);
+    setup.table.put_managed(serving.clone())?;
+    setup.book.set(&zone.origin, Entry::Kept(serving.clone()));
+    Ok(Some(KeptZone { incarnation: zone.incarnation, serving, keeper: Some(keeper) }))
+}
+
+/// The zone's master file read, off the runtime's threads.
+async fn parse(zone: &SavedZone) -> anyhow::Result<Arc<StaticZone>> {
+    let (at, master) = (zone.origin.to_string(), zone.master.clone());
+    Ok(Arc::new(tokio::task::spawn_blocking(move || managed_zone_records(&at, &master)).await??))
+}
+
+impl<S: ManagedZones> AddedZones<S> {
+    /// `kept`: the zones `serve_kept` serves already.
+    pub fn new(store: S, setup: Setup, changed: Arc<Notify>, kept: HashMap<DnsName, KeptZone>) -> Self {
+        AddedZones { store, setup, changed, kept }
+    }
+
+    /// Serves the registry's live zones until the task is dropped.
+    pub async fn keep(mut self) {
+        let mut served: HashMap<DnsName, Served> = HashMap::new();
+        let mut unreadable = false;
+        let mut swept = false;
+        loop {
+            match self.store.zones().await {
+                Ok(zones) => {
+                    if std::mem::take(&mut unreadable) {
+                        tracing::info!("the store's registry of zones is read again");
+                    }
+                    self.converge(&zones, &mut served).await;
+                    if !swept {
+                        swept = true;
+                        self.sweep(&zones).await;
+                    }
+                }
+                Err(err) if !unreadable => {
+                    unreadable = true;
+                    tracing::warn!(error = %format!("{err:#}"), "cannot read the store's registry of zones; the added zones served stay as they are");
+                }
+                Err(_) => {}
+            }
+            // Paces the re-reads for changes other authorities made; a change made here wakes
+            // it at once.
+            let _ = tokio::time::timeout(REREAD_EVERY, self.changed.notified()).await;
+        }
+    }
+
+    /// Starts serving the live zones not served (or served at another incarnation), and stops
+    /// serving the others.
+    async fn converge(&mut self, zones: &[ManagedZone], served: &mut HashMap<DnsName, Served>) {
+        let live: HashMap<&DnsName, u64> = zones.iter().filter_map(|z| z.incarnation().map(|i| (&z.origin, i))).collect();
+        let gone: Vec<DnsName> =
+            served.iter().filter(|(origin, s)| live.get(origin) != Some(&s.incarnation)).map(|(origin, _)| origin.clone()).collect();
+        let stale: Vec<DnsName> =
+            self.kept.iter().filter(|(origin, k)| live.get(origin) != Some(&k.incarnation)).map(|(origin, _)| origin.clone()).collect();
+        for origin in gone.into_iter().chain(stale) {
+            served.remove(&origin);
+            self.kept.remove(&origin);
+            self.setup.book.remove(&origin);
+            if let Ok(name) = Name::from_ascii(origin.as_str()) {
+                self.setup.table.remove_managed(&name);
+            }
+            let dir = saved::dir_in(&self.setup.data_dir, &origin);
+            if let Err(err) = tokio::task::spawn_blocking(move || saved::remove(&dir)).await.map_err(std::io::Error::other).and_then(|r| r)
+            {
+                tracing::warn!(zone = %origin, error = %err, "cannot remove the directory of a zone no longer served");
+            }
+            tracing::info!(zone = %origin, "no longer serving the removed zone");
+        }
+        self.setup.book.retain(|origin| live.contains_key(origin));
+        for (origin, incarnation) in live {
+            if served.contains_key(origin) {
+                continue;
+            }
+            match self.start(origin, incarnation).await {
+                Ok(tasks) => {
+                    served.insert(origin.clone(), Served { incarnation, _tasks: tasks });
+                }
+                Err(err) => {
+                    let why = format!("{err:#}");
+                    if !self.kept.contains_key(origin) && self.setup.book.get(origin).is_none_or(|e| e.serving().is_none()) {
+                        self.setup.book.set(origin, Entry::NotServed(why.clone()));
+                    }
+                    tracing::warn!(zone = %origin, error = %why, "cannot serve the zone the store manages yet; trying again")
+                }
+            }
+        }
+    }
+
+    /// Removes the directories of zones the registry does not have live (removed while this
+    /// authority was stopped), once, after the registry was first read.
+    async fn sweep(&self, zones: &[ManagedZone]) {
+        let data_dir = self.setup.data_dir.clone();
+        let keep: std::collections::HashSet<PathBuf> =
+            zones.iter().filter(|z| z.incarnation().is_some()).map(|z| saved::dir_in(&data_dir, &z.origin)).collect();
+        let swept = tokio::task::spawn_blocking(move || {
+            let mut removed = 0;
+            for found in saved::read_all(&data_dir)? {
+                if !keep.contains(&found.dir) {
+                    saved::remove(&found.dir)?;
+                    removed += 1;
+                }
+            }
+            Ok::<_, std::io::Error>(removed)
+        })
+        .await;
+        match swept {
+            Ok(Ok(0)) => {}
+            Ok(Ok(removed)) => tracing::info!(removed, "removed the directories of zones no longer in the store"),
+            Ok(Err(err)) => tracing::warn!(error = %err, "cannot remove the directories of zones no longer in the store"),
+            Err(err) => tracing::warn!(error = %err, "cannot remove the directories of zones no longer in the store"),
+        }
+    }
+
+    /// Serves zone `origin` at `incarnation`: the state served from its directory at start,
+    /// followed from now on, or else loaded from its store. Its follower, NOTIFY and keeper
+    /// tasks are returned.
+    async fn start(&mut self, origin: &DnsName, incarnation: u64) -> anyhow::Result<JoinSet<()>> {
+        let store = self.store.zone(origin).await?;
+        let (serving, keeper) = match self.kept.remove(origin) {
+            Some(kept) => (kept.serving, kept.keeper),
+            None => {
+                let master = self.store.zone_master(origin).await?;
+                let zone = SavedZone { origin: origin.clone(), incarnation, master };
+                let records = parse(&zone).await?;
+                let data_dir = self.setup.data_dir.clone();
+                let dir = tokio::task::spawn_blocking(move || saved::open(&data_dir, &zone)).await??;
+                let (served_log, keeper) = match self.setup.keeping {
+                    Keeping::OnDisk => {
+                        let (log, _) = kept::open_log(&dir, None).await?;
+                        (log.clone(), Some(kept::keeper(&dir, None, log)))
+                    }
+                    Keeping::InStore => (None, None),
+                };
+                let metrics = Arc::new(self.setup.metrics.for_added_zone());
+                let serving = Serving::load(&store, records, self.setup.limits, metrics)
+                    .await?
+                    .with_transfer(self.setup.transfer.clone())
+                    .with_served_log(served_log)
+                    .with_ixfr_log(&dir);
+                let serving = Arc::new(serving);
+                self.setup.table.put_managed(serving.clone())?;
+                tracing::info!(zone = %origin, endpoints = serving.snapshot.load().managed_count(), "serving the zone the store manages");
+                (serving, keeper)
+            }
+        };
+        let mut tasks = JoinSet::new();
+        if let Some(keeper) = keeper {
+            tasks.spawn(keeper.keep_saved(serving.clone(), store.clone()));
+        }
+        let reach = Arc::new(Reachability::named(format!("the store of zone {origin}")));
+        self.setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
+        tasks.spawn(serving.clone().follow(store, reach));
+        crate::xfr::notify::spawn(&mut tasks, &serving);
+        Ok(tasks)
+    }
+}
