@@ -390,4 +390,7 @@ impl ManagedZones for Gated {
     async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
         Ok(Vec::new())
     }
+    async fn registry_version(&self) -> StoreResult<u64> {
+        Ok(0)
+    }
 }

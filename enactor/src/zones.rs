@@ -55,9 +55,15 @@ pub async fn enact_added_zones<S: ManagedZones>(
 ) {
     let mut loops: HashMap<DnsName, tokio::task::AbortHandle> = HashMap::new();
     let mut tasks = tokio::task::JoinSet::new();
+    // The registry is read whole only when its version moved (at 100,000 zones it is
+    // megabytes; its version is one number).
+    let mut seen = None;
     loop {
-        if let Ok(zones) = store.zones().await {
-            let live: Vec<&DnsName> = zones.iter().filter(|z| z.is_live()).map(|z| &z.origin).collect();
+        let version = store.registry_version().await.ok();
+        let zones = if version.is_none() || version != seen { store.zones().await.ok() } else { None };
+        if let Some(zones) = zones {
+            seen = version;
+            let live: std::collections::HashSet<&DnsName> = zones.iter().filter(|z| z.is_live()).map(|z| &z.origin).collect();
             loops.retain(|zone, task| {
                 let keep = live.contains(&zone);
                 if !keep {

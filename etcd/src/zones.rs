@@ -208,6 +208,16 @@ impl ManagedZones for EtcdStore {
         self.read_all("zone registry", self.registry_prefix()).await
     }
 
+    /// The revision the registry was last written at: entries are never deleted (a removal
+    /// writes a tombstone), so it moves with every addition and removal. One key is read back,
+    /// whatever the number of zones.
+    async fn registry_version(&self) -> StoreResult<u64> {
+        let prefix = self.registry_prefix();
+        let options = crate::client::GetOptions::new().with_range(prefix_end(&prefix)).with_keys_only().with_newest_first().with_limit(1);
+        let newest = self.call("zone registry version", self.inner.client.get(prefix, Some(options))).await?;
+        Ok(newest.kvs().first().map_or(0, |kv| u64::try_from(kv.mod_revision).unwrap_or(0)))
+    }
+
     fn incarnation(&self) -> Option<u64> {
         let fence = self.inner.zone.as_ref()?;
         Some(u64::from_be_bytes(fence.token.as_slice().try_into().unwrap_or_default()))

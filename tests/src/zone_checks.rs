@@ -127,12 +127,19 @@ pub async fn zones_are_isolated<S: ManagedZones>(root: S, first: &DnsName) -> an
 pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let origin = zone("gone.zones.test.");
+    let version = root.registry_version().await?;
     root.add_zone(&origin, &master(&origin)).await?;
+    let added = root.registry_version().await?;
+    v.check(added != version, || format!("the registry version stayed {version} when a zone was added"));
     let late = root.zone(&origin).await?;
     publish_and_apply(&late, &origin, 1, &["www"]).await?;
     publish_and_apply(&late, &origin, 2, &["www", "api"]).await?;
     let before = late.active_all().await?;
+    let quiet = root.registry_version().await?;
+    v.check(quiet == added, || format!("the registry version moved from {added} to {quiet} with no zone added or removed"));
     v.check(root.remove_zone(&origin).await?, || "remove_zone said the zone was not live".into());
+    let removed_at = root.registry_version().await?;
+    v.check(removed_at != quiet, || format!("the registry version stayed {quiet} when a zone was removed"));
     v.check(!root.remove_zone(&origin).await?, || "a second remove_zone said it removed the zone again".into());
 
     let refused = |what: &str, result: Result<(), StoreError>, v: &mut Violations| match result {

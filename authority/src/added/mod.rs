@@ -161,13 +161,25 @@ impl<S: ManagedZones> AddedZones<S> {
         let mut served: HashMap<DnsName, Served> = HashMap::new();
         let mut unreadable = false;
         let mut swept = false;
+        // The registry version last read whole: it is read again only when the version moved
+        // (one key on etcd, whatever the number of zones).
+        let mut seen = None;
         loop {
+            let version = self.store.registry_version().await;
+            if let (Ok(now), Some(then)) = (&version, seen)
+                && *now == then
+            {
+                let _ = tokio::time::timeout(REREAD_EVERY, self.changed.notified()).await;
+                continue;
+            }
             match self.store.zones().await {
                 Ok(zones) => {
                     if std::mem::take(&mut unreadable) {
                         tracing::info!("the store's registry of zones is read again");
                     }
                     self.converge(&zones, &mut served).await;
+                    // Read whole again next time while some live zone could not be started.
+                    seen = version.ok().filter(|_| served.len() == zones.iter().filter(|z| z.is_live()).count());
                     if !swept {
                         swept = true;
                         self.sweep(&zones).await;

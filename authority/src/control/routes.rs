@@ -34,7 +34,7 @@ use dnsplan_common::store::wire::{
     AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, ChangesFrom, ChangesQuery, CleanupRequest,
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
-use dnsplan_common::store::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones};
+use dnsplan_common::store::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones, RegistryVersion};
 use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta, PlanEntry};
 use hickory_proto::rr::Name;
@@ -374,6 +374,7 @@ pub fn router<S: ManagedZones>(ctl: Control<S>) -> Router<Control<S>> {
         .layer(DefaultBodyLimit::max(ZONE_BODY_BYTES_MAX));
     let managed = Router::new()
         .route("/v1/managed", get(managed_list::<S>))
+        .route("/v1/managed-version", get(managed_version::<S>))
         .route("/v1/managed/{zone}", put(managed_add::<S>).delete(managed_remove::<S>).get(managed_master::<S>))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(DefaultBodyLimit::max(dnsplan_common::store::zones::MASTER_BYTES_MAX + 1024));
@@ -446,11 +447,22 @@ async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone):
     Ok(StatusCode::CREATED)
 }
 
-/// `GET /v1/managed/{zone}`: the master file zone `zone` was added with.
+/// `GET /v1/managed-version`: a number that moves whenever a zone is added or removed
+/// (`ManagedZones::registry_version`), so a client follows the registry without reading it
+/// whole every time.
+async fn managed_version<S: ManagedZones>(State(ctl): State<Control<S>>) -> ApiResult<Json<RegistryVersion>> {
+    Ok(Json(RegistryVersion { version: ctl.store.registry_version().await? }))
+}
+
+/// `GET /v1/managed/{zone}` (and `HEAD`): the master file zone `zone` was added with, and the
+/// incarnation live now in the `dnsplan-zone-incarnation` header (410 when it is not live).
 async fn managed_master<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>) -> ApiResult<Response> {
     let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
-    let text = ctl.store.zone_master(&origin).await?;
-    Ok(([(header::CONTENT_TYPE, "text/dns")], text).into_response())
+    let handle = ctl.store.zone(&origin).await?;
+    let text = handle.zone_master(&origin).await?;
+    let incarnation = handle.incarnation().map(|i| i.to_string()).unwrap_or_default();
+    Ok(([(header::CONTENT_TYPE, "text/dns".to_owned()), (header::HeaderName::from_static(INCARNATION_HEADER), incarnation)], text)
+        .into_response())
 }
 
 /// `DELETE /v1/managed/{zone}`: removes zone `zone`, fencing its late writes (204; 410

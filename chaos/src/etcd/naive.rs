@@ -248,4 +248,7 @@ impl dnsplan_common::store::zones::ManagedZones for NaiveEtcdStore {
     async fn zones(&self) -> StoreResult<Vec<dnsplan_common::store::zones::ManagedZone>> {
         Ok(Vec::new())
     }
+    async fn registry_version(&self) -> StoreResult<u64> {
+        Ok(0)
+    }
 }

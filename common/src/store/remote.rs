@@ -9,7 +9,7 @@ use super::wire::{
     AcquireLeaseRequest, ActiveQuery, ApplyManyRequest, ApplyManyResponse, ApplyRequest, CleanupRequest, ErrorBody, LEASE_EPOCH_HEADER,
     LEASE_HOLDER_HEADER, RetireRequest, WaitQuery,
 };
-use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones};
+use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones, RegistryVersion};
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, Lease,
     PauseState, Store, StoreError, StoreResult, StoreVersion,
@@ -357,8 +357,19 @@ impl Store for RemoteStore {
 }
 
 impl ManagedZones for RemoteStore {
-    /// The handle of added zone `origin`, of the incarnation live now.
+    /// The handle of added zone `origin`, of the incarnation live now: `HEAD
+    /// /v1/managed/{zone}` says which (one zone read, whatever their number); from the whole
+    /// registry when the authority does not say.
     async fn zone(&self, origin: &DnsName) -> StoreResult<RemoteStore> {
+        let req = self.inner.client.head(self.root_url(&format!("/v1/managed/{origin}")));
+        let resp = self.authed(req).send().await.map_err(|e| transport(&self.inner.base, e))?;
+        if resp.status() == reqwest::StatusCode::GONE {
+            return Err(StoreError::ZoneGone { zone: origin.clone() });
+        }
+        let said = resp.headers().get(INCARNATION_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+        if let (true, Some(incarnation)) = (resp.status().is_success(), said) {
+            return Ok(RemoteStore { inner: self.inner.clone(), zone: Some((origin.clone(), incarnation)) });
+        }
         let zones = self.zones().await?;
         let live = zones.iter().find(|z| &z.origin == origin).and_then(ManagedZone::incarnation);
         let Some(incarnation) = live else { return Err(StoreError::ZoneGone { zone: origin.clone() }) };
@@ -391,6 +402,11 @@ impl ManagedZones for RemoteStore {
 
     async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
         self.json(self.inner.client.get(self.root_url("/v1/managed"))).await
+    }
+
+    async fn registry_version(&self) -> StoreResult<u64> {
+        let body: RegistryVersion = self.json(self.inner.client.get(self.root_url("/v1/managed-version"))).await?;
+        Ok(body.version)
     }
 
     fn incarnation(&self) -> Option<u64> {

@@ -30,6 +30,7 @@ pub struct GetOptions {
     keys_only: bool,
     count_only: bool,
     min_mod_revision: i64,
+    newest_first: bool,
 }
 
 impl GetOptions {
@@ -69,6 +70,11 @@ impl GetOptions {
         self.min_mod_revision = revision;
         self
     }
+    /// The keys written last first (sorted by their mod revision, descending).
+    pub fn with_newest_first(mut self) -> Self {
+        self.newest_first = true;
+        self
+    }
 
     pub(crate) fn request(self, key: Vec<u8>) -> pb::RangeRequest {
         let range_end = if self.prefix { prefix_end(&key) } else { self.range_end };
@@ -80,6 +86,8 @@ impl GetOptions {
             keys_only: self.keys_only,
             count_only: self.count_only,
             min_mod_revision: self.min_mod_revision,
+            sort_order: if self.newest_first { pb::range_request::SortOrder::Descend as i32 } else { 0 },
+            sort_target: if self.newest_first { pb::range_request::SortTarget::Mod as i32 } else { 0 },
             ..Default::default()
         }
     }

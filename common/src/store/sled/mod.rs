@@ -155,6 +155,9 @@ struct Database {
     first: Mutex<std::sync::Weak<Shared>>,
     /// What opening a zone behind its high-water mark does.
     on_loss: OnLoss,
+    /// The registry writes of this process (the only one that opens the database), for
+    /// `ManagedZones::registry_version`.
+    registry_writes: std::sync::atomic::AtomicU64,
 }
 
 /// A write that failed, until a reopen writes again.
@@ -227,6 +230,7 @@ impl SledStore {
             zones: Mutex::new(BTreeMap::new()),
             first: Mutex::new(std::sync::Weak::new()),
             on_loss,
+            registry_writes: Default::default(),
         });
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),

@@ -207,6 +207,7 @@ impl SledStore {
             state: ZoneState::Live { added_unix_ms: lease::now_unix_ms(), incarnation: random_id() },
         };
         registry.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
+        self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
         db.flush().map_err(io)?;
         Ok(true)
     }
@@ -231,6 +232,7 @@ impl SledStore {
             let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes };
             let entry = ManagedZone { origin: origin.clone(), state };
             registry(&db)?.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
+            self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
             db.flush().map_err(io)?;
         }
         // Waiters on the zone's changes wake, and find it gone.
@@ -312,6 +314,11 @@ impl ManagedZones for SledStore {
 
     async fn zones(&self) -> StoreResult<Vec<ManagedZone>> {
         self.zone_call(SledStore::zones_sync).await
+    }
+
+    /// The registry writes of this process: only this process opens the database.
+    async fn registry_version(&self) -> StoreResult<u64> {
+        Ok(self.shared.database.registry_writes.load(Ordering::Acquire))
     }
 
     fn incarnation(&self) -> Option<u64> {
