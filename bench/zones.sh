@@ -12,9 +12,16 @@
 # CPU-second, and the ratio of that to NSD's in the same round. For dnsplan alone: how long a
 # zone added at run time (`PUT /v1/zones/{origin}`) takes until it answers, over 20 zones.
 #
+# With --managed, dnsplan's zones are zones its store manages (each with its own plans,
+# fences, serial and directory), added at run time with `PUT /v1/managed/{zone}` (4 at a
+# time) rather than static `[[zones]]`: "first start" is then from the start of an empty
+# store until every zone is added and the sample answers (the adds per second are printed
+# too), "restart" the start of the store holding them all; and the zones added at run time
+# are added to the store the same way.
+#
 # Before measuring, the three must give the same answer for a sample of names.
 #
-# Usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N]
+# Usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N] [--managed]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +29,9 @@ ZONES=10000
 NAMES=100
 DURATION=15
 ROUNDS=2
+MANAGED=0
 usage() {
-    echo "usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N]" >&2
+    echo "usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N] [--managed]" >&2
     exit 2
 }
 while [ $# -gt 0 ]; do
@@ -32,6 +40,7 @@ while [ $# -gt 0 ]; do
         --names) [ $# -ge 2 ] || usage; NAMES=$2; shift 2 ;;
         --duration) [ $# -ge 2 ] || usage; DURATION=$2; shift 2 ;;
         --rounds) [ $# -ge 2 ] || usage; ROUNDS=$2; shift 2 ;;
+        --managed) MANAGED=1; shift ;;
         -h | --help) usage ;;
         *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -71,7 +80,7 @@ commit=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
 git diff --quiet HEAD 2> /dev/null || commit="$commit+changes"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), commit $commit, $(date -u +%Y-%m-%d)"
 echo "servers: dnsplan-authority, $(knotd --version | head -1), $(nsd -v 2>&1 | head -1); client $(dnsperf -h 2>&1 | grep -m1 Version)"
-echo "zones: $ZONES of $NAMES names; dnsperf $DURATION s x $ROUNDS rounds"
+echo "zones: $ZONES of $NAMES names; dnsperf $DURATION s x $ROUNDS rounds$([ "$MANAGED" = 1 ] && echo "; dnsplan's zones managed by its store")"
 
 WORK=$(mktemp -d)
 PIDS=""
@@ -135,7 +144,7 @@ ns = ["ns1.managed.bench-only."]
 mname = "ns1.managed.bench-only."
 rname = "hostmaster.managed.bench-only."
 EOF
-cat "$WORK/dnsplan/zones.toml" >> "$WORK/dnsplan/authority.toml"
+[ "$MANAGED" = 1 ] || cat "$WORK/dnsplan/zones.toml" >> "$WORK/dnsplan/authority.toml"
 cat > "$WORK/knot/knot.conf" << EOF
 server:
     listen: 127.0.0.1@${PORT[knot]}
@@ -183,8 +192,15 @@ answers() { # PORT NAME
 # A name of every ZONES/100-th zone and of the last: every one must answer for "ready".
 SAMPLE=$(awk -v zones="$ZONES" 'BEGIN { step = int(zones / 100); if (step < 1) step = 1; for (z = 0; z < zones; z += step) print "h0.z" z ".bench."; print "h0.z" zones - 1 ".bench." }')
 
+# Adds zone $1 (origin) to dnsplan's store with master file $2.
+add_managed() {
+    curl -sf -X PUT -H "Authorization: Bearer $TOKEN" --data-binary @"$2" "http://127.0.0.1:$CONTROL_PORT/v1/managed/$1" > /dev/null \
+        || { echo "PUT /v1/managed/$1 failed" >&2; return 1; }
+}
+
 # Starts server $1 (command in the rest) on core 0; sets READY to the seconds until every
-# sampled zone answers (and ROOT, PIDS: not in a subshell).
+# sampled zone answers (and ROOT, PIDS: not in a subshell). With MANAGED and an empty store,
+# dnsplan's zones are added first, 4 at a time (ADDS_PER_SEC says how fast).
 start_server() {
     local server=$1 started pid i name
     shift
@@ -193,6 +209,20 @@ start_server() {
     pid=$!
     PIDS="$PIDS $pid"
     ROOT[$server]=$pid
+    if [ "$server" = dnsplan ] && [ "$MANAGED" = 1 ] && [ ! -e "$WORK/dnsplan/added" ]; then
+        until curl -sf "http://127.0.0.1:$CONTROL_PORT/readyz" > /dev/null; do
+            alive "$pid" || { echo "dnsplan exited at start; its log:" >&2; tail -20 "$WORK/$server.log" >&2; exit 1; }
+            sleep 0.05
+        done
+        local adds_started
+        adds_started=$(date +%s.%N)
+        export -f add_managed
+        export TOKEN CONTROL_PORT
+        awk -v zones="$ZONES" -v dir="$WORK/zones" 'BEGIN { for (z = 0; z < zones; z++) print "z" z ".bench. " dir "/z" z ".bench.zone" }' \
+            | xargs -P 4 -n 2 bash -c 'add_managed "$0" "$1"' || { echo "adding the zones failed" >&2; exit 1; }
+        ADDS_PER_SEC=$(awk -v n="$ZONES" -v a="$adds_started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", n / (b - a) }')
+        touch "$WORK/dnsplan/added"
+    fi
     for name in $SAMPLE; do
         for ((i = 0; ; i++)); do
             alive "$pid" || { echo "$server exited while loading; its log:" >&2; grep -v "^ *[0-9]*: \|^ *at " "$WORK/$server.log" | tail -20 >&2; exit 1; }
@@ -218,6 +248,7 @@ for server in $SERVERS; do
     RESTART[$server]=$READY
     RSS[$server]=$(awk -v kb="$(tree_rss_kb "${ROOT[$server]}")" 'BEGIN { printf "%.0f", kb / 1024 }')
     echo "$server: ready in ${FIRST[$server]} s (first start), ${RESTART[$server]} s (restart); RSS ${RSS[$server]} MB" >&2
+    [ "$server" = dnsplan ] && [ "$MANAGED" = 1 ] && echo "dnsplan: $ZONES zones added to its store at $ADDS_PER_SEC a second" >&2
 done
 
 for name in h1.z0.bench. "h$((NAMES - 4)).z$((ZONES / 2)).bench." "$LAST"; do
@@ -263,8 +294,12 @@ for ((i = 0; i < ADDS; i++)); do
     origin="added$i.bench."
     sed "s/^\$ORIGIN .*/\$ORIGIN $origin/" "$WORK/zones/z0.bench.zone" > "$WORK/added.zone"
     started=$(date +%s%N)
-    curl -sf -X PUT -H "Authorization: Bearer $TOKEN" --data-binary @"$WORK/added.zone" "http://127.0.0.1:$CONTROL_PORT/v1/zones/$origin" > /dev/null \
-        || { echo "PUT /v1/zones/$origin failed" >&2; exit 1; }
+    if [ "$MANAGED" = 1 ]; then
+        add_managed "$origin" "$WORK/added.zone" || exit 1
+    else
+        curl -sf -X PUT -H "Authorization: Bearer $TOKEN" --data-binary @"$WORK/added.zone" "http://127.0.0.1:$CONTROL_PORT/v1/zones/$origin" > /dev/null \
+            || { echo "PUT /v1/zones/$origin failed" >&2; exit 1; }
+    fi
     until [ -n "$(answers "${PORT[dnsplan]}" "h0.$origin")" ]; do
         [ $(($(date +%s%N) - started)) -lt 10000000000 ] || { echo "added zone $origin does not answer after 10 s" >&2; exit 1; }
     done
@@ -280,4 +315,9 @@ for server in $SERVERS; do
 done
 echo
 echo "dnsplan / nsd, queries per CPU-second, by round:$RATIOS"
-echo "a zone added at run time answers after: $ADDED (the add included: the master file written and fsynced)"
+if [ "$MANAGED" = 1 ]; then
+    echo "dnsplan's zones added to its store at $ADDS_PER_SEC a second (4 at a time)"
+    echo "a zone added to the store at run time answers after: $ADDED (the add included: its trees created, the registry written and flushed)"
+else
+    echo "a zone added at run time answers after: $ADDED (the add included: the master file written and fsynced)"
+fi

@@ -56,6 +56,11 @@ pub fn hash_key(key: &[u8]) -> u64 {
     HASHER.hash_one(key)
 }
 
+/// Names per shard past which a managed zone's table is split into more shards: four times
+/// `shards_for`'s 64, so a table grows fourfold between two splits, and a split (every entry's
+/// pointer moved once) costs about a third of a name per name added.
+pub const SHARD_NAMES_MAX: usize = 256;
+
 /// The shard of `hash` among `shards` (a power of two).
 fn shard_of(hash: u64, shards: usize) -> usize {
     // The table uses the low bits for its buckets and the top 7 for its tags; the shard comes
@@ -430,9 +435,32 @@ impl Snapshot {
     }
 
     /// A snapshot of the static zone alone, at applied-change count 0. Pages of the active
-    /// state go in with `load_page`.
+    /// state go in with `load_page`. It starts in as few shards as its static names need and
+    /// is split into more as names come (`split_if_dense`, up to `SHARDS`): a small zone costs
+    /// a few shards, not 1,024 (about 100 KB each, which ten thousand added zones paid).
     pub fn statics_only(zone: Arc<StaticZone>) -> Snapshot {
-        Snapshot::statics_in(zone, SHARDS)
+        let shards = shards_for(zone.records.len() + zone.ns.len() + 1);
+        Snapshot::statics_in(zone, shards)
+    }
+
+    /// Splits the name table into more shards when it holds more than `SHARD_NAMES_MAX` names
+    /// a shard and may have more: every entry is shared, only the shards' pointers move.
+    fn split_if_dense(&mut self) {
+        let now = self.shards.len();
+        if now >= SHARDS {
+            return;
+        }
+        let names: usize = self.shards.iter().map(|shard| shard.len()).sum();
+        if names <= now * SHARD_NAMES_MAX {
+            return;
+        }
+        let count = shards_for(names);
+        let mut next: Vec<Shard> = (0..count).map(|_| Shard::with_capacity(names / count + 1)).collect();
+        for entry in self.shards.iter().flat_map(|shard| shard.iter()) {
+            let hash = hash_key(&entry.key);
+            next[shard_of(hash, count)].insert_unique(hash, entry.clone(), |e| hash_key(&e.key));
+        }
+        self.shards = next.into_iter().map(Arc::new).collect();
     }
 
     /// A snapshot of a static zone that never changes: as `statics_only`, in as few shards as
@@ -522,6 +550,7 @@ impl Snapshot {
                 self.put_managed(&key, Managed::from_record(record));
             }
         }
+        self.split_if_dense();
         self.refresh_apex_ns();
     }
 
@@ -535,6 +564,7 @@ impl Snapshot {
     /// Ends a load by `load_served`: the snapshot is the state at `applied_changes`, where
     /// the store's content-change count was `content_changes`.
     pub fn finish_load(&mut self, applied_changes: u64, content_changes: u64) {
+        self.split_if_dense();
         self.refresh_apex_ns();
         self.set_serial(applied_changes, content_changes);
     }
@@ -866,5 +896,35 @@ mod tests {
         assert!(wire_key(&name(&beside)).ends_with(&wire_key(&name(&origin))));
         assert_eq!(snapshot.managed_count(), 1, "a name outside the zone was served");
         assert!(snapshot.get(&name(&beside)).is_none());
+    }
+
+    /// A small zone is a few shards, and a zone that grows is split as it grows (every name
+    /// still found, with its empty-non-terminal counts), up to `SHARDS` and no further; a
+    /// change after that copies only the shards it touches.
+    #[test]
+    fn a_zone_is_split_into_more_shards_as_it_grows() {
+        let small = served("example.test.", &["api.example.test."]);
+        assert_eq!(small.shards.len(), 1, "one shard for a few names");
+        let names: Vec<String> = (0..100_000).map(|i| format!("n{i}.deep.example.test.")).collect();
+        let mut snapshot = Snapshot::statics_only(crate::zone::dns_zone::test_zone("example.test."));
+        for page in names.chunks(7_000) {
+            let endpoints: Vec<(EndpointName, ActiveRecord)> =
+                page.iter().map(|n| (EndpointName::parse(n).expect("name"), serving())).collect();
+            snapshot.load_page(&endpoints);
+            let total: usize = snapshot.shards.iter().map(|s| s.len()).sum();
+            assert!(
+                total <= snapshot.shards.len() * SHARD_NAMES_MAX || snapshot.shards.len() == SHARDS,
+                "{total} names in {} shards",
+                snapshot.shards.len()
+            );
+        }
+        snapshot.finish_load(1, 1);
+        assert_eq!(snapshot.shards.len(), SHARDS);
+        assert_eq!(snapshot.managed_count(), names.len());
+        for n in names.iter().step_by(997) {
+            assert!(snapshot.get(&Name::from_ascii(n).expect("name")).is_some_and(|e| e.managed.is_some()), "{n}");
+        }
+        let deep = snapshot.get_key(&wire_key(&Name::from_ascii("deep.example.test.").expect("name"))).expect("an empty non-terminal");
+        assert_eq!(deep.descendants as usize, names.len(), "the empty non-terminal counts every name below it");
     }
 }
