@@ -158,6 +158,8 @@ struct Database {
     /// The registry writes of this process (the only one that opens the database), for
     /// `ManagedZones::registry_version`.
     registry_writes: std::sync::atomic::AtomicU64,
+    /// Most zones live at once beside the first (`zones::SLED_LIVE_ZONES_MAX`; lower in tests).
+    live_zones_max: std::sync::atomic::AtomicUsize,
 }
 
 /// A write that failed, until a reopen writes again.
@@ -231,6 +233,7 @@ impl SledStore {
             first: Mutex::new(std::sync::Weak::new()),
             on_loss,
             registry_writes: Default::default(),
+            live_zones_max: std::sync::atomic::AtomicUsize::new(crate::store::zones::SLED_LIVE_ZONES_MAX),
         });
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),

@@ -802,3 +802,22 @@ async fn a_zone_opened_again_while_a_call_runs_keeps_one_writer_lock() {
     let fresh = root.zone(&origin).await.expect("zone afresh");
     assert_eq!(fresh.latest().await.expect("latest"), Generation::NONE);
 }
+
+/// The embedded store serves at most `SLED_LIVE_ZONES_MAX` zones beside its first (lowered to 2
+/// here): one more is refused, naming the limit and the way out; a removed zone frees its place.
+#[tokio::test]
+async fn the_embedded_store_refuses_zones_past_its_live_limit() {
+    use crate::store::zones::ManagedZones;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = SledStore::open(dir.path()).expect("open");
+    root.set_live_zones_max(2);
+    let zone = |n: &str| DnsName::parse(n).expect("zone");
+    assert!(root.add_zone(&zone("a.test."), "").await.expect("a"));
+    assert!(root.add_zone(&zone("b.test."), "").await.expect("b"));
+    match root.add_zone(&zone("c.test."), "").await {
+        Err(StoreError::BadRequest(why)) => assert!(why.contains("at most 2 zones beside its first") && why.contains("etcd"), "{why}"),
+        other => panic!("a third zone: {other:?}"),
+    }
+    assert!(root.remove_zone(&zone("a.test.")).await.expect("remove"));
+    assert!(root.add_zone(&zone("c.test."), "").await.expect("c, once a was removed"));
+}

@@ -91,6 +91,12 @@ fn read_entry(registry: &sled::Tree, origin: &DnsName) -> StoreResult<Option<Man
 }
 
 impl SledStore {
+    /// Lowers the most zones live at once beside the first (tests of the limit).
+    #[cfg(test)]
+    pub(crate) fn set_live_zones_max(&self, max: usize) {
+        self.shared.database.live_zones_max.store(max, Ordering::Relaxed);
+    }
+
     /// The directory of added zone `origin`, which holds its high-water mark.
     fn zone_dir(&self, origin: &DnsName) -> PathBuf {
         self.shared.database.path.join(ZONES_DIR).join(origin.as_str())
@@ -177,6 +183,16 @@ impl SledStore {
         if old.is_none() && registry.len() >= MANAGED_ZONES_MAX {
             return Err(StoreError::BadRequest(format!(
                 "the store's registry holds {MANAGED_ZONES_MAX} zones, live and removed; no more are added"
+            )));
+        }
+        let live_max = self.shared.database.live_zones_max.load(Ordering::Relaxed);
+        let live =
+            registry.iter().values().filter_map(Result::ok).filter(|v| codec::decode::<ManagedZone>(v).is_ok_and(|z| z.is_live())).count();
+        if live >= live_max {
+            return Err(StoreError::BadRequest(format!(
+                "the embedded store serves at most {live_max} zones beside its first, and has {live}: remove one first, or keep \
+                 the zones on etcd (each added zone is sled trees of its own, and sled rewrites its table of trees at each new one, \
+                 so past this many every addition and every start costs more)"
             )));
         }
         // A handle of an earlier incarnation this process still holds (a removal whose
