@@ -340,7 +340,12 @@ where
         metrics: metrics.clone(),
         book: book.clone(),
     };
-    let mut kept_zones = std::collections::HashMap::new();
+    // On etcd, the added zones' saved states are served at once too, beside the first zone's
+    // (not before it: the first zone answers without waiting for them).
+    let kept_zones = tokio::spawn({
+        let setup = setup.clone();
+        async move { added::serve_kept(&setup).await }
+    });
     // Static stability: the state saved on our own disk, served before anything else.
     let mut rrl = Some(rrl);
     let mut transfer = Some(transfer);
@@ -363,7 +368,6 @@ where
     // On etcd, the log each change is made durable in before it is served (`local_log`).
     let mut served_log = None;
     if local == Keeping::OnDisk {
-        kept_zones = added::serve_kept(&setup).await;
         let started = std::time::Instant::now();
         let kept = kept::open(&config.data_dir, zone.clone()).await?;
         served_log = kept.served_log.clone();
@@ -476,6 +480,10 @@ where
     crate::xfr::notify::spawn(&mut tasks, &serving);
     // The zones the store manages beside its first one, served as its registry says.
     let zones_changed = Arc::new(tokio::sync::Notify::new());
+    let kept_zones = kept_zones.await.unwrap_or_else(|err| {
+        tracing::error!(error = %err, "serving the added zones' saved states failed; they are served once the store is read");
+        Default::default()
+    });
     let added = AddedZones::new(store.clone(), setup, zones_changed.clone(), kept_zones);
     tasks.spawn(added.keep());
     let id = report_id(&config.dns.advertise, &dns);

@@ -209,8 +209,10 @@ impl ManagedZones for EtcdStore {
     }
 
     /// The revision the registry was last written at: entries are never deleted (a removal
-    /// writes a tombstone), so it moves with every addition and removal. One key is read back,
-    /// whatever the number of zones.
+    /// writes a tombstone), so it moves with every addition and removal. One key comes back,
+    /// whatever the number of zones; etcd sorts the registry's index to find it (in memory,
+    /// a few milliseconds at 100,000 zones), which a version key written with every change
+    /// would spare.
     async fn registry_version(&self) -> StoreResult<u64> {
         let prefix = self.registry_prefix();
         let options = crate::client::GetOptions::new().with_range(prefix_end(&prefix)).with_keys_only().with_newest_first().with_limit(1);

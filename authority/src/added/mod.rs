@@ -249,8 +249,11 @@ impl<S: ManagedZones> AddedZones<S> {
             let mut removed = 0;
             for found in saved::read_all(&data_dir)? {
                 if !keep.contains(&found.dir) {
-                    saved::remove(&found.dir)?;
-                    removed += 1;
+                    // One that cannot be removed does not keep the others.
+                    match saved::remove(&found.dir) {
+                        Ok(()) => removed += 1,
+                        Err(err) => tracing::warn!(dir = %found.dir.display(), error = %err, "cannot remove the directory of a zone no longer in the store"),
+                    }
                 }
             }
             Ok::<_, std::io::Error>(removed)
@@ -269,6 +272,12 @@ impl<S: ManagedZones> AddedZones<S> {
     /// tasks are returned.
     async fn start(&mut self, origin: &DnsName, incarnation: u64) -> anyhow::Result<JoinSet<()>> {
         let store = self.store.zone(origin).await?;
+        // Removed and added again since the registry was read: the next read starts the new one.
+        if let Some(now) = store.incarnation()
+            && now != incarnation
+        {
+            anyhow::bail!("zone {origin} was added again (incarnation {now}, not {incarnation}) since the registry was read");
+        }
         let (serving, keeper) = match self.kept.remove(origin) {
             Some(kept) => (kept.serving, kept.keeper),
             None => {

@@ -232,7 +232,9 @@ impl SledStore {
             zones: Mutex::new(BTreeMap::new()),
             first: Mutex::new(std::sync::Weak::new()),
             on_loss,
-            registry_writes: Default::default(),
+            // From a random start, so a client that saw a number before a restart never takes
+            // the same number after one for an unchanged registry.
+            registry_writes: std::sync::atomic::AtomicU64::new(crate::store::zones::random_id() >> 1),
             live_zones_max: std::sync::atomic::AtomicUsize::new(crate::store::zones::SLED_LIVE_ZONES_MAX),
         });
         let shared = Arc::new(Shared {
