@@ -309,18 +309,20 @@ impl Inner {
         let run_writes = runs.writes();
         let counts: Vec<(Generation, Option<Vec<u8>>)> =
             counts.into_iter().map(|(g, count)| (g, (count.count > 0).then(|| count.encode()))).collect();
-        (&self.active_runs, &self.fence_counts, &self.meta, &self.changes)
+        (self.active_runs.tree(), self.fence_counts.tree(), self.meta.tree(), self.changes.tree())
             .transaction(|(active_runs, fence_counts, meta, changes)| {
+                let (active_runs, fence_counts) = (self.active_runs.view(active_runs), self.fence_counts.view(fence_counts));
+                let (meta, changes) = (self.meta.view(meta), self.changes.view(changes));
                 for (key, run) in &run_writes {
                     active_runs.insert(key.as_slice(), run.as_slice())?;
                 }
                 for (g, value) in &counts {
                     match value {
-                        Some(value) => fence_counts.insert(&g.to_be_bytes(), value.as_slice())?,
-                        None => fence_counts.remove(&g.to_be_bytes())?,
+                        Some(value) => fence_counts.insert(g.to_be_bytes(), value.as_slice())?,
+                        None => fence_counts.remove(g.to_be_bytes())?,
                     };
                 }
-                changes.insert(&applied.to_be_bytes(), log.as_slice())?;
+                changes.insert(applied.to_be_bytes(), log.as_slice())?;
                 meta.insert(META_APPLIED, &applied.to_be_bytes())?;
                 meta.insert(META_CONTENT, &content.to_be_bytes())?;
                 Ok::<_, ConflictableTransactionError<StoreError>>(())
@@ -354,7 +356,7 @@ impl Inner {
     /// behind get the whole state from `active_since`, so this never loses a change.
     pub(super) fn trim_change_log(&self, applied: u64) -> StoreResult<()> {
         let keep_from = applied.saturating_sub(CHANGE_LOG_KEPT) + 1;
-        let mut batch = sled::Batch::default();
+        let mut batch = self.changes.batch();
         for key in self.changes.range(..keep_from.to_be_bytes().to_vec()).keys() {
             batch.remove(key.map_err(io)?);
         }

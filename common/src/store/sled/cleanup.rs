@@ -11,7 +11,7 @@ impl Inner {
         };
         let keep_from = generation_key(&base.0)?;
         for tree in [&self.plans, &self.plan_heads, &self.summaries, &self.plan_changes] {
-            let mut batch = sled::Batch::default();
+            let mut batch = tree.batch();
             for key in tree.range(..keep_from.to_be_bytes().to_vec()).keys() {
                 batch.remove(key.map_err(io)?);
             }
@@ -66,7 +66,7 @@ impl Inner {
             return Ok(decision);
         }
         let control = self.meta_u64(META_CONTROL, 0)?.wrapping_add(1);
-        let mut batch = sled::Batch::default();
+        let mut batch = self.meta.batch();
         batch.insert(META_HORIZON, &decision.horizon_after.to_be_bytes());
         batch.insert(META_CONTROL, &control.to_be_bytes());
         self.meta.apply_batch(batch).map_err(io)?;

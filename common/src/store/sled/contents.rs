@@ -111,14 +111,14 @@ impl Inner {
         self.meta.insert(META_CONTENTS_PENDING, &generation.to_be_bytes()).map_err(io)?;
         self.flush()?;
         for chunk in contents.entries.chunks(65_536) {
-            let mut batch = sled::Batch::default();
+            let mut batch = self.contents.batch();
             for (key, value) in chunk {
                 batch.insert(key.as_slice(), value.as_slice());
             }
             self.contents.apply_batch(batch).map_err(io)?;
         }
         for run in contents.chunks.chunks(256) {
-            let mut batch = sled::Batch::default();
+            let mut batch = self.contents_chunks.batch();
             for (key, value) in run {
                 batch.insert(key.as_slice(), value.as_slice());
             }
@@ -139,19 +139,19 @@ impl Inner {
         let generation = Generation::from_be_bytes(bytes);
         if generation > self.latest()? {
             let mut removed = 0usize;
-            let mut batch = sled::Batch::default();
+            let mut batch = self.contents.batch();
             for entry in self.contents.iter() {
                 let (key, _) = entry.map_err(io)?;
                 if content_generation(&key)? == generation {
                     batch.remove(key);
                     removed += 1;
                     if removed.is_multiple_of(65_536) {
-                        self.contents.apply_batch(std::mem::take(&mut batch)).map_err(io)?;
+                        self.contents.apply_batch(std::mem::replace(&mut batch, self.contents.batch())).map_err(io)?;
                     }
                 }
             }
             self.contents.apply_batch(batch).map_err(io)?;
-            let mut chunks = sled::Batch::default();
+            let mut chunks = self.contents_chunks.batch();
             for key in self.contents_chunks.scan_prefix(generation.to_be_bytes()).keys() {
                 chunks.remove(key.map_err(io)?);
                 removed += 1;
@@ -252,7 +252,7 @@ impl Inner {
             Some(base) => self.contents_chunks.scan_prefix(base.to_be_bytes()).next().is_some(),
             None => false,
         };
-        let mut batch = sled::Batch::default();
+        let mut batch = self.contents.batch();
         let mut prune_name = |entries: &mut dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>>| -> StoreResult<()> {
             // Entries of one name, oldest first, all at or below `horizon`.
             let mut previous: Option<(sled::IVec, sled::IVec)> = None;
@@ -291,12 +291,12 @@ impl Inner {
             }
             prune_name(&mut group.drain(..))?;
             if let Some(base) = base {
-                let mut markers = sled::Batch::default();
+                let mut markers = self.contents_full.batch();
                 for key in self.contents_full.range(..base.to_be_bytes()).keys() {
                     markers.remove(key.map_err(io)?);
                 }
                 self.contents_full.apply_batch(markers).map_err(io)?;
-                let mut chunks = sled::Batch::default();
+                let mut chunks = self.contents_chunks.batch();
                 for key in self.contents_chunks.range(..base.to_be_bytes()).keys() {
                     chunks.remove(key.map_err(io)?);
                 }

@@ -42,7 +42,7 @@ impl Inner {
     pub(super) fn set_pause(&self, state: Option<PauseState>) -> StoreResult<()> {
         let _guard = self.guard()?;
         let control = self.meta_u64(META_CONTROL, 0)?.wrapping_add(1);
-        let mut batch = sled::Batch::default();
+        let mut batch = self.meta.batch();
         match state {
             Some(state) => batch.insert(META_PAUSE, codec::encode(&state)),
             None => batch.remove(META_PAUSE),

@@ -38,7 +38,7 @@ impl Inner {
         }
         let id = crate::store::zones::random_id();
         // Set only if still absent, so two opens racing agree on one id.
-        let _ = self.meta.compare_and_swap(META_STORE_ID, None as Option<&[u8]>, Some(&id.to_be_bytes()[..])).map_err(io)?;
+        let _ = self.meta.compare_and_swap(META_STORE_ID, None, Some(&id.to_be_bytes()[..])).map_err(io)?;
         self.db.flush().map_err(io)?;
         Ok(())
     }

@@ -47,8 +47,9 @@
 //!   endpoint to records its plan does not hold. Cleanup removes the entries no stored plan
 //!   can resolve to any more (`contents.rs`).
 //!
-//! Zones added beside the first one (`zones.rs`): the same trees, each name prefixed with
-//! `zone:<origin>/`, and the registry tree `managed_zones`; each zone has its own writer lock,
+//! Zones added beside the first one (`zones.rs`): one more set of the same trees, named
+//! `zones:<tree>`, that every added zone shares, each key prefixed with its zone's origin
+//! (`keyed.rs`), and the registry tree `managed_zones`; each zone has its own writer lock,
 //! version and high-water mark.
 //!
 //! The plan trees are `plans.rs`'s. A store is opened, checked against its high-water mark and
@@ -99,6 +100,7 @@ mod cleanup;
 mod contents;
 mod control;
 mod fault;
+mod keyed;
 mod layout;
 mod meta;
 mod open;
@@ -111,6 +113,7 @@ mod zones;
 use active::*;
 use contents::*;
 use fault::*;
+use keyed::Keyed;
 use layout::*;
 use open::open_db;
 use plans::*;
@@ -160,6 +163,11 @@ struct Database {
     registry_writes: std::sync::atomic::AtomicU64,
     /// Most zones live at once beside the first (`zones::SLED_LIVE_ZONES_MAX`; lower in tests).
     live_zones_max: std::sync::atomic::AtomicUsize,
+    /// How many zones are live beside the first: counted at open, then moved by each addition
+    /// and removal (under `zones`), so an addition does not read the whole registry.
+    live_zones: std::sync::atomic::AtomicUsize,
+    /// How many zones the registry holds, live and removed; kept as `live_zones` is.
+    registry_zones: std::sync::atomic::AtomicUsize,
 }
 
 /// A write that failed, until a reopen writes again.
@@ -173,28 +181,28 @@ struct Fault {
 
 struct Inner {
     db: sled::Db,
-    plans: sled::Tree,
-    summaries: sled::Tree,
+    plans: Keyed,
+    summaries: Keyed,
     /// Generation (big-endian) → that plan's changes against its parent.
-    plan_changes: sled::Tree,
+    plan_changes: Keyed,
     /// Generation (big-endian) → the head of a plan published as its changes.
-    plan_heads: sled::Tree,
+    plan_heads: Keyed,
     /// First name of a run → the run's active records (see the module docs).
-    active_runs: sled::Tree,
+    active_runs: Keyed,
     /// Generation → serving endpoints with that fence and a witness (see the module docs).
-    fence_counts: sled::Tree,
+    fence_counts: Keyed,
     /// Applied-change count of a batch's last switch → the batch's names: the log
     /// `active_since` reads.
-    changes: sled::Tree,
-    meta: sled::Tree,
-    heartbeats: sled::Tree,
+    changes: Keyed,
+    meta: Keyed,
+    heartbeats: Keyed,
     /// Endpoint name ++ 0 ++ generation → what that plan says of the endpoint (see the module
     /// docs).
-    contents: sled::Tree,
+    contents: Keyed,
     /// Generation → empty: plans whose whole content was written.
-    contents_full: sled::Tree,
+    contents_full: Keyed,
     /// Generation ++ first name → a run of a whole content (see the module docs).
-    contents_chunks: sled::Tree,
+    contents_chunks: Keyed,
     /// Serialises every operation; see the module docs.
     lock: Mutex<()>,
     /// Which zone's trees these are, and whether it was removed.
@@ -226,6 +234,8 @@ impl SledStore {
         let high_water = Arc::new(Mutex::new(high_water));
         let version = Arc::new(watch::Sender::new(StoreVersion::default()));
         let inner = Inner::open(path, version.clone(), high_water.clone(), Some((found, on_loss)))?;
+        zones::migrate(&inner.db)?;
+        let (registry_zones, live_zones) = zones::count_zones(&inner.db)?;
         let database = Arc::new(Database {
             path: path.to_path_buf(),
             fault: Mutex::new(None),
@@ -236,6 +246,8 @@ impl SledStore {
             // the same number after one for an unchanged registry.
             registry_writes: std::sync::atomic::AtomicU64::new(crate::store::zones::random_id() >> 1),
             live_zones_max: std::sync::atomic::AtomicUsize::new(crate::store::zones::SLED_LIVE_ZONES_MAX),
+            live_zones: std::sync::atomic::AtomicUsize::new(live_zones),
+            registry_zones: std::sync::atomic::AtomicUsize::new(registry_zones),
         });
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),

@@ -55,7 +55,7 @@ impl Inner {
         high_water: Arc<Mutex<HighWater>>,
         check: Option<(Found, OnLoss)>,
     ) -> StoreResult<Inner> {
-        let tree = |name: &str| db.open_tree(format!("{}{name}", trees.prefix)).map_err(io);
+        let tree = |name: &str| trees.tree(&db, name);
         let inner = Inner {
             plans: tree("plans")?,
             summaries: tree("summaries")?,
@@ -199,7 +199,7 @@ impl Inner {
     /// Marks a new store with [`LAYOUT`]; refuses a store of any other layout, naming both.
     /// A store is new when its `meta` is empty: every open of a store writes its id there.
     pub(super) fn check_layout(&self, path: &Path) -> StoreResult<()> {
-        if self.meta.is_empty() {
+        if self.meta.is_empty().map_err(io)? {
             self.meta.insert(META_LAYOUT, &LAYOUT.to_be_bytes()).map_err(io)?;
             return self.flush();
         }

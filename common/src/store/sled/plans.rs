@@ -148,14 +148,25 @@ impl Inner {
             let _ = self.remove_pending_contents();
             return Err(err);
         }
-        let trees =
-            (&self.plans, &self.summaries, &self.plan_changes, &self.meta, &self.contents, &self.contents_full, &self.contents_chunks);
+        let trees = (
+            self.plans.tree(),
+            self.summaries.tree(),
+            self.plan_changes.tree(),
+            self.meta.tree(),
+            self.contents.tree(),
+            self.contents_full.tree(),
+            self.contents_chunks.tree(),
+        );
         let committed = trees
             .transaction(|(plans, summaries, plan_changes, meta, content, content_full, content_chunks)| {
-                plans.insert(&key, plan.as_slice())?;
-                summaries.insert(&key, summary.as_slice())?;
+                let (plans, summaries, plan_changes) =
+                    (self.plans.view(plans), self.summaries.view(summaries), self.plan_changes.view(plan_changes));
+                let (meta, content) = (self.meta.view(meta), self.contents.view(content));
+                let (content_full, content_chunks) = (self.contents_full.view(content_full), self.contents_chunks.view(content_chunks));
+                plans.insert(key, plan.as_slice())?;
+                summaries.insert(key, summary.as_slice())?;
                 if let Some(changes) = &changes {
-                    plan_changes.insert(&key, changes.as_slice())?;
+                    plan_changes.insert(key, changes.as_slice())?;
                 }
                 if ahead {
                     meta.remove(META_CONTENTS_PENDING)?;
@@ -168,7 +179,7 @@ impl Inner {
                     }
                 }
                 if contents.full {
-                    content_full.insert(&key, &[])?;
+                    content_full.insert(key, &[])?;
                 }
                 meta.insert(META_LATEST, &key)?;
                 meta.insert(META_DNS_ZONE, dns_zone.as_str().as_bytes())?;
@@ -298,11 +309,15 @@ impl Inner {
             let _ = self.remove_pending_contents();
             return Err(err);
         }
-        let committed = (&self.plan_heads, &self.summaries, &self.plan_changes, &self.meta, &self.contents)
+        let trees = (self.plan_heads.tree(), self.summaries.tree(), self.plan_changes.tree(), self.meta.tree(), self.contents.tree());
+        let committed = trees
             .transaction(|(plan_heads, summaries, plan_changes, meta, content)| {
-                plan_heads.insert(&key, head_bytes.as_slice())?;
-                summaries.insert(&key, summary_bytes.as_slice())?;
-                plan_changes.insert(&key, changes_bytes.as_slice())?;
+                let (plan_heads, summaries) = (self.plan_heads.view(plan_heads), self.summaries.view(summaries));
+                let (plan_changes, meta, content) =
+                    (self.plan_changes.view(plan_changes), self.meta.view(meta), self.contents.view(content));
+                plan_heads.insert(key, head_bytes.as_slice())?;
+                summaries.insert(key, summary_bytes.as_slice())?;
+                plan_changes.insert(key, changes_bytes.as_slice())?;
                 if ahead {
                     meta.remove(META_CONTENTS_PENDING)?;
                 } else {

@@ -821,3 +821,87 @@ async fn the_embedded_store_refuses_zones_past_its_live_limit() {
     assert!(root.remove_zone(&zone("a.test.")).await.expect("remove"));
     assert!(root.add_zone(&zone("c.test."), "").await.expect("c, once a was removed"));
 }
+
+/// Copies added zone `origin`'s keys from the shared trees into trees of its own, named as
+/// builds before the shared trees named them, and removes them from the shared trees: the
+/// layout such a build left on disk.
+fn keep_in_own_trees(db: &sled::Db, origin: &DnsName) {
+    let prefix = keyed::zone_prefix(origin.as_str());
+    for name in zones::TREES {
+        let shared = db.open_tree(format!("zones:{name}")).expect("shared tree");
+        let own = db.open_tree(format!("zone:{origin}/{name}")).expect("own tree");
+        for item in shared.scan_prefix(&prefix[..]) {
+            let (key, value) = item.expect("read");
+            own.insert(&key[prefix.len()..], value).expect("copy");
+            shared.remove(key).expect("remove");
+        }
+    }
+    db.flush().expect("flush");
+}
+
+/// A store whose added zones an earlier build kept in trees of their own opens with each zone
+/// as it was (its plans, its served state, its master file), moved into the shared trees, the
+/// own trees gone; a move a crash interrupted (part of the keys copied, no `meta`) is done
+/// again from the start, and own trees left beside a finished move are only dropped.
+#[tokio::test]
+async fn added_zones_in_trees_of_their_own_are_moved_into_the_shared_trees() {
+    use crate::store::zones::ManagedZones;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let origin = DnsName::parse("example.test.").expect("zone");
+    let plan = |g: u64| {
+        ValidatedPlan::new(Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: "test".into() },
+            reason: "test".into(),
+            dns_zone: origin.clone(),
+            endpoints: items(&["www", "db"], g as u8).into_iter().map(|i| (i.endpoint, i.records)).collect(),
+            retired: BTreeSet::new(),
+            rollback_of: None,
+            provenance: vec![],
+        })
+        .expect("valid")
+    };
+    let before = {
+        let root = SledStore::open(dir.path()).expect("open");
+        assert!(root.add_zone(&origin, "$ORIGIN example.test.\n").await.expect("add"));
+        let zone = root.zone(&origin).await.expect("zone");
+        for g in 1..=2 {
+            zone.publish(&plan(g)).await.expect("publish");
+            zone.apply_many(Generation(g), &items(&["www", "db"], g as u8)).await.expect("apply");
+        }
+        let before = (zone.active_all().await.expect("active"), zone.plan(Generation(1)).await.expect("plan 1"));
+        let db = root.inner().db.clone();
+        drop(zone);
+        keep_in_own_trees(&db, &origin);
+        // A move a crash interrupted: a key copied, `meta` not.
+        db.open_tree("zones:contents")
+            .expect("tree")
+            .insert([&keyed::zone_prefix(origin.as_str())[..], b"half-moved"].concat(), b"x".to_vec())
+            .expect("insert");
+        db.flush().expect("flush");
+        before
+    };
+    let check = |root: &SledStore| {
+        let names: Vec<String> = root.inner().db.tree_names().iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect();
+        assert!(!names.iter().any(|n| n.starts_with("zone:")), "own trees left: {names:?}");
+    };
+    let root = SledStore::open(dir.path()).expect("open the earlier layout");
+    check(&root);
+    let zone = root.zone(&origin).await.expect("zone after the move");
+    assert_eq!(zone.active_all().await.expect("active"), before.0, "served state after the move");
+    assert_eq!(zone.plan(Generation(1)).await.expect("plan 1"), before.1, "plan 1 after the move");
+    assert_eq!(root.zone_master(&origin).await.expect("master"), "$ORIGIN example.test.\n");
+    assert!(zone.current().expect("trees").contents.get(b"half-moved").expect("read").is_none(), "the interrupted move's key stayed");
+    zone.publish(&plan(3)).await.expect("publish after the move");
+    // Own trees beside a finished move (a crash before they were dropped) are dropped only.
+    let db = root.inner().db.clone();
+    db.open_tree(format!("zone:{origin}/plans")).expect("tree").insert(b"stale", b"x".to_vec()).expect("insert");
+    drop((zone, db, root));
+    let root = SledStore::open(dir.path()).expect("open again");
+    check(&root);
+    let zone = root.zone(&origin).await.expect("zone");
+    assert_eq!(zone.latest().await.expect("latest"), Generation(3));
+    assert_eq!(zone.active_all().await.expect("active"), before.0);
+}

@@ -1,5 +1,5 @@
-//! The zones added beside the store's first one (see `store::zones`): each zone's trees are
-//! the first zone's names prefixed with `zone:<origin>/` in the same database, its high-water
+//! The zones added beside the store's first one (see `store::zones`): each zone's part of the
+//! shared trees `zones:<tree>` is its keys prefixed with its origin (`keyed.rs`), its high-water
 //! mark is `managed-zones/<origin>/store-high-water` in the store's directory, and the registry
 //! tree `managed_zones` (origin → [`ManagedZone`] envelope) says which are live.
 //!
@@ -47,8 +47,9 @@ fn fence(open: &OpenZone) {
 /// Which zone's trees an [`Inner`] holds, and whether that zone was removed.
 #[derive(Clone)]
 pub(super) struct ZoneTrees {
-    /// Prefix of the trees' names: empty for the first zone.
-    pub(super) prefix: String,
+    /// The zone's key prefix in the shared trees ([`keyed::zone_prefix`]): empty for the first
+    /// zone, whose trees are its own.
+    key_prefix: Arc<[u8]>,
     /// `None` for the first zone.
     origin: Option<DnsName>,
     /// The added zone's incarnation (0 for the first zone).
@@ -58,11 +59,24 @@ pub(super) struct ZoneTrees {
 
 impl ZoneTrees {
     pub(super) fn first() -> ZoneTrees {
-        ZoneTrees { prefix: String::new(), origin: None, incarnation: 0, removed: Arc::new(AtomicBool::new(false)) }
+        ZoneTrees { key_prefix: Arc::from(Vec::new()), origin: None, incarnation: 0, removed: Arc::new(AtomicBool::new(false)) }
     }
 
     fn added(origin: &DnsName, incarnation: u64) -> ZoneTrees {
-        ZoneTrees { prefix: prefix(origin), origin: Some(origin.clone()), incarnation, removed: Arc::new(AtomicBool::new(false)) }
+        ZoneTrees {
+            key_prefix: keyed::zone_prefix(origin.as_str()),
+            origin: Some(origin.clone()),
+            incarnation,
+            removed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The zone's part of tree `name` (one of the module docs' trees) in `db`.
+    pub(super) fn tree(&self, db: &sled::Db, name: &str) -> StoreResult<Keyed> {
+        Ok(match self.origin {
+            None => Keyed::whole(db.open_tree(name).map_err(io)?),
+            Some(_) => Keyed::part(db.open_tree(format!("{SHARED}{name}")).map_err(io)?, self.key_prefix.clone()),
+        })
     }
 
     /// [`StoreError::ZoneGone`] once the zone was removed.
@@ -74,12 +88,110 @@ impl ZoneTrees {
     }
 }
 
-fn prefix(origin: &DnsName) -> String {
-    format!("zone:{origin}/")
+/// The prefix of the names of the trees the added zones share.
+const SHARED: &str = "zones:";
+
+/// The trees of a zone (each holds a part of each added zone).
+pub(super) const TREES: [&str; 12] = [
+    "plans",
+    "summaries",
+    "plan_changes",
+    "plan_heads",
+    "active_runs",
+    "fence_counts",
+    "changes",
+    "heartbeats",
+    "contents",
+    "contents_full",
+    "contents_chunks",
+    "meta",
+];
+
+/// The prefix of the names of an added zone's own trees, as builds before the shared trees
+/// kept them (`zone:<origin>/<tree>`); [`migrate`] moves them into the shared trees.
+const OWN_TREES: &str = "zone:";
+
+/// Removes every key of added zone `origin` from the shared trees (`meta` last: a zone whose
+/// `meta` holds its layout is whole).
+fn clear_zone(db: &sled::Db, origin: &DnsName) -> StoreResult<()> {
+    let trees = ZoneTrees::added(origin, 0);
+    for name in TREES {
+        trees.tree(db, name)?.clear().map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Moves the zones an earlier build kept in trees of their own into the shared trees: for each,
+/// what a move a crash interrupted left in the shared trees is removed, each own tree is copied
+/// (`meta` last, in one batch: a zone whose shared `meta` holds its layout was copied whole),
+/// flushed, and then the own trees are dropped. Run once at open, before any zone is opened;
+/// a crash at any point leaves the zone whole in its own trees or in the shared ones.
+pub(super) fn migrate(db: &sled::Db) -> StoreResult<usize> {
+    let mut zones: BTreeMap<String, Vec<sled::IVec>> = BTreeMap::new();
+    for name in db.tree_names() {
+        let Some(rest) = name.strip_prefix(OWN_TREES.as_bytes()) else { continue };
+        let Some(slash) = rest.iter().rposition(|&b| b == b'/') else { continue };
+        let origin = String::from_utf8_lossy(&rest[..slash]).into_owned();
+        zones.entry(origin).or_default().push(name);
+    }
+    let mut moved = 0;
+    for (origin, own) in &zones {
+        let origin_name = DnsName::parse(origin).map_err(|e| {
+            corrupt(
+                format!("the trees of added zone {origin:?}"),
+                codec::CodecError::Body { kind: "zone name".into(), detail: e.to_string() },
+            )
+        })?;
+        let trees = ZoneTrees::added(&origin_name, 0);
+        let copied = trees.tree(db, "meta")?.contains_key(open::META_LAYOUT).map_err(io)?;
+        if !copied {
+            clear_zone(db, &origin_name)?;
+            for name in TREES {
+                let own_name = format!("{OWN_TREES}{origin}/{name}");
+                if !own.iter().any(|n| n.as_ref() == own_name.as_bytes()) {
+                    continue;
+                }
+                let from = db.open_tree(own_name).map_err(io)?;
+                let to = trees.tree(db, name)?;
+                let mut batch = to.batch();
+                let mut n = 0usize;
+                for item in from.iter() {
+                    let (key, value) = item.map_err(io)?;
+                    batch.insert(key, value);
+                    n += 1;
+                    // `meta` is a few keys, applied in one batch; the others go in parts.
+                    if name != "meta" && n.is_multiple_of(65_536) {
+                        to.apply_batch(std::mem::replace(&mut batch, to.batch())).map_err(io)?;
+                    }
+                }
+                to.apply_batch(batch).map_err(io)?;
+            }
+            db.flush().map_err(io)?;
+        }
+        for name in own {
+            db.drop_tree(name).map_err(io)?;
+        }
+        tracing::info!(zone = %origin, "moved an added zone's trees into the trees the added zones share");
+        moved += 1;
+    }
+    Ok(moved)
 }
 
 fn registry(db: &sled::Db) -> StoreResult<sled::Tree> {
     db.open_tree(REGISTRY).map_err(io)
+}
+
+/// How many zones the registry in `db` holds, and how many of them are live.
+pub(super) fn count_zones(db: &sled::Db) -> StoreResult<(usize, usize)> {
+    let (mut all, mut live) = (0, 0);
+    for value in registry(db)?.iter().values() {
+        let value = value.map_err(io)?;
+        all += 1;
+        if codec::decode::<ManagedZone>(&value).map_err(|e| corrupt("a registry entry", e))?.is_live() {
+            live += 1;
+        }
+    }
+    Ok((all, live))
 }
 
 fn read_entry(registry: &sled::Tree, origin: &DnsName) -> StoreResult<Option<ManagedZone>> {
@@ -180,14 +292,13 @@ impl SledStore {
         if old.as_ref().is_some_and(ManagedZone::is_live) {
             return Ok(false);
         }
-        if old.is_none() && registry.len() >= MANAGED_ZONES_MAX {
+        if old.is_none() && self.shared.database.registry_zones.load(Ordering::Relaxed) >= MANAGED_ZONES_MAX {
             return Err(StoreError::BadRequest(format!(
                 "the store's registry holds {MANAGED_ZONES_MAX} zones, live and removed; no more are added"
             )));
         }
         let live_max = self.shared.database.live_zones_max.load(Ordering::Relaxed);
-        let live =
-            registry.iter().values().filter_map(Result::ok).filter(|v| codec::decode::<ManagedZone>(v).is_ok_and(|z| z.is_live())).count();
+        let live = self.shared.database.live_zones.load(Ordering::Relaxed);
         if live >= live_max {
             return Err(StoreError::BadRequest(format!(
                 "the embedded store serves at most {live_max} zones beside its first, and has {live}: remove one first, or keep \
@@ -212,18 +323,24 @@ impl SledStore {
         // The zone's meta before its registry entry: a crash between the two leaves trees no
         // entry names, which the next addition drops.
         let (applied, content) = old.as_ref().map_or((0, 0), ManagedZone::restart_counts);
-        let meta = db.open_tree(format!("{}meta", prefix(origin))).map_err(io)?;
-        meta.insert(open::META_LAYOUT, &open::LAYOUT.to_be_bytes()).map_err(io)?;
-        meta.insert(META_DNS_ZONE, origin.as_str().as_bytes()).map_err(io)?;
-        meta.insert(META_APPLIED, &applied.to_be_bytes()).map_err(io)?;
-        meta.insert(META_CONTENT, &content.to_be_bytes()).map_err(io)?;
-        meta.insert(META_MASTER, master.as_bytes()).map_err(io)?;
+        let meta = ZoneTrees::added(origin, 0).tree(&db, "meta")?;
+        let mut batch = meta.batch();
+        batch.insert(open::META_LAYOUT, &open::LAYOUT.to_be_bytes());
+        batch.insert(META_DNS_ZONE, origin.as_str().as_bytes());
+        batch.insert(META_APPLIED, &applied.to_be_bytes());
+        batch.insert(META_CONTENT, &content.to_be_bytes());
+        batch.insert(META_MASTER, master.as_bytes());
+        meta.apply_batch(batch).map_err(io)?;
         let entry = ManagedZone {
             origin: origin.clone(),
             state: ZoneState::Live { added_unix_ms: lease::now_unix_ms(), incarnation: random_id() },
         };
         registry.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
         self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
+        self.shared.database.live_zones.fetch_add(1, Ordering::Relaxed);
+        if old.is_none() {
+            self.shared.database.registry_zones.fetch_add(1, Ordering::Relaxed);
+        }
         db.flush().map_err(io)?;
         Ok(true)
     }
@@ -249,6 +366,7 @@ impl SledStore {
             let entry = ManagedZone { origin: origin.clone(), state };
             registry(&db)?.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
             self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
+            self.shared.database.live_zones.fetch_sub(1, Ordering::Relaxed);
             db.flush().map_err(io)?;
         }
         // Waiters on the zone's changes wake, and find it gone.
@@ -266,15 +384,9 @@ impl SledStore {
         Ok(true)
     }
 
-    /// Drops every tree of zone `origin`.
+    /// Removes every key of zone `origin` from the shared trees.
     fn drop_trees(&self, db: &sled::Db, origin: &DnsName) -> StoreResult<()> {
-        let prefix = prefix(origin);
-        for name in db.tree_names() {
-            if name.starts_with(prefix.as_bytes()) {
-                db.drop_tree(&name).map_err(io)?;
-            }
-        }
-        Ok(())
+        clear_zone(db, origin)
     }
 
     fn zones_sync(&self) -> StoreResult<Vec<ManagedZone>> {
