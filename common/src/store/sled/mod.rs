@@ -161,13 +161,11 @@ struct Database {
     /// The registry writes of this process (the only one that opens the database), for
     /// `ManagedZones::registry_version`.
     registry_writes: std::sync::atomic::AtomicU64,
-    /// Most zones live at once beside the first (`zones::SLED_LIVE_ZONES_MAX`; lower in tests).
-    live_zones_max: std::sync::atomic::AtomicUsize,
-    /// How many zones are live beside the first: counted at open, then moved by each addition
-    /// and removal (under `zones`), so an addition does not read the whole registry.
-    live_zones: std::sync::atomic::AtomicUsize,
-    /// How many zones the registry holds, live and removed; kept as `live_zones` is.
+    /// How many zones the registry holds, live and removed: counted at open, then moved by each
+    /// addition of a new zone (under `zones`), so an addition does not read the whole registry.
     registry_zones: std::sync::atomic::AtomicUsize,
+    /// Most zones the registry holds ([`MANAGED_ZONES_MAX`](crate::store::zones::MANAGED_ZONES_MAX); lower in tests).
+    registry_zones_max: std::sync::atomic::AtomicUsize,
 }
 
 /// A write that failed, until a reopen writes again.
@@ -235,7 +233,7 @@ impl SledStore {
         let version = Arc::new(watch::Sender::new(StoreVersion::default()));
         let inner = Inner::open(path, version.clone(), high_water.clone(), Some((found, on_loss)))?;
         zones::migrate(&inner.db)?;
-        let (registry_zones, live_zones) = zones::count_zones(&inner.db)?;
+        let registry_zones = zones::count_zones(&inner.db)?;
         let database = Arc::new(Database {
             path: path.to_path_buf(),
             fault: Mutex::new(None),
@@ -245,9 +243,8 @@ impl SledStore {
             // From a random start, so a client that saw a number before a restart never takes
             // the same number after one for an unchanged registry.
             registry_writes: std::sync::atomic::AtomicU64::new(crate::store::zones::random_id() >> 1),
-            live_zones_max: std::sync::atomic::AtomicUsize::new(crate::store::zones::SLED_LIVE_ZONES_MAX),
-            live_zones: std::sync::atomic::AtomicUsize::new(live_zones),
             registry_zones: std::sync::atomic::AtomicUsize::new(registry_zones),
+            registry_zones_max: std::sync::atomic::AtomicUsize::new(crate::store::zones::MANAGED_ZONES_MAX),
         });
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),

@@ -803,23 +803,31 @@ async fn a_zone_opened_again_while_a_call_runs_keeps_one_writer_lock() {
     assert_eq!(fresh.latest().await.expect("latest"), Generation::NONE);
 }
 
-/// The embedded store serves at most `SLED_LIVE_ZONES_MAX` zones beside its first (lowered to 2
-/// here): one more is refused, naming the limit and the way out; a removed zone frees its place.
+/// The registry holds at most `MANAGED_ZONES_MAX` zones, live and removed (lowered to 2 here):
+/// a third is refused, naming the limit; a removed zone keeps its place (its tombstone keeps
+/// its counts), and is added again; the count survives a restart.
 #[tokio::test]
-async fn the_embedded_store_refuses_zones_past_its_live_limit() {
+async fn the_registry_refuses_zones_past_its_limit() {
     use crate::store::zones::ManagedZones;
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = SledStore::open(dir.path()).expect("open");
-    root.set_live_zones_max(2);
     let zone = |n: &str| DnsName::parse(n).expect("zone");
-    assert!(root.add_zone(&zone("a.test."), "").await.expect("a"));
-    assert!(root.add_zone(&zone("b.test."), "").await.expect("b"));
-    match root.add_zone(&zone("c.test."), "").await {
-        Err(StoreError::BadRequest(why)) => assert!(why.contains("at most 2 zones beside its first") && why.contains("etcd"), "{why}"),
+    let refused = |result: StoreResult<bool>| match result {
+        Err(StoreError::BadRequest(why)) => assert!(why.contains("holds 2 zones, live and removed"), "{why}"),
         other => panic!("a third zone: {other:?}"),
+    };
+    {
+        let root = SledStore::open(dir.path()).expect("open");
+        root.set_registry_zones_max(2);
+        assert!(root.add_zone(&zone("a.test."), "").await.expect("a"));
+        assert!(root.add_zone(&zone("b.test."), "").await.expect("b"));
+        refused(root.add_zone(&zone("c.test."), "").await);
+        assert!(root.remove_zone(&zone("a.test.")).await.expect("remove"));
+        refused(root.add_zone(&zone("c.test."), "").await);
+        assert!(root.add_zone(&zone("a.test."), "").await.expect("a again"));
     }
-    assert!(root.remove_zone(&zone("a.test.")).await.expect("remove"));
-    assert!(root.add_zone(&zone("c.test."), "").await.expect("c, once a was removed"));
+    let root = SledStore::open(dir.path()).expect("open again");
+    root.set_registry_zones_max(2);
+    refused(root.add_zone(&zone("c.test."), "").await);
 }
 
 /// Copies added zone `origin`'s keys from the shared trees into trees of its own, named as

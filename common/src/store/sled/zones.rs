@@ -10,7 +10,7 @@
 //! tombstone (sled locks its directory, so this process is the only writer).
 
 use super::*;
-use crate::store::zones::{MANAGED_ZONES_MAX, ManagedZone, ManagedZones, ZoneState, check_added, random_id};
+use crate::store::zones::{ManagedZone, ManagedZones, ZoneState, check_added, random_id};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// An added zone's master file, in its `meta`.
@@ -181,17 +181,9 @@ fn registry(db: &sled::Db) -> StoreResult<sled::Tree> {
     db.open_tree(REGISTRY).map_err(io)
 }
 
-/// How many zones the registry in `db` holds, and how many of them are live.
-pub(super) fn count_zones(db: &sled::Db) -> StoreResult<(usize, usize)> {
-    let (mut all, mut live) = (0, 0);
-    for value in registry(db)?.iter().values() {
-        let value = value.map_err(io)?;
-        all += 1;
-        if codec::decode::<ManagedZone>(&value).map_err(|e| corrupt("a registry entry", e))?.is_live() {
-            live += 1;
-        }
-    }
-    Ok((all, live))
+/// How many zones the registry in `db` holds, live and removed.
+pub(super) fn count_zones(db: &sled::Db) -> StoreResult<usize> {
+    Ok(registry(db)?.len())
 }
 
 fn read_entry(registry: &sled::Tree, origin: &DnsName) -> StoreResult<Option<ManagedZone>> {
@@ -203,10 +195,10 @@ fn read_entry(registry: &sled::Tree, origin: &DnsName) -> StoreResult<Option<Man
 }
 
 impl SledStore {
-    /// Lowers the most zones live at once beside the first (tests of the limit).
+    /// Lowers the most zones the registry holds (tests of the limit).
     #[cfg(test)]
-    pub(crate) fn set_live_zones_max(&self, max: usize) {
-        self.shared.database.live_zones_max.store(max, Ordering::Relaxed);
+    pub(crate) fn set_registry_zones_max(&self, max: usize) {
+        self.shared.database.registry_zones_max.store(max, Ordering::Relaxed);
     }
 
     /// The directory of added zone `origin`, which holds its high-water mark.
@@ -292,19 +284,9 @@ impl SledStore {
         if old.as_ref().is_some_and(ManagedZone::is_live) {
             return Ok(false);
         }
-        if old.is_none() && self.shared.database.registry_zones.load(Ordering::Relaxed) >= MANAGED_ZONES_MAX {
-            return Err(StoreError::BadRequest(format!(
-                "the store's registry holds {MANAGED_ZONES_MAX} zones, live and removed; no more are added"
-            )));
-        }
-        let live_max = self.shared.database.live_zones_max.load(Ordering::Relaxed);
-        let live = self.shared.database.live_zones.load(Ordering::Relaxed);
-        if live >= live_max {
-            return Err(StoreError::BadRequest(format!(
-                "the embedded store serves at most {live_max} zones beside its first, and has {live}: remove one first, or keep \
-                 the zones on etcd (each added zone is sled trees of its own, and sled rewrites its table of trees at each new one, \
-                 so past this many every addition and every start costs more)"
-            )));
+        let max = self.shared.database.registry_zones_max.load(Ordering::Relaxed);
+        if old.is_none() && self.shared.database.registry_zones.load(Ordering::Relaxed) >= max {
+            return Err(StoreError::BadRequest(format!("the store's registry holds {max} zones, live and removed; no more are added")));
         }
         // A handle of an earlier incarnation this process still holds (a removal whose
         // tombstone was written but not confirmed) is fenced before its trees go.
@@ -337,7 +319,6 @@ impl SledStore {
         };
         registry.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
         self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
-        self.shared.database.live_zones.fetch_add(1, Ordering::Relaxed);
         if old.is_none() {
             self.shared.database.registry_zones.fetch_add(1, Ordering::Relaxed);
         }
@@ -366,7 +347,6 @@ impl SledStore {
             let entry = ManagedZone { origin: origin.clone(), state };
             registry(&db)?.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
             self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
-            self.shared.database.live_zones.fetch_sub(1, Ordering::Relaxed);
             db.flush().map_err(io)?;
         }
         // Waiters on the zone's changes wake, and find it gone.
