@@ -16,7 +16,6 @@
 //! `dns.transfer.ixfr_journal_bytes_max`: past it, the older half is dropped (a new file
 //! renamed over the old one).
 
-use crate::zone::dns_zone::StaticZone;
 use dnsplan_common::codec;
 use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinDecodable, BinEncodable};
@@ -77,22 +76,6 @@ pub struct IxfrLog {
     open: Mutex<Open>,
     /// An append failed and has not succeeded since: said once.
     failing: AtomicBool,
-}
-
-/// A digest of everything static the zone serves (origin, SOA fields but the serial, the
-/// serial base, every static record): swaps made with other static records are not a history
-/// of what is served now. FNV-1a over the records' text, sorted, so it is the same from one
-/// run to the next.
-pub fn zone_digest(zone: &StaticZone) -> u64 {
-    let mut lines: Vec<String> = zone.ns.iter().chain(&zone.records).map(|r| r.to_string()).collect();
-    lines.sort();
-    lines.push(zone.soa_record(0, zone.soa_ttl_secs).to_string());
-    lines.push(zone.serial_base.to_string());
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in lines.iter().flat_map(|l| l.bytes().chain([b'\n'])) {
-        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 impl IxfrLog {

@@ -74,7 +74,17 @@ impl Serving {
         Serving::from_snapshot(snapshot, zone, limits, metrics, started)
     }
 
-    fn from_snapshot(snapshot: Snapshot, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>, started: Instant) -> Serving {
+    fn from_snapshot(
+        mut snapshot: Snapshot,
+        zone: Arc<StaticZone>,
+        limits: AnswerLimits,
+        metrics: Arc<Metrics>,
+        started: Instant,
+    ) -> Serving {
+        // The static records are in the snapshot's names now, which later snapshots are
+        // rebuilt from: a copy in the zone would double them (tens of KB a zone).
+        let zone = Arc::new(zone.without_records_digested());
+        snapshot.zone = zone.clone();
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
         let serial = snapshot.serial;
         let served_serial = tokio::sync::watch::Sender::new(serial);
@@ -154,7 +164,12 @@ impl Serving {
         }
         let path = ixfr_log::path_in(data_dir);
         let serial = self.snapshot.load().serial;
-        let (log, restored) = match IxfrLog::open(&path, ixfr_log::zone_digest(&self.zone), serial, bytes_max) {
+        let Some(digest) = self.zone.digest() else {
+            // Invariant: a managed zone's records are dropped with their digest kept.
+            tracing::error!(path = %path.display(), "the zone's static records were dropped without their digest; keeping the IXFR history in memory only");
+            return self;
+        };
+        let (log, restored) = match IxfrLog::open(&path, digest, serial, bytes_max) {
             Ok(opened) => opened,
             Err(err) => {
                 tracing::warn!(path = %path.display(), error = %err, "cannot open the IXFR history on disk; keeping it in memory only");

@@ -418,6 +418,10 @@ pub struct Snapshot {
     /// The precompiled apex NS answer, whether or not it may be sent.
     apex_ns_static: Option<Arc<ApexNs>>,
     shards: Arc<[Arc<Shard>]>,
+    /// The shards of the static names alone (`statics_in`'s), which a whole state is rebuilt
+    /// on (`apply` of a full delta): the zone's records are not kept beside them. Entries are
+    /// shared with `shards` until a managed endpoint changes one.
+    statics: Arc<[Arc<Shard>]>,
     managed_count: usize,
     /// How many managed endpoints serve each generation.
     generations: Arc<BTreeMap<Generation, usize>>,
@@ -485,6 +489,7 @@ impl Snapshot {
             soa_tail: [0; SOA_TAIL_BYTES],
             apex_ns: apex_ns.clone(),
             apex_ns_static: apex_ns,
+            statics: shards.clone(),
             shards,
             managed_count: 0,
             generations: Arc::default(),
@@ -497,7 +502,29 @@ impl Snapshot {
             snapshot.update(&key, |entry| entry.statics.push(record));
         }
         snapshot.set_serial(0, 0);
+        snapshot.statics = snapshot.shards.clone();
         snapshot
+    }
+
+    /// This snapshot's static names alone, at applied-change count 0 (what `statics_in` made).
+    fn statics_again(&self) -> Snapshot {
+        Snapshot {
+            zone: self.zone.clone(),
+            serial: 0,
+            applied_changes: 0,
+            content_changes: 0,
+            origin_key: self.origin_key.clone(),
+            origin_labels: self.origin_labels,
+            soa_names: self.soa_names.clone(),
+            soa_tail: self.soa_tail,
+            apex_ns: self.apex_ns_static.clone(),
+            apex_ns_static: self.apex_ns_static.clone(),
+            shards: self.statics.clone(),
+            statics: self.statics.clone(),
+            managed_count: 0,
+            generations: Arc::default(),
+            not_served: Arc::default(),
+        }
     }
 
     /// Merges one page of the active state into this snapshot in place (a snapshot being
@@ -512,12 +539,9 @@ impl Snapshot {
     /// state. Untouched shards and entries are shared with `self`.
     pub fn apply(&self, delta: &ActiveDelta) -> Snapshot {
         if delta.full {
-            let active = ActiveSnapshot {
-                applied_changes: delta.applied_changes,
-                content_changes: delta.content_changes,
-                endpoints: delta.endpoints.clone(),
-            };
-            return Snapshot::build(self.zone.clone(), &active);
+            let mut next = self.statics_again();
+            next.merge(delta.applied_changes, delta.content_changes, delta.endpoints.iter());
+            return next;
         }
         let mut next = self.clone();
         next.merge(delta.applied_changes, delta.content_changes, delta.endpoints.iter());
@@ -926,5 +950,48 @@ mod tests {
         }
         let deep = snapshot.get_key(&wire_key(&Name::from_ascii("deep.example.test.").expect("name"))).expect("an empty non-terminal");
         assert_eq!(deep.descendants as usize, names.len(), "the empty non-terminal counts every name below it");
+    }
+
+    /// A whole state (a full delta) is rebuilt on the static names the snapshot was built
+    /// with, though its zone no longer holds its records (a managed zone's `Serving` drops
+    /// them): the static names stay, the endpoints are the delta's alone, at its counts, and
+    /// the snapshot it came from is as it was.
+    #[test]
+    fn a_whole_state_is_rebuilt_on_the_static_names_without_the_records() {
+        let name = |n: &str| Name::from_ascii(n).expect("name");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = crate::zone::dns_zone::DnsZoneConfig {
+            origin: "example.test.".into(),
+            soa: None,
+            ns: vec!["ns1.example.test.".into()],
+            ns_ttl_secs: 3600,
+            master_file: None,
+            records: Some(
+                "$TTL 300\n@ SOA ns1 hostmaster 7 2 3 4 5\nstatic A 192.0.2.7\nns1 A 192.0.2.53\nsub NS ns.elsewhere.test.\n".into(),
+            ),
+        };
+        let zone = Arc::new(StaticZone::load(&config, dir.path()).expect("zone"));
+        let mut first = {
+            let mut built = Snapshot::build(zone.clone(), &ActiveSnapshot::default());
+            built.merge_endpoints([(EndpointName::parse("a.example.test.").expect("name"), serving())].iter().map(|(n, r)| (n, r)));
+            built
+        };
+        first.zone = Arc::new(zone.without_records_digested());
+        assert!(first.zone.records.is_empty() && first.zone.digest() == zone.digest());
+        let full = ActiveDelta {
+            applied_changes: 9,
+            content_changes: 4,
+            full: true,
+            endpoints: [(EndpointName::parse("b.example.test.").expect("name"), serving())].into_iter().collect(),
+        };
+        let next = first.apply(&full);
+        for statics in ["static.example.test.", "ns1.example.test.", "sub.example.test.", "example.test."] {
+            assert!(next.get(&name(statics)).is_some_and(|e| !e.statics.is_empty()), "{statics}'s static records after the rebuild");
+        }
+        assert!(next.get(&name("b.example.test.")).is_some_and(|e| e.managed.is_some()));
+        assert!(next.get(&name("a.example.test.")).is_none(), "an endpoint the whole state does not hold stayed");
+        assert_eq!((next.managed_count(), next.applied_changes, next.serial), (1, 9, 7 + 4));
+        assert!(first.get(&name("a.example.test.")).is_some_and(|e| e.managed.is_some()), "the snapshot rebuilt from changed");
+        assert!(first.get(&name("b.example.test.")).is_none());
     }
 }
