@@ -43,6 +43,9 @@ use tokio::task::JoinSet;
 /// How often the registry is read again without being told of a change.
 pub const REREAD_EVERY: Duration = Duration::from_secs(2);
 
+/// Most added zones started at once (`AddedZones::converge`).
+const STARTS_AT_ONCE: usize = 8;
+
 /// How the added zones are served: the settings they share with the first zone.
 #[derive(Clone)]
 pub struct Setup {
@@ -220,18 +223,34 @@ impl<S: ManagedZones> AddedZones<S> {
             tracing::info!(zone = %origin, "no longer serving the removed zone");
         }
         self.setup.book.retain(|origin| live.contains_key(origin));
+        // Started STARTS_AT_ONCE at a time: a start waits on the store and the disk as much as
+        // it parses, and ten thousand zones started one by one took a restart's whole time.
+        let permits = Arc::new(tokio::sync::Semaphore::new(STARTS_AT_ONCE));
+        let mut starts = JoinSet::new();
         for (origin, incarnation) in live {
             if served.contains_key(origin) {
                 continue;
             }
-            match self.start(origin, incarnation).await {
+            let (store, setup, origin, kept) = (self.store.clone(), self.setup.clone(), origin.clone(), self.kept.remove(origin));
+            let permits = permits.clone();
+            starts.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let started = start(&store, &setup, &origin, incarnation, kept).await;
+                (origin, incarnation, started)
+            });
+        }
+        while let Some(done) = starts.join_next().await {
+            let Ok((origin, incarnation, started)) = done else { continue };
+            match started {
                 Ok(tasks) => {
-                    served.insert(origin.clone(), Served { incarnation, _tasks: tasks });
+                    served.insert(origin, Served { incarnation, _tasks: tasks });
                 }
-                Err(err) => {
+                Err((err, kept)) => {
                     let why = format!("{err:#}");
-                    if !self.kept.contains_key(origin) && self.setup.book.get(origin).is_none_or(|e| e.serving().is_none()) {
-                        self.setup.book.set(origin, Entry::NotServed(why.clone()));
+                    if let Some(kept) = kept {
+                        self.kept.insert(origin.clone(), kept);
+                    } else if self.setup.book.get(&origin).is_none_or(|e| e.serving().is_none()) {
+                        self.setup.book.set(&origin, Entry::NotServed(why.clone()));
                     }
                     tracing::warn!(zone = %origin, error = %why, "cannot serve the zone the store manages yet; trying again")
                 }
@@ -266,53 +285,73 @@ impl<S: ManagedZones> AddedZones<S> {
             Err(err) => tracing::warn!(error = %err, "cannot remove the directories of zones no longer in the store"),
         }
     }
+}
 
-    /// Serves zone `origin` at `incarnation`: the state served from its directory at start,
-    /// followed from now on, or else loaded from its store. Its follower, NOTIFY and keeper
-    /// tasks are returned.
-    async fn start(&mut self, origin: &DnsName, incarnation: u64) -> anyhow::Result<JoinSet<()>> {
-        let store = self.store.zone(origin).await?;
-        // Removed and added again since the registry was read: the next read starts the new one.
-        if let Some(now) = store.incarnation()
-            && now != incarnation
-        {
-            anyhow::bail!("zone {origin} was added again (incarnation {now}, not {incarnation}) since the registry was read");
-        }
-        let (serving, keeper) = match self.kept.remove(origin) {
-            Some(kept) => (kept.serving, kept.keeper),
-            None => {
-                let master = self.store.zone_master(origin).await?;
-                let zone = SavedZone { origin: origin.clone(), incarnation, master };
-                let records = parse(&zone).await?;
-                let data_dir = self.setup.data_dir.clone();
-                let dir = tokio::task::spawn_blocking(move || saved::open(&data_dir, &zone)).await??;
-                let (served_log, keeper) = match self.setup.keeping {
-                    Keeping::OnDisk => {
-                        let (log, _) = kept::open_log(&dir, None).await?;
-                        (log.clone(), Some(kept::keeper(&dir, None, log)))
-                    }
-                    Keeping::InStore => (None, None),
-                };
-                let metrics = Arc::new(self.setup.metrics.for_added_zone());
-                let serving = Serving::load(&store, records, self.setup.limits, metrics)
-                    .await?
-                    .with_transfer(self.setup.transfer.clone())
-                    .with_served_log(served_log)
-                    .with_ixfr_log(&dir);
-                let serving = Arc::new(serving);
-                self.setup.table.put_managed(serving.clone())?;
-                tracing::info!(zone = %origin, endpoints = serving.snapshot.load().managed_count(), "serving the zone the store manages");
-                (serving, keeper)
-            }
-        };
-        let mut tasks = JoinSet::new();
-        if let Some(keeper) = keeper {
-            tasks.spawn(keeper.keep_saved(serving.clone(), store.clone()));
-        }
-        let reach = Arc::new(Reachability::named(format!("the store of zone {origin}")));
-        self.setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
-        tasks.spawn(serving.clone().follow(store, reach));
-        crate::xfr::notify::spawn(&mut tasks, &serving);
-        Ok(tasks)
+/// Serves zone `origin` at `incarnation`: the state served from its directory at start (`kept`),
+/// followed from now on, or else loaded from its store. Its follower, NOTIFY and keeper tasks
+/// are returned; on an error, with the kept zone given back (it is served as it was).
+async fn start<S: ManagedZones>(
+    store: &S,
+    setup: &Setup,
+    origin: &DnsName,
+    incarnation: u64,
+    kept: Option<KeptZone>,
+) -> Result<JoinSet<()>, (anyhow::Error, Option<KeptZone>)> {
+    let zone_store = match store.zone(origin).await {
+        Ok(zone_store) => zone_store,
+        Err(err) => return Err((err.into(), kept)),
+    };
+    // Removed and added again since the registry was read: the next read starts the new one.
+    if let Some(now) = zone_store.incarnation()
+        && now != incarnation
+    {
+        let err = anyhow::anyhow!("zone {origin} was added again (incarnation {now}, not {incarnation}) since the registry was read");
+        return Err((err, kept));
     }
+    let (serving, keeper) = match kept {
+        Some(kept) => (kept.serving, kept.keeper),
+        None => load(store, &zone_store, setup, origin, incarnation).await.map_err(|err| (err, None))?,
+    };
+    let mut tasks = JoinSet::new();
+    if let Some(keeper) = keeper {
+        tasks.spawn(keeper.keep_saved(serving.clone(), zone_store.clone()));
+    }
+    let reach = Arc::new(Reachability::named(format!("the store of zone {origin}")));
+    setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
+    tasks.spawn(serving.clone().follow(zone_store, reach));
+    crate::xfr::notify::spawn(&mut tasks, &serving);
+    Ok(tasks)
+}
+
+/// Loads zone `origin` from its store `zone_store` (its master file from `store`'s registry),
+/// with a directory of its own, and puts it in the zone table.
+async fn load<S: ManagedZones>(
+    store: &S,
+    zone_store: &S,
+    setup: &Setup,
+    origin: &DnsName,
+    incarnation: u64,
+) -> anyhow::Result<(Arc<Serving>, Option<Arc<Keeper>>)> {
+    let master = store.zone_master(origin).await?;
+    let zone = SavedZone { origin: origin.clone(), incarnation, master };
+    let records = parse(&zone).await?;
+    let data_dir = setup.data_dir.clone();
+    let dir = tokio::task::spawn_blocking(move || saved::open(&data_dir, &zone)).await??;
+    let (served_log, keeper) = match setup.keeping {
+        Keeping::OnDisk => {
+            let (log, _) = kept::open_log(&dir, None).await?;
+            (log.clone(), Some(kept::keeper(&dir, None, log)))
+        }
+        Keeping::InStore => (None, None),
+    };
+    let metrics = Arc::new(setup.metrics.for_added_zone());
+    let serving = Serving::load(zone_store, records, setup.limits, metrics)
+        .await?
+        .with_transfer(setup.transfer.clone())
+        .with_served_log(served_log)
+        .with_ixfr_log(&dir);
+    let serving = Arc::new(serving);
+    setup.table.put_managed(serving.clone())?;
+    tracing::info!(zone = %origin, endpoints = serving.snapshot.load().managed_count(), "serving the zone the store manages");
+    Ok((serving, keeper))
 }
