@@ -97,14 +97,18 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# Below the ephemeral ports: the thousands of connections of a --managed run leave source
+# ports in use that a server started after it could not bind.
+EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+FIRST=$((EPHEMERAL_LOW > 21000 ? EPHEMERAL_LOW - 1000 : 20000))
 BASE=""
-for ((base = 53631; base < 53631 + 400; base += 4)); do
+for ((base = FIRST; base < FIRST + 400; base += 4)); do
     if ! port_busy $base && ! port_busy $((base + 1)) && ! port_busy $((base + 2)) && ! port_busy $((base + 3)); then
         BASE=$base
         break
     fi
 done
-[ -n "$BASE" ] || { echo "no four free consecutive ports from 53631 on" >&2; exit 1; }
+[ -n "$BASE" ] || { echo "no four free consecutive ports from $FIRST on" >&2; exit 1; }
 declare -A PORT=([dnsplan]=$BASE [knot]=$((BASE + 1)) [nsd]=$((BASE + 2)))
 CONTROL_PORT=$((BASE + 3))
 TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
