@@ -305,9 +305,9 @@ impl Stack {
                 v.dns_server = bound.dns[0];
             }
             // The zones added to the store beside the first (`dnsplan zone add --managed`):
-            // each enactor enacts them too, a loop each, its series `id@zone`.
+            // each enactor enacts them too, a loop each, its series labelled `dns_zone`.
             let (families, id) = (enactor_families.clone(), config.id.clone());
-            let zone_metrics = move |zone: &dnsplan_common::DnsName| Arc::new(families.enactor(&format!("{id}@{zone}")));
+            let zone_metrics = move |zone: &dnsplan_common::DnsName| Arc::new(families.zone_enactor(&id, zone.as_str()));
             tasks.spawn(dnsplan_enactor::zones::enact_added_zones(store.clone(), settings.clone(), zone_metrics, zones_stopped.clone()));
             tasks.spawn(dnsplan_enactor::Enactor::new(store.clone(), settings, metrics).run(stopped()));
         }

@@ -92,15 +92,9 @@ async fn run_zones<S: ManagedZones>(
     mut registry: Registry,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let metrics: Vec<Arc<Metrics>> = config
-        .dns_zones
-        .iter()
-        .map(|zone| {
-            let labelled =
-                registry.sub_registry_with_label((std::borrow::Cow::Borrowed("dns_zone"), std::borrow::Cow::Owned(zone.to_string())));
-            Arc::new(Metrics::register(labelled, &config.id))
-        })
-        .collect();
+    let families = dnsplan_enactor::Families::register(&mut registry);
+    let metrics: Vec<Arc<Metrics>> =
+        config.dns_zones.iter().map(|zone| Arc::new(families.zone_enactor(&config.id, zone.as_str()))).collect();
     serve_metrics(config, registry).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = tokio::task::JoinSet::new();

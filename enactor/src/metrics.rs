@@ -10,7 +10,7 @@
 //! on `increase()` sees the first refusal (a series born at 1 has no increase), and
 //! prometheus-client lists no family without a series, not even its `# TYPE` line.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -19,10 +19,22 @@ use prometheus_client::registry::Registry;
 use std::hash::Hash;
 use std::sync::Arc;
 
-/// The label every enactor series carries.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// The labels every enactor series carries: `enactor`, and `dns_zone` for the loop of a zone
+/// added to the store (`dns_zones`), so that one enactor's loops are one family per metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct EnactorLabels {
     pub enactor: Arc<String>,
+    pub dns_zone: Option<Arc<String>>,
+}
+
+impl EncodeLabelSet for EnactorLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("enactor", self.enactor.as_str()).encode(encoder.encode_label())?;
+        if let Some(zone) = &self.dns_zone {
+            ("dns_zone", zone.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,7 +163,16 @@ impl Families {
     /// The metrics of the enactor `id`: its series in every family, created now (at 0).
     /// Asking twice for one id gives handles to the same series.
     pub fn enactor(&self, id: &str) -> Metrics {
-        let label = EnactorLabels { enactor: Arc::new(id.to_owned()) };
+        self.labelled(EnactorLabels { enactor: Arc::new(id.to_owned()), dns_zone: None })
+    }
+
+    /// The metrics of enactor `id`'s loop on zone `zone` (one of its `dns_zones`): its series
+    /// labelled `dns_zone` too.
+    pub fn zone_enactor(&self, id: &str, zone: &str) -> Metrics {
+        self.labelled(EnactorLabels { enactor: Arc::new(id.to_owned()), dns_zone: Some(Arc::new(zone.to_owned())) })
+    }
+
+    fn labelled(&self, label: EnactorLabels) -> Metrics {
         let m = Metrics {
             apply_seconds: self.apply_seconds.get_or_create(&label).clone(),
             writes: ByLabel::new(&self.writes, &label),
@@ -296,18 +317,23 @@ mod tests {
         }
     }
 
-    /// Enactors sharing one registry are one family per metric, each enactor a series of it:
-    /// every `# HELP` and `# TYPE` line appears once, as Prometheus requires. With a
-    /// `Metrics::register` per enactor on one registry (how `dnsplan up` registered its three
-    /// enactors) each appeared once per enactor.
+    /// Enactors sharing one registry, and one enactor's loops on several zones, are one family
+    /// per metric, each enactor (and zone) a series of it: every `# HELP` and `# TYPE` line
+    /// appears once, as Prometheus requires. With a `Metrics::register` per enactor on one
+    /// registry (how `dnsplan up` registered its three enactors), or per zone in a sub-registry
+    /// labelled `dns_zone` (how the daemon registered its `dns_zones`), each appeared once per
+    /// enactor or zone.
     #[test]
     fn enactors_sharing_a_registry_are_one_family_each() {
         let mut registry = Registry::with_prefix("dnsplan");
         let families = Families::register(&mut registry);
         let (a, b) = (families.enactor("enactor-a"), families.enactor("enactor-b"));
+        let (zone_a, zone_b) = (families.zone_enactor("enactor-z", "a.test."), families.zone_enactor("enactor-z", "b.test."));
         a.plans_applied.inc();
         b.refused("invalid");
         a.apply_seconds.observe(0.5);
+        zone_b.plans_applied.inc();
+        zone_a.refused("removal");
         let text = dnsplan_common::daemon::metrics_text(&registry);
         let mut seen = std::collections::BTreeSet::new();
         for line in text.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
@@ -320,6 +346,9 @@ mod tests {
             "dnsplan_enactor_refusals_total{enactor=\"enactor-a\",reason=\"invalid\"} 0",
             "dnsplan_enactor_apply_duration_seconds_count{enactor=\"enactor-a\"} 1",
             "dnsplan_enactor_apply_duration_seconds_count{enactor=\"enactor-b\"} 0",
+            "dnsplan_enactor_plans_applied_total{enactor=\"enactor-z\",dns_zone=\"b.test.\"} 1",
+            "dnsplan_enactor_plans_applied_total{enactor=\"enactor-z\",dns_zone=\"a.test.\"} 0",
+            "dnsplan_enactor_refusals_total{enactor=\"enactor-z\",dns_zone=\"a.test.\",reason=\"removal\"} 1",
         ] {
             assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
         }

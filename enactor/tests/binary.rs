@@ -121,6 +121,40 @@ async fn serves_metrics_and_stops_on_sigterm() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The daemon with several `dns_zones` serves one family per metric, each zone's loop a series
+/// labelled `dns_zone`: every `# HELP` and `# TYPE` line once, as Prometheus requires to parse
+/// the page. Teeth, checked once: with the metrics of each zone registered in a sub-registry
+/// labelled `dns_zone` (as before), "repeated: # HELP dnsplan_enactor_apply_duration_seconds".
+#[tokio::test]
+async fn several_zones_are_one_family_per_metric() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("enactor.toml");
+    // No store is running: the loops look for their zones; the metrics are served meanwhile.
+    std::fs::write(
+        &config,
+        "id = \"en-z\"\nzone = \"a\"\ndns_zones = [\"one.test.\", \"two.test.\"]\n[store]\nurl = \"http://127.0.0.1:1\"\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n",
+    )?;
+    let child = enactor(&config).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut child = Running(child);
+    let stdout = child.0.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let url = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("metrics").map(|rest| rest.trim().to_owned()))
+        .ok_or_else(|| anyhow::anyhow!("the enactor did not say where its metrics are"))?;
+    let body = reqwest::get(&url).await?.text().await?;
+    let mut seen = std::collections::BTreeSet::new();
+    for line in body.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
+        assert!(seen.insert(line), "repeated: {line}\n{body}");
+    }
+    for zone in ["one.test.", "two.test."] {
+        let want = format!("dnsplan_enactor_plans_applied_total{{enactor=\"en-z\",dns_zone=\"{zone}\"}} 0");
+        assert!(body.lines().any(|l| l == want), "want {want:?} in\n{body}");
+    }
+    Ok(())
+}
+
 /// A process killed when dropped, so that a failing test leaves none behind.
 struct Running(std::process::Child);
 
