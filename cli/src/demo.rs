@@ -43,7 +43,7 @@ impl Backends {
     /// Starts a backend for every distinct (address, port) a check of `config` probes.
     pub async fn start(config: &PlannerConfig) -> anyhow::Result<Backends> {
         let backends = Backends::default();
-        for ep in config.endpoints() {
+        for ep in config.all_endpoints() {
             for target in &ep.targets {
                 let Some(check) = ep.check_for(target) else { continue };
                 let (port, kind) = match &check.probe {

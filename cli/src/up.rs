@@ -22,9 +22,9 @@ use dnsplan_authority::zone::dns_zone::DnsZoneConfig;
 use dnsplan_common::daemon::{self, ConfigError};
 use dnsplan_common::{DnsName, ZoneId};
 use dnsplan_enactor::config::{ApplyConfig, CleanupConfig, EnactorConfig, MetricsConfig as EnactorMetrics, StoreConfig, VerifyConfig};
-use dnsplan_planner::config::{EndpointConfig, LoopConfig, MetricsConfig, Policy};
+use dnsplan_planner::PlannerConfig;
+use dnsplan_planner::config::{EndpointConfig, LoopConfig, MetricsConfig, Policy, ZoneConfig};
 use dnsplan_planner::health::{HealthBook, spawn_checks};
-use dnsplan_planner::{Planner, PlannerConfig};
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use std::net::{IpAddr, SocketAddr};
@@ -106,6 +106,9 @@ struct PlannerSection {
     policy: Policy,
     #[serde(rename = "endpoint", default)]
     endpoints: Vec<toml::Spanned<EndpointConfig>>,
+    /// Zones added to the store that the planner plans too (`[[planner.zone]]`).
+    #[serde(rename = "zone", default)]
+    zones: Vec<toml::Spanned<ZoneConfig>>,
 }
 
 #[derive(Deserialize)]
@@ -206,6 +209,7 @@ impl Stack {
             policy: up.planner.policy,
             metrics: MetricsConfig::default(),
             endpoints: up.planner.endpoints,
+            zones: up.planner.zones,
         };
         planner.validate(&text).map_err(|detail| invalid(format!("planner: {detail}")))?;
 
@@ -257,8 +261,14 @@ impl Stack {
         let registry = Arc::new(registry);
 
         let book = Arc::new(HealthBook::default());
-        let planner = Planner::new(store.clone(), planner_config.clone(), book.clone(), planner_metrics.clone());
-        let status = planner.status();
+        let zone_configs: Vec<Arc<PlannerConfig>> = planner_config.each_zone().into_iter().map(Arc::new).collect();
+        let statuses: Vec<_> = zone_configs
+            .iter()
+            .map(|_| {
+                Arc::new(std::sync::Mutex::new(dnsplan_planner::planner::Status { id: planner_config.id.clone(), ..Default::default() }))
+            })
+            .collect();
+        let status = statuses[0].clone();
         let page_status = status.clone();
         let planner_status: dnsplan_authority::control::ui::PlannerStatus = Arc::new(move || page_status.lock().ok().map(|s| s.clone()));
         let token: Arc<str> = self.authority.token().into();
@@ -311,8 +321,8 @@ impl Stack {
             tasks.spawn(dnsplan_enactor::zones::enact_added_zones(store.clone(), settings.clone(), zone_metrics, zones_stopped.clone()));
             tasks.spawn(dnsplan_enactor::Enactor::new(store.clone(), settings, metrics).run(stopped()));
         }
-        let checks = spawn_checks(&planner_config, book, planner_metrics);
-        tasks.spawn(planner.run(stopped()));
+        let checks = spawn_checks(&planner_config, book.clone(), planner_metrics.clone());
+        tasks.spawn(dnsplan_planner::zones::plan_zones(store.clone(), zone_configs, book, planner_metrics, statuses, stopped()));
 
         on_ready(Ready {
             dns: bound.dns[0],

@@ -62,6 +62,23 @@ pub struct PlannerConfig {
     pub metrics: MetricsConfig,
     #[serde(rename = "endpoint", default)]
     pub endpoints: Vec<toml::Spanned<EndpointConfig>>,
+    /// Further zones this planner plans (`[[zone]]`), each a zone added to the store beside its
+    /// first one: its own lease, plans, endpoints and (if given) policy, in this one process.
+    #[serde(rename = "zone", default)]
+    pub zones: Vec<toml::Spanned<ZoneConfig>>,
+}
+
+/// A further zone one planner plans (`[[zone]]`): a zone added to the store (`dnsplan zone add
+/// --managed`), planned as `dns_zone` is with `added_zone = true`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZoneConfig {
+    pub dns_zone: DnsName,
+    /// The zone's own policy (keys not given take their defaults); without it, the top-level
+    /// `[policy]`.
+    pub policy: Option<Policy>,
+    #[serde(rename = "endpoint", default)]
+    pub endpoints: Vec<toml::Spanned<EndpointConfig>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -366,9 +383,7 @@ impl PlannerConfig {
         if config.id.is_empty() || config.id.len() > dnsplan_common::plan::AUTHOR_BYTES_MAX {
             return Err(format!("id: give 1..={} bytes", dnsplan_common::plan::AUTHOR_BYTES_MAX));
         }
-        if !(config.policy.capacity_headroom.is_finite() && config.policy.capacity_headroom >= 1.0) {
-            return Err(format!("policy.capacity_headroom: {} must be at least 1.0", config.policy.capacity_headroom));
-        }
+        check_policy(&config.policy, "policy")?;
         let (interval, ttl) = (config.planner.decide_interval_ms.0, config.planner.lease_ttl_ms.0);
         if interval.saturating_mul(3) > ttl {
             return Err(format!(
@@ -378,23 +393,81 @@ impl PlannerConfig {
         if config.endpoints.is_empty() || config.endpoints.len() > ENDPOINTS_MAX {
             return Err(format!("give 1..={ENDPOINTS_MAX} [[endpoint]] tables (found {})", config.endpoints.len()));
         }
+        let total = config.all_endpoints().count();
+        if total > ENDPOINTS_MAX {
+            return Err(format!(
+                "{total} endpoints in all: one planner health-checks at most {ENDPOINTS_MAX}; split the zones between planners"
+            ));
+        }
+        // Names are unique across zones: the probes' health is kept by endpoint name.
         let mut names = BTreeSet::new();
-        for spanned in &config.endpoints {
-            let at = line(spanned.span().start);
-            let endpoint = spanned.get_ref();
-            endpoint.validate(&config.dns_zone).map_err(|e| format!("line {at}: {e}"))?;
-            if !names.insert(endpoint.name.clone()) {
-                return Err(format!("line {at}: endpoint {} is configured twice", endpoint.name));
+        let mut check_endpoints = |dns_zone: &DnsName, endpoints: &[toml::Spanned<EndpointConfig>]| -> Result<(), String> {
+            for spanned in endpoints {
+                let at = line(spanned.span().start);
+                let endpoint = spanned.get_ref();
+                endpoint.validate(dns_zone).map_err(|e| format!("line {at}: {e}"))?;
+                if !names.insert(endpoint.name.clone()) {
+                    return Err(format!("line {at}: endpoint {} is configured twice", endpoint.name));
+                }
             }
+            Ok(())
+        };
+        check_endpoints(&config.dns_zone, &config.endpoints)?;
+        let mut zones = BTreeSet::from([config.dns_zone.clone()]);
+        for spanned in &config.zones {
+            let at = line(spanned.span().start);
+            let zone = spanned.get_ref();
+            if !zones.insert(zone.dns_zone.clone()) {
+                return Err(format!("line {at}: zone {} is planned twice (dns_zone or another [[zone]])", zone.dns_zone));
+            }
+            if let Some(policy) = &zone.policy {
+                check_policy(policy, &format!("line {at}: zone {}: policy", zone.dns_zone))?;
+            }
+            if zone.endpoints.is_empty() {
+                return Err(format!("line {at}: zone {} has no [[zone.endpoint]] table", zone.dns_zone));
+            }
+            check_endpoints(&zone.dns_zone, &zone.endpoints)?;
         }
         Ok(())
     }
 
+    /// The endpoints of `dns_zone` (not those of the `[[zone]]` tables).
     pub fn endpoints(&self) -> impl Iterator<Item = &EndpointConfig> {
         self.endpoints.iter().map(|s| s.get_ref())
+    }
+
+    /// Every endpoint of every zone the config plans: the health checks'.
+    pub fn all_endpoints(&self) -> impl Iterator<Item = &EndpointConfig> {
+        self.endpoints().chain(self.zones.iter().flat_map(|zone| zone.get_ref().endpoints.iter().map(|s| s.get_ref())))
+    }
+
+    /// The config of each zone planned, one zone each: `dns_zone` first, then each `[[zone]]`
+    /// (an added zone, with its own policy or the top-level one).
+    pub fn each_zone(&self) -> Vec<PlannerConfig> {
+        let first = PlannerConfig { zones: Vec::new(), ..self.clone() };
+        let others = self.zones.iter().map(|zone| {
+            let zone = zone.get_ref();
+            PlannerConfig {
+                dns_zone: zone.dns_zone.clone(),
+                added_zone: true,
+                policy: zone.policy.clone().unwrap_or_else(|| self.policy.clone()),
+                endpoints: zone.endpoints.clone(),
+                zones: Vec::new(),
+                ..self.clone()
+            }
+        });
+        std::iter::once(first).chain(others).collect()
     }
 
     pub fn decide_interval(&self) -> Duration {
         Duration::from_millis(self.planner.decide_interval_ms.0)
     }
+}
+
+/// The checks of a policy parsing cannot make; `at` names it in the error.
+fn check_policy(policy: &Policy, at: &str) -> Result<(), String> {
+    if !(policy.capacity_headroom.is_finite() && policy.capacity_headroom >= 1.0) {
+        return Err(format!("{at}.capacity_headroom: {} must be at least 1.0", policy.capacity_headroom));
+    }
+    Ok(())
 }

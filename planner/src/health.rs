@@ -265,7 +265,7 @@ pub fn spawn_checks(config: &PlannerConfig, book: Arc<HealthBook>, metrics: Arc<
     // No connection reuse: each probe tests a fresh connection, as a client would make one.
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap_or_default();
     let mut tasks = tokio::task::JoinSet::new();
-    for ep in config.endpoints() {
+    for ep in config.all_endpoints() {
         for target in &ep.targets {
             let Some(check) = ep.check_for(target).cloned() else { continue }; // config validation requires one
             let (book, metrics, permits, client, behind) = (book.clone(), metrics.clone(), permits.clone(), client.clone(), behind.clone());

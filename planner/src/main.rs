@@ -7,14 +7,16 @@ use clap::Parser;
 use dnsplan_common::Store;
 use dnsplan_common::daemon::{self, StartFailure};
 use dnsplan_common::store::remote::RemoteStore;
-use dnsplan_common::store::zones::{ManagedZones, wait_for_zone, zone_gone};
+use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore};
+use dnsplan_planner::PlannerConfig;
 use dnsplan_planner::args::Args;
 use dnsplan_planner::health::{HealthBook, spawn_checks};
 use dnsplan_planner::http;
 use dnsplan_planner::metrics::Metrics;
-use dnsplan_planner::{Planner, PlannerConfig};
+use dnsplan_planner::planner::Status;
+use dnsplan_planner::zones::plan_zones;
 use prometheus_client::registry::Registry;
 use std::future::Future;
 use std::sync::Arc;
@@ -68,36 +70,31 @@ async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFail
     }
 }
 
-/// The planner on `store`'s first zone, or with `added_zone` on the zone `dns_zone` once the
-/// store has it, started again on each new incarnation of the zone (removed and added again).
+/// The planner of every zone of the config (`dns_zone`, the store's first zone or with
+/// `added_zone` an added one, and each `[[zone]]`), a `Planner` each, sharing the health checks.
 async fn run<S: ManagedZones>(store: S, config: Arc<PlannerConfig>, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let mut registry = Registry::with_prefix("dnsplan");
     let metrics = Arc::new(Metrics::register(&mut registry, &config.id));
     let book = Arc::new(HealthBook::default());
     let _checks = spawn_checks(&config, book.clone(), metrics.clone());
-    let status = Arc::new(std::sync::Mutex::new(dnsplan_planner::planner::Status { id: config.id.clone(), ..Default::default() }));
+    let configs: Vec<Arc<PlannerConfig>> = config.each_zone().into_iter().map(Arc::new).collect();
+    let statuses: Vec<Arc<std::sync::Mutex<Status>>> =
+        configs.iter().map(|_| Arc::new(std::sync::Mutex::new(Status { id: config.id.clone(), ..Default::default() }))).collect();
     {
         let listen = config.metrics.listen;
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding metrics on {listen}"))?;
         daemon::announce(&format!("metrics  http://{}/metrics", listener.local_addr()?));
-        // Served until the process ends, after the planner's clean stop.
-        let (id, status) = (config.id.clone(), status.clone());
-        tokio::spawn(async move { http::serve(listener, registry, &id, status, std::future::pending()).await });
+        // Served until the process ends, after the planners' clean stop.
+        let zones: Vec<http::ZoneStatus> =
+            configs.iter().zip(&statuses).map(|(c, s)| http::ZoneStatus { dns_zone: c.dns_zone.clone(), status: s.clone() }).collect();
+        let id = config.id.clone();
+        tokio::spawn(async move { http::serve(listener, registry, &id, zones, std::future::pending()).await });
     }
-    daemon::announce(&format!("planner  {} for {} against {}", config.id, config.dns_zone, config.store.describe()));
-    let planner = |store| Planner::new(store, config.clone(), book.clone(), metrics.clone()).with_status(status.clone());
-    if !config.added_zone {
-        planner(store).run(shutdown).await;
-        return Ok(());
-    }
-    tokio::pin!(shutdown);
-    loop {
-        let Some(zone) = wait_for_zone(&store, &config.dns_zone, shutdown.as_mut()).await else { return Ok(()) };
-        tokio::select! {
-            () = planner(zone.clone()).run(shutdown.as_mut()) => return Ok(()),
-            () = zone_gone(&zone) => {
-                tracing::warn!(dns_zone = %config.dns_zone, "the zone was removed or added again; planning its new incarnation");
-            }
-        }
-    }
+    let others = match configs.len() - 1 {
+        0 => String::new(),
+        n => format!(" and {n} more zone{}", if n == 1 { "" } else { "s" }),
+    };
+    daemon::announce(&format!("planner  {} for {}{others} against {}", config.id, config.dns_zone, config.store.describe()));
+    plan_zones(store, configs, book, metrics, statuses, shutdown).await;
+    Ok(())
 }

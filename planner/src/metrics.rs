@@ -1,17 +1,21 @@
-//! The planner's Prometheus metrics (`dnsplan_planner_*`), labelled with the planner's id.
+//! The planner's Prometheus metrics (`dnsplan_planner_*`), labelled with the planner's id,
+//! and with `dns_zone` for the zones of the config's `[[zone]]` tables: each metric is one
+//! family, a series per zone (`Metrics::for_zone`).
 //!
 //! The decision and probe series exist from the start, at 0, for every kind and result, so
 //! an alert on `increase()` sees the first one (a series born at 1 has no increase), and so
 //! does `dnsplan_planner_deferred{rule}` for every rule that can hold a decision back.
 
 use crate::decide::{Deferred, DeferredRule};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::borrow::Cow;
+use std::hash::Hash;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -34,10 +38,66 @@ pub const DECISION_KINDS: [&str; 3] = ["no_change", "publish", "breaker"];
 /// Every result `Metrics::probe` takes.
 pub const PROBE_RESULTS: [&str; 3] = ["ok", "fail", "inconclusive"];
 
+/// The labels of every series of a zone's planning: `planner`, and `dns_zone` for a zone of
+/// the config's `[[zone]]` tables (the planner's first zone, `dns_zone`, keeps the series it
+/// always had), so that one process's zones are one family per metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct PlannerLabels {
+    pub planner: Arc<String>,
+    pub dns_zone: Option<Arc<String>>,
+}
+
+impl EncodeLabelSet for PlannerLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("planner", self.planner.as_str()).encode(encoder.encode_label())?;
+        if let Some(zone) = &self.dns_zone {
+            ("dns_zone", zone.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+type ByZone<M> = Family<PlannerLabels, M>;
+type ByZoneAnd<L, M> = Family<(PlannerLabels, L), M>;
+
+/// The planner metric families of one registry, each registered once (Prometheus refuses a
+/// name described twice), with a series per planned zone. Clones share the families.
+#[derive(Clone, Debug)]
+struct Families {
+    decisions: ByZoneAnd<KindLabels, Counter>,
+    plans_published: ByZone<Counter>,
+    publish_conflicts: ByZone<Counter>,
+    breaker_trips: ByZone<Counter>,
+    active: ByZone<Gauge>,
+    paused: ByZone<Gauge>,
+    zone_shifted: ByZone<Gauge>,
+    targets: ByZoneAnd<KindLabels, Gauge>,
+    last_published_generation: ByZone<Gauge>,
+    deferred: ByZoneAnd<RuleLabels, Gauge>,
+}
+
+/// One zone's series of a family with a second label (kind, rule, result): the family shared
+/// by every zone of the registry, with this zone's labels.
+#[derive(Clone, Debug)]
+pub struct ByLabel<L, M> {
+    family: ByZoneAnd<L, M>,
+    zone: PlannerLabels,
+}
+
+impl<L: Clone + Hash + Eq, M: Clone + prometheus_client::metrics::TypedMetric + Default> ByLabel<L, M> {
+    /// This zone's metric for `labels` (a handle: it counts into the family).
+    pub fn get_or_create(&self, labels: &L) -> M {
+        self.family.get_or_create(&(self.zone.clone(), labels.clone())).clone()
+    }
+}
+
+/// One zone's planner metrics: handles into its registry's families, labelled `planner` (and
+/// `dns_zone` for a `[[zone]]`), and the process's health-probe metrics, which every zone
+/// shares (the probes are the process's, one set for every zone's targets).
 #[derive(Debug)]
 pub struct Metrics {
     /// Decisions by kind: `no_change`, `publish`, `breaker`.
-    pub decisions: Family<KindLabels, Counter>,
+    pub decisions: ByLabel<KindLabels, Counter>,
     pub plans_published: Counter,
     /// Publishes that lost the CAS to another writer (then re-read and re-decided).
     pub publish_conflicts: Counter,
@@ -48,70 +108,131 @@ pub struct Metrics {
     pub paused: Gauge,
     /// 1 while a zone is shifted away.
     pub zone_shifted: Gauge,
-    pub probes: Family<ResultLabels, Counter>,
+    pub probes: ByLabel<ResultLabels, Counter>,
     /// Targets by verdict: `up`, `down`, `unknown`.
-    pub targets: Family<KindLabels, Gauge>,
+    pub targets: ByLabel<KindLabels, Gauge>,
     pub last_published_generation: Gauge,
     /// Decisions the last decision's rules held back, by rule (`DeferredRule::as_str`).
-    pub deferred: Family<RuleLabels, Gauge>,
+    pub deferred: ByLabel<RuleLabels, Gauge>,
     /// Health probes in flight now.
     pub probes_in_flight: Gauge,
     /// Targets whose last probe was slow: their probes take no `probe_concurrency` permit.
     pub probe_slow_targets: Gauge,
     /// How late each probe started after its scheduled time.
     pub probe_lag_seconds: Histogram,
+    families: Families,
 }
 
 impl Metrics {
+    /// Registers the planner's metrics in `registry` (once per registry) and returns those of
+    /// planner `id`'s first zone; `for_zone` gives each further zone's.
     pub fn register(registry: &mut Registry, id: &str) -> Metrics {
-        let m = Metrics {
+        let f = Families {
             decisions: Family::default(),
-            plans_published: Counter::default(),
-            publish_conflicts: Counter::default(),
-            breaker_trips: Counter::default(),
-            active: Gauge::default(),
-            paused: Gauge::default(),
-            zone_shifted: Gauge::default(),
-            probes: Family::default(),
+            plans_published: Family::default(),
+            publish_conflicts: Family::default(),
+            breaker_trips: Family::default(),
+            active: Family::default(),
+            paused: Family::default(),
+            zone_shifted: Family::default(),
             targets: Family::default(),
-            last_published_generation: Gauge::default(),
+            last_published_generation: Family::default(),
             deferred: Family::default(),
-            probes_in_flight: Gauge::default(),
-            probe_slow_targets: Gauge::default(),
-            probe_lag_seconds: Histogram::new([0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
         };
-        let r = registry.sub_registry_with_prefix("planner").sub_registry_with_label((Cow::Borrowed("planner"), Cow::Owned(id.to_owned())));
-        r.register("decisions", "Decisions by kind", m.decisions.clone());
-        r.register("plans_published", "Plans published", m.plans_published.clone());
-        r.register("publish_conflicts", "Publishes that lost the compare-and-swap and were decided again", m.publish_conflicts.clone());
-        r.register("breaker_trips", "Times the breaker stopped a mass change", m.breaker_trips.clone());
-        r.register("active", "1 while this planner holds the lease", m.active.clone());
-        r.register("paused", "1 while automation is paused", m.paused.clone());
-        r.register("zone_shifted", "1 while an availability zone is shifted away", m.zone_shifted.clone());
-        r.register("probes", "Health probes by result", m.probes.clone());
-        r.register("targets", "Targets by health verdict", m.targets.clone());
-        r.register("last_published_generation", "Generation of the last plan this planner published", m.last_published_generation.clone());
-        r.register(
+        let probes: ByZoneAnd<ResultLabels, Counter> = Family::default();
+        let (probes_in_flight, probe_slow_targets) = (Gauge::default(), Gauge::default());
+        let probe_lag_seconds = Histogram::new([0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
+        let planner = registry.sub_registry_with_prefix("planner");
+        planner.register("decisions", "Decisions by kind", f.decisions.clone());
+        planner.register("plans_published", "Plans published", f.plans_published.clone());
+        planner.register(
+            "publish_conflicts",
+            "Publishes that lost the compare-and-swap and were decided again",
+            f.publish_conflicts.clone(),
+        );
+        planner.register("breaker_trips", "Times the breaker stopped a mass change", f.breaker_trips.clone());
+        planner.register("active", "1 while this planner holds the lease", f.active.clone());
+        planner.register("paused", "1 while automation is paused", f.paused.clone());
+        planner.register("zone_shifted", "1 while an availability zone is shifted away", f.zone_shifted.clone());
+        planner.register("probes", "Health probes by result", probes.clone());
+        planner.register("targets", "Targets by health verdict", f.targets.clone());
+        planner.register(
+            "last_published_generation",
+            "Generation of the last plan this planner published",
+            f.last_published_generation.clone(),
+        );
+        planner.register(
             "deferred",
             "Decisions the last decision's rules held back (a dead target still served, a change not published), by rule",
-            m.deferred.clone(),
+            f.deferred.clone(),
         );
-        r.register("probes_in_flight", "Health probes in flight", m.probes_in_flight.clone());
+        let r = planner.sub_registry_with_label((Cow::Borrowed("planner"), Cow::Owned(id.to_owned())));
+        r.register("probes_in_flight", "Health probes in flight", probes_in_flight.clone());
         r.register(
             "probe_slow_targets",
             "Targets whose last probe took longer than 100 ms (or timed out): their probes run outside probe_concurrency, so they cannot delay the others",
-            m.probe_slow_targets.clone(),
+            probe_slow_targets.clone(),
         );
         r.register(
             "probe_lag_seconds",
             "How late each health probe started after its scheduled time (waiting for a probe_concurrency permit, or its own previous probe)",
-            m.probe_lag_seconds.clone(),
+            probe_lag_seconds.clone(),
         );
+        let first = PlannerLabels { planner: Arc::new(id.to_owned()), dns_zone: None };
+        let probes = ByLabel { family: probes, zone: first.clone() };
+        for result in PROBE_RESULTS {
+            let _ = probes.get_or_create(&ResultLabels { result });
+        }
+        Metrics::labelled(f, first, probes, probes_in_flight, probe_slow_targets, probe_lag_seconds)
+    }
+
+    /// The metrics of the zone `dns_zone` of a `[[zone]]` table: its series labelled
+    /// `dns_zone` too, in the same families; the probe metrics are the process's.
+    pub fn for_zone(&self, dns_zone: &str) -> Metrics {
+        let zone = PlannerLabels { planner: self.decisions.zone.planner.clone(), dns_zone: Some(Arc::new(dns_zone.to_owned())) };
+        Metrics::labelled(
+            self.families.clone(),
+            zone,
+            self.probes.clone(),
+            self.probes_in_flight.clone(),
+            self.probe_slow_targets.clone(),
+            self.probe_lag_seconds.clone(),
+        )
+    }
+
+    fn labelled(
+        f: Families,
+        zone: PlannerLabels,
+        probes: ByLabel<ResultLabels, Counter>,
+        probes_in_flight: Gauge,
+        probe_slow_targets: Gauge,
+        probe_lag_seconds: Histogram,
+    ) -> Metrics {
+        let counter = |family: &ByZone<Counter>| family.get_or_create(&zone).clone();
+        let gauge = |family: &ByZone<Gauge>| family.get_or_create(&zone).clone();
+        let (plans_published, publish_conflicts, breaker_trips) =
+            (counter(&f.plans_published), counter(&f.publish_conflicts), counter(&f.breaker_trips));
+        let (active, paused, zone_shifted, last_published_generation) =
+            (gauge(&f.active), gauge(&f.paused), gauge(&f.zone_shifted), gauge(&f.last_published_generation));
+        let m = Metrics {
+            decisions: ByLabel { family: f.decisions.clone(), zone: zone.clone() },
+            plans_published,
+            publish_conflicts,
+            breaker_trips,
+            active,
+            paused,
+            zone_shifted,
+            probes,
+            targets: ByLabel { family: f.targets.clone(), zone: zone.clone() },
+            last_published_generation,
+            deferred: ByLabel { family: f.deferred.clone(), zone },
+            probes_in_flight,
+            probe_slow_targets,
+            probe_lag_seconds,
+            families: f,
+        };
         for kind in DECISION_KINDS {
             let _ = m.decisions.get_or_create(&KindLabels { kind });
-        }
-        for result in PROBE_RESULTS {
-            let _ = m.probes.get_or_create(&ResultLabels { result });
         }
         m.set_deferred(&[]);
         m
@@ -186,5 +307,33 @@ mod tests {
         assert_eq!((count("fail_open"), count("removal_per_plan"), count("breaker")), ("2".into(), "1".into(), "0".into()));
         metrics.set_deferred(&[held(DeferredRule::RemovalPerWindow)]);
         assert_eq!((count("fail_open"), count("removal_per_plan"), count("removal_per_window")), ("0".into(), "0".into(), "1".into()));
+    }
+
+    /// A second zone's series are in the same families, labelled `dns_zone`: every `# HELP`
+    /// and `# TYPE` line once; the probe series are the process's, not a zone's.
+    #[test]
+    fn zones_are_one_family_each() {
+        let mut registry = Registry::with_prefix("dnsplan");
+        let first = Metrics::register(&mut registry, "p");
+        let shop = first.for_zone("shop.test.");
+        shop.plans_published.inc();
+        shop.decision("publish");
+        first.active.set(1);
+        shop.probe("ok");
+        let text = dnsplan_common::daemon::metrics_text(&registry);
+        let mut seen = std::collections::BTreeSet::new();
+        for line in text.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
+            assert!(seen.insert(line), "repeated: {line}\n{text}");
+        }
+        for want in [
+            "dnsplan_planner_plans_published_total{planner=\"p\",dns_zone=\"shop.test.\"} 1",
+            "dnsplan_planner_plans_published_total{planner=\"p\"} 0",
+            "dnsplan_planner_decisions_total{planner=\"p\",dns_zone=\"shop.test.\",kind=\"publish\"} 1",
+            "dnsplan_planner_active{planner=\"p\"} 1",
+            "dnsplan_planner_active{planner=\"p\",dns_zone=\"shop.test.\"} 0",
+            "dnsplan_planner_probes_total{planner=\"p\",result=\"ok\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == want), "want {want:?} in\n{text}");
+        }
     }
 }

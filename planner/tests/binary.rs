@@ -146,3 +146,48 @@ fn logs_on_a_pipe_are_plain_text_or_json_lines() -> anyhow::Result<()> {
     assert_json_lines(&log_lines_until(planner().args(["--log-format", "json"]), "planner running", DEADLINE)?);
     Ok(())
 }
+
+/// The daemon plans each `[[zone]]` of its config beside `dns_zone`: `/v1/zones` lists every
+/// zone's status, `/v1/status` is the first zone's, and `/metrics` has one family per metric,
+/// the `[[zone]]`'s series labelled `dns_zone`. (No store runs: the planners wait for it.)
+#[tokio::test]
+async fn several_zones_are_planned_and_listed() -> anyhow::Result<()> {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/planner.toml");
+    let dir = tempfile::tempdir()?;
+    let zone = "\n[[zone]]\ndns_zone = \"shop.test.\"\n[[zone.endpoint]]\nname = \"api.shop.test.\"\nttl_secs = 30\n\
+                check = { kind = \"tcp\", port = 9 }\n[[zone.endpoint.target]]\naddress = \"127.0.0.41\"\nzone = \"a\"\n";
+    let text = std::fs::read_to_string(example)?.replace("127.0.0.1:8053", "127.0.0.1:1").replace("127.0.0.1:9102", "127.0.0.1:0");
+    let config = dir.path().join("planner.toml");
+    std::fs::write(&config, format!("{text}{zone}"))?;
+    let mut child = Running(
+        Command::new(env!("CARGO_BIN_EXE_dnsplan-planner"))
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let stdout = child.0.stdout.take().ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines.next().transpose()?.unwrap_or_default();
+    let url = first.strip_prefix("metrics").map(str::trim).ok_or_else(|| anyhow::anyhow!("no metrics line: {first:?}"))?.to_owned();
+    let announced = lines.next().transpose()?.unwrap_or_default();
+    assert!(announced.contains("and 1 more zone"), "{announced}");
+    let base = url.trim_end_matches("/metrics");
+    let zones: serde_json::Value = reqwest::get(format!("{base}/v1/zones")).await?.json().await?;
+    let listed: Vec<&str> = zones.as_array().map(|z| z.iter().filter_map(|z| z["dns_zone"].as_str()).collect()).unwrap_or_default();
+    assert_eq!(listed, ["example.test.", "shop.test."], "{zones}");
+    assert_eq!(zones[1]["planner"]["id"].as_str(), Some("planner-1"), "{zones}");
+    let metrics = reqwest::get(&url).await?.text().await?;
+    let mut seen = std::collections::BTreeSet::new();
+    for line in metrics.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
+        assert!(seen.insert(line), "repeated: {line}\n{metrics}");
+    }
+    for want in
+        ["dnsplan_planner_active{planner=\"planner-1\"} 0", "dnsplan_planner_active{planner=\"planner-1\",dns_zone=\"shop.test.\"} 0"]
+    {
+        assert!(metrics.lines().any(|l| l == want), "want {want:?} in\n{metrics}");
+    }
+    drop(child);
+    Ok(())
+}

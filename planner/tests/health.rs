@@ -101,6 +101,60 @@ fn bad_check_configs_are_clear_errors() {
     assert!(err.contains("line 5") && err.contains("outside the DNS zone"), "{err}");
 }
 
+/// `[[zone]]` tables: each zone is planned with its own endpoints (inside it, named once across
+/// every zone) and policy (or the top-level one); a zone planned twice, an endpoint outside its
+/// zone or one zone's endpoint named again in another is a clear error with its line.
+#[test]
+fn zone_tables_are_checked_and_each_planned_alone() {
+    let first = "id = \"p\"\ndns_zone = \"example.test.\"\n[store]\nurl = \"http://127.0.0.1:1\"\n[policy]\nfail_open_below = 0.3\n\
+                 [[endpoint]]\nname = \"api.example.test.\"\nttl_secs = 30\ncheck = { kind = \"tcp\", port = 1 }\n\
+                 [[endpoint.target]]\naddress = \"127.0.0.1\"\nzone = \"a\"\n";
+    let zone = |origin: &str, name: &str, policy: &str| {
+        format!(
+            "[[zone]]\ndns_zone = \"{origin}\"\n{policy}[[zone.endpoint]]\nname = \"{name}\"\nttl_secs = 30\n\
+             check = {{ kind = \"tcp\", port = 1 }}\n[[zone.endpoint.target]]\naddress = \"127.0.0.2\"\nzone = \"a\"\n"
+        )
+    };
+    let text = format!(
+        "{first}{}{}",
+        zone("shop.test.", "api.shop.test.", ""),
+        zone("blog.test.", "www.blog.test.", "[zone.policy]\nfail_open_below = 0.7\n")
+    );
+    let config = PlannerConfig::parse(&text).expect("valid");
+    let zones = config.each_zone();
+    let summary: Vec<(String, bool, f64, Vec<String>)> = zones
+        .iter()
+        .map(|z| (z.dns_zone.to_string(), z.added_zone, z.policy.fail_open_below.0, z.endpoints().map(|e| e.name.to_string()).collect()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("example.test.".into(), false, 0.3, vec!["api.example.test.".into()]),
+            ("shop.test.".into(), true, 0.3, vec!["api.shop.test.".into()]),
+            ("blog.test.".into(), true, 0.7, vec!["www.blog.test.".into()]),
+        ]
+    );
+    assert_eq!(config.all_endpoints().count(), 3, "the health checks cover every zone's endpoints");
+    let cases = [
+        (format!("{first}{}", zone("example.test.", "x.example.test.", "")), "zone example.test. is planned twice"),
+        (
+            format!("{first}{}{}", zone("shop.test.", "a.shop.test.", ""), zone("shop.test.", "b.shop.test.", "")),
+            "zone shop.test. is planned twice",
+        ),
+        (format!("{first}{}", zone("shop.test.", "api.other.test.", "")), "outside the DNS zone shop.test."),
+        (
+            format!("{first}{}{}", zone("shop.test.", "api.x.shop.test.", ""), zone("x.shop.test.", "api.x.shop.test.", "")),
+            "configured twice",
+        ),
+        (format!("{first}[[zone]]\ndns_zone = \"shop.test.\"\n"), "has no [[zone.endpoint]]"),
+        (format!("{first}{}", zone("shop.test.", "api.shop.test.", "[zone.policy]\ncapacity_headroom = 0.5\n")), "capacity_headroom"),
+    ];
+    for (text, want) in cases {
+        let err = PlannerConfig::parse(&text).expect_err(want);
+        assert!(err.contains(want) && err.contains("line "), "{want:?} not in: {err}");
+    }
+}
+
 /// Targets of the hanging-backends test, and how many of them hang.
 const TARGETS: u8 = 48;
 const HANGING: u8 = 16;

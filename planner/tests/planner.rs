@@ -181,7 +181,8 @@ async fn removals_held_back_are_in_the_status_and_on_the_listener() -> anyhow::R
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let listen = listener.local_addr()?;
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = tokio::spawn(dnsplan_planner::http::serve(listener, registry, "p1", status.clone(), async move {
+    let zones = vec![dnsplan_planner::http::ZoneStatus { dns_zone: config.dns_zone.clone(), status: status.clone() }];
+    let http = tokio::spawn(dnsplan_planner::http::serve(listener, registry, "p1", zones, async move {
         let _ = http_stopped.await;
     }));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -375,13 +375,18 @@ fn the_configuration_reference_lists_every_key() {
         ("planner.planner.", "planner.toml", "planner."),
         ("planner.policy.", "planner.toml", "policy."),
         ("planner.endpoint[].", "planner.toml", "endpoint[]."),
+        ("planner.zone[].", "planner.toml", "zone[]."),
     ];
 
     let mut missing = BTreeSet::new();
     let mut listed = |file: &str, key: &str, text: &str| {
         // `[[zones]]` takes `[dns_zone]`'s keys: documented there, beside the `zones` row.
-        let key = match key.strip_prefix("zones[].") {
-            Some(rest) if file == "authority.toml" && text.contains("`zones`") => format!("dns_zone.{rest}"),
+        // A planner's `[[zone]]` takes `[[endpoint]]`'s and `[policy]`'s keys: documented
+        // there, beside the `zone[].endpoint` and `zone[].policy` rows.
+        let key = match (key.strip_prefix("zones[]."), key.strip_prefix("zone[].endpoint[]."), key.strip_prefix("zone[].policy.")) {
+            (Some(rest), _, _) if file == "authority.toml" && text.contains("`zones`") => format!("dns_zone.{rest}"),
+            (_, Some(rest), _) if file == "planner.toml" && text.contains("`zone[].endpoint`") => format!("endpoint[].{rest}"),
+            (_, _, Some(rest)) if file == "planner.toml" && text.contains("`zone[].policy`") => format!("policy.{rest}"),
             _ => key.to_string(),
         };
         if !text.contains(&format!("`{key}`")) {
