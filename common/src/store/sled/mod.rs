@@ -233,6 +233,7 @@ impl SledStore {
         let version = Arc::new(watch::Sender::new(StoreVersion::default()));
         let inner = Inner::open(path, version.clone(), high_water.clone(), Some((found, on_loss)))?;
         zones::migrate(&inner.db)?;
+        zones::check_registry(&inner.db, path, on_loss)?;
         let registry_zones = zones::count_zones(&inner.db)?;
         let database = Arc::new(Database {
             path: path.to_path_buf(),

@@ -913,3 +913,63 @@ async fn added_zones_in_trees_of_their_own_are_moved_into_the_shared_trees() {
     assert_eq!(zone.latest().await.expect("latest"), Generation(3));
     assert_eq!(zone.active_all().await.expect("active"), before.0);
 }
+
+/// A registry that lost a zone it had served (its entry gone, the zone's high-water mark in
+/// `managed-zones/` left: sled dropping the page) is refused at open, naming the zone; accepted
+/// (`--accept-store-loss`), it opens with a tombstone past every count the zone served, so the
+/// zone added again serves a serial past the old ones. The directory of a zone removed before
+/// a crash is removed at open, without a refusal.
+#[tokio::test]
+async fn a_registry_that_lost_a_zone_is_refused_and_accepted_past_its_counts() {
+    use crate::store::zones::ManagedZones;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (shop, gone) = (DnsName::parse("shop.test.").expect("zone"), DnsName::parse("gone.test.").expect("zone"));
+    let plan = |origin: &DnsName, g: u64| {
+        ValidatedPlan::new(Plan {
+            generation: Generation(g),
+            parent_generation: Generation(g - 1),
+            created_at_unix_ms: 0,
+            author: Author::Operator { name: "test".into() },
+            reason: "test".into(),
+            dns_zone: origin.clone(),
+            endpoints: vec![(DnsName::parse(&format!("www.{origin}")).expect("name"), endpoint(g as u8))].into_iter().collect(),
+            retired: BTreeSet::new(),
+            rollback_of: None,
+            provenance: vec![],
+        })
+        .expect("valid")
+    };
+    let served = {
+        let root = SledStore::open(dir.path()).expect("open");
+        for origin in [&shop, &gone] {
+            assert!(root.add_zone(origin, "").await.expect("add"));
+            let zone = root.zone(origin).await.expect("zone");
+            for g in 1..=3 {
+                zone.publish(&plan(origin, g)).await.expect("publish");
+                let items = [ApplyItem { endpoint: DnsName::parse(&format!("www.{origin}")).expect("name"), records: endpoint(g as u8) }];
+                zone.apply_many(Generation(g), &items).await.expect("apply");
+            }
+        }
+        let served = root.zone(&shop).await.expect("zone").inner().counts().expect("counts");
+        // gone.test. removed, its directory left behind as by a crash before its removal.
+        assert!(root.remove_zone(&gone).await.expect("remove"));
+        std::fs::create_dir_all(dir.path().join("managed-zones/gone.test.")).expect("dir");
+        std::fs::write(dir.path().join("managed-zones/gone.test.").join(high_water::FILE_NAME), b"").expect("mark");
+        // shop.test.'s registry entry lost.
+        let db = root.inner().db.clone();
+        db.open_tree("managed_zones").expect("registry").remove("shop.test.").expect("remove the entry");
+        db.flush().expect("flush");
+        served
+    };
+    match SledStore::open(dir.path()) {
+        Err(StoreError::WentBack(why)) => assert!(why.contains("lost shop.test.") && !why.contains("gone.test."), "{why}"),
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a registry that lost a zone opened as it is"),
+    }
+    let root = SledStore::open_with(dir.path(), OnLoss::Accept).expect("accepted");
+    assert!(!dir.path().join("managed-zones/gone.test.").exists(), "the removed zone's directory stayed");
+    assert!(root.zones().await.expect("zones").iter().all(|z| !z.is_live()), "a zone live after the loss");
+    assert!(root.add_zone(&shop, "").await.expect("add again"));
+    let again = root.zone(&shop).await.expect("zone").inner().counts().expect("counts");
+    assert!(again.0 > served.0 && again.1 > served.1, "counts {again:?} not past {served:?}");
+}

@@ -181,6 +181,69 @@ fn registry(db: &sled::Db) -> StoreResult<sled::Tree> {
     db.open_tree(REGISTRY).map_err(io)
 }
 
+/// Checks the registry in `db` against the directories of the added zones' high-water marks
+/// in `path` (`managed-zones/<origin>/`, made when a zone is first opened, after its entry was
+/// written and flushed): a zone with a mark and no entry at all is a registry that went back
+/// (sled drops a damaged page and what was written after it without an error), which would
+/// stop every authority serving the zone. Refused, naming the zones, unless `on_loss` accepts
+/// it: their directories are then removed (the zones can be added again). The directory of a
+/// removed zone (a crash between its tombstone and the directory's removal) is removed.
+pub(super) fn check_registry(db: &sled::Db, path: &Path, on_loss: OnLoss) -> StoreResult<()> {
+    let dir = path.join(ZONES_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(io(err)),
+    };
+    let registry = registry(db)?;
+    let mut lost = Vec::new();
+    for entry in entries {
+        let zone_dir = entry.map_err(io)?.path();
+        if !zone_dir.join(high_water::FILE_NAME).exists() {
+            continue;
+        }
+        let name = zone_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        match registry.get(name.as_bytes()).map_err(io)? {
+            Some(bytes) if codec::decode::<ManagedZone>(&bytes).is_ok_and(|z| z.is_live()) => {}
+            Some(_) => std::fs::remove_dir_all(&zone_dir).map_err(io)?,
+            None => lost.push((name, zone_dir)),
+        }
+    }
+    if lost.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&str> = lost.iter().map(|(name, _)| name.as_str()).collect();
+    if on_loss == OnLoss::Refuse {
+        return Err(StoreError::WentBack(format!(
+            "the store in {} went back: its registry of zones lost {} (each has a high-water mark in {}, so it was added              and served). sled drops a damaged page and everything written after it without an error; opened as it is,              no authority would serve those zones. Ways out: restore a copy of the whole directory {} taken from this              store, or start once with --accept-store-loss, which keeps what is left (add the zones again after)",
+            path.display(),
+            names.join(", "),
+            dir.display(),
+            path.display(),
+        )));
+    }
+    tracing::warn!(path = %path.display(), zones = %names.join(", "), "--accept-store-loss: the registry of zones lost these zones; add them again");
+    for (name, zone_dir) in lost {
+        // A tombstone past every count the zone served (its meta's, if left, and its mark's),
+        // so that a zone added again starts its SOA serial past what secondaries hold.
+        let origin = DnsName::parse(&name).map_err(|e| StoreError::BadRequest(format!("{}: {e}", zone_dir.display())))?;
+        let meta = ZoneTrees::added(&origin, 0).tree(db, "meta")?;
+        let count = |key: &[u8]| -> StoreResult<u64> {
+            Ok(meta.get(key).map_err(io)?.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes))
+        };
+        let marked = match HighWater::open(&zone_dir).map_err(io)?.1 {
+            Found::Mark(mark) => mark.applied_changes.saturating_add(1),
+            Found::None | Found::Torn => 0,
+        };
+        let (applied_changes, content_changes) = (count(META_APPLIED)?.max(marked), count(META_CONTENT)?.max(marked));
+        let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes };
+        registry.insert(origin.as_str(), codec::encode(&ManagedZone { origin: origin.clone(), state })).map_err(io)?;
+        db.flush().map_err(io)?;
+        std::fs::remove_dir_all(&zone_dir).map_err(io)?;
+    }
+    Ok(())
+}
+
 /// How many zones the registry in `db` holds, live and removed.
 pub(super) fn count_zones(db: &sled::Db) -> StoreResult<usize> {
     Ok(registry(db)?.len())
