@@ -115,12 +115,17 @@ async fn planners_of_two_zones_of_one_store_each_plan_their_own() -> anyhow::Res
     // Both publish, in either order (waiting for one, then the other, lost the second's line
     // when it came first: seen once under load).
     let mut published = std::collections::BTreeSet::new();
-    daemon::until(&mut lines, WITHIN, |l| log.push(l.clone()), |l| {
-        if l.message == "plan published" {
-            published.insert(l.who.clone());
-        }
-        published.len() == 2
-    })
+    daemon::until(
+        &mut lines,
+        WITHIN,
+        |l| log.push(l.clone()),
+        |l| {
+            if l.message == "plan published" {
+                published.insert(l.who.clone());
+            }
+            published.len() == 2
+        },
+    )
     .await?;
     let (first_lease, shop_lease) = (remote.lease().await?, zone.lease().await?);
     assert_eq!(first_lease.map(|l| l.holder).as_deref(), Some("p-first"), "the first zone's lease");

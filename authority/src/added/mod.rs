@@ -46,6 +46,9 @@ pub const REREAD_EVERY: Duration = Duration::from_secs(2);
 /// Most added zones started at once (`AddedZones::converge`).
 const STARTS_AT_ONCE: usize = 8;
 
+/// Most added zones put in the zone table at once, each batch one copy of the table.
+const SERVE_AT_ONCE: usize = 256;
+
 /// How the added zones are served: the settings they share with the first zone.
 #[derive(Clone)]
 pub struct Setup {
@@ -108,6 +111,9 @@ pub async fn serve_kept(setup: &Setup) -> HashMap<DnsName, KeptZone> {
             return kept;
         }
     };
+    // Read STARTS_AT_ONCE at a time, then put in the zone table at once.
+    let permits = Arc::new(tokio::sync::Semaphore::new(STARTS_AT_ONCE));
+    let mut reads = JoinSet::new();
     for found in found {
         let zone = match found.zone {
             Ok(zone) => zone,
@@ -116,21 +122,41 @@ pub async fn serve_kept(setup: &Setup) -> HashMap<DnsName, KeptZone> {
                 continue;
             }
         };
-        match serve_one_kept(setup, &found.dir, &zone).await {
-            Ok(Some(one)) => {
-                tracing::info!(zone = %zone.origin, endpoints = one.serving.snapshot.load().managed_count(), "serving the added zone's saved state at once; the store is followed once it answers");
-                kept.insert(zone.origin.clone(), one);
-            }
+        let (setup, permits) = (setup.clone(), permits.clone());
+        reads.spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let read = serve_one_kept(&setup, &found.dir, &zone).await;
+            (zone.origin, read)
+        });
+    }
+    let mut read = Vec::new();
+    while let Some(done) = reads.join_next().await {
+        let Ok((origin, one)) = done else { continue };
+        match one {
+            Ok(Some(one)) => read.push((origin, one)),
             Ok(None) => {}
             Err(err) => {
-                tracing::warn!(zone = %zone.origin, error = %format!("{err:#}"), "an added zone kept on disk is not served until the store answers")
+                tracing::warn!(zone = %origin, error = %format!("{err:#}"), "an added zone kept on disk is not served until the store answers")
+            }
+        }
+    }
+    let servings: Vec<Arc<Serving>> = read.iter().map(|(_, one)| one.serving.clone()).collect();
+    for ((origin, one), put) in read.into_iter().zip(setup.table.put_managed_many(&servings)) {
+        match put {
+            Ok(()) => {
+                tracing::info!(zone = %origin, endpoints = one.serving.snapshot.load().managed_count(), "serving the added zone's saved state at once; the store is followed once it answers");
+                setup.book.set(&origin, Entry::Kept(one.serving.clone()));
+                kept.insert(origin, one);
+            }
+            Err(err) => {
+                tracing::warn!(zone = %origin, error = %format!("{err:#}"), "an added zone kept on disk is not served until the store answers")
             }
         }
     }
     kept
 }
 
-/// Serves one zone from its directory; `None` when it kept no state.
+/// One zone as its directory kept it, ready to serve; `None` when it kept no state.
 async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::Result<Option<KeptZone>> {
     let started = Instant::now();
     let records = parse(zone).await?;
@@ -141,10 +167,7 @@ async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::
         .with_transfer(setup.transfer.clone())
         .with_served_log(kept.served_log)
         .with_ixfr_log(dir);
-    let serving = Arc::new(serving);
-    setup.table.put_managed(serving.clone())?;
-    setup.book.set(&zone.origin, Entry::Kept(serving.clone()));
-    Ok(Some(KeptZone { incarnation: zone.incarnation, serving, keeper: Some(keeper) }))
+    Ok(Some(KeptZone { incarnation: zone.incarnation, serving: Arc::new(serving), keeper: Some(keeper) }))
 }
 
 /// The zone's master file read, off the runtime's threads.
@@ -235,16 +258,15 @@ impl<S: ManagedZones> AddedZones<S> {
             let permits = permits.clone();
             starts.spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                let started = start(&store, &setup, &origin, incarnation, kept).await;
+                let started = prepare(&store, &setup, &origin, incarnation, kept).await;
                 (origin, incarnation, started)
             });
         }
+        let mut ready = Vec::new();
         while let Some(done) = starts.join_next().await {
             let Ok((origin, incarnation, started)) = done else { continue };
             match started {
-                Ok(tasks) => {
-                    served.insert(origin, Served { incarnation, _tasks: tasks });
-                }
+                Ok(prepared) => ready.push((origin, incarnation, prepared)),
                 Err((err, kept)) => {
                     let why = format!("{err:#}");
                     if let Some(kept) = kept {
@@ -255,6 +277,29 @@ impl<S: ManagedZones> AddedZones<S> {
                     tracing::warn!(zone = %origin, error = %why, "cannot serve the zone the store manages yet; trying again")
                 }
             }
+            // Served SERVE_AT_ONCE at a time, each batch in one copy of the zone table.
+            if ready.len() >= SERVE_AT_ONCE || starts.is_empty() {
+                self.serve_ready(&mut ready, served);
+            }
+        }
+    }
+
+    /// Puts the zones of `ready` in the zone table at once (those not already there, kept from
+    /// disk) and follows each; a zone the table refuses is not served, and says why.
+    fn serve_ready(&self, ready: &mut Vec<(DnsName, u64, Prepared<S>)>, served: &mut HashMap<DnsName, Served>) {
+        let fresh: Vec<Arc<Serving>> = ready.iter().filter(|(_, _, p)| p.fresh).map(|(_, _, p)| p.serving.clone()).collect();
+        let mut put = self.setup.table.put_managed_many(&fresh).into_iter();
+        for (origin, incarnation, prepared) in ready.drain(..) {
+            if prepared.fresh {
+                if let Some(Err(err)) = put.next() {
+                    let why = format!("{err:#}");
+                    self.setup.book.set(&origin, Entry::NotServed(why.clone()));
+                    tracing::warn!(zone = %origin, error = %why, "cannot serve the zone the store manages yet; trying again");
+                    continue;
+                }
+                tracing::info!(zone = %origin, endpoints = prepared.serving.snapshot.load().managed_count(), "serving the zone the store manages");
+            }
+            served.insert(origin.clone(), Served { incarnation, _tasks: follow(&self.setup, &origin, prepared) });
         }
     }
 
@@ -287,16 +332,25 @@ impl<S: ManagedZones> AddedZones<S> {
     }
 }
 
-/// Serves zone `origin` at `incarnation`: the state served from its directory at start (`kept`),
-/// followed from now on, or else loaded from its store. Its follower, NOTIFY and keeper tasks
-/// are returned; on an error, with the kept zone given back (it is served as it was).
-async fn start<S: ManagedZones>(
+/// A zone ready to be served: its `Serving`, its keeper (on etcd) and its store handle;
+/// `fresh` when it is not in the zone table yet (not served from what its directory kept).
+struct Prepared<S> {
+    serving: Arc<Serving>,
+    keeper: Option<Arc<Keeper>>,
+    zone_store: S,
+    fresh: bool,
+}
+
+/// Prepares zone `origin` at `incarnation`: the state served from its directory at start
+/// (`kept`), or else loaded from its store. On an error, the kept zone is given back (it is
+/// served as it was).
+async fn prepare<S: ManagedZones>(
     store: &S,
     setup: &Setup,
     origin: &DnsName,
     incarnation: u64,
     kept: Option<KeptZone>,
-) -> Result<JoinSet<()>, (anyhow::Error, Option<KeptZone>)> {
+) -> Result<Prepared<S>, (anyhow::Error, Option<KeptZone>)> {
     let zone_store = match store.zone(origin).await {
         Ok(zone_store) => zone_store,
         Err(err) => return Err((err.into(), kept)),
@@ -308,10 +362,18 @@ async fn start<S: ManagedZones>(
         let err = anyhow::anyhow!("zone {origin} was added again (incarnation {now}, not {incarnation}) since the registry was read");
         return Err((err, kept));
     }
-    let (serving, keeper) = match kept {
-        Some(kept) => (kept.serving, kept.keeper),
-        None => load(store, &zone_store, setup, origin, incarnation).await.map_err(|err| (err, None))?,
-    };
+    match kept {
+        Some(kept) => Ok(Prepared { serving: kept.serving, keeper: kept.keeper, zone_store, fresh: false }),
+        None => {
+            let (serving, keeper) = load(store, &zone_store, setup, origin, incarnation).await.map_err(|err| (err, None))?;
+            Ok(Prepared { serving, keeper, zone_store, fresh: true })
+        }
+    }
+}
+
+/// Follows zone `origin`, served: its keeper, follower and NOTIFY tasks, returned.
+fn follow<S: ManagedZones>(setup: &Setup, origin: &DnsName, prepared: Prepared<S>) -> JoinSet<()> {
+    let Prepared { serving, keeper, zone_store, .. } = prepared;
     let mut tasks = JoinSet::new();
     if let Some(keeper) = keeper {
         tasks.spawn(keeper.keep_saved(serving.clone(), zone_store.clone()));
@@ -320,11 +382,11 @@ async fn start<S: ManagedZones>(
     setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
     tasks.spawn(serving.clone().follow(zone_store, reach));
     crate::xfr::notify::spawn(&mut tasks, &serving);
-    Ok(tasks)
+    tasks
 }
 
 /// Loads zone `origin` from its store `zone_store` (its master file from `store`'s registry),
-/// with a directory of its own, and puts it in the zone table.
+/// with a directory of its own (not yet in the zone table).
 async fn load<S: ManagedZones>(
     store: &S,
     zone_store: &S,
@@ -350,8 +412,5 @@ async fn load<S: ManagedZones>(
         .with_transfer(setup.transfer.clone())
         .with_served_log(served_log)
         .with_ixfr_log(&dir);
-    let serving = Arc::new(serving);
-    setup.table.put_managed(serving.clone())?;
-    tracing::info!(zone = %origin, endpoints = serving.snapshot.load().managed_count(), "serving the zone the store manages");
-    Ok((serving, keeper))
+    Ok((Arc::new(serving), keeper))
 }
