@@ -83,7 +83,7 @@ impl Serving {
     ) -> Serving {
         // The static records are in the snapshot's names now, which later snapshots are
         // rebuilt from: a copy in the zone would double them (tens of KB a zone).
-        let zone = Arc::new(zone.without_records_digested());
+        let zone = Arc::new(zone.without_records());
         snapshot.zone = zone.clone();
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
         let serial = snapshot.serial;
@@ -164,11 +164,7 @@ impl Serving {
         }
         let path = ixfr_log::path_in(data_dir);
         let serial = self.snapshot.load().serial;
-        let Some(digest) = self.zone.digest() else {
-            // Invariant: a managed zone's records are dropped with their digest kept.
-            tracing::error!(path = %path.display(), "the zone's static records were dropped without their digest; keeping the IXFR history in memory only");
-            return self;
-        };
+        let digest = self.snapshot.load().statics_digest();
         let (log, restored) = match IxfrLog::open(&path, digest, serial, bytes_max) {
             Ok(opened) => opened,
             Err(err) => {

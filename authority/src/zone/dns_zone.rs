@@ -140,9 +140,6 @@ pub struct StaticZone {
     pub aliases: BTreeSet<Name>,
     /// Whether any owner is a wildcard (`*.x`).
     pub wildcards: bool,
-    /// `None` while `records` are here; once they were dropped (`without_records`), their
-    /// digest if it was taken first (`without_records_digested`).
-    dropped: Option<Option<u64>>,
 }
 
 fn parse_name(field: &'static str, value: &str) -> Result<Name, DnsZoneError> {
@@ -240,7 +237,7 @@ impl StaticZone {
         if ns.is_empty() {
             return Err(DnsZoneError::NoNs);
         }
-        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards, dropped: None })
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards })
     }
 
     /// The zone of these parts, as `load` makes it from a config and a master file (the
@@ -257,24 +254,12 @@ impl StaticZone {
     ) -> Result<StaticZone, DnsZoneError> {
         let (cuts, wildcards) = delegations(&records, path)?;
         let aliases = records.iter().filter(|r| r.record_type() == RecordType::CNAME).map(|r| r.name.clone()).collect();
-        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs, ns, records, cuts, aliases, wildcards, dropped: None })
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs, ns, records, cuts, aliases, wildcards })
     }
 
     /// This zone without its static records (`records`), for a snapshot already built from
-    /// them: they are then held once, in the snapshot (in wire form), not twice. Its
-    /// [`digest`](StaticZone::digest) is then `None`.
+    /// them: they are then held once, in the snapshot (in wire form), not twice.
     pub fn without_records(&self) -> StaticZone {
-        self.dropping(None)
-    }
-
-    /// As `without_records`, keeping the records' digest for the IXFR history on disk: for a
-    /// managed zone, whose snapshots are rebuilt from the first one's static names.
-    pub fn without_records_digested(&self) -> StaticZone {
-        let digest = self.digest();
-        self.dropping(digest)
-    }
-
-    fn dropping(&self, digest: Option<u64>) -> StaticZone {
         StaticZone {
             origin: self.origin.clone(),
             soa: self.soa.clone(),
@@ -285,27 +270,7 @@ impl StaticZone {
             cuts: self.cuts.clone(),
             aliases: self.aliases.clone(),
             wildcards: self.wildcards,
-            dropped: Some(digest),
         }
-    }
-
-    /// A digest of everything static the zone serves (origin, SOA fields but the serial, the
-    /// serial base, every static record): swaps made with other static records are not a
-    /// history of what is served now. FNV-1a over the records' text, sorted, so it is the same
-    /// from one run to the next. `None` when the records were dropped without it.
-    pub fn digest(&self) -> Option<u64> {
-        if let Some(kept) = self.dropped {
-            return kept;
-        }
-        let mut lines: Vec<String> = self.ns.iter().chain(&self.records).map(|r| r.to_string()).collect();
-        lines.sort();
-        lines.push(self.soa_record(0, self.soa_ttl_secs).to_string());
-        lines.push(self.serial_base.to_string());
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in lines.iter().flat_map(|l| l.bytes().chain([b'\n'])) {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        Some(hash)
     }
 
     /// Why a managed endpoint at `name` could not be served beside the static records, if it
