@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
-use crate::serving::zones::{ZoneTable, managed_zone_records};
+use crate::serving::zones::{ZoneTable, managed_zone_records_in};
 use crate::zone::dns_zone::StaticZone;
 use book::{Entry, ZoneBook};
 use dnsplan_common::daemon::Reachability;
@@ -159,7 +159,7 @@ pub async fn serve_kept(setup: &Setup) -> HashMap<DnsName, KeptZone> {
 /// One zone as its directory kept it, ready to serve; `None` when it kept no state.
 async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::Result<Option<KeptZone>> {
     let started = Instant::now();
-    let records = parse(zone).await?;
+    let records = parse(zone, dir).await?;
     let kept = kept::open(dir, records.clone()).await?;
     let keeper = kept.keeper(dir);
     let Some((snapshot, _)) = kept.state else { return Ok(None) };
@@ -170,10 +170,12 @@ async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::
     Ok(Some(KeptZone { incarnation: zone.incarnation, serving: Arc::new(serving), keeper: Some(keeper) }))
 }
 
-/// The zone's master file read, off the runtime's threads.
-async fn parse(zone: &SavedZone) -> anyhow::Result<Arc<StaticZone>> {
-    let (at, master) = (zone.origin.to_string(), zone.master.clone());
-    Ok(Arc::new(tokio::task::spawn_blocking(move || managed_zone_records(&at, &master)).await??))
+/// The zone's master file read (through its image in the zone's directory `dir`), off the
+/// runtime's threads.
+async fn parse(zone: &SavedZone, dir: &Path) -> anyhow::Result<Arc<StaticZone>> {
+    let (at, master, dir) = (zone.origin.to_string(), zone.master.clone(), dir.to_path_buf());
+    let (records, _from_image) = tokio::task::spawn_blocking(move || managed_zone_records_in(&dir, &at, &master)).await??;
+    Ok(Arc::new(records))
 }
 
 impl<S: ManagedZones> AddedZones<S> {
@@ -396,9 +398,9 @@ async fn load<S: ManagedZones>(
 ) -> anyhow::Result<(Arc<Serving>, Option<Arc<Keeper>>)> {
     let master = store.zone_master(origin).await?;
     let zone = SavedZone { origin: origin.clone(), incarnation, master };
-    let records = parse(&zone).await?;
-    let data_dir = setup.data_dir.clone();
-    let dir = tokio::task::spawn_blocking(move || saved::open(&data_dir, &zone)).await??;
+    let (data_dir, saved) = (setup.data_dir.clone(), zone.clone());
+    let dir = tokio::task::spawn_blocking(move || saved::open(&data_dir, &saved)).await??;
+    let records = parse(&zone, &dir).await?;
     let (served_log, keeper) = match setup.keeping {
         Keeping::OnDisk => {
             let (log, _) = kept::open_log(&dir, None).await?;

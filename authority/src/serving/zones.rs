@@ -515,6 +515,38 @@ pub fn managed_zone_records(origin: &str, text: &str) -> Result<StaticZone, Zone
     load_text(origin, text)
 }
 
+/// As `managed_zone_records`, through the zone's image in its directory `dir`
+/// (`zone_image`, of this one zone): read from it when its fingerprint (the zone's text and
+/// the running binary) is this text's, else parsed and the image written for the next start
+/// (one that cannot be written is a WARN line: the zone is parsed again then). Hickory's
+/// reader was most of a start of 10,000 added zones. The second value: read from the image.
+pub fn managed_zone_records_in(dir: &Path, origin: &str, text: &str) -> Result<(StaticZone, bool), ZoneChangeError> {
+    let name = parse_origin(origin)?;
+    let config = managed_config(&name, text);
+    let path = dir.join(zone_image::FILE_NAME);
+    let fingerprint = zone_image::fingerprint(&config, Path::new(".")).unwrap_or(0);
+    if let Some(zone) = ZoneImage::read(&path).zone(&config, fingerprint) {
+        return Ok((zone, true));
+    }
+    let zone = load_text(origin, text)?;
+    if let Err(err) = ZoneImage::write(&path, &[(fingerprint, &zone)]) {
+        tracing::warn!(path = %path.display(), error = %err, "cannot write the zone's image; it is parsed again at the next start");
+    }
+    Ok((zone, false))
+}
+
+/// The config of a zone read from master-file `text` alone.
+fn managed_config(origin: &Name, text: &str) -> DnsZoneConfig {
+    DnsZoneConfig {
+        origin: origin.to_string(),
+        soa: None,
+        ns: Vec::new(),
+        ns_ttl_secs: 3_600,
+        master_file: None,
+        records: Some(text.to_string()),
+    }
+}
+
 /// The static zone `origin` from master-file `text`, which must hold its SOA and apex NS, and
 /// no `$INCLUDE` (a zone sent to the control API is whole: an include would read a file of the
 /// server's, outside the zones directory).
@@ -526,15 +558,7 @@ fn load_text(origin: &str, text: &str) -> Result<StaticZone, ZoneChangeError> {
             line + 1
         )));
     }
-    let config = DnsZoneConfig {
-        origin: origin.to_string(),
-        soa: None,
-        ns: Vec::new(),
-        ns_ttl_secs: 3_600,
-        master_file: None,
-        records: Some(text.to_string()),
-    };
-    StaticZone::load(&config, Path::new(".")).map_err(|e| ZoneChangeError::Invalid(format!("zone {origin}: {e}")))
+    StaticZone::load(&managed_config(&origin, text), Path::new(".")).map_err(|e| ZoneChangeError::Invalid(format!("zone {origin}: {e}")))
 }
 
 /// Writes `text` to `path` through a file beside it, fsynced and renamed over it, then the
@@ -667,5 +691,34 @@ mod tests {
         assert!(again.add_text("z.other.", &ZONE.replace(" 7 ", " 8 ")).is_err(), "fenced at 8 now");
         again.add_text("z.other.", &ZONE.replace(" 7 ", " 9 ")).expect("9");
         assert!(!dir.path().join("z.other.removed").exists(), "the fence is lifted by a newer add");
+    }
+
+    /// An added zone's records come back from its image as parsed, only for the same text: a
+    /// second read of the same text is the image's, another text is parsed (and imaged) again,
+    /// and a damaged image is parsed.
+    #[test]
+    fn an_added_zone_reads_its_image_only_for_its_text() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = "$ORIGIN shop.test.\n$TTL 300\n@ SOA ns1 hostmaster 1 2 3 4 5\n@ NS ns1\nns1 A 192.0.2.7\nwww CNAME ns1\n";
+        let described = |zone: &StaticZone| {
+            let mut out: Vec<String> = zone.ns.iter().chain(&zone.records).map(|r| format!("{r} ttl {}", r.ttl)).collect();
+            out.sort();
+            (out, zone.serial_base, zone.soa_ttl_secs, zone.soa.to_string())
+        };
+        let (parsed, from_image) = managed_zone_records_in(dir.path(), "shop.test.", text).expect("parsed");
+        assert!(!from_image);
+        let (again, from_image) = managed_zone_records_in(dir.path(), "shop.test.", text).expect("read");
+        assert!(from_image, "the same text was parsed again");
+        assert_eq!(described(&again), described(&parsed));
+        let other = text.replace("192.0.2.7", "192.0.2.8");
+        let (changed, from_image) = managed_zone_records_in(dir.path(), "shop.test.", &other).expect("parsed");
+        assert!(!from_image && described(&changed) != described(&parsed), "another text was read from the image");
+        let path = dir.path().join(zone_image::FILE_NAME);
+        let mut bytes = std::fs::read(&path).expect("image");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        std::fs::write(&path, bytes).expect("damage");
+        let (read, from_image) = managed_zone_records_in(dir.path(), "shop.test.", &other).expect("parsed");
+        assert!(!from_image && described(&read) == described(&changed), "a damaged image was read");
     }
 }
