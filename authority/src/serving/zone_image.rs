@@ -141,8 +141,9 @@ impl ZoneImage {
     }
 
     /// Writes the image of `zones` (with their fingerprints) to `path`, through a file beside
-    /// it renamed over it.
-    pub fn write(path: &Path, zones: &[(u64, &StaticZone)]) -> std::io::Result<()> {
+    /// it renamed over it; fsynced when `sync` (an image left torn by a crash without it only
+    /// fails its checksums, and its zones are parsed).
+    pub fn write(path: &Path, zones: &[(u64, &StaticZone)], sync: bool) -> std::io::Result<()> {
         use std::io::Write;
         let tmp = path.with_extension("tmp");
         let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
@@ -167,7 +168,10 @@ impl ZoneImage {
             file.write_all(&u32::try_from(body.len()).map_err(std::io::Error::other)?.to_le_bytes())?;
             file.write_all(&body)?;
         }
-        file.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        let file = file.into_inner().map_err(|e| e.into_error())?;
+        if sync {
+            file.sync_all()?;
+        }
         std::fs::rename(&tmp, path)
     }
 }
@@ -203,7 +207,7 @@ mod tests {
         let parsed = StaticZone::load(&config, dir.path())?;
         let fp = fingerprint(&config, dir.path())?;
         let path = path_in(dir.path());
-        ZoneImage::write(&path, &[(fp, &parsed)])?;
+        ZoneImage::write(&path, &[(fp, &parsed)], true)?;
         let image = ZoneImage::read(&path);
         let back = image.zone(&config, fp).expect("read back");
         assert_eq!(described(&back), described(&parsed));

@@ -280,7 +280,7 @@ impl ZoneTable {
         if let Some(path) = image_path.filter(|_| read_back < loaded.len()) {
             let zones: Vec<(u64, &StaticZone)> = loaded.iter().map(|(f, z)| (*f, z)).collect();
             if let Some(dir) = path.parent()
-                && let Err(err) = std::fs::create_dir_all(dir).and_then(|()| ZoneImage::write(&path, &zones))
+                && let Err(err) = std::fs::create_dir_all(dir).and_then(|()| ZoneImage::write(&path, &zones, true))
             {
                 tracing::warn!(path = %path.display(), error = %err, "cannot write the zones' image; the next start parses every master file");
             }
@@ -529,7 +529,8 @@ pub fn managed_zone_records_in(dir: &Path, origin: &str, text: &str) -> Result<(
         return Ok((zone, true));
     }
     let zone = load_text(origin, text)?;
-    if let Err(err) = ZoneImage::write(&path, &[(fingerprint, &zone)]) {
+    // Not fsynced: on the path of a zone added at run time, and a cache (see `write`).
+    if let Err(err) = ZoneImage::write(&path, &[(fingerprint, &zone)], false) {
         tracing::warn!(path = %path.display(), error = %err, "cannot write the zone's image; it is parsed again at the next start");
     }
     Ok((zone, false))
