@@ -123,6 +123,10 @@ impl Default for DemoSection {
     }
 }
 
+/// The `dns_zone` label of the series of `dnsplan up`'s enactor loops on the zones added to
+/// its store: one set for all of them.
+const ADDED_ZONES: &str = "*";
+
 /// The `token` of a stack config file, for the operator commands.
 pub fn token_of(path: &Path) -> anyhow::Result<Option<String>> {
     #[derive(Deserialize)]
@@ -315,9 +319,11 @@ impl Stack {
                 v.dns_server = bound.dns[0];
             }
             // The zones added to the store beside the first (`dnsplan zone add --managed`):
-            // each enactor enacts them too, a loop each, its series labelled `dns_zone`.
-            let (families, id) = (enactor_families.clone(), config.id.clone());
-            let zone_metrics = move |zone: &dnsplan_common::DnsName| Arc::new(families.zone_enactor(&id, zone.as_str()));
+            // each enactor enacts them too, a loop each. Their series are one set for all of
+            // them (`dns_zone="*"`): the stack enacts every zone added, so a set per zone would
+            // grow with the zones (100,000 zones, millions of series).
+            let added_metrics = Arc::new(enactor_families.zone_enactor(&config.id, ADDED_ZONES));
+            let zone_metrics = move |_: &dnsplan_common::DnsName| added_metrics.clone();
             tasks.spawn(dnsplan_enactor::zones::enact_added_zones(store.clone(), settings.clone(), zone_metrics, zones_stopped.clone()));
             tasks.spawn(dnsplan_enactor::Enactor::new(store.clone(), settings, metrics).run(stopped()));
         }
