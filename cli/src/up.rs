@@ -266,6 +266,7 @@ impl Stack {
 
         let book = Arc::new(HealthBook::default());
         let zone_configs: Vec<Arc<PlannerConfig>> = planner_config.each_zone().into_iter().map(Arc::new).collect();
+        let zone_planner_metrics = dnsplan_planner::zones::zone_metrics(&planner_metrics, &zone_configs);
         let statuses: Vec<_> = zone_configs
             .iter()
             .map(|_| {
@@ -328,7 +329,7 @@ impl Stack {
             tasks.spawn(dnsplan_enactor::Enactor::new(store.clone(), settings, metrics).run(stopped()));
         }
         let checks = spawn_checks(&planner_config, book.clone(), planner_metrics.clone());
-        tasks.spawn(dnsplan_planner::zones::plan_zones(store.clone(), zone_configs, book, planner_metrics, statuses, stopped()));
+        tasks.spawn(dnsplan_planner::zones::plan_zones(store.clone(), zone_configs, book, zone_planner_metrics, statuses, stopped()));
 
         on_ready(Ready {
             dns: bound.dns[0],

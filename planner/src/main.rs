@@ -16,7 +16,7 @@ use dnsplan_planner::health::{HealthBook, spawn_checks};
 use dnsplan_planner::http;
 use dnsplan_planner::metrics::Metrics;
 use dnsplan_planner::planner::Status;
-use dnsplan_planner::zones::plan_zones;
+use dnsplan_planner::zones::{plan_zones, zone_metrics};
 use prometheus_client::registry::Registry;
 use std::future::Future;
 use std::sync::Arc;
@@ -78,6 +78,7 @@ async fn run<S: ManagedZones>(store: S, config: Arc<PlannerConfig>, shutdown: im
     let book = Arc::new(HealthBook::default());
     let _checks = spawn_checks(&config, book.clone(), metrics.clone());
     let configs: Vec<Arc<PlannerConfig>> = config.each_zone().into_iter().map(Arc::new).collect();
+    let zone_metrics = zone_metrics(&metrics, &configs);
     let statuses: Vec<Arc<std::sync::Mutex<Status>>> =
         configs.iter().map(|_| Arc::new(std::sync::Mutex::new(Status { id: config.id.clone(), ..Default::default() }))).collect();
     {
@@ -95,6 +96,6 @@ async fn run<S: ManagedZones>(store: S, config: Arc<PlannerConfig>, shutdown: im
         n => format!(" and {n} more zone{}", if n == 1 { "" } else { "s" }),
     };
     daemon::announce(&format!("planner  {} for {}{others} against {}", config.id, config.dns_zone, config.store.describe()));
-    plan_zones(store, configs, book, metrics, statuses, shutdown).await;
+    plan_zones(store, configs, book, zone_metrics, statuses, shutdown).await;
     Ok(())
 }

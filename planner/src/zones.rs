@@ -39,21 +39,31 @@ pub async fn plan_zone<S: ManagedZones>(
     }
 }
 
-/// Plans every zone of `config` (`PlannerConfig::each_zone`) until `shutdown`, each with its
-/// metrics (`metrics`'s for `dns_zone`, `Metrics::for_zone` for the others) and its status in
-/// `statuses` (in the same order), on the health of `book`.
+/// The metrics of each zone of `configs` (`PlannerConfig::each_zone`): `first`'s for
+/// `dns_zone`, `Metrics::for_zone` for the others. Made before the metrics are served, so every
+/// zone's series are there from the first scrape.
+pub fn zone_metrics(first: &Arc<Metrics>, configs: &[Arc<PlannerConfig>]) -> Vec<Arc<Metrics>> {
+    configs
+        .iter()
+        .enumerate()
+        .map(|(i, config)| if i == 0 { first.clone() } else { Arc::new(first.for_zone(config.dns_zone.as_str())) })
+        .collect()
+}
+
+/// Plans every zone of `configs` (`PlannerConfig::each_zone`) until `shutdown`, each with its
+/// metrics (`zone_metrics`) and its status in `statuses`, in the same order, on the health of
+/// `book`.
 pub async fn plan_zones<S: ManagedZones>(
     store: S,
     configs: Vec<Arc<PlannerConfig>>,
     book: Arc<HealthBook>,
-    metrics: Arc<Metrics>,
+    metrics: Vec<Arc<Metrics>>,
     statuses: Vec<Arc<Mutex<Status>>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut loops = tokio::task::JoinSet::new();
-    for (i, (config, status)) in configs.into_iter().zip(statuses).enumerate() {
-        let metrics = if i == 0 { metrics.clone() } else { Arc::new(metrics.for_zone(config.dns_zone.as_str())) };
+    for ((config, status), metrics) in configs.into_iter().zip(statuses).zip(metrics) {
         let mut stopped = stopped.clone();
         let until_stop = async move {
             let _ = stopped.wait_for(|stop| *stop).await;
