@@ -12,8 +12,8 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-/// Shortest accepted control token. 16 bytes of randomness resist guessing over HTTP.
-pub const TOKEN_BYTES_MIN: usize = 16;
+pub use crate::control::access::TOKEN_BYTES_MIN;
+use crate::control::access::{CredentialConfig, Credentials};
 pub use dnsplan_common::daemon::{ConfigError, TOKEN_ENV};
 
 #[derive(Clone, Debug, Deserialize)]
@@ -44,6 +44,10 @@ pub struct AuthorityConfig {
     /// its high-water mark, moving the SOA serial past what was served (`high_water`).
     #[serde(skip)]
     pub accept_store_loss: bool,
+    /// The file this config was loaded from, read again for credentials on SIGHUP or when it
+    /// changes (`None`: built in code, as `dnsplan up` does; nothing is reloaded).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// Half a second: a healthy etcd answers and the saved state catches up in milliseconds; a
@@ -236,13 +240,65 @@ fn default_tcp_max() -> usize {
     1_024
 }
 
+/// `[control.tls]`: PEM files, relative to the config file; read again on SIGHUP and when
+/// they change, as the credentials are.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlTlsConfig {
+    /// The server's certificate chain, leaf first.
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The CA whose client certificates are taken as credentials (`client_cert` in a
+    /// `[[control.credential]]`); clients with tokens need none.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+impl ControlTlsConfig {
+    /// The files, each with its key, for reading and for watching.
+    pub fn files(&self) -> Vec<(&'static str, &Path)> {
+        let mut files = vec![("control.tls.cert_file", self.cert_file.as_path()), ("control.tls.key_file", self.key_file.as_path())];
+        if let Some(ca) = &self.client_ca_file {
+            files.push(("control.tls.client_ca_file", ca.as_path()));
+        }
+        files
+    }
+
+    /// The rustls server config the files make; errors name the key and the file.
+    pub fn server_config(&self) -> Result<dnsplan_common::tls::ServerConfig, String> {
+        let read = |key: &str, path: &Path| dnsplan_common::store_config::read_pem(key, path);
+        let cert = read("control.tls.cert_file", &self.cert_file)?;
+        let key = read("control.tls.key_file", &self.key_file)?;
+        let ca = self.client_ca_file.as_deref().map(|ca| read("control.tls.client_ca_file", ca)).transpose()?;
+        dnsplan_common::tls::server_config(&dnsplan_common::tls::ServerTlsPem { cert: &cert, key: &key, client_ca: ca.as_deref() })
+            .map_err(|e| format!("control.tls.{e}"))
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
     #[serde(default = "default_control_listen")]
     pub listen: SocketAddr,
-    /// The bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
+    /// A bearer token with every role (`access`). Prefer the `DNSPLAN_TOKEN` environment
+    /// variable. Optional once `[[control.credential]]` tables are set.
     pub token: Option<String>,
+    /// `[[control.credential]]`: named tokens with roles, each by its SHA-256; once one is set,
+    /// reads need a credential too.
+    #[serde(default, rename = "credential")]
+    pub credentials: Vec<CredentialConfig>,
+    /// How often the config file (and the TLS files) are checked for changes; credentials and
+    /// TLS are also read again on SIGHUP; 0: on SIGHUP only.
+    #[serde(default = "default_control_reload_check")]
+    pub reload_check_secs: u64,
+    /// `[control.tls]`: the control API over HTTPS. Required when `listen` is not loopback,
+    /// unless `insecure_plaintext`.
+    #[serde(default)]
+    pub tls: Option<ControlTlsConfig>,
+    /// Plain HTTP on an address that is not loopback: only behind something that encrypts
+    /// (a service mesh, a proxy) or on a network of one host (compose's bridge).
+    #[serde(default)]
+    pub insecure_plaintext: bool,
     /// Most control API connections open at once; more wait to be accepted. Lowered at start
     /// to fit the open-file limit (see `budget`).
     #[serde(default = "default_control_connections_max")]
@@ -273,6 +329,10 @@ impl Default for ControlConfig {
         ControlConfig {
             listen: default_control_listen(),
             token: None,
+            credentials: Vec::new(),
+            reload_check_secs: default_control_reload_check(),
+            tls: None,
+            insecure_plaintext: false,
             connections_max: default_control_connections_max(),
             header_timeout_secs: default_control_header_timeout(),
             body_timeout_secs: default_control_body_timeout(),
@@ -283,6 +343,11 @@ impl Default for ControlConfig {
     }
 }
 
+/// A revoked credential stops working within two seconds of the file's change; reading a
+/// small file that often costs nothing.
+fn default_control_reload_check() -> u64 {
+    2
+}
 fn default_control_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8053))
 }
@@ -324,7 +389,7 @@ impl AuthorityConfig {
             store.resolve(path).map_err(|detail| ConfigError::invalid(path, detail))?;
         }
         config.check().map_err(|detail| ConfigError::invalid(path, detail))?;
-        if daemon::is_placeholder_token(config.token()) {
+        if config.control.token.as_deref().is_some_and(daemon::is_placeholder_token) {
             return Err(ConfigError::invalid(
                 path,
                 format!(
@@ -334,6 +399,12 @@ impl AuthorityConfig {
             ));
         }
         config.data_dir = daemon::relative_to_config(path, &config.data_dir);
+        if let Some(tls) = &mut config.control.tls {
+            tls.cert_file = daemon::relative_to_config(path, &tls.cert_file);
+            tls.key_file = daemon::relative_to_config(path, &tls.key_file);
+            tls.client_ca_file = tls.client_ca_file.as_ref().map(|ca| daemon::relative_to_config(path, ca));
+        }
+        config.source = Some(path.to_owned());
         Ok(config)
     }
 
@@ -403,18 +474,28 @@ impl AuthorityConfig {
                 control.request_timeout_secs
             ));
         }
-        match &self.control.token {
-            None => Err(format!("control.token is not set; set it or the {TOKEN_ENV} environment variable")),
-            Some(t) if t.len() < TOKEN_BYTES_MIN => {
-                Err(format!("control.token is shorter than {TOKEN_BYTES_MIN} bytes; use a long random token"))
-            }
-            Some(_) => Ok(()),
+        if !control.listen.ip().is_loopback() && control.tls.is_none() && !control.insecure_plaintext {
+            return Err(format!(
+                "control.listen: {} is not a loopback address, and without TLS tokens and plans would cross the network in \
+                 the clear. Set [control.tls] (cert_file, key_file), or listen on 127.0.0.1; behind a proxy or mesh that \
+                 encrypts, or on one host's private network, set control.insecure_plaintext = true",
+                control.listen
+            ));
         }
+        let credentials = self.credentials()?;
+        if credentials.wants_client_certificates() && control.tls.as_ref().is_none_or(|t| t.client_ca_file.is_none()) {
+            return Err("control.credential: a credential names a client_cert, which needs control.tls.client_ca_file (the CA \
+                        that signs the clients' certificates)"
+                .into());
+        }
+        Ok(())
     }
 
-    pub fn token(&self) -> &str {
-        // Invariant: `load` refuses a config without a token.
-        self.control.token.as_deref().unwrap_or_default()
+    /// The control API's credentials: `control.token`'s and the `[[control.credential]]`
+    /// tables'. A placeholder token is refused in a table; `load` refuses it as
+    /// `control.token` (`dnsplan up` builds its config in code, with the demo token).
+    pub fn credentials(&self) -> Result<Credentials, String> {
+        Credentials::new(self.control.token.as_deref(), &self.control.credentials, false)
     }
 }
 

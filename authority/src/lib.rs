@@ -16,8 +16,10 @@
 //! 6. `net`: the DNS listeners (UDP, TCP) and their connection caps.
 //! 7. `control`: the control API (routes, front door, HTTP server, status page).
 //! 8. `config` and `args`: the config file and the command line.
-//! 9. `added` and `run`: the zones the store manages beside its first one, each served and
-//!    followed (`added`, which uses `follow` and `xfr`); the wiring of one authority process.
+//! 9. `added`, `reload` and `run`: the zones the store manages beside its first one, each
+//!    served and followed (`added`, which uses `follow` and `xfr`); the control API's
+//!    credentials and TLS read again from the config file (`reload`); the wiring of one
+//!    authority process.
 
 pub mod added;
 pub mod args;
@@ -27,6 +29,7 @@ pub mod follow;
 pub mod metrics;
 pub mod net;
 pub mod query;
+pub mod reload;
 pub mod run;
 pub mod serving;
 pub mod xfr;

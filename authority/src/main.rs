@@ -20,7 +20,7 @@ async fn main() -> anyhow::Result<()> {
         for addr in &b.dns {
             dnsplan_common::daemon::announce(&format!("dns      {addr} (udp, tcp)"));
         }
-        dnsplan_common::daemon::announce(&format!("control  http://{}", b.control));
+        dnsplan_common::daemon::announce(&format!("control  {}", b.control_url()));
     };
     dnsplan_authority::run::run(config, &config_dir, shutdown, bound).await.context("authority failed")
 }

@@ -201,6 +201,7 @@ pub struct ConnectionMetrics {
     pub dns_tcp_open: Gauge,
     pub control_accept_errors: Counter,
     pub control_open: Gauge,
+    pub control_tls_failures: Counter,
 }
 
 impl ConnectionMetrics {
@@ -222,6 +223,11 @@ impl ConnectionMetrics {
             self.control_accept_errors.clone(),
         );
         registry.register("control_connections", "Control API connections open", self.control_open.clone());
+        registry.register(
+            "control_tls_handshake_failures",
+            "Control API TLS handshakes that failed or timed out (a client without the CA, an expired or refused certificate)",
+            self.control_tls_failures.clone(),
+        );
     }
 }
 

@@ -14,6 +14,7 @@
 
 use crate::added::{self, AddedZones};
 use crate::config::AuthorityConfig;
+use crate::control::access::Access;
 use crate::control::gate::Gate;
 use crate::control::routes::{self, ApiError, Control, Zoned};
 use crate::control::server::{self, ControlLimits};
@@ -27,6 +28,7 @@ use crate::net::tcp::{TcpLimits, serve_tcp};
 use crate::net::udp::{UdpServers, bind_udp};
 use crate::query::answer::AnswerLimits;
 use crate::query::rrl::Rrl;
+use crate::reload;
 use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
 use crate::serving::zones::{self, ZoneTable};
@@ -44,6 +46,7 @@ use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::sled::OnLoss;
 use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
+use dnsplan_common::tls::ServerTls;
 use dnsplan_common::{Generation, SledStore, Store, StoreError};
 use dnsplan_etcd::{EtcdConfig, EtcdStore};
 use hickory_proto::rr::Name;
@@ -58,6 +61,15 @@ use std::time::Duration;
 pub struct Bound {
     pub dns: Vec<SocketAddr>,
     pub control: SocketAddr,
+    /// The control API speaks HTTPS (`[control.tls]`).
+    pub control_tls: bool,
+}
+
+impl Bound {
+    /// The control API's URL, `http://` or `https://`.
+    pub fn control_url(&self) -> String {
+        format!("{}://{}", if self.control_tls { "https" } else { "http" }, self.control)
+    }
 }
 
 /// Endpoints `/v1/status` lists when the query does not say: enough for a page of a
@@ -286,8 +298,19 @@ where
     if !others.is_empty() {
         tracing::info!(zones = others.len(), added, from_image, "serving other zones beside the managed one");
     }
+    // Who may call the control API, and its TLS; read again on SIGHUP and when files change.
+    let access = Access::new(config.credentials().map_err(|e| anyhow::anyhow!("control: {e}"))?);
+    let control_tls: Option<ServerTls> = match &config.control.tls {
+        Some(tls) => Some(Arc::new(arc_swap::ArcSwap::from_pointee(tls.server_config().map_err(|e| anyhow::anyhow!(e))?))),
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop = Stop(stop_rx);
+    if let Some(path) = config.source.clone() {
+        let reload_every = (config.control.reload_check_secs > 0).then(|| Duration::from_secs(config.control.reload_check_secs));
+        let (config, access, tls, stopped) = (config.clone(), access.clone(), control_tls.clone(), stop.clone().wait());
+        tokio::spawn(async move { reload::follow(path, &config, access, tls, reload_every, stopped).await });
+    }
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -312,7 +335,7 @@ where
     let caps = budget::fit_to_process(tcp_listeners.len(), wanted)?;
     let tcp_limits =
         TcpLimits { idle_timeout: Duration::from_secs(config.dns.tcp_idle_timeout_secs), connections_max: caps.dns_tcp_per_listener };
-    let bound = Bound { dns: dns.clone(), control: control_addr };
+    let bound = Bound { dns: dns.clone(), control: control_addr, control_tls: config.control.tls.is_some() };
     let mut on_bound = Some(on_bound);
     let mut tasks = tokio::task::JoinSet::new();
 
@@ -326,8 +349,14 @@ where
         body_timeout: Duration::from_secs(config.control.body_timeout_secs),
         request_timeout: Duration::from_secs(config.control.request_timeout_secs),
     };
-    let control_server =
-        AbortOnDrop(tokio::spawn(server::serve(listener, gate.router(), control_limits, metrics.connections.clone(), stop.clone().wait())));
+    let control_server = AbortOnDrop(tokio::spawn(server::serve(
+        listener,
+        gate.router(),
+        control_limits,
+        metrics.connections.clone(),
+        control_tls,
+        stop.clone().wait(),
+    )));
 
     // The zones the store manages beside its first one (`added`).
     let book = Arc::new(added::book::ZoneBook::default());
@@ -493,7 +522,7 @@ where
         tasks.spawn(report_itself(store.clone(), serving.clone(), store_reach.clone(), id.clone(), advertised));
     }
 
-    let ctl = Control::new(store.clone(), config.token())
+    let ctl = Control::new(store.clone(), access.clone())
         .with_metrics(metrics.clone())
         .with_full_reads_max(config.control.full_reads_max)
         .with_zone(zone.clone())
@@ -533,7 +562,7 @@ where
     };
     // `/v1/status` and the status page share `control.status_reads_max` permits.
     let status_reads = tower::limit::GlobalConcurrencyLimitLayer::new(config.control.status_reads_max);
-    let mut app = routes::router(ctl.clone())
+    let status_routes = axum::Router::new()
         .route(
             "/readyz",
             get({
@@ -620,11 +649,10 @@ where
                 ui::plan_page(&zoned.store, Generation(g), &ui::Base::managed(&zone)).await.map(Html).map_err(ApiError::from)
             })
             .layer(status_reads),
-        )
-        .with_state(ctl)
-        .route("/metrics", get(render));
-    if let Some(routes) = extras.routes {
-        app = app.merge(routes);
+        );
+    let mut app = routes::router(ctl.clone()).merge(routes::guarded(status_routes, &access)).with_state(ctl).route("/metrics", get(render));
+    if let Some(extra) = extras.routes {
+        app = app.merge(routes::guarded(extra, &access));
     }
     gate.open(app);
     if let Some(on_bound) = on_bound.take() {

@@ -307,7 +307,11 @@ async fn full_state_reads_are_served_a_few_at_a_time() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let (open, _) = tokio::sync::watch::channel(false);
     let store = Gated { inner: SledStore::open(dir.path())?, open, inside: Arc::default(), inside_max: Arc::default() };
-    let ctl = dnsplan_authority::control::routes::Control::new(store.clone(), support::TOKEN).with_full_reads_max(FULL_READS_MAX);
+    let ctl = dnsplan_authority::control::routes::Control::new(
+        store.clone(),
+        dnsplan_authority::control::access::Access::token(support::TOKEN).expect("token"),
+    )
+    .with_full_reads_max(FULL_READS_MAX);
     let app = dnsplan_authority::control::routes::router(ctl.clone()).with_state(ctl);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

@@ -2,6 +2,7 @@
 //! `SledStore`; the naive store served through the same API still fails it (the remote path
 //! hides no violation); writes without the right token are refused.
 
+use dnsplan_authority::control::access::Access;
 use dnsplan_authority::control::routes::{Control, router};
 use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::store::zones::ManagedZones;
@@ -16,7 +17,7 @@ const TOKEN: &str = "test-token-0123456789";
 async fn serve<S: ManagedZones>(store: S) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let ctl = Control::new(store, TOKEN);
+    let ctl = Control::new(store, Access::token(TOKEN).expect("token"));
     let app = router(ctl.clone()).with_state(ctl);
     tokio::spawn(async move { axum::serve(listener, app).await });
     Ok(format!("http://{addr}"))
@@ -209,7 +210,7 @@ async fn batches_fall_back_to_json_for_an_authority_that_reads_only_json() -> an
     let envelopes = Arc::new(AtomicU32::new(0));
     let json_only = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let dir = tempfile::tempdir()?;
-    let ctl = Control::new(SledStore::open(dir.path())?, TOKEN);
+    let ctl = Control::new(SledStore::open(dir.path())?, Access::token(TOKEN).expect("token"));
     let (seen, refuse) = (envelopes.clone(), json_only.clone());
     let app = router(ctl.clone()).with_state(ctl).layer(axum::middleware::from_fn(
         move |req: axum::extract::Request, next: axum::middleware::Next| {

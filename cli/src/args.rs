@@ -14,12 +14,21 @@ pub struct Cli {
     /// The control API of the stack to operate.
     #[arg(long, global = true, env = "DNSPLAN_CONTROL", default_value = "http://127.0.0.1:8053")]
     pub control: String,
-    /// The control API's bearer token (for writes).
+    /// The control API's bearer token: `control.token`, or a `[[control.credential]]`'s.
     #[arg(long, global = true, env = "DNSPLAN_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Read the token from this stack config (dnsplan.toml's `token`) when none is given.
     #[arg(long, global = true)]
     pub stack_config: Option<PathBuf>,
+    /// For an `https://` control API: the CA that signed its certificate (PEM).
+    #[arg(long, global = true, env = "DNSPLAN_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate to present (PEM), for a `client_cert` credential; with --key-file.
+    #[arg(long, global = true, env = "DNSPLAN_CERT_FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, global = true, env = "DNSPLAN_KEY_FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
     /// Output format of read commands.
     #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
     pub output: output::Format,
@@ -79,8 +88,28 @@ pub enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Make credentials for the control API's roles (nothing is sent anywhere).
+    Credential {
+        #[command(subcommand)]
+        command: CredentialCommand,
+    },
     #[command(flatten)]
     Ops(commands::Command),
+}
+
+#[derive(Subcommand)]
+pub enum CredentialCommand {
+    /// A new random token for NAME with ROLEs: prints the token (shown once) and the
+    /// `[[control.credential]]` table for authority.toml, which holds only its SHA-256.
+    New {
+        /// Who holds it, as audit lines will name it (`enactor-eu1`, `alice`).
+        name: String,
+        /// A role it has (repeat for several): read, operate, enact, plan, admin.
+        #[arg(long = "role", value_enum, required = true)]
+        roles: Vec<dnsplan_authority::control::access::Role>,
+    },
+    /// The SHA-256 of a token read from standard input (one line), for a table's `sha256`.
+    Hash,
 }
 
 /// The name the completion scripts complete and the man pages are titled with.

@@ -8,6 +8,7 @@
 
 pub mod args;
 pub mod commands;
+pub mod credential;
 pub mod demo;
 pub mod output;
 pub mod plan_file;

@@ -1,6 +1,7 @@
 //! `dnsplan`: run the whole stack in one process (`dnsplan up`), and operate a running stack
 //! through its control API (`status`, `plans`, `rollback`, `pause`, `resume`, `verify`,
-//! `cleanup`, `zone export`, `backend`); print its shell completions (`completions SHELL`) and
+//! `cleanup`, `zone export`, `backend`); make control API credentials (`credential new`); print
+//! its shell completions (`completions SHELL`) and
 //! write its man pages (`man --dir DIR`).
 //!
 //! Exit codes: 0 ok; 1 a check failed (`verify` mismatch, `rollback` not served in time);
@@ -76,6 +77,13 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             },
+            Command::Credential { command } => match dnsplan_cli::credential::run(command, cli.output) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    ExitCode::from(2)
+                }
+            },
             Command::Ops(command) => {
                 let token = match (cli.token, &cli.stack_config) {
                     (Some(t), _) => Some(t),
@@ -88,7 +96,11 @@ fn main() -> ExitCode {
                     },
                     (None, None) => None,
                 };
-                let client = match commands::Client::new(&cli.control, token, cli.output) {
+                let tls = match commands::TlsFiles::read(cli.ca_file.as_deref(), cli.cert_file.as_deref(), cli.key_file.as_deref()) {
+                    Ok(tls) => tls,
+                    Err(err) => return err.exit(),
+                };
+                let client = match commands::Client::new(&cli.control, token, tls.as_ref(), cli.output) {
                     Ok(c) => c,
                     Err(err) => return err.exit(),
                 };

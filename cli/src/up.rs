@@ -14,7 +14,7 @@ use crate::demo::Backends;
 use anyhow::Context;
 use axum::Json;
 use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use dnsplan_authority::config::{AuthorityConfig, ControlConfig, DnsConfig, TOKEN_BYTES_MIN};
 use dnsplan_authority::run::{Bound, Extras, run_with_extras};
@@ -64,6 +64,11 @@ struct AuthoritySection {
 #[serde(deny_unknown_fields)]
 struct ControlListen {
     listen: SocketAddr,
+    /// As authority.toml's `[control.tls]`, paths relative to this file.
+    #[serde(default)]
+    tls: Option<dnsplan_authority::config::ControlTlsConfig>,
+    #[serde(default)]
+    insecure_plaintext: bool,
 }
 
 #[derive(Deserialize)]
@@ -195,12 +200,24 @@ impl Stack {
             data_dir,
             store: None,
             dns,
-            control: ControlConfig { listen: control_listen, token: Some(token.clone()), ..ControlConfig::default() },
+            control: ControlConfig {
+                listen: control_listen,
+                token: Some(token.clone()),
+                tls: up.authority.control.tls.map(|mut tls| {
+                    tls.cert_file = daemon::relative_to_config(&shown, &tls.cert_file);
+                    tls.key_file = daemon::relative_to_config(&shown, &tls.key_file);
+                    tls.client_ca_file = tls.client_ca_file.map(|ca| daemon::relative_to_config(&shown, &ca));
+                    tls
+                }),
+                insecure_plaintext: up.authority.control.insecure_plaintext,
+                ..ControlConfig::default()
+            },
             dns_zone: up.authority.dns_zone,
             zones: up.authority.zones,
             // The embedded store has no saved state to catch up: it is the store.
             catch_up_at_start_ms: 0,
             accept_store_loss: overrides.accept_store_loss,
+            source: None,
         };
         authority.check().map_err(|detail| invalid(format!("authority.{detail}")))?;
 
@@ -276,8 +293,7 @@ impl Stack {
         let status = statuses[0].clone();
         let page_status = status.clone();
         let planner_status: dnsplan_authority::control::ui::PlannerStatus = Arc::new(move || page_status.lock().ok().map(|s| s.clone()));
-        let token: Arc<str> = self.authority.token().into();
-        let demo_state = DemoState { backends: backends.clone(), token };
+        let demo_state = DemoState { backends: backends.clone() };
         let routes = axum::Router::new()
             .route(
                 "/v1/planner",
@@ -362,7 +378,6 @@ pub struct Ready {
 #[derive(Clone)]
 struct DemoState {
     backends: Backends,
-    token: Arc<str>,
 }
 
 async fn list_backends(State(demo): State<DemoState>) -> Json<Vec<crate::demo::BackendStatus>> {
@@ -371,13 +386,9 @@ async fn list_backends(State(demo): State<DemoState>) -> Json<Vec<crate::demo::B
 
 async fn switch_backend(
     State(demo): State<DemoState>,
-    headers: HeaderMap,
     UrlPath((address, action)): UrlPath<(String, String)>,
 ) -> (StatusCode, Json<serde_json::Value>) {
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    if !given.is_some_and(|t| dnsplan_authority::control::routes::token_matches(t.as_bytes(), demo.token.as_bytes())) {
-        return (StatusCode::UNAUTHORIZED, Json(serde_json::json!({"message": "this needs 'Authorization: Bearer <token>'"})));
-    }
+    // The authority's `access::guard` admitted the caller (the operate role).
     let Ok(ip) = address.parse::<IpAddr>() else {
         return (StatusCode::BAD_REQUEST, Json(serde_json::json!({"message": format!("{address:?} is not an IP address")})));
     };

@@ -13,12 +13,16 @@
 //! - tower-http's request timeout, `request_timeout`: a request that takes longer, body and
 //!   handler included, gets 503. It bounds a slowly trickled body and a stuck handler.
 //! - Failed accepts back off (`accept::Acceptor`), are counted and rarely logged.
+//! - With TLS (`serve_tls`), the handshake must end within `header_timeout` too; a failed one
+//!   is counted (`tls_failures`) and logged at debug (it is the client's). The certificate a
+//!   client presented goes with each of its requests (`tls::PeerCertificate`).
 //!
 //! axum's own `serve` has none of these: it sets no timer for hyper and accepts every
 //! connection. What is served (routes, authentication, limits on particular routes) is the
 //! caller's.
 
 use crate::accept::Acceptor;
+use crate::tls::PeerCertificate;
 use axum::Router;
 use axum::http::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -64,6 +68,8 @@ impl Limits {
 pub struct ServerMetrics {
     pub accept_errors: Counter,
     pub open: Gauge,
+    /// TLS handshakes that failed or timed out (`serve_tls`); registered by its caller.
+    pub tls_failures: Counter,
 }
 
 impl ServerMetrics {
@@ -90,6 +96,20 @@ pub async fn serve(
     what: &'static str,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    serve_tls(listener, app, limits, metrics, what, None, shutdown).await
+}
+
+/// As `serve`, over TLS when `tls` is given: each connection is accepted with the
+/// `ServerConfig` in force when it came.
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    metrics: ServerMetrics,
+    what: &'static str,
+    tls: Option<crate::tls::ServerTls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
     assert!(limits.connections_max >= 1);
     let service = tower::ServiceBuilder::new()
         .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limits.request_timeout))
@@ -113,12 +133,45 @@ pub async fn serve(
             conn = acceptor.accept() => conn,
             () = &mut shutdown => break,
         };
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service.clone())));
         let open = metrics.open.clone();
         open.inc();
+        let (watcher, http, service) = (graceful.watcher(), http.clone(), service.clone());
+        let handshake = tls.as_ref().map(|tls| (tokio_rustls::TlsAcceptor::from(tls.load_full()), metrics.tls_failures.clone()));
+        let header_timeout = limits.header_timeout;
         tokio::spawn(async move {
             // Errors are the client's (it went away, sent garbage, or timed out).
-            if let Err(err) = conn.await {
+            let ended = match handshake {
+                None => watcher.watch(http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))).await,
+                Some((acceptor, failures)) => match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let peer = stream
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .map(|c| PeerCertificate(Arc::new(c.clone().into_owned())));
+                        let service =
+                            tower::ServiceExt::map_request(service, move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                                if let Some(peer) = &peer {
+                                    req.extensions_mut().insert(peer.clone());
+                                }
+                                req
+                            });
+                        watcher.watch(http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))).await
+                    }
+                    Ok(Err(err)) => {
+                        failures.inc();
+                        tracing::debug!(listener = what, %err, "TLS handshake failed");
+                        Ok(())
+                    }
+                    Err(_) => {
+                        failures.inc();
+                        tracing::debug!(listener = what, "TLS handshake timed out");
+                        Ok(())
+                    }
+                },
+            };
+            if let Err(err) = ended {
                 tracing::debug!(listener = what, %err, "HTTP connection ended");
             }
             open.dec();

@@ -23,6 +23,8 @@ pub mod names;
 pub mod open_files;
 pub mod plan;
 pub mod status;
+#[cfg(feature = "server")]
+pub mod tls;
 #[cfg(feature = "tsig")]
 pub mod tsig;
 

@@ -64,12 +64,36 @@ pub enum StoreConfig {
 }
 
 /// `kind = "control"`: the control API of the authority that holds the store.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ControlStore {
-    /// For example `http://127.0.0.1:8053`.
+    /// For example `http://127.0.0.1:8053`, or `https://` with `ca_file`.
     pub url: String,
     /// Bearer token for writes. Prefer the `DNSPLAN_TOKEN` environment variable.
     pub token: Option<String>,
+    /// For an `https://` URL: the CA that signed the authority's certificate (PEM, relative to
+    /// the config file).
+    pub ca_file: Option<PathBuf>,
+    /// This client's certificate and key (PEM), when the authority takes client certificates.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// The files' contents, read by [`StoreConfig::resolve`]; `None` without TLS.
+    pub tls: Option<Box<TlsPem>>,
+}
+
+#[cfg(feature = "remote")]
+impl ControlStore {
+    /// The client of this control API, over TLS for an `https://` URL.
+    pub fn connect(&self) -> crate::store::StoreResult<crate::store::remote::RemoteStore> {
+        crate::store::remote::RemoteStore::with_tls(&self.url, self.token.clone(), self.client_tls().as_ref())
+    }
+
+    /// The TLS files' contents as the client takes them.
+    pub fn client_tls(&self) -> Option<crate::store::remote::ClientTls<'_>> {
+        self.tls.as_ref().map(|t| crate::store::remote::ClientTls {
+            ca: &t.ca,
+            identity: t.identity.as_ref().map(|(cert, key)| (cert.as_slice(), key.as_slice())),
+        })
+    }
 }
 
 /// `kind = "etcd"`: the cluster and the key prefix.
@@ -94,20 +118,20 @@ pub struct EtcdStoreConfig {
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     /// The files' contents, read by [`StoreConfig::resolve`]; `None` without TLS.
-    pub tls: Option<Box<EtcdTlsPem>>,
+    pub tls: Option<Box<TlsPem>>,
 }
 
-/// TLS to etcd as read from `ca_file`, `cert_file` and `key_file`.
+/// TLS to etcd or the control API as read from `ca_file`, `cert_file` and `key_file`.
 #[derive(Clone)]
-pub struct EtcdTlsPem {
+pub struct TlsPem {
     pub ca: Vec<u8>,
     /// The certificate and the key.
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-impl std::fmt::Debug for EtcdTlsPem {
+impl std::fmt::Debug for TlsPem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdTlsPem").field("ca_bytes", &self.ca.len()).field("identity", &self.identity.as_ref().map(|_| "hidden")).finish()
+        f.debug_struct("TlsPem").field("ca_bytes", &self.ca.len()).field("identity", &self.identity.as_ref().map(|_| "hidden")).finish()
     }
 }
 
@@ -149,11 +173,15 @@ impl TryFrom<RawStore> for StoreConfig {
                 only("username", raw.username.is_some(), "etcd")?;
                 only("password", raw.password.is_some(), "etcd")?;
                 only("password_file", raw.password_file.is_some(), "etcd")?;
-                only("ca_file", raw.ca_file.is_some(), "etcd")?;
-                only("cert_file", raw.cert_file.is_some(), "etcd")?;
-                only("key_file", raw.key_file.is_some(), "etcd")?;
                 let url = raw.url.ok_or("store.url: missing; give the authority's control API (http://host:port), or kind = \"etcd\"")?;
-                let store = ControlStore { url, token: raw.token };
+                let store = ControlStore {
+                    url,
+                    token: raw.token,
+                    ca_file: raw.ca_file,
+                    cert_file: raw.cert_file,
+                    key_file: raw.key_file,
+                    tls: None,
+                };
                 let config = StoreConfig::Control(store);
                 config.check()?;
                 Ok(config)
@@ -190,7 +218,7 @@ impl TryFrom<RawStore> for StoreConfig {
 impl StoreConfig {
     /// The control API at `url`, with `token` for writes.
     pub fn control(url: impl Into<String>, token: Option<String>) -> StoreConfig {
-        StoreConfig::Control(ControlStore { url: url.into(), token })
+        StoreConfig::Control(ControlStore { url: url.into(), token, ..ControlStore::default() })
     }
 
     /// The control API's URL, for a store reached through it.
@@ -205,11 +233,14 @@ impl StoreConfig {
     pub fn check(&self) -> Result<(), String> {
         match self {
             StoreConfig::Control(c) => {
-                if c.url.starts_with("http://") || c.url.starts_with("https://") {
-                    Ok(())
-                } else {
-                    Err(format!("store.url: {:?} must start with http:// or https://", c.url))
+                if !(c.url.starts_with("http://") || c.url.starts_with("https://")) {
+                    return Err(format!("store.url: {:?} must start with http:// or https://", c.url));
                 }
+                check_tls_files(
+                    c.url.starts_with("https://"),
+                    "an https:// url needs the CA that signed the authority's certificate",
+                    [&c.ca_file, &c.cert_file, &c.key_file],
+                )
             }
             StoreConfig::Etcd(e) => check_etcd(e),
         }
@@ -222,6 +253,7 @@ impl StoreConfig {
         match self {
             StoreConfig::Control(c) => {
                 c.token = crate::daemon::token_from_env_or(c.token.take());
+                c.tls = read_tls_files(config_path, &c.ca_file, &c.cert_file, &c.key_file)?;
                 Ok(())
             }
             StoreConfig::Etcd(e) => {
@@ -232,14 +264,7 @@ impl StoreConfig {
                     let path = crate::daemon::relative_to_config(config_path, file);
                     e.password = Some(read_password(&path)?);
                 }
-                if let Some(ca_file) = &e.ca_file {
-                    let read = |key: &str, file: &Path| read_pem(key, &crate::daemon::relative_to_config(config_path, file));
-                    let identity = match (&e.cert_file, &e.key_file) {
-                        (Some(cert), Some(key)) => Some((read("cert_file", cert)?, read("key_file", key)?)),
-                        _ => None,
-                    };
-                    e.tls = Some(Box::new(EtcdTlsPem { ca: read("ca_file", ca_file)?, identity }));
-                }
+                e.tls = read_tls_files(config_path, &e.ca_file, &e.cert_file, &e.key_file)?;
                 if e.username.is_some() && e.password.is_none() {
                     return Err(format!(
                         "store.username: {:?} has no password; set store.password_file or {ETCD_PASSWORD_ENV}",
@@ -282,19 +307,7 @@ fn check_etcd(e: &EtcdStoreConfig) -> Result<(), String> {
             return Err(format!("store.endpoints: {endpoint:?} must be a client URL, {scheme}host:port"));
         }
     }
-    if tls && e.ca_file.is_none() {
-        return Err("store.ca_file: missing; https:// endpoints need the CA that signed the members' certificates".into());
-    }
-    if !tls {
-        for (key, set) in [("ca_file", e.ca_file.is_some()), ("cert_file", e.cert_file.is_some()), ("key_file", e.key_file.is_some())] {
-            if set {
-                return Err(format!("store.{key}: only for https:// endpoints"));
-            }
-        }
-    }
-    if e.cert_file.is_some() != e.key_file.is_some() {
-        return Err("store.cert_file: give store.cert_file and store.key_file together (the client's certificate and its key)".into());
-    }
+    check_tls_files(tls, "https:// endpoints need the CA that signed the members' certificates", [&e.ca_file, &e.cert_file, &e.key_file])?;
     if !e.prefix.starts_with('/') || !e.prefix.ends_with('/') || e.prefix.len() < 2 {
         return Err(format!(
             "store.prefix: {:?} must start and end with '/' and name something (the default is {ETCD_PREFIX_DEFAULT})",
@@ -310,17 +323,53 @@ fn check_etcd(e: &EtcdStoreConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// The PEM file `path` for `store.{key}`, at most [`TLS_FILE_BYTES_MAX`] bytes.
-fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, String> {
+/// `ca_file`, `cert_file` and `key_file` (in that order) as `https` (whether the URLs are
+/// `https://`) needs them; `why_ca` says why a missing CA is needed.
+fn check_tls_files(https: bool, why_ca: &str, [ca, cert, key]: [&Option<PathBuf>; 3]) -> Result<(), String> {
+    if https && ca.is_none() {
+        return Err(format!("store.ca_file: missing; {why_ca}"));
+    }
+    if !https {
+        for (name, set) in [("ca_file", ca.is_some()), ("cert_file", cert.is_some()), ("key_file", key.is_some())] {
+            if set {
+                return Err(format!("store.{name}: only for https:// endpoints"));
+            }
+        }
+    }
+    if cert.is_some() != key.is_some() {
+        return Err("store.cert_file: give store.cert_file and store.key_file together (the client's certificate and its key)".into());
+    }
+    Ok(())
+}
+
+/// The TLS files' contents, relative to the config at `config_path`; `None` without a CA.
+fn read_tls_files(
+    config_path: &Path,
+    ca: &Option<PathBuf>,
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+) -> Result<Option<Box<TlsPem>>, String> {
+    let Some(ca) = ca else { return Ok(None) };
+    let read = |name: &str, file: &Path| read_pem(&format!("store.{name}"), &crate::daemon::relative_to_config(config_path, file));
+    let identity = match (cert, key) {
+        (Some(cert), Some(key)) => Some((read("cert_file", cert)?, read("key_file", key)?)),
+        _ => None,
+    };
+    Ok(Some(Box::new(TlsPem { ca: read("ca_file", ca)?, identity })))
+}
+
+/// The PEM file `path` for the config key `key` (`store.ca_file`), at most
+/// [`TLS_FILE_BYTES_MAX`] bytes.
+pub fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("store.{key}: cannot read {}: {e}", path.display()))?;
+    let file = std::fs::File::open(path).map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
     let mut pem = Vec::new();
-    file.take(TLS_FILE_BYTES_MAX + 1).read_to_end(&mut pem).map_err(|e| format!("store.{key}: cannot read {}: {e}", path.display()))?;
+    file.take(TLS_FILE_BYTES_MAX + 1).read_to_end(&mut pem).map_err(|e| format!("{key}: cannot read {}: {e}", path.display()))?;
     if pem.len() as u64 > TLS_FILE_BYTES_MAX {
-        return Err(format!("store.{key}: {} is larger than {TLS_FILE_BYTES_MAX} bytes; is it the right file?", path.display()));
+        return Err(format!("{key}: {} is larger than {TLS_FILE_BYTES_MAX} bytes; is it the right file?", path.display()));
     }
     if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
-        return Err(format!("store.{key}: {} is not PEM (no -----BEGIN line)", path.display()));
+        return Err(format!("{key}: {} is not PEM (no -----BEGIN line)", path.display()));
     }
     Ok(pem)
 }
@@ -390,7 +439,9 @@ mod tests {
             ("kind = \"etcd\"\nendpoints = [\"https://e:2379\", \"http://f:2379\"]", "one scheme"),
             ("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nca_file = \"ca.pem\"", "store.ca_file: only for https://"),
             ("kind = \"etcd\"\nendpoints = [\"https://e:2379\"]\nca_file = \"ca.pem\"\ncert_file = \"c.pem\"", "together"),
-            ("url = \"http://a:1\"\nca_file = \"ca.pem\"", "store.ca_file: only for kind = \"etcd\""),
+            ("url = \"http://a:1\"\nca_file = \"ca.pem\"", "store.ca_file: only for https://"),
+            ("url = \"https://a:1\"", "store.ca_file: missing; an https:// url"),
+            ("url = \"https://a:1\"\nca_file = \"ca.pem\"\nkey_file = \"k.pem\"", "together"),
             ("kind = \"etcd\"\nendpoints = [\"http://10.0.0.1\"]", "must be a client URL"),
             ("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nprefix = \"dnsplan\"", "store.prefix"),
             ("kind = \"etcd\"\nendpoints = [\"http://e:2379\"]\nurl = \"http://a:1\"", "store.url: only for kind = \"control\""),

@@ -6,7 +6,6 @@ use anyhow::Context;
 use clap::Parser;
 use dnsplan_common::Store;
 use dnsplan_common::daemon::{self, StartFailure};
-use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::store::zones::ManagedZones;
 use dnsplan_common::store_config::{EtcdStoreConfig, StoreConfig};
 use dnsplan_enactor::args::Args;
@@ -30,7 +29,7 @@ async fn main() -> anyhow::Result<()> {
     // each arm calls it with its own store.
     match &config.store {
         StoreConfig::Control(c) => {
-            let store = RemoteStore::new(&c.url, c.token.clone()).context("setting up the store client")?;
+            let store = c.connect().context("setting up the store client")?;
             run(store, &config, shutdown).await
         }
         StoreConfig::Etcd(etcd) => {

@@ -102,7 +102,7 @@ pub async fn until(
 }
 
 /// A child process killed when dropped.
-struct Killed(Child);
+pub struct Killed(pub Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {

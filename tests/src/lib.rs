@@ -17,6 +17,7 @@
 
 pub mod backends;
 pub mod bind;
+pub mod certs;
 pub mod conformance;
 pub mod counterpart;
 pub mod daemon;

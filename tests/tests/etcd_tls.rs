@@ -15,6 +15,7 @@ use dnsplan_common::store::ApplyItem;
 use dnsplan_common::store_config::StoreConfig;
 use dnsplan_common::{Generation, Store};
 use dnsplan_etcd::{ConnectError, EtcdConfig, EtcdStore, EtcdTls};
+use dnsplan_tests::certs::{make_ca, make_leaf};
 use dnsplan_tests::fixtures::{self, name, planner};
 use dnsplan_tests::stack::authority_config_text;
 use std::collections::BTreeSet;
@@ -27,71 +28,6 @@ use std::time::{Duration, Instant};
 const START: Duration = Duration::from_secs(30);
 /// Timeout of one store call in the failing cases: a refused handshake fails at once.
 const CALL: Duration = Duration::from_secs(3);
-
-fn openssl(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .map_err(|e| anyhow::anyhow!("cannot run `openssl` ({e}); install Debian's openssl, which makes the test certificates"))?;
-    anyhow::ensure!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
-
-/// A CA (`{ca}.crt`, `{ca}.key`).
-fn make_ca(dir: &Path, ca: &str) -> anyhow::Result<()> {
-    let (key, crt, subject) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=dnsplan test {ca}"));
-    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &key])?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            &key,
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-subj",
-            &subject,
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    )
-}
-
-/// `{leaf}.crt` and `{leaf}.key` signed by `ca`, for 127.0.0.1, usable by servers and clients.
-fn make_leaf(dir: &Path, ca: &str, leaf: &str) -> anyhow::Result<()> {
-    let (key, csr, crt, ext) = (format!("{leaf}.key"), format!("{leaf}.csr"), format!("{leaf}.crt"), format!("{leaf}.ext"));
-    std::fs::write(dir.join(&ext), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")?;
-    // PKCS#8, which both etcd and rustls read.
-    openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &key])?;
-    openssl(dir, &["req", "-new", "-key", &key, "-out", &csr, "-subj", &format!("/CN={leaf}")])?;
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &crt,
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-        ],
-    )
-}
 
 /// One etcd member, killed when dropped.
 struct Member(Child);
@@ -120,8 +56,8 @@ async fn the_store_talks_tls_to_etcd_and_refuses_what_the_members_would_not_trus
     let dir = tempfile::tempdir()?;
     let d = dir.path();
     make_ca(d, "ca")?;
-    make_leaf(d, "ca", "server")?;
-    make_leaf(d, "ca", "client")?;
+    make_leaf(d, "ca", "server", "IP:127.0.0.1")?;
+    make_leaf(d, "ca", "client", "IP:127.0.0.1")?;
     make_ca(d, "other-ca")?;
 
     let ports: Vec<u16> = {

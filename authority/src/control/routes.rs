@@ -1,7 +1,7 @@
 //! The control API: HTTP routes, one per `Store` operation, over the authority's own store.
 //!
-//! Reads are open (status, plans, metrics are for dashboards and scrapers); every write needs
-//! `Authorization: Bearer <token>`, compared in constant time and never logged. Plans travel
+//! Who may call which route is `access`'s: credentials with roles, or the one `control.token`
+//! (with it alone, reads are open and every write needs it). Plans travel
 //! as codec envelopes, everything else as JSON; errors are `ErrorBody` JSON whose `message`
 //! says what to do. Bodies are limited per route.
 //!
@@ -14,16 +14,18 @@
 //! framework refusals (404, 405, a bad query) get the same JSON error body, and a JSON plan
 //! over `JSON_PLAN_BODY_BYTES_MAX` is refused by its declared length before it is read.
 //!
-//! Audit lines, on [`AUDIT_TARGET`], for publish, pause, resume and cleanup, are written only
+//! `access::guard` audits every write with the credential's name; publish, pause, resume,
+//! cleanup and zone changes add a line of what they did, on [`AUDIT_TARGET`], written only
 //! after the store accepted the operation, every text field Debug-escaped, so a refused
 //! operation is never logged as done and a newline in a reason cannot forge a line.
 
+use crate::control::access::{self, Access, Caller};
 use crate::metrics::{ApplyLabels, Metrics};
 use crate::serving::zones::{ZoneChangeError, ZoneTable};
 use crate::zone::dns_zone::StaticZone;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -68,7 +70,7 @@ pub const FULL_READS_MAX_DEFAULT: usize = 4;
 /// What every handler needs, plus whatever the embedding process adds (`extra` routes).
 pub struct Control<S> {
     pub store: S,
-    token: Arc<str>,
+    access: Access,
     metrics: Option<Arc<Metrics>>,
     /// Permits for full-state reads (`control.full_reads_max`), shared by their routes.
     full_reads: Arc<Semaphore>,
@@ -91,7 +93,7 @@ where
     fn clone(&self) -> Self {
         Control {
             store: self.store.clone(),
-            token: self.token.clone(),
+            access: self.access.clone(),
             metrics: self.metrics.clone(),
             full_reads: self.full_reads.clone(),
             zone: self.zone.clone(),
@@ -103,10 +105,11 @@ where
 }
 
 impl<S: ManagedZones> Control<S> {
-    pub fn new(store: S, token: impl Into<Arc<str>>) -> Control<S> {
+    /// The control API of `store`, to callers `access` admits.
+    pub fn new(store: S, access: Access) -> Control<S> {
         Control {
             store,
-            token: token.into(),
+            access,
             metrics: None,
             full_reads: Arc::new(Semaphore::new(FULL_READS_MAX_DEFAULT)),
             zone: None,
@@ -230,11 +233,8 @@ impl ApiError {
         ApiError { message: format!("bad request: {detail}"), error: WireError::BadRequest { detail } }
     }
 
-    fn unauthorized() -> ApiError {
-        ApiError {
-            error: WireError::Unauthorized,
-            message: "this write needs 'Authorization: Bearer <token>' with the authority's control token".into(),
-        }
+    fn forbidden(detail: String) -> ApiError {
+        ApiError { message: format!("refused: {detail}"), error: WireError::Forbidden { detail } }
     }
 }
 
@@ -349,24 +349,9 @@ pub fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     diff == 0
 }
 
-async fn require_token_for_writes<S: ManagedZones>(
-    State(ctl): State<Control<S>>,
-    headers: HeaderMap,
-    req: Request,
-    next: Next,
-) -> Response {
-    if matches!(*req.method(), Method::GET | Method::HEAD) {
-        return next.run(req).await;
-    }
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        Some(token) if token_matches(token.as_bytes(), ctl.token.as_bytes()) => next.run(req).await,
-        _ => ApiError::unauthorized().into_response(),
-    }
-}
-
-/// The `/v1` store routes, `/healthz` and the auth layer. The caller adds `/metrics`,
-/// `/readyz` and `/v1/status`, which depend on what else runs in the process.
+/// The `/v1` store routes, `/healthz` and `access::guard`. The caller adds `/metrics`,
+/// `/readyz` and `/v1/status`, which depend on what else runs in the process, guarded by
+/// [`guarded`].
 pub fn router<S: ManagedZones>(ctl: Control<S>) -> Router<Control<S>> {
     let zones = Router::new()
         .route("/v1/zones", get(zones_list::<S>))
@@ -383,8 +368,13 @@ pub fn router<S: ManagedZones>(ctl: Control<S>) -> Router<Control<S>> {
         .merge(added)
         .merge(zones)
         .merge(managed)
-        .route_layer(middleware::from_fn_with_state(ctl, require_token_for_writes::<S>))
+        .route_layer(middleware::from_fn_with_state(ctl.access, access::guard))
         .layer(middleware::map_response(json_for_framework_errors))
+}
+
+/// `routes` behind `access::guard`, as `router`'s are: for the routes the process adds.
+pub fn guarded<T: Clone + Send + Sync + 'static>(routes: Router<T>, access: &Access) -> Router<T> {
+    routes.route_layer(middleware::from_fn_with_state(access.clone(), access::guard))
 }
 
 /// The routes of one zone's store under `prefix`: `/v1` for the store's first zone,
@@ -420,7 +410,12 @@ async fn managed_list<S: ManagedZones>(State(ctl): State<Control<S>>) -> ApiResu
 /// `PUT /v1/managed/{zone}`: adds zone `zone` to the store, with the master file in the body
 /// (its SOA, NS and static records, checked as a zone added at run time is) (201; 200 when it
 /// was there).
-async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+async fn managed_add<S: ManagedZones>(
+    State(ctl): State<Control<S>>,
+    caller: Option<Extension<Caller>>,
+    Path(zone): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
     let text = String::from_utf8(body.to_vec()).map_err(|_| ApiError::bad_request("the zone's master file is not UTF-8 text"))?;
     if ctl.zone.as_ref().is_some_and(|z| z.origin.to_lowercase().to_ascii() == origin.as_str()) {
@@ -443,7 +438,8 @@ async fn managed_add<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone):
         return Ok(StatusCode::OK);
     }
     ctl.zones_changed();
-    tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone added");
+    let credential = Caller::name_of(caller.as_deref());
+    tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), credential = %credential, "managed zone added");
     Ok(StatusCode::CREATED)
 }
 
@@ -467,7 +463,11 @@ async fn managed_master<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zon
 
 /// `DELETE /v1/managed/{zone}`: removes zone `zone`, fencing its late writes (204; 410
 /// `ZoneGone` when it was not live).
-async fn managed_remove<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zone): Path<String>) -> ApiResult<StatusCode> {
+async fn managed_remove<S: ManagedZones>(
+    State(ctl): State<Control<S>>,
+    caller: Option<Extension<Caller>>,
+    Path(zone): Path<String>,
+) -> ApiResult<StatusCode> {
     let origin = DnsName::parse(&zone).map_err(|e| ApiError::bad_request(format!("zone {zone:?}: {e}")))?;
     if !ctl.store.remove_zone(&origin).await? {
         return Err(StoreError::ZoneGone { zone: origin }.into());
@@ -476,7 +476,8 @@ async fn managed_remove<S: ManagedZones>(State(ctl): State<Control<S>>, Path(zon
         managed.remove(&origin);
     }
     ctl.zones_changed();
-    tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), "managed zone removed");
+    let credential = Caller::name_of(caller.as_deref());
+    tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), credential = %credential, "managed zone removed");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -533,6 +534,7 @@ fn lease_headers(headers: &HeaderMap) -> ApiResult<Option<Lease>> {
 /// Plans are codec envelopes by default; `Content-Type: application/json` accepts the same
 /// plan as JSON (for `curl`), validated exactly the same way.
 async fn publish<S: ManagedZones>(Zoned(ctl): Zoned<S>, req: Request) -> ApiResult<StatusCode> {
+    let caller = req.extensions().get::<Caller>().cloned();
     let headers = req.headers().clone();
     let (json, body) = plan_body(&headers, req).await?;
     let plan = if json {
@@ -541,6 +543,7 @@ async fn publish<S: ManagedZones>(Zoned(ctl): Zoned<S>, req: Request) -> ApiResu
     } else {
         codec::decode_plan(&body).map_err(|e| ApiError::bad_request(format!("plan envelope: {e}")))?
     };
+    may_publish(caller.as_ref(), &plan.plan().author)?;
     ctl.check_endpoints(plan.plan().generation, plan.plan().endpoints.keys())?;
     match lease_headers(&headers)? {
         Some(lease) => ctl.store.publish_leased(&plan, &lease).await?,
@@ -552,6 +555,7 @@ async fn publish<S: ManagedZones>(Zoned(ctl): Zoned<S>, req: Request) -> ApiResu
         action = "publish",
         generation = p.generation.0,
         author = ?p.author.to_string(),
+        credential = %Caller::name_of(caller.as_ref()),
         reason = ?p.reason,
         rollback_of = ?p.rollback_of.map(|g| g.0),
         retired = p.retired.len(),
@@ -568,6 +572,7 @@ async fn publish_changes<S: ManagedZones>(
     req: Request,
 ) -> ApiResult<StatusCode> {
     let g: u64 = generation.parse().map_err(|_| ApiError::bad_request(format!("generation {generation:?} is not a number")))?;
+    let caller = req.extensions().get::<Caller>().cloned();
     let headers = req.headers().clone();
     let (json, body) = plan_body(&headers, req).await?;
     let delta: PlanDelta = if json {
@@ -578,6 +583,7 @@ async fn publish_changes<S: ManagedZones>(
     if delta.generation() != Generation(g) {
         return Err(ApiError::bad_request(format!("the body holds the changes of plan {}, not of plan {g}", delta.generation())));
     }
+    may_publish(caller.as_ref(), &delta.head.author)?;
     let served = delta.changes.iter().filter(|(_, entry)| matches!(entry, PlanEntry::Serve(_))).map(|(name, _)| name);
     ctl.check_endpoints(delta.head.generation, served)?;
     ctl.store.publish_changes(&delta, lease_headers(&headers)?.as_ref()).await?;
@@ -587,12 +593,20 @@ async fn publish_changes<S: ManagedZones>(
         action = "publish",
         generation = h.generation.0,
         author = ?h.author.to_string(),
+        credential = %Caller::name_of(caller.as_ref()),
         reason = ?h.reason,
         rollback_of = ?h.rollback_of.map(|g| g.0),
         changed = delta.changes.len(),
         "plan published as its changes"
     );
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// 403 unless the caller's roles allow a plan by `author` (`access::may_publish`). The guard
+/// lets no publish through without a caller.
+fn may_publish(caller: Option<&Caller>, author: &dnsplan_common::plan::Author) -> ApiResult<()> {
+    let Some(caller) = caller else { return Err(ApiError::forbidden("a publish needs a credential".into())) };
+    access::may_publish(caller.roles, author).map_err(|why| ApiError::forbidden(format!("credential {:?}: {why}", &*caller.name)))
 }
 
 impl From<ZoneChangeError> for ApiError {
@@ -788,11 +802,12 @@ async fn cleanup_preview<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<
     Ok(Json(ctl.store.cleanup_preview(q.retain).await?).into_response())
 }
 
-async fn cleanup<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<Response> {
+async fn cleanup<S: ManagedZones>(Zoned(ctl): Zoned<S>, caller: Option<Extension<Caller>>, body: Bytes) -> ApiResult<Response> {
     let req: CleanupRequest = parse_json(&body)?;
     let report = ctl.store.cleanup(req.retain).await?;
     if let Some((first, last)) = report.deleted() {
-        tracing::info!(target: AUDIT_TARGET, action = "cleanup", first = first.0, last = last.0, "cleanup deleted plans");
+        let credential = Caller::name_of(caller.as_deref());
+        tracing::info!(target: AUDIT_TARGET, action = "cleanup", first = first.0, last = last.0, credential = %credential, "cleanup deleted plans");
     }
     Ok(Json(report).into_response())
 }
@@ -801,18 +816,20 @@ async fn paused<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Response> {
     Ok(Json(ctl.store.paused().await?).into_response())
 }
 
-async fn pause<S: ManagedZones>(Zoned(ctl): Zoned<S>, body: Bytes) -> ApiResult<StatusCode> {
+async fn pause<S: ManagedZones>(Zoned(ctl): Zoned<S>, caller: Option<Extension<Caller>>, body: Bytes) -> ApiResult<StatusCode> {
     let state: PauseState = parse_json(&body)?;
     let (by, reason) = (state.by.to_string(), state.reason.clone());
     ctl.store.pause(state).await?;
     // After the store accepted it; Debug-escaped, so a newline in a reason cannot forge a line.
-    tracing::warn!(target: AUDIT_TARGET, action = "pause", by = ?by, reason = ?reason, "automation paused");
+    let credential = Caller::name_of(caller.as_deref());
+    tracing::warn!(target: AUDIT_TARGET, action = "pause", by = ?by, reason = ?reason, credential = %credential, "automation paused");
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn resume<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<StatusCode> {
+async fn resume<S: ManagedZones>(Zoned(ctl): Zoned<S>, caller: Option<Extension<Caller>>) -> ApiResult<StatusCode> {
     ctl.store.resume().await?;
-    tracing::info!(target: AUDIT_TARGET, action = "resume", "automation resumed");
+    let credential = Caller::name_of(caller.as_deref());
+    tracing::info!(target: AUDIT_TARGET, action = "resume", credential = %credential, "automation resumed");
     Ok(StatusCode::NO_CONTENT)
 }
 

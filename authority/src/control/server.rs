@@ -40,7 +40,7 @@ pub struct ControlLimits {
     pub request_timeout: Duration,
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then stops accepting, lets requests
+/// Serves `app` on `listener` (over TLS with `tls`, `[control.tls]`) until `shutdown` resolves, then stops accepting, lets requests
 /// in flight finish (for at most `request_timeout`) and closes idle connections. Failed
 /// accepts and open connections are counted in `dnsplan_control_accept_errors_total` and
 /// `dnsplan_control_connections`.
@@ -49,6 +49,7 @@ pub async fn serve(
     app: Router,
     limits: ControlLimits,
     metrics: ConnectionMetrics,
+    tls: Option<dnsplan_common::tls::ServerTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     assert!(limits.request_timeout > WAIT_TIMEOUT_MAX);
@@ -58,6 +59,10 @@ pub async fn serve(
         body_timeout: limits.body_timeout,
         request_timeout: limits.request_timeout,
     };
-    let metrics = ServerMetrics { accept_errors: metrics.control_accept_errors, open: metrics.control_open };
-    http_server::serve(listener, app, limits, metrics, "control API", shutdown).await;
+    let metrics = ServerMetrics {
+        accept_errors: metrics.control_accept_errors,
+        open: metrics.control_open,
+        tls_failures: metrics.control_tls_failures,
+    };
+    http_server::serve_tls(listener, app, limits, metrics, "control API", tls, shutdown).await;
 }

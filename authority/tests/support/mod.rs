@@ -9,8 +9,10 @@ use dnsplan_common::{Author, DnsName, Endpoint, Generation, Plan, Store, Target,
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -240,4 +242,87 @@ pub async fn publish_and_apply<S: Store>(store: &S, plan: &ValidatedPlan) -> any
         store.retire(name, plan.generation()).await?;
     }
     Ok(())
+}
+
+/// Longest wait for the authority binary to start or to log a line; far more than either takes.
+pub const PROCESS_WAIT: Duration = Duration::from_secs(30);
+
+/// The `dnsplan-authority` binary, killed when dropped, with its JSON log lines on a channel.
+pub struct AuthorityProcess {
+    child: Child,
+    pub control: String,
+    logs: std::sync::mpsc::Receiver<serde_json::Value>,
+}
+
+impl Drop for AuthorityProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl AuthorityProcess {
+    /// Starts the binary on the config `text` (written to `dir/authority.toml`, beside the
+    /// test zone file) and waits until it says where its control API is.
+    pub fn start(dir: &std::path::Path, text: &str) -> anyhow::Result<AuthorityProcess> {
+        std::fs::write(dir.join("zone.db"), ZONE_FILE)?;
+        let path = dir.join("authority.toml");
+        std::fs::write(&path, text)?;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan-authority"))
+            .arg("--config")
+            .arg(&path)
+            .args(["--log-format", "json"])
+            .env("RUST_LOG", "info")
+            .env_remove("DNSPLAN_TOKEN")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, logs) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) {
+                    let _ = tx.send(value);
+                }
+            }
+        });
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("control").map(str::trim) {
+                    let _ = addr_tx.send(url.to_owned());
+                }
+            }
+        });
+        let control =
+            addr_rx.recv_timeout(PROCESS_WAIT).map_err(|_| anyhow::anyhow!("the authority did not say where its control API is"))?;
+        Ok(AuthorityProcess { child, control, logs })
+    }
+
+    /// The first log line `want` accepts, within `PROCESS_WAIT`.
+    pub fn log_until(&self, what: &str, want: impl Fn(&serde_json::Value) -> bool) -> anyhow::Result<serde_json::Value> {
+        let deadline = std::time::Instant::now() + PROCESS_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.logs.recv_timeout(left) {
+                Ok(line) if want(&line) => return Ok(line),
+                Ok(_) => {}
+                Err(_) => anyhow::bail!("no log line {what} within {PROCESS_WAIT:?}"),
+            }
+        }
+    }
+
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(Command::new("kill").args([signal, &self.child.id().to_string()]).status()?.success(), "kill {signal}");
+        Ok(())
+    }
+}
+
+pub fn message(line: &serde_json::Value) -> &str {
+    line.pointer("/fields/message").and_then(|m| m.as_str()).unwrap_or_default()
+}
+
+pub fn field<'a>(line: &'a serde_json::Value, name: &str) -> &'a str {
+    line.pointer(&format!("/fields/{name}")).and_then(|m| m.as_str()).unwrap_or_default()
 }

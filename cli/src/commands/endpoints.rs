@@ -100,17 +100,14 @@ pub(super) async fn backend(client: &Client, command: BackendCommand) -> CliResu
         BackendCommand::Heal { address } => (address, "heal"),
     };
     let url = format!("{}/v1/demo/backends/{address}/{action}", client.control);
-    let mut req = client.http.post(&url);
-    if let Some(t) = &client.token {
-        req = req.bearer_auth(t);
-    }
-    let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}")))?;
+    let resp = client.http.post(&url).send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {url}: {e}")))?;
     match resp.status().as_u16() {
         200 => {
             crate::out!("{address}: {}", if action == "fail" { "failed (listeners closed)" } else { "healed (listening again)" });
             Ok(ExitCode::SUCCESS)
         }
         401 => Err(CliError::Unauthorized("the stack refused the token; pass --token or set DNSPLAN_TOKEN".into())),
+        403 => Err(CliError::Unauthorized(format!("the stack refused this credential: {url} needs the operate role"))),
         404 => Err(CliError::Refused(format!("no demo backend on {address} (see `dnsplan backend list`)"))),
         other => Err(CliError::Refused(format!("{url} answered {other}"))),
     }

@@ -244,6 +244,41 @@ pub enum BackendCommand {
     },
 }
 
+/// `--ca-file`, `--cert-file` and `--key-file`, read.
+pub struct TlsFiles {
+    ca: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl TlsFiles {
+    /// The files' contents; `None` without `--ca-file`.
+    pub fn read(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> CliResult<Option<TlsFiles>> {
+        let read = |flag: &str, path: &std::path::Path| dnsplan_common::store_config::read_pem(flag, path).map_err(CliError::Failed);
+        let Some(ca) = ca else {
+            return match cert {
+                Some(_) => Err(CliError::Failed("--cert-file: a client certificate needs --ca-file (the control API's CA)".into())),
+                None => Ok(None),
+            };
+        };
+        let identity = match (cert, key) {
+            (Some(cert), Some(key)) => Some((read("--cert-file", cert)?, read("--key-file", key)?)),
+            _ => None,
+        };
+        Ok(Some(TlsFiles { ca: read("--ca-file", ca)?, identity }))
+    }
+
+    fn client_tls(&self) -> dnsplan_common::store::remote::ClientTls<'_> {
+        dnsplan_common::store::remote::ClientTls {
+            ca: &self.ca,
+            identity: self.identity.as_ref().map(|(c, k)| (c.as_slice(), k.as_slice())),
+        }
+    }
+}
+
 /// A failed command and its exit code.
 #[derive(Debug)]
 pub enum CliError {
@@ -280,6 +315,9 @@ impl From<StoreError> for CliError {
             StoreError::Unauthorized => {
                 CliError::Unauthorized("the control API refused the token; pass --token or set DNSPLAN_TOKEN to the stack's token".into())
             }
+            StoreError::Forbidden(m) => CliError::Unauthorized(format!(
+                "the control API refused the request: {m}; use a credential with that role (--token or DNSPLAN_TOKEN)"
+            )),
             other => CliError::Refused(other.to_string()),
         }
     }
@@ -293,7 +331,6 @@ pub struct Client {
     zone: Option<dnsplan_common::DnsName>,
     http: reqwest::Client,
     control: String,
-    token: Option<String>,
     format: Format,
 }
 
@@ -325,13 +362,24 @@ impl Client {
         }
     }
 
-    pub fn new(control: &str, token: Option<String>, format: Format) -> CliResult<Client> {
-        let store = RemoteStore::new(control, token.clone())?;
-        let http = reqwest::Client::builder()
+    pub fn new(control: &str, token: Option<String>, tls: Option<&TlsFiles>, format: Format) -> CliResult<Client> {
+        let tls = tls.map(TlsFiles::client_tls);
+        let store = RemoteStore::with_tls(control, token.clone(), tls.as_ref())?;
+        // Every request carries the token: reads need a credential once roles are set.
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = &token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+                .map_err(|_| CliError::Failed("the token holds characters an HTTP header cannot carry".into()))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let http = dnsplan_common::store::remote::client_builder(control, tls.as_ref())
+            .map_err(CliError::Failed)?
             .timeout(Duration::from_secs(10))
+            .default_headers(headers)
             .build()
             .map_err(|e| CliError::Failed(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Client { store, zone: None, http, control: control.trim_end_matches('/').to_owned(), token, format })
+        Ok(Client { store, zone: None, http, control: control.trim_end_matches('/').to_owned(), format })
     }
 
     async fn get_json<T: for<'de> Deserialize<'de>>(&self, path: &str) -> CliResult<Option<T>> {
@@ -346,7 +394,12 @@ impl Client {
             return Err(self.store_unavailable(format!("{url}: {detail}")));
         }
         if !resp.status().is_success() {
-            return Err(CliError::Refused(format!("{url} answered {}", resp.status())));
+            let status = resp.status();
+            let body: Option<dnsplan_common::store::wire::ErrorBody> = resp.json().await.ok();
+            return Err(match body {
+                Some(body) => CliError::from(StoreError::from(body.error)),
+                None => CliError::Refused(format!("{url} answered {status}")),
+            });
         }
         resp.json().await.map(Some).map_err(|e| CliError::Failed(format!("{url} sent a body this client cannot read: {e}")))
     }

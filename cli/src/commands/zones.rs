@@ -79,10 +79,7 @@ fn url(client: &Client, origin: &str) -> String {
 }
 
 /// Sends a write with the token; an answer other than success is the server's message.
-async fn send(client: &Client, mut req: reqwest::RequestBuilder) -> CliResult<reqwest::Response> {
-    if let Some(t) = &client.token {
-        req = req.bearer_auth(t);
-    }
+async fn send(client: &Client, req: reqwest::RequestBuilder) -> CliResult<reqwest::Response> {
     let resp = req.send().await.map_err(|e| CliError::Unreachable(format!("cannot reach {}: {e}", client.control)))?;
     let status = resp.status();
     if status.is_success() {
@@ -91,6 +88,7 @@ async fn send(client: &Client, mut req: reqwest::RequestBuilder) -> CliResult<re
     let message = resp.json::<ErrorBody>().await.map(|b| b.message).unwrap_or_else(|_| status.to_string());
     Err(match status.as_u16() {
         401 => CliError::Unauthorized("the stack refused the token; pass --token or set DNSPLAN_TOKEN".into()),
+        403 => CliError::Unauthorized(message),
         _ => CliError::Refused(message),
     })
 }

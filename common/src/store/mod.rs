@@ -352,6 +352,10 @@ pub enum StoreError {
     WentBack(String),
     #[error("the control API refused the request: missing or wrong bearer token (check the token in your config or DNSPLAN_TOKEN)")]
     Unauthorized,
+    /// The credential was known but its roles do not allow the request; the detail names
+    /// the credential, its roles and the role needed.
+    #[error("the control API refused the request: {0}")]
+    Forbidden(String),
     #[error("the control API could not understand the request: {0}")]
     BadRequest(String),
     /// The zone was removed (or never added): its writes are refused.

@@ -33,6 +33,42 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// the server is closing.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// TLS to an `https://` control API: the CA that signed its certificate (PEM; the system's
+/// roots are not used, as for etcd) and this client's certificate and key, when it presents
+/// one (a `client_cert` credential).
+pub struct ClientTls<'a> {
+    pub ca: &'a [u8],
+    pub identity: Option<(&'a [u8], &'a [u8])>,
+}
+
+/// An HTTP client builder for the control API at `base`: plain for `http://`, rustls with
+/// `tls` for `https://` (which then needs it). Every client of the control API starts here.
+pub fn client_builder(base: &str, tls: Option<&ClientTls<'_>>) -> Result<reqwest::ClientBuilder, String> {
+    let https = base.starts_with("https://");
+    let builder = reqwest::Client::builder();
+    match (https, tls) {
+        (false, None) => Ok(builder),
+        (false, Some(_)) => Err(format!("{base}: a CA file is given, but the URL is not https://")),
+        (true, None) => Err(format!("{base}: an https:// control API needs the CA that signed its certificate (a CA file)")),
+        (true, Some(tls)) => {
+            let roots = reqwest::Certificate::from_pem_bundle(tls.ca).map_err(|e| format!("the CA file is not PEM certificates: {e}"))?;
+            if roots.is_empty() {
+                return Err("the CA file holds no certificate".into());
+            }
+            let mut builder = builder.use_rustls_tls().tls_built_in_root_certs(false).https_only(true);
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+            if let Some((cert, key)) = tls.identity {
+                let identity = reqwest::Identity::from_pem(&[cert, b"\n", key].concat())
+                    .map_err(|e| format!("the client certificate and key are not a usable PEM pair: {e}"))?;
+                builder = builder.identity(identity);
+            }
+            Ok(builder)
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct RemoteStore {
     inner: Arc<Inner>,
@@ -72,7 +108,13 @@ impl RemoteStore {
     /// `base` is the control API's URL, such as `http://127.0.0.1:8053`. `token` is needed for
     /// writes.
     pub fn new(base: &str, token: Option<String>) -> StoreResult<RemoteStore> {
-        let client = reqwest::Client::builder()
+        RemoteStore::with_tls(base, token, None)
+    }
+
+    /// As `new`, to an `https://` control API with `tls`.
+    pub fn with_tls(base: &str, token: Option<String>, tls: Option<&ClientTls<'_>>) -> StoreResult<RemoteStore> {
+        let client = client_builder(base, tls)
+            .map_err(StoreError::Unavailable)?
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)

@@ -198,6 +198,10 @@ pub enum WireError {
     },
     /// The request lacked a valid bearer token.
     Unauthorized,
+    /// The credential's roles do not allow the request.
+    Forbidden {
+        detail: String,
+    },
     /// The request itself was malformed (bad body, bad name, bad envelope).
     BadRequest {
         detail: String,
@@ -230,6 +234,7 @@ impl WireError {
             WireError::TooLong { .. } => 413,
             WireError::TooManyHeartbeats => 429,
             WireError::Unauthorized => 401,
+            WireError::Forbidden { .. } => 403,
             WireError::BadRequest { .. } => 400,
             WireError::ZoneConflict { .. } => 409,
             WireError::ZoneNotFound { .. } => 404,
@@ -273,6 +278,7 @@ impl From<&StoreError> for WireError {
             StoreError::Unavailable(d) => WireError::Unavailable { detail: d.clone() },
             StoreError::WentBack(d) => WireError::WentBack { detail: d.clone() },
             StoreError::Unauthorized => WireError::Unauthorized,
+            StoreError::Forbidden(d) => WireError::Forbidden { detail: d.clone() },
             StoreError::BadRequest(d) => WireError::BadRequest { detail: d.clone() },
             StoreError::ZoneGone { zone } => WireError::ZoneGone { zone: zone.clone() },
         }
@@ -301,6 +307,7 @@ impl From<WireError> for StoreError {
             WireError::Unavailable { detail } => StoreError::Unavailable(detail),
             WireError::WentBack { detail } => StoreError::WentBack(detail),
             WireError::Unauthorized => StoreError::Unauthorized,
+            WireError::Forbidden { detail } => StoreError::Forbidden(detail),
             WireError::BadRequest { detail } => StoreError::BadRequest(detail),
             WireError::ZoneGone { zone } => StoreError::ZoneGone { zone },
             // Not store calls: a store that receives one was asked something it never asks.
@@ -364,9 +371,10 @@ mod tests {
             StoreError::BadRequest(_) => 18,
             StoreError::WentBack(_) => 19,
             StoreError::ZoneGone { .. } => 20,
+            StoreError::Forbidden(_) => 21,
         }
     }
-    const VARIANTS: usize = 21;
+    const VARIANTS: usize = 22;
 
     fn build(index: usize, g: u64, n: u64, text: &str, label: &str) -> StoreError {
         let name = |l: &str| EndpointName::parse(&format!("{l}.example.test.")).expect("name");
@@ -403,6 +411,7 @@ mod tests {
             17 => StoreError::Unauthorized,
             19 => StoreError::WentBack(text.into()),
             20 => StoreError::ZoneGone { zone: name(label) },
+            21 => StoreError::Forbidden(text.into()),
             _ => StoreError::BadRequest(text.into()),
         }
     }
