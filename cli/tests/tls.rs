@@ -1,7 +1,8 @@
-//! The CLI and an enactor daemon on an authority whose control API speaks only TLS, each as
-//! shipped: the `dnsplan-authority` binary with `[control.tls]`, `dnsplan --ca-file`, and
+//! The CLI, an enactor and a planner on an authority whose control API speaks only TLS, each
+//! as shipped: the `dnsplan-authority` binary with `[control.tls]`, `dnsplan --ca-file`,
 //! `dnsplan-enactor` with `store.url = "https://..."`, `ca_file` and a client certificate as
-//! its credential (no token). Certificates from a CA of the test's own (`openssl`).
+//! its credential (no token), and `dnsplan-planner` with `ca_file` and a `plan` token, which
+//! takes the planner's lease. Certificates from a CA of the test's own (`openssl`).
 
 mod support;
 
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use support::{bin_dir, free_port};
 
 const OPERATOR_TOKEN: &str = "operator-token-over-tls-0123456789";
+const PLANNER_TOKEN: &str = "planner-token-over-tls-0123456789";
 /// How long the daemons may take to start and the enactor to report; far more than they need.
 const WITHIN: Duration = Duration::from_secs(30);
 
@@ -24,16 +26,18 @@ fn authority_config(dir: &Path, dns_port: u16) -> String {
         "data_dir = \"data\"\n[dns]\nlisten = [\"127.0.0.1:{dns_port}\"]\n[control]\nlisten = \"127.0.0.1:0\"\n\
          [[control.credential]]\nname = \"alice\"\nroles = [\"operate\"]\nsha256 = \"{}\"\n\
          [[control.credential]]\nname = \"enactor-a\"\nroles = [\"enact\"]\nclient_cert = \"enactor-a.dnsplan.test\"\n\
+         [[control.credential]]\nname = \"planner-1\"\nroles = [\"plan\"]\nsha256 = \"{}\"\n\
          [control.tls]\ncert_file = \"server.crt\"\nkey_file = \"server.key\"\nclient_ca_file = \"ca.crt\"\n\
          [dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\nrecords = \"ns1 3600 IN A 127.0.0.1\"\n\
          [dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n",
-        dnsplan_authority::control::access::token_sha256(OPERATOR_TOKEN)
+        dnsplan_authority::control::access::token_sha256(OPERATOR_TOKEN),
+        dnsplan_authority::control::access::token_sha256(PLANNER_TOKEN)
     )
     .replace("data_dir = \"data\"", &format!("data_dir = \"{}\"", dir.join("data").display()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_and_an_enactor_speak_tls_to_the_control_api() -> anyhow::Result<()> {
+async fn the_cli_an_enactor_and_a_planner_speak_tls_to_the_control_api() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let d = dir.path();
     make_ca(d, "ca")?;
@@ -93,15 +97,39 @@ async fn the_cli_and_an_enactor_speak_tls_to_the_control_api() -> anyhow::Result
             .stderr(log)
             .spawn()?,
     );
+    // The planner with a `plan` token: it takes the lease.
+    let config = format!(
+        "id = \"planner-1\"\ndns_zone = \"example.test.\"\n[store]\nurl = \"{url}\"\nca_file = \"ca.crt\"\ntoken = \"{PLANNER_TOKEN}\"\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n[[endpoint]]\nname = \"api.example.test.\"\nttl_secs = 30\n\
+         check = {{ kind = \"tcp\", port = 1, timeout_ms = 300 }}\n[[endpoint.target]]\naddress = \"127.0.0.11\"\nzone = \"a\"\n"
+    );
+    std::fs::write(d.join("planner.toml"), config)?;
+    let log = std::fs::File::create(d.join("planner.log"))?;
+    let _planner = Killed(
+        Command::new(bin_dir().join("dnsplan-planner"))
+            .arg("--config")
+            .arg(d.join("planner.toml"))
+            .env_remove("DNSPLAN_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?,
+    );
     let ca = std::fs::read(d.join("ca.crt"))?;
     let operator = RemoteStore::with_tls(&url, Some(OPERATOR_TOKEN.into()), Some(&ClientTls { ca: &ca, identity: None }))?;
     let start = Instant::now();
     loop {
-        if operator.heartbeats().await?.iter().any(|h| h.enactor_id == "enactor-a") {
+        let beat = operator.heartbeats().await?.iter().any(|h| h.enactor_id == "enactor-a");
+        let lease = operator.lease().await?.is_some_and(|l| l.holder == "planner-1");
+        if beat && lease {
             break;
         }
-        let log = std::fs::read_to_string(d.join("enactor.log")).unwrap_or_default();
-        anyhow::ensure!(start.elapsed() < WITHIN, "no heartbeat of the enactor over TLS within {WITHIN:?}; its log:\n{log}");
+        let logs = ["enactor.log", "planner.log"].map(|f| std::fs::read_to_string(d.join(f)).unwrap_or_default());
+        anyhow::ensure!(
+            start.elapsed() < WITHIN,
+            "within {WITHIN:?}: enactor heartbeat {beat}, planner lease {lease}; logs:\n{}\n{}",
+            logs[0],
+            logs[1]
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
