@@ -187,6 +187,15 @@ pub struct ApplyLabels {
     pub outcome: &'static str,
 }
 
+/// A refused control API request: the credential that tried (`-` for none or an unknown
+/// token) and the status (401, 403). The names are the config's, at most
+/// `access::CREDENTIALS_MAX`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub credential: String,
+    pub status: u16,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabels {
     pub endpoint: String,
@@ -202,6 +211,7 @@ pub struct ConnectionMetrics {
     pub control_accept_errors: Counter,
     pub control_open: Gauge,
     pub control_tls_failures: Counter,
+    pub control_refused: Family<RefusedLabels, Counter>,
 }
 
 impl ConnectionMetrics {
@@ -227,6 +237,11 @@ impl ConnectionMetrics {
             "control_tls_handshake_failures",
             "Control API TLS handshakes that failed or timed out (a client without the CA, an expired or refused certificate)",
             self.control_tls_failures.clone(),
+        );
+        registry.register(
+            "control_refused",
+            "Control API requests refused: 401 without a known credential, 403 for a credential without the role",
+            self.control_refused.clone(),
         );
     }
 }

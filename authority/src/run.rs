@@ -299,7 +299,8 @@ where
         tracing::info!(zones = others.len(), added, from_image, "serving other zones beside the managed one");
     }
     // Who may call the control API, and its TLS; read again on SIGHUP and when files change.
-    let access = Access::new(config.credentials().map_err(|e| anyhow::anyhow!("control: {e}"))?);
+    let access = Access::new(config.credentials().map_err(|e| anyhow::anyhow!("control: {e}"))?)
+        .with_refusals_counted(metrics.connections.control_refused.clone());
     let control_tls: Option<ServerTls> = match &config.control.tls {
         Some(tls) => Some(Arc::new(arc_swap::ArcSwap::from_pointee(tls.server_config().map_err(|e| anyhow::anyhow!(e))?))),
         None => None,

@@ -3,7 +3,7 @@
 //!
 //! - every route of `access::ROUTES` (the first zone's and an added zone's), asked with no
 //!   token, a wrong one, and a credential of each role: refused (401, 403) exactly when the
-//!   table says so;
+//!   table says so, and each refusal counted by credential and status;
 //! - a plan is published only by the role of its author (planner: `plan`, operator:
 //!   `operate`), and the audit line names the credential;
 //! - credentials rotated without a restart: on SIGHUP, and when the file changes; a file that
@@ -78,6 +78,8 @@ async fn every_route_is_refused_to_every_role_the_table_does_not_give_it() -> an
     }
     let mut checked = 0;
     let mut failures = Vec::new();
+    // Refusals seen, by the credential's name (`-` for none) and status: the metric must agree.
+    let mut refusals: std::collections::BTreeMap<(String, u16), u64> = Default::default();
     let callers: Vec<(String, Option<String>)> =
         [("no token".to_string(), None), ("a wrong token".into(), Some("wrong-token-0123456789".into()))]
             .into_iter()
@@ -100,6 +102,10 @@ async fn every_route_is_refused_to_every_role_the_table_does_not_give_it() -> an
                 (Need::Publish, Some(has)) => matches!(has, Role::Plan | Role::Operate),
             };
             let refused = matches!(status, 401 | 403);
+            if refused {
+                let name = role.map_or("-".to_string(), |r| format!("{r}-1"));
+                *refusals.entry((name, status)).or_default() += 1;
+            }
             if allowed == refused {
                 failures.push(format!("{method} {path} by {who}: {status}, {}", if allowed { "should pass" } else { "should be refused" }));
             }
@@ -111,6 +117,15 @@ async fn every_route_is_refused_to_every_role_the_table_does_not_give_it() -> an
     }
     assert!(failures.is_empty(), "{} of {checked} requests answered wrongly:\n{}", failures.len(), failures.join("\n"));
     assert!(checked > 400, "only {checked} requests");
+    let metrics = http.get(format!("{}/metrics", authority.control)).send().await?.text().await?;
+    for ((credential, status), count) in &refusals {
+        let line = format!("dnsplan_control_refused_total{{credential=\"{credential}\",status=\"{status}\"}} {count}");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "want {line:?} in:\n{}",
+            metrics.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>().join("\n")
+        );
+    }
     // A refused write is audited with the credential that tried.
     let refused = authority
         .log_until("auditing a refused write", |l| message(l).starts_with("write refused") && field(l, "credential") == "read-1")?;

@@ -31,6 +31,7 @@
 //! lease renewals, which come every few seconds and go at debug. Handlers that log what a
 //! write did (a publish's generation, a pause's reason) add the credential's name.
 
+use crate::metrics::RefusedLabels;
 use crate::serving::AUDIT_TARGET;
 use arc_swap::ArcSwap;
 use axum::extract::{MatchedPath, Request, State};
@@ -39,6 +40,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use dnsplan_common::store::wire::{ErrorBody, WireError};
 use dnsplan_common::tls::PeerCertificate;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::Deserialize;
 use std::fmt;
 use std::sync::Arc;
@@ -432,22 +435,35 @@ fn presented(headers: &HeaderMap) -> Option<String> {
     text.split_once(':').map(|(_, password)| password.to_owned())
 }
 
-/// The credentials in force, swapped whole by a reload.
+/// The credentials in force, swapped whole by a reload, and the count of refusals.
 #[derive(Clone)]
-pub struct Access(Arc<ArcSwap<Credentials>>);
+pub struct Access {
+    credentials: Arc<ArcSwap<Credentials>>,
+    refused: Family<RefusedLabels, Counter>,
+}
 
 impl Access {
     pub fn new(credentials: Credentials) -> Access {
-        Access(Arc::new(ArcSwap::from_pointee(credentials)))
+        Access { credentials: Arc::new(ArcSwap::from_pointee(credentials)), refused: Family::default() }
+    }
+
+    /// Refusals are counted in `refused` (`dnsplan_control_refused_total`).
+    pub fn with_refusals_counted(mut self, refused: Family<RefusedLabels, Counter>) -> Access {
+        self.refused = refused;
+        self
     }
 
     /// Puts `credentials` in force for every request from now on.
     pub fn replace(&self, credentials: Credentials) {
-        self.0.store(Arc::new(credentials));
+        self.credentials.store(Arc::new(credentials));
     }
 
     pub fn current(&self) -> Arc<Credentials> {
-        self.0.load_full()
+        self.credentials.load_full()
+    }
+
+    fn count_refusal(&self, credential: &str, status: StatusCode) {
+        self.refused.get_or_create(&RefusedLabels { credential: credential.to_owned(), status: status.as_u16() }).inc();
     }
 }
 
@@ -508,6 +524,7 @@ pub async fn guard(State(access): State<Access>, req: Request, next: Next) -> Re
         if write {
             tracing::warn!(target: AUDIT_TARGET, method = %method, path = ?path, credential = "-", status = 401, "write refused: no known credential");
         }
+        access.count_refusal("-", StatusCode::UNAUTHORIZED);
         let what = if write { "this write" } else { "this read" };
         let message = if given {
             format!("{what} was refused: the token is not one of the control API's credentials")
@@ -519,6 +536,7 @@ pub async fn guard(State(access): State<Access>, req: Request, next: Next) -> Re
     if !needs.allows(caller.roles) {
         let detail = format!("credential {:?} has roles {}; {method} {route} needs {}", &*caller.name, caller.roles, needs.needed());
         tracing::warn!(target: AUDIT_TARGET, method = %method, path = ?path, credential = %caller.name, status = 403, "write refused: {detail}");
+        access.count_refusal(&caller.name, StatusCode::FORBIDDEN);
         return refusal(StatusCode::FORBIDDEN, WireError::Forbidden { detail: detail.clone() }, format!("refused: {detail}"), false);
     }
     let name = caller.name.clone();
