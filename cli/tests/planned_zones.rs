@@ -81,10 +81,7 @@ async fn one_planner_plans_every_zone_of_its_config() -> anyhow::Result<()> {
 
     // One family per metric, the added zone's series labelled `dns_zone`.
     let metrics = reqwest::get(format!("{}/metrics", up.control)).await?.text().await?;
-    let mut seen = BTreeSet::new();
-    for line in metrics.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
-        assert!(seen.insert(line), "repeated: {line}");
-    }
+    dnsplan_tests::exposition::assert_each_family_described_once(&metrics);
     let published = |labels: &str| {
         metrics
             .lines()

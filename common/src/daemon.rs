@@ -57,6 +57,33 @@ pub fn announce(line: &str) {
 /// The `Content-Type` of every `/metrics` response.
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The labels every series of a daemon's own metrics carries: its id under `key` (`planner`,
+/// `enactor`), and `dns_zone` for the loop of a zone added to the store, so that one process's
+/// zones are one family per metric (the first zone's series carry no `dns_zone`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct DaemonLabels {
+    key: &'static str,
+    pub id: std::sync::Arc<String>,
+    pub dns_zone: Option<std::sync::Arc<String>>,
+}
+
+impl DaemonLabels {
+    pub fn new(key: &'static str, id: std::sync::Arc<String>, dns_zone: Option<&str>) -> DaemonLabels {
+        DaemonLabels { key, id, dns_zone: dns_zone.map(|z| std::sync::Arc::new(z.to_owned())) }
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelSet for DaemonLabels {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        (self.key, self.id.as_str()).encode(encoder.encode_label())?;
+        if let Some(zone) = &self.dns_zone {
+            ("dns_zone", zone.as_str()).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
 /// A registry as Prometheus (OpenMetrics) text.
 pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String {
     metrics_text_of(&[registry])

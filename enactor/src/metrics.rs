@@ -10,7 +10,7 @@
 //! on `increase()` sees the first refusal (a series born at 1 has no increase), and
 //! prometheus-client lists no family without a series, not even its `# TYPE` line.
 
-use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -19,23 +19,9 @@ use prometheus_client::registry::Registry;
 use std::hash::Hash;
 use std::sync::Arc;
 
-/// The labels every enactor series carries: `enactor`, and `dns_zone` for the loop of a zone
-/// added to the store (`dns_zones`), so that one enactor's loops are one family per metric.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub struct EnactorLabels {
-    pub enactor: Arc<String>,
-    pub dns_zone: Option<Arc<String>>,
-}
-
-impl EncodeLabelSet for EnactorLabels {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        ("enactor", self.enactor.as_str()).encode(encoder.encode_label())?;
-        if let Some(zone) = &self.dns_zone {
-            ("dns_zone", zone.as_str()).encode(encoder.encode_label())?;
-        }
-        Ok(())
-    }
-}
+/// The enactor's series' labels: `enactor`, and `dns_zone` for the loop of a zone added to the
+/// store (`dns_zones`).
+pub type EnactorLabels = dnsplan_common::daemon::DaemonLabels;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -163,13 +149,13 @@ impl Families {
     /// The metrics of the enactor `id`: its series in every family, created now (at 0).
     /// Asking twice for one id gives handles to the same series.
     pub fn enactor(&self, id: &str) -> Metrics {
-        self.labelled(EnactorLabels { enactor: Arc::new(id.to_owned()), dns_zone: None })
+        self.labelled(EnactorLabels::new("enactor", Arc::new(id.to_owned()), None))
     }
 
     /// The metrics of enactor `id`'s loop on zone `zone` (one of its `dns_zones`): its series
     /// labelled `dns_zone` too.
     pub fn zone_enactor(&self, id: &str, zone: &str) -> Metrics {
-        self.labelled(EnactorLabels { enactor: Arc::new(id.to_owned()), dns_zone: Some(Arc::new(zone.to_owned())) })
+        self.labelled(EnactorLabels::new("enactor", Arc::new(id.to_owned()), Some(zone)))
     }
 
     fn labelled(&self, label: EnactorLabels) -> Metrics {
@@ -335,10 +321,7 @@ mod tests {
         zone_b.plans_applied.inc();
         zone_a.refused("removal");
         let text = dnsplan_common::daemon::metrics_text(&registry);
-        let mut seen = std::collections::BTreeSet::new();
-        for line in text.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
-            assert!(seen.insert(line), "repeated: {line}\n{text}");
-        }
+        dnsplan_tests::exposition::assert_each_family_described_once(&text);
         for want in [
             "dnsplan_enactor_plans_applied_total{enactor=\"enactor-a\"} 1",
             "dnsplan_enactor_plans_applied_total{enactor=\"enactor-b\"} 0",

@@ -144,10 +144,7 @@ async fn several_zones_are_one_family_per_metric() -> anyhow::Result<()> {
         .find_map(|line| line.strip_prefix("metrics").map(|rest| rest.trim().to_owned()))
         .ok_or_else(|| anyhow::anyhow!("the enactor did not say where its metrics are"))?;
     let body = reqwest::get(&url).await?.text().await?;
-    let mut seen = std::collections::BTreeSet::new();
-    for line in body.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
-        assert!(seen.insert(line), "repeated: {line}\n{body}");
-    }
+    dnsplan_tests::exposition::assert_each_family_described_once(&body);
     for zone in ["one.test.", "two.test."] {
         let want = format!("dnsplan_enactor_plans_applied_total{{enactor=\"en-z\",dns_zone=\"{zone}\"}} 0");
         assert!(body.lines().any(|l| l == want), "want {want:?} in\n{body}");

@@ -7,7 +7,7 @@
 //! does `dnsplan_planner_deferred{rule}` for every rule that can hold a decision back.
 
 use crate::decide::{Deferred, DeferredRule};
-use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -38,24 +38,8 @@ pub const DECISION_KINDS: [&str; 3] = ["no_change", "publish", "breaker"];
 /// Every result `Metrics::probe` takes.
 pub const PROBE_RESULTS: [&str; 3] = ["ok", "fail", "inconclusive"];
 
-/// The labels of every series of a zone's planning: `planner`, and `dns_zone` for a zone of
-/// the config's `[[zone]]` tables (the planner's first zone, `dns_zone`, keeps the series it
-/// always had), so that one process's zones are one family per metric.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub struct PlannerLabels {
-    pub planner: Arc<String>,
-    pub dns_zone: Option<Arc<String>>,
-}
-
-impl EncodeLabelSet for PlannerLabels {
-    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
-        ("planner", self.planner.as_str()).encode(encoder.encode_label())?;
-        if let Some(zone) = &self.dns_zone {
-            ("dns_zone", zone.as_str()).encode(encoder.encode_label())?;
-        }
-        Ok(())
-    }
-}
+/// The planner's series' labels: `planner`, and `dns_zone` for the config's `[[zone]]` tables.
+pub type PlannerLabels = dnsplan_common::daemon::DaemonLabels;
 
 type ByZone<M> = Family<PlannerLabels, M>;
 type ByZoneAnd<L, M> = Family<(PlannerLabels, L), M>;
@@ -178,7 +162,7 @@ impl Metrics {
             "How late each health probe started after its scheduled time (waiting for a probe_concurrency permit, or its own previous probe)",
             probe_lag_seconds.clone(),
         );
-        let first = PlannerLabels { planner: Arc::new(id.to_owned()), dns_zone: None };
+        let first = PlannerLabels::new("planner", Arc::new(id.to_owned()), None);
         let probes = ByLabel { family: probes, zone: first.clone() };
         for result in PROBE_RESULTS {
             let _ = probes.get_or_create(&ResultLabels { result });
@@ -189,7 +173,7 @@ impl Metrics {
     /// The metrics of the zone `dns_zone` of a `[[zone]]` table: its series labelled
     /// `dns_zone` too, in the same families; the probe metrics are the process's.
     pub fn for_zone(&self, dns_zone: &str) -> Metrics {
-        let zone = PlannerLabels { planner: self.decisions.zone.planner.clone(), dns_zone: Some(Arc::new(dns_zone.to_owned())) };
+        let zone = PlannerLabels::new("planner", self.decisions.zone.id.clone(), Some(dns_zone));
         Metrics::labelled(
             self.families.clone(),
             zone,
@@ -321,10 +305,7 @@ mod tests {
         first.active.set(1);
         shop.probe("ok");
         let text = dnsplan_common::daemon::metrics_text(&registry);
-        let mut seen = std::collections::BTreeSet::new();
-        for line in text.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
-            assert!(seen.insert(line), "repeated: {line}\n{text}");
-        }
+        dnsplan_tests::exposition::assert_each_family_described_once(&text);
         for want in [
             "dnsplan_planner_plans_published_total{planner=\"p\",dns_zone=\"shop.test.\"} 1",
             "dnsplan_planner_plans_published_total{planner=\"p\"} 0",

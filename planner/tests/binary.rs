@@ -179,10 +179,7 @@ async fn several_zones_are_planned_and_listed() -> anyhow::Result<()> {
     assert_eq!(listed, ["example.test.", "shop.test."], "{zones}");
     assert_eq!(zones[1]["planner"]["id"].as_str(), Some("planner-1"), "{zones}");
     let metrics = reqwest::get(&url).await?.text().await?;
-    let mut seen = std::collections::BTreeSet::new();
-    for line in metrics.lines().filter(|l| l.starts_with("# HELP") || l.starts_with("# TYPE")) {
-        assert!(seen.insert(line), "repeated: {line}\n{metrics}");
-    }
+    dnsplan_tests::exposition::assert_each_family_described_once(&metrics);
     for want in
         ["dnsplan_planner_active{planner=\"planner-1\"} 0", "dnsplan_planner_active{planner=\"planner-1\",dns_zone=\"shop.test.\"} 0"]
     {

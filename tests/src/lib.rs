@@ -22,6 +22,7 @@ pub mod conformance;
 pub mod counterpart;
 pub mod daemon;
 pub mod etcd;
+pub mod exposition;
 pub mod fixtures;
 pub mod knot;
 pub mod naive;
