@@ -128,7 +128,7 @@ async fn up(
     let stack = up::Stack::load(config.as_deref(), overrides)?;
     stack
         .run(shutdown, |ready| {
-            let control = format!("http://{}", ready.control);
+            let control = ready.control_url.clone();
             daemon::announce(&format!("dnsplan up: DNS zone {} on {} (UDP, TCP)", ready.zone, ready.dns));
             daemon::announce(&format!("control  {control}  (metrics at {control}/metrics)"));
             daemon::announce(&format!("store    {}", ready.data_dir.display()));

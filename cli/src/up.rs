@@ -350,6 +350,7 @@ impl Stack {
         on_ready(Ready {
             dns: bound.dns[0],
             control: bound.control,
+            control_url: bound.control_url(),
             data_dir,
             zone: planner_config.dns_zone.to_string(),
             first_endpoint: planner_config.endpoints().next().map(|e| e.name.to_string()).unwrap_or_default(),
@@ -369,6 +370,8 @@ impl Stack {
 pub struct Ready {
     pub dns: SocketAddr,
     pub control: SocketAddr,
+    /// `http://` or, with `[authority.control.tls]`, `https://`.
+    pub control_url: String,
     pub data_dir: PathBuf,
     pub zone: String,
     pub first_endpoint: String,

@@ -5,6 +5,7 @@
 use dnsplan_authority::config::AuthorityConfig;
 use dnsplan_cli::up::{Overrides, Stack};
 use dnsplan_common::daemon::PLACEHOLDER_TOKENS;
+use std::path::Path;
 
 fn authority_config(token: &str) -> String {
     format!(
@@ -37,5 +38,24 @@ fn dnsplan_up_takes_the_demo_token_on_loopback_only() -> anyhow::Result<()> {
     Stack::load(None, on("[::1]:0"))?;
     let err = Stack::load(None, on("0.0.0.0:8053")).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("only with the control API on loopback"), "{err}");
+    Ok(())
+}
+
+/// Off loopback, `dnsplan up` needs TLS too (with a token of its own): plain HTTP there is
+/// refused, naming `[control.tls]`, unless `insecure_plaintext` says something else encrypts.
+#[test]
+fn dnsplan_up_off_loopback_needs_tls_or_says_why_not() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("dnsplan.toml");
+    let example = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/dnsplan.toml"))?
+        .replace("token = \"dnsplan-demo-token-change-me\"", "token = \"a-real-token-0123456789abcdef\"")
+        .replace("[authority.control]\nlisten = \"127.0.0.1:8053\"\n", "[authority.control]\nlisten = \"0.0.0.0:8053\"\n");
+    assert!(example.contains("0.0.0.0:8053"), "the example's [authority.control] changed");
+    let none = || Overrides { data_dir: None, dns: None, control: None, accept_store_loss: false };
+    std::fs::write(&path, &example)?;
+    let err = Stack::load(Some(&path), none()).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("not a loopback address") && err.contains("[control.tls]"), "{err}");
+    std::fs::write(&path, example.replace("listen = \"0.0.0.0:8053\"\n", "listen = \"0.0.0.0:8053\"\ninsecure_plaintext = true\n"))?;
+    Stack::load(Some(&path), none())?;
     Ok(())
 }
