@@ -390,6 +390,10 @@ pub struct Metrics {
     added_zones: Family<StateLabels, Gauge>,
     added_zone_secondaries: Family<StateLabels, Gauge>,
     added_zone_trouble: Family<TroubleLabels, Gauge>,
+    /// The series `added_zone_trouble` holds, so a zone out of trouble loses its series alone:
+    /// clearing the family and filling it again would let a scrape in between see none. Its
+    /// lock also keeps two scrapes' observations from interleaving.
+    added_zone_trouble_listed: Arc<std::sync::Mutex<Vec<TroubleLabels>>>,
     added_zone_trouble_unlisted: Gauge,
     /// `dnsplan_dns_malformed_total`, one counter per `Malformed::ALL` entry, in its order.
     malformed: [Counter; Malformed::ALL.len()],
@@ -609,6 +613,7 @@ impl Metrics {
             added_zones,
             added_zone_secondaries,
             added_zone_trouble,
+            added_zone_trouble_listed: Arc::default(),
             added_zone_trouble_unlisted,
             malformed,
             rrl_dropped,
@@ -784,10 +789,16 @@ impl Metrics {
         for (state, n) in SECONDARY_STATES.iter().zip(summary.secondaries) {
             self.added_zone_secondaries.get_or_create(&StateLabels { state }).set(count(n));
         }
-        self.added_zone_trouble.clear();
-        for (zone, reason) in &summary.trouble {
-            self.added_zone_trouble.get_or_create(&TroubleLabels { zone: zone.clone(), reason }).set(1);
+        let now: Vec<TroubleLabels> = summary.trouble.iter().map(|(zone, reason)| TroubleLabels { zone: zone.clone(), reason }).collect();
+        // A poisoned lock held only a list of labels: take it as it is.
+        let mut listed = self.added_zone_trouble_listed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for gone in listed.iter().filter(|l| !now.contains(l)) {
+            self.added_zone_trouble.remove(gone);
         }
+        for labels in &now {
+            self.added_zone_trouble.get_or_create(labels).set(1);
+        }
+        *listed = now;
         self.added_zone_trouble_unlisted.set(count(summary.unlisted));
     }
 
@@ -825,6 +836,7 @@ impl Metrics {
             added_zones: Family::default(),
             added_zone_secondaries: Family::default(),
             added_zone_trouble: Family::default(),
+            added_zone_trouble_listed: Arc::default(),
             added_zone_trouble_unlisted: Gauge::default(),
         }
     }
@@ -861,6 +873,22 @@ mod tests {
             lease: lease.map(|(holder, epoch, expires_at_unix_ms)| Lease { holder: holder.into(), epoch, expires_at_unix_ms }),
             heartbeats: Vec::new(),
         }
+    }
+
+    /// A zone that leaves trouble loses its series, the others keep theirs, a zone whose
+    /// reason changed has only the new one.
+    #[test]
+    fn trouble_series_follow_the_zones_in_trouble() {
+        let metrics = Metrics::new();
+        let observe = |trouble: &[(&str, &'static str)]| {
+            let trouble = trouble.iter().map(|(z, r)| (z.to_string(), *r)).collect();
+            metrics.observe_added_zones(&AddedZonesSummary { trouble, ..Default::default() });
+            metrics.render().lines().filter(|l| l.starts_with("dnsplan_managed_zone_trouble{")).map(str::to_owned).collect::<Vec<_>>()
+        };
+        assert_eq!(observe(&[("a.test.", "kept"), ("b.test.", "store_failing")]).len(), 2);
+        let after = observe(&[("b.test.", "not_served")]);
+        assert_eq!(after, ["dnsplan_managed_zone_trouble{zone=\"b.test.\",reason=\"not_served\"} 1"], "{after:?}");
+        assert!(observe(&[]).is_empty());
     }
 
     fn heartbeat(enactor: &str, zone: &str, at_unix_ms: u64) -> Heartbeat {

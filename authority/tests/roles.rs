@@ -126,6 +126,13 @@ async fn every_route_is_refused_to_every_role_the_table_does_not_give_it() -> an
             metrics.lines().filter(|l| l.contains("refused")).collect::<Vec<_>>().join("\n")
         );
     }
+    // A browser on the status page is asked for a password, and a token given as one is taken.
+    let ui = http.get(format!("{}/ui", authority.control)).send().await?;
+    assert_eq!(ui.status().as_u16(), 401);
+    let challenge = ui.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    assert!(challenge.starts_with("Basic "), "{challenge:?}");
+    let ui = http.get(format!("{}/ui", authority.control)).basic_auth("anyone", Some(token_of(Role::Read))).send().await?;
+    assert_eq!(ui.status().as_u16(), 200);
     // A refused write is audited with the credential that tried.
     let refused = authority
         .log_until("auditing a refused write", |l| message(l).starts_with("write refused") && field(l, "credential") == "read-1")?;
