@@ -41,24 +41,42 @@ fn load(path: &Path) -> Result<Loaded, String> {
 
 /// Follows the config at `path` (`config` as loaded at start) until `stop` resolves,
 /// putting its credentials in `access` and its TLS in `tls` at each reload.
-pub async fn follow(
+///
+/// The SIGHUP handler is installed and the files are read before this returns, not when the
+/// future first runs: a SIGHUP right after the start is a reload, not the default action's
+/// end of the process, and a file changed right after the start is seen as changed.
+pub fn follow(
     path: PathBuf,
     config: &AuthorityConfig,
     access: Access,
     tls: Option<ServerTls>,
     check_every: Option<Duration>,
-    stop: impl std::future::Future<Output = ()>,
-) {
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
+    let hangups = match signal(SignalKind::hangup()) {
         Ok(s) => Some(s),
         Err(err) => {
             tracing::warn!(%err, "cannot listen for SIGHUP; credentials and TLS are read again only when their files change");
             None
         }
     };
-    let mut files = watched(&path, config);
-    let mut last = contents(&files);
+    let files = watched(&path, config);
+    let last = contents(&files);
+    run(path, files, last, hangups, access, tls, check_every, stop)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    path: PathBuf,
+    mut files: Vec<PathBuf>,
+    mut last: Vec<Option<Vec<u8>>>,
+    mut hangups: Option<tokio::signal::unix::Signal>,
+    access: Access,
+    tls: Option<ServerTls>,
+    check_every: Option<Duration>,
+    stop: impl std::future::Future<Output = ()>,
+) {
     let mut ticks = check_every.map(|every| {
         let mut t = tokio::time::interval(every);
         t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -309,8 +309,7 @@ where
     let stop = Stop(stop_rx);
     if let Some(path) = config.source.clone() {
         let reload_every = (config.control.reload_check_secs > 0).then(|| Duration::from_secs(config.control.reload_check_secs));
-        let (config, access, tls, stopped) = (config.clone(), access.clone(), control_tls.clone(), stop.clone().wait());
-        tokio::spawn(async move { reload::follow(path, &config, access, tls, reload_every, stopped).await });
+        tokio::spawn(reload::follow(path, &config, access.clone(), control_tls.clone(), reload_every, stop.clone().wait()));
     }
     tokio::spawn(async move {
         shutdown.await;
