@@ -756,21 +756,7 @@ async fn a_reopen_opens_the_added_zones_again() {
     let origin = DnsName::parse("example.test.").expect("zone");
     assert!(root.add_zone(&origin, "").await.expect("add"));
     let zone = root.zone(&origin).await.expect("zone");
-    let plan = |g: u64| {
-        ValidatedPlan::new(Plan {
-            generation: Generation(g),
-            parent_generation: Generation(g - 1),
-            created_at_unix_ms: 0,
-            author: Author::Operator { name: "test".into() },
-            reason: "test".into(),
-            dns_zone: origin.clone(),
-            endpoints: items(&["www"], g as u8).into_iter().map(|i| (i.endpoint, i.records)).collect(),
-            retired: BTreeSet::new(),
-            rollback_of: None,
-            provenance: vec![],
-        })
-        .expect("valid")
-    };
+    let plan = |g: u64| zone_plan(&origin, g, items(&["www"], g as u8).into_iter().map(|i| (i.endpoint, i.records)).collect());
     zone.publish(&plan(1)).await.expect("publish");
     zone.apply_many(Generation(1), &items(&["www"], 1)).await.expect("apply");
     root.shared.database.reopen().expect("reopen");
@@ -856,21 +842,7 @@ async fn added_zones_in_trees_of_their_own_are_moved_into_the_shared_trees() {
     use crate::store::zones::ManagedZones;
     let dir = tempfile::tempdir().expect("tempdir");
     let origin = DnsName::parse("example.test.").expect("zone");
-    let plan = |g: u64| {
-        ValidatedPlan::new(Plan {
-            generation: Generation(g),
-            parent_generation: Generation(g - 1),
-            created_at_unix_ms: 0,
-            author: Author::Operator { name: "test".into() },
-            reason: "test".into(),
-            dns_zone: origin.clone(),
-            endpoints: items(&["www", "db"], g as u8).into_iter().map(|i| (i.endpoint, i.records)).collect(),
-            retired: BTreeSet::new(),
-            rollback_of: None,
-            provenance: vec![],
-        })
-        .expect("valid")
-    };
+    let plan = |g: u64| zone_plan(&origin, g, items(&["www", "db"], g as u8).into_iter().map(|i| (i.endpoint, i.records)).collect());
     let before = {
         let root = SledStore::open(dir.path()).expect("open");
         assert!(root.add_zone(&origin, "$ORIGIN example.test.\n").await.expect("add"));
@@ -925,19 +897,7 @@ async fn a_registry_that_lost_a_zone_is_refused_and_accepted_past_its_counts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (shop, gone) = (DnsName::parse("shop.test.").expect("zone"), DnsName::parse("gone.test.").expect("zone"));
     let plan = |origin: &DnsName, g: u64| {
-        ValidatedPlan::new(Plan {
-            generation: Generation(g),
-            parent_generation: Generation(g - 1),
-            created_at_unix_ms: 0,
-            author: Author::Operator { name: "test".into() },
-            reason: "test".into(),
-            dns_zone: origin.clone(),
-            endpoints: vec![(DnsName::parse(&format!("www.{origin}")).expect("name"), endpoint(g as u8))].into_iter().collect(),
-            retired: BTreeSet::new(),
-            rollback_of: None,
-            provenance: vec![],
-        })
-        .expect("valid")
+        zone_plan(origin, g, vec![(DnsName::parse(&format!("www.{origin}")).expect("name"), endpoint(g as u8))].into_iter().collect())
     };
     let served = {
         let root = SledStore::open(dir.path()).expect("open");
@@ -972,4 +932,21 @@ async fn a_registry_that_lost_a_zone_is_refused_and_accepted_past_its_counts() {
     assert!(root.add_zone(&shop, "").await.expect("add again"));
     let again = root.zone(&shop).await.expect("zone").inner().counts().expect("counts");
     assert!(again.0 > served.0 && again.1 > served.1, "counts {again:?} not past {served:?}");
+}
+
+/// Plan `g` (parent `g - 1`) of the added zone `origin`, by an operator, serving `endpoints`.
+fn zone_plan(origin: &DnsName, g: u64, endpoints: std::collections::BTreeMap<EndpointName, Endpoint>) -> ValidatedPlan {
+    ValidatedPlan::new(Plan {
+        generation: Generation(g),
+        parent_generation: Generation(g - 1),
+        created_at_unix_ms: 0,
+        author: Author::Operator { name: "test".into() },
+        reason: "test".into(),
+        dns_zone: origin.clone(),
+        endpoints,
+        retired: BTreeSet::new(),
+        rollback_of: None,
+        provenance: vec![],
+    })
+    .expect("valid")
 }
