@@ -42,19 +42,8 @@ async fn store_with_plans(dir: &Path, plans: u64) -> SledStore {
 fn uniform_plan(g: u64, count: usize, last: u8) -> ValidatedPlan {
     let labels: Vec<String> = (0..count).map(|i| format!("e{i}")).collect();
     let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
-    ValidatedPlan::new(Plan {
-        generation: Generation(g),
-        parent_generation: Generation(g - 1),
-        created_at_unix_ms: 0,
-        author: Author::Operator { name: "test".into() },
-        reason: "test".into(),
-        dns_zone: DnsName::parse("example.test.").expect("zone"),
-        endpoints: items(&labels, last).into_iter().map(|i| (i.endpoint, i.records)).collect(),
-        retired: BTreeSet::new(),
-        rollback_of: None,
-        provenance: Vec::new(),
-    })
-    .expect("valid")
+    let origin = DnsName::parse("example.test.").expect("zone");
+    zone_plan(&origin, g, items(&labels, last).into_iter().map(|i| (i.endpoint, i.records)).collect())
 }
 
 /// The names plan `generation`'s own content entries and chunks hold.
@@ -934,7 +923,7 @@ async fn a_registry_that_lost_a_zone_is_refused_and_accepted_past_its_counts() {
     assert!(again.0 > served.0 && again.1 > served.1, "counts {again:?} not past {served:?}");
 }
 
-/// Plan `g` (parent `g - 1`) of the added zone `origin`, by an operator, serving `endpoints`.
+/// Plan `g` (parent `g - 1`) of the zone `origin`, by an operator, serving `endpoints`.
 fn zone_plan(origin: &DnsName, g: u64, endpoints: std::collections::BTreeMap<EndpointName, Endpoint>) -> ValidatedPlan {
     ValidatedPlan::new(Plan {
         generation: Generation(g),
