@@ -364,6 +364,9 @@ impl Client {
 
     pub fn new(control: &str, token: Option<String>, tls: Option<&TlsFiles>, format: Format) -> CliResult<Client> {
         let tls = tls.map(TlsFiles::client_tls);
+        // First, so that an https:// URL without --ca-file is said as such (exit 1), not as an
+        // unreachable stack.
+        let builder = dnsplan_common::store::remote::client_builder(control, tls.as_ref()).map_err(CliError::Failed)?;
         let store = RemoteStore::with_tls(control, token.clone(), tls.as_ref())?;
         // Every request carries the token: reads need a credential once roles are set.
         let mut headers = reqwest::header::HeaderMap::new();
@@ -373,8 +376,7 @@ impl Client {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let http = dnsplan_common::store::remote::client_builder(control, tls.as_ref())
-            .map_err(CliError::Failed)?
+        let http = builder
             .timeout(Duration::from_secs(10))
             .default_headers(headers)
             .build()

@@ -139,19 +139,7 @@ fn churning_plan(g: u64) -> ValidatedPlan {
     if g.is_multiple_of(2) {
         endpoints.insert(items(&["c"], 1)[0].endpoint.clone(), endpoint(2));
     }
-    ValidatedPlan::new(Plan {
-        generation: Generation(g),
-        parent_generation: Generation(g - 1),
-        created_at_unix_ms: 0,
-        author: Author::Operator { name: "test".into() },
-        reason: "test".into(),
-        dns_zone: DnsName::parse("example.test.").expect("zone"),
-        endpoints,
-        retired: BTreeSet::new(),
-        rollback_of: None,
-        provenance: Vec::new(),
-    })
-    .expect("valid")
+    zone_plan(&DnsName::parse("example.test.").expect("zone"), g, endpoints)
 }
 
 async fn apply_plan(store: &SledStore, g: u64) {
