@@ -11,10 +11,12 @@ use dnsplan_common::store_config::StoreConfig;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use crate::control::access::TOKEN_BYTES_MIN;
 use crate::control::access::{CredentialConfig, Credentials};
 pub use dnsplan_common::daemon::{ConfigError, TOKEN_ENV};
+use dnsplan_common::signing::{Keyring, KeyringConfig};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +42,11 @@ pub struct AuthorityConfig {
     /// older state; otherwise the saved state is served at once and followed up after.
     #[serde(default = "default_catch_up_at_start_ms")]
     pub catch_up_at_start_ms: u64,
+    /// `[[keyring.key]]`: the keys trusted to author plans. When set, the store refuses a
+    /// plan no key of it signed, and the follower serves an active record only when it is
+    /// what a trusted plan of its generation says (`follow::trusted`).
+    #[serde(default)]
+    pub keyring: KeyringConfig,
     /// `--accept-store-loss`, not a config key: open an embedded store that went back behind
     /// its high-water mark, moving the SOA serial past what was served (`high_water`).
     #[serde(skip)]
@@ -408,8 +415,14 @@ impl AuthorityConfig {
         Ok(config)
     }
 
+    /// The keyring of `[[keyring.key]]`, `None` when it names no key (every plan trusted).
+    pub fn keyring(&self) -> Result<Option<Arc<Keyring>>, String> {
+        Ok(Keyring::from_config(&self.keyring)?.map(Arc::new))
+    }
+
     /// Every value in range, with a message naming the key.
     pub fn check(&self) -> Result<(), String> {
+        self.keyring()?;
         match &self.store {
             None | Some(StoreConfig::Etcd(_)) => {}
             Some(StoreConfig::Control(_)) => {

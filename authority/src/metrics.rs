@@ -401,6 +401,8 @@ pub struct Metrics {
     rrl_slipped: Counter,
     transfers: Family<TransferLabels, Counter>,
     notify_failed: Counter,
+    /// `dnsplan_untrusted_records_total`: active records not served for want of a trusted plan.
+    pub untrusted_records: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -515,6 +517,13 @@ impl Metrics {
             "NOTIFY messages to secondaries not acknowledged in time (each is tried again)",
             notify_failed.clone(),
         );
+        let untrusted_records = Counter::default();
+        registry.register(
+            "untrusted_records",
+            "Active records not served because no plan the keyring trusts says them at their generation (written around the \
+             store's checks, or of a plan not signed by a trusted key)",
+            untrusted_records.clone(),
+        );
         let applies = Family::<ApplyLabels, Counter>::default();
         registry.register("store_applies", "Applies received through the control API, by outcome", applies.clone());
         let snapshot_swap_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
@@ -620,6 +629,7 @@ impl Metrics {
             rrl_slipped,
             transfers,
             notify_failed,
+            untrusted_records,
         }
     }
 
@@ -820,6 +830,7 @@ impl Metrics {
             rrl_slipped: self.rrl_slipped.clone(),
             transfers: self.transfers.clone(),
             notify_failed: self.notify_failed.clone(),
+            untrusted_records: self.untrusted_records.clone(),
             // Its own, exported nowhere: an empty registry, not a whole one registered and
             // dropped (a few KB a zone, at every start of every zone).
             registry: Registry::default(),

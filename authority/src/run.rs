@@ -22,6 +22,7 @@ use crate::control::ui;
 use crate::follow::follower::{LoadError, check_dns_zone};
 use crate::follow::image;
 use crate::follow::kept::{self, Keeping};
+use crate::follow::trusted::PlanCheck;
 use crate::metrics::{Metrics, StoreReading};
 use crate::net::budget;
 use crate::net::tcp::{TcpLimits, serve_tcp};
@@ -40,6 +41,7 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::response::Html;
 use axum::routing::get;
 use dnsplan_common::daemon::{self, Reachability, StartFailure};
+use dnsplan_common::signing::Keyring;
 use dnsplan_common::status::AuthorityStatus;
 use dnsplan_common::store::AuthorityReport;
 use dnsplan_common::store::lease::now_unix_ms;
@@ -145,10 +147,13 @@ pub async fn run(
             run_with_store(store, config, config_dir, shutdown, on_bound).await
         }
         Some(StoreConfig::Etcd(etcd)) => {
+            let keyring = config.keyring().map_err(anyhow::Error::msg)?;
             let reach = move |stop: Stop| async move {
                 let stopped = stop.wait();
                 tokio::pin!(stopped);
-                daemon::start_with_retry("the store on etcd", || connect_etcd(&etcd), stopped.as_mut()).await.map_err(anyhow::Error::msg)
+                daemon::start_with_retry("the store on etcd", || connect_etcd(&etcd, keyring.clone()), stopped.as_mut())
+                    .await
+                    .map_err(anyhow::Error::msg)
             };
             serve(reach, Keeping::OnDisk, config, config_dir, shutdown, on_bound, Extras::default()).await
         }
@@ -160,17 +165,22 @@ pub async fn run(
 }
 
 /// Opens the embedded store in `config.data_dir`, refusing one that went back behind its
-/// high-water mark unless `config.accept_store_loss`.
+/// high-water mark unless `config.accept_store_loss`, trusting the plans `config.keyring`
+/// trusts.
 pub fn open_embedded(config: &AuthorityConfig) -> anyhow::Result<SledStore> {
     let on_loss = if config.accept_store_loss { OnLoss::Accept } else { OnLoss::Refuse };
-    SledStore::open_with(&config.data_dir, on_loss).with_context(|| format!("opening the store in {}", config.data_dir.display()))
+    let store =
+        SledStore::open_with(&config.data_dir, on_loss).with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
+    store.set_keyring(config.keyring().map_err(anyhow::Error::msg)?);
+    Ok(store)
 }
 
 /// Connects to etcd and reads the store's version once, so that the store answers before the
 /// follower and the control API use it. An outage is retried (`start_with_retry`); a store
 /// that answers with something else than an outage (bad data under the prefix) is fatal.
-async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
-    let config = EtcdConfig::from_settings(settings);
+async fn connect_etcd(settings: &EtcdStoreConfig, keyring: Option<Arc<Keyring>>) -> Result<EtcdStore, StartFailure> {
+    let mut config = EtcdConfig::from_settings(settings);
+    config.keyring = keyring;
     let store = EtcdStore::connect(config).await.map_err(|err| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
     match store.version().await {
         Ok(_) => Ok(store),
@@ -360,6 +370,8 @@ where
 
     // The zones the store manages beside its first one (`added`).
     let book = Arc::new(added::book::ZoneBook::default());
+    // With a keyring, every zone's follower serves only what trusted plans say.
+    let plan_check = config.keyring().map_err(anyhow::Error::msg)?.map(|keyring| PlanCheck::new(keyring, metrics.clone()));
     let setup = added::Setup {
         table: others.clone(),
         limits,
@@ -368,6 +380,7 @@ where
         keeping: local,
         metrics: metrics.clone(),
         book: book.clone(),
+        plan_check: plan_check.clone(),
     };
     // On etcd, the added zones' saved states are served at once too, beside the first zone's
     // (not before it: the first zone answers without waiting for them).
@@ -384,7 +397,8 @@ where
                 .with_rrl(rrl.take().flatten())
                 .with_transfer(transfer.take().unwrap_or_else(|| Arc::new(TransferPolicy::closed())))
                 .with_ixfr_log(&config.data_dir)
-                .with_zones(others.clone()),
+                .with_zones(others.clone())
+                .with_plan_check(plan_check.clone()),
         )
     };
     let mut serving = None;
@@ -473,10 +487,12 @@ where
                 // (a cluster coming back): the load is retried as the connect is.
                 Keeping::OnDisk => {
                     keeper = Some(kept::keeper(&config.data_dir, None, served_log.clone()));
-                    let (store, zone, metrics, served_log) = (&store, &zone, &metrics, &served_log);
+                    let (store, zone, metrics, served_log, check) = (&store, &zone, &metrics, &served_log, &plan_check);
                     let load = move || {
-                        let (zone, metrics, served_log) = (zone.clone(), metrics.clone(), served_log.clone());
-                        async move { Ok(Serving::load(store, zone, limits, metrics).await.map_err(start_failure)?.with_served_log(served_log)) }
+                        let (zone, metrics, served_log, check) = (zone.clone(), metrics.clone(), served_log.clone(), check.clone());
+                        async move {
+                            Ok(Serving::load(store, zone, limits, metrics, check).await.map_err(start_failure)?.with_served_log(served_log))
+                        }
                     };
                     let stopped = stop.clone().wait();
                     tokio::pin!(stopped);
@@ -491,7 +507,8 @@ where
                 }
                 Keeping::InStore => {
                     let path = image::path_in(&config.data_dir);
-                    let (serving, saved_at) = Serving::load_imaged(&store, &path, zone.clone(), limits, metrics.clone()).await?;
+                    let (serving, saved_at) =
+                        Serving::load_imaged(&store, &path, zone.clone(), limits, metrics.clone(), plan_check.clone()).await?;
                     keeper = Some(image::Keeper::new(path, saved_at, image::SAVE_INTERVAL));
                     serving
                 }

@@ -505,7 +505,7 @@ async fn a_paged_load_ends_at_one_moment_of_the_store() -> anyhow::Result<()> {
         store.apply_many(Generation(1), chunk).await?;
     }
 
-    let mut loader = Loader::new(zone());
+    let mut loader = Loader::new(zone(), None);
     assert!(loader.next_page(&store).await?, "the first page is not the last");
     let (read, unread, fresh) = (&names[10], &names[ACTIVE_PAGE_MAX + 50], name("new"));
     let mut next = names.clone();

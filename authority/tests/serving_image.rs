@@ -70,7 +70,7 @@ async fn a_restart_serves_the_image_brought_up_to_the_store() -> anyhow::Result<
         publish_and_apply(&store, &two).await?;
         // What the next start will serve before its first answer (the follower would catch
         // up a moment later, so over the wire a missing merge shows only by chance).
-        let (saved_at, resumed) = image::resume(&store, &path, zone_of(dir.path())?).await.expect("the image is this store's");
+        let (saved_at, resumed) = image::resume(&store, &path, zone_of(dir.path())?, None).await.expect("the image is this store's");
         assert_eq!(saved_at, 1);
         assert_eq!(resumed.applied_changes, 2);
         let db_name = dnsplan_common::DnsName::parse("db.example.test.")?;

@@ -64,6 +64,7 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         ixfr_log: None,
         others: None,
         answered: Default::default(),
+        plan_check: None,
     }
 });
 

@@ -29,6 +29,10 @@ pub struct Cli {
     /// The client certificate's key (PEM).
     #[arg(long, global = true, env = "DNSPLAN_KEY_FILE", requires = "cert_file")]
     pub key_file: Option<PathBuf>,
+    /// Sign every plan this command publishes (rollback, retire, plans publish) with this
+    /// Ed25519 key (PEM, mode 0600; `dnsplan key new`), for a stack with a keyring.
+    #[arg(long, global = true, env = "DNSPLAN_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
     /// Output format of read commands.
     #[arg(long, global = true, value_enum, default_value_t = output::Format::Text)]
     pub output: output::Format,
@@ -93,8 +97,34 @@ pub enum Command {
         #[command(subcommand)]
         command: CredentialCommand,
     },
+    /// Make and show plan signing keys (nothing is sent anywhere).
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
     #[command(flatten)]
     Ops(commands::Command),
+}
+
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// A new Ed25519 plan signing key for NAME, written to FILE (mode 0600, never over an
+    /// existing file); prints its public key and the `[[keyring.key]]` table that trusts it.
+    New {
+        /// Whose key it is, as the keyring and its errors will name it (`planner-eu1`, `alice`).
+        name: String,
+        /// Where to write the private key (PEM).
+        #[arg(long)]
+        file: PathBuf,
+        /// The DNS zones it may author plans for (repeat; `*` for every zone).
+        #[arg(long = "dns-zone", default_value = "*")]
+        zones: Vec<String>,
+        /// Whom it may sign as (repeat): `planner:ID`, `operator:NAME`, `planner:*`, `operator:*`.
+        #[arg(long = "author", required = true)]
+        authors: Vec<String>,
+    },
+    /// The public key of the private key in FILE.
+    Public { file: PathBuf },
 }
 
 #[derive(Subcommand)]

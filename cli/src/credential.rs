@@ -1,8 +1,11 @@
-//! `dnsplan credential`: tokens for the control API's roles, made and hashed on this machine.
+//! `dnsplan credential`: tokens for the control API's roles, made and hashed on this machine;
+//! `dnsplan key`: plan signing keys, made and shown on this machine.
 
-use crate::args::CredentialCommand;
+use crate::args::{CredentialCommand, KeyCommand};
 use crate::output::Format;
 use dnsplan_authority::control::access::{self, Role};
+use dnsplan_common::signing::{Keyring, KeyringConfig, SigningKey, TrustedKeyConfig, public_key_text};
+use std::io::Write;
 
 /// Runs `command`, printing on stdout; the error says what was wrong.
 pub fn run(command: CredentialCommand, format: Format) -> Result<(), String> {
@@ -26,6 +29,68 @@ pub fn run(command: CredentialCommand, format: Format) -> Result<(), String> {
             }
             crate::out!("{}", access::token_sha256(token));
             Ok(())
+        }
+    }
+}
+
+/// Runs a `dnsplan key` command, printing on stdout.
+pub fn run_key(command: KeyCommand, format: Format) -> Result<(), String> {
+    match command {
+        KeyCommand::New { name, file, zones, authors } => {
+            let (key, pem) = SigningKey::generate()?;
+            let table = TrustedKeyConfig { name, public_key: public_key_text(&key.public_key()), zones, authors };
+            // The table must load as every daemon loads it, before a key is written for it.
+            Keyring::from_config(&KeyringConfig { key: vec![table.clone()] })?;
+            write_private(&file, pem.as_bytes())?;
+            crate::out_raw!("{}", key_text(&table, Some(&file), format)?);
+            Ok(())
+        }
+        KeyCommand::Public { file } => {
+            let key = SigningKey::load(&file).map_err(|e| e.to_string())?;
+            match format {
+                Format::Json => crate::out!("{}", serde_json::json!({ "public_key": public_key_text(&key.public_key()) })),
+                _ => crate::out!("{}", public_key_text(&key.public_key())),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes `bytes` to a new file at `path` that only its owner may read.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => format!("{} exists; a key is never written over another", path.display()),
+        _ => format!("cannot create {}: {e}", path.display()),
+    })?;
+    file.write_all(bytes).and_then(|()| file.sync_all()).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// What `key new` prints: where the key is, and the table that trusts it.
+fn key_text(table: &TrustedKeyConfig, file: Option<&std::path::Path>, format: Format) -> Result<String, String> {
+    match format {
+        Format::Json => serde_json::to_string_pretty(&serde_json::json!({
+            "name": table.name, "public_key": table.public_key, "zones": table.zones, "authors": table.authors,
+            "file": file.map(|f| f.display().to_string()),
+        }))
+        .map(|t| t + "\n")
+        .map_err(|e| e.to_string()),
+        _ => {
+            let list = |items: &[String]| items.iter().map(|i| toml_string(i)).collect::<Vec<_>>().join(", ");
+            let file = file.map(|f| {
+                format!("private key  {} (mode 0600: the planner's signing.key_file, or the CLI's --signing-key)\n\n", f.display())
+            });
+            Ok(format!(
+                "{}[[keyring.key]]\nname = {}\npublic_key = \"{}\"\nzones = [{}]\nauthors = [{}]\n",
+                file.unwrap_or_default(),
+                toml_string(&table.name),
+                table.public_key,
+                list(&table.zones),
+                list(&table.authors)
+            ))
         }
     }
 }
@@ -66,6 +131,40 @@ fn toml_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_key_is_private_its_table_trusts_it_and_no_file_is_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("alice.key");
+        let new = || KeyCommand::New {
+            name: "alice".into(),
+            file: file.clone(),
+            zones: vec!["example.test".into()],
+            authors: vec!["operator:alice".into()],
+        };
+        run_key(new(), Format::Text).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        let key = SigningKey::load(&file).unwrap();
+        let before = std::fs::read(&file).unwrap();
+        let err = run_key(new(), Format::Text).unwrap_err();
+        assert!(err.contains("never written over"), "{err}");
+        assert_eq!(std::fs::read(&file).unwrap(), before);
+        let table = TrustedKeyConfig {
+            name: "alice".into(),
+            public_key: public_key_text(&key.public_key()),
+            zones: vec!["example.test".into()],
+            authors: vec!["operator:alice".into()],
+        };
+        let text = key_text(&table, None, Format::Text).unwrap();
+        let parsed: KeyringFile = toml::from_str(&text).unwrap();
+        assert_eq!(parsed.keyring.key, vec![table]);
+    }
+
+    #[derive(serde::Deserialize)]
+    struct KeyringFile {
+        keyring: KeyringConfig,
+    }
 
     #[test]
     fn the_printed_table_loads_and_holds_the_tokens_hash() {

@@ -84,6 +84,13 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             },
+            Command::Key { command } => match dnsplan_cli::credential::run_key(command, cli.output) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err}");
+                    ExitCode::from(2)
+                }
+            },
             Command::Ops(command) => {
                 let token = match (cli.token, &cli.stack_config) {
                     (Some(t), _) => Some(t),
@@ -100,8 +107,15 @@ fn main() -> ExitCode {
                     Ok(tls) => tls,
                     Err(err) => return err.exit(),
                 };
+                let signing_key = match cli.signing_key.as_deref().map(dnsplan_common::signing::SigningKey::load).transpose() {
+                    Ok(key) => key,
+                    Err(err) => {
+                        eprintln!("error: {err}");
+                        return ExitCode::from(2);
+                    }
+                };
                 let client = match commands::Client::new(&cli.control, token, tls.as_ref(), cli.output) {
-                    Ok(c) => c,
+                    Ok(c) => c.with_signing_key(signing_key),
                     Err(err) => return err.exit(),
                 };
                 let client = match &cli.zone {

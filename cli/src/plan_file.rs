@@ -18,6 +18,7 @@
 //! against the planner's default breaker fraction (a warning too).
 
 use crate::workflow;
+use dnsplan_common::signing::{SigningKey, sign_with};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::publish_against;
 use dnsplan_common::{
@@ -262,8 +263,15 @@ pub async fn preview<S: Store>(store: &S, file: PlanFile, reason: &str, by: &str
 /// rollback does, so the planner does not undo it), then publishes with the latest plan the
 /// preview compared with as parent. A plan published in between is a conflict: the preview
 /// is stale, so nothing is retried.
-pub async fn publish<S: Store>(store: &S, preview: &mut Preview, by: &str, keep_automation: bool) -> Result<(), StoreError> {
-    let Some(plan) = &preview.plan else { return Ok(()) };
+pub async fn publish<S: Store>(
+    store: &S,
+    preview: &mut Preview,
+    by: &str,
+    keep_automation: bool,
+    key: Option<&SigningKey>,
+) -> Result<(), StoreError> {
+    let Some(plan) = preview.plan.take().map(|plan| sign_with(key, plan)) else { return Ok(()) };
+    let plan = &*preview.plan.insert(plan);
     if !keep_automation {
         let reason = format!("plan {} published from a file: {}", plan.generation(), plan.plan().reason);
         store.pause(PauseState::by_operator(reason, by, now_unix_ms())).await?;
@@ -400,11 +408,11 @@ targets = [{ address = "192.0.2.1", zone = "a", weight = 1 }]
         let store = store_with_plan(dir.path()).await;
         let mut first = preview(&store, PlanFile::parse(FILE).expect("file"), "drain .2", "alice").await.expect("preview");
         let mut stale = preview(&store, PlanFile::parse(FILE).expect("file"), "drain .2", "bob").await.expect("preview");
-        publish(&store, &mut first, "alice", false).await.expect("published");
+        publish(&store, &mut first, "alice", false, None).await.expect("published");
         assert!(first.published);
         assert_eq!(store.latest().await.expect("latest"), Generation(2));
         assert_eq!(store.paused().await.expect("paused").map(|p| p.by), Some(Author::Operator { name: "alice".into() }));
-        let err = publish(&store, &mut stale, "bob", true).await.expect_err("stale");
+        let err = publish(&store, &mut stale, "bob", true, None).await.expect_err("stale");
         assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
         assert!(!stale.published);
     }

@@ -216,6 +216,7 @@ impl Stack {
             zones: up.authority.zones,
             // The embedded store has no saved state to catch up: it is the store.
             catch_up_at_start_ms: 0,
+            keyring: Default::default(),
             accept_store_loss: overrides.accept_store_loss,
             source: None,
         };
@@ -231,6 +232,7 @@ impl Stack {
             metrics: MetricsConfig::default(),
             endpoints: up.planner.endpoints,
             zones: up.planner.zones,
+            signing: Default::default(),
         };
         planner.validate(&text).map_err(|detail| invalid(format!("planner: {detail}")))?;
 
@@ -255,6 +257,7 @@ impl Stack {
                     ..VerifyConfig::default()
                 },
                 metrics: EnactorMetrics::default(),
+                keyring: Default::default(),
             };
             config.check().map_err(|detail| invalid(format!("enactors: {detail}")))?;
             enactors.push(config);

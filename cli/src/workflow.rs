@@ -11,6 +11,7 @@
 //! endpoints.
 
 use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_common::signing::{SigningKey, sign_with};
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::publish_against;
 use dnsplan_common::{
@@ -160,7 +161,11 @@ pub struct RollbackRequest {
 /// Pauses automation (unless asked not to) and publishes `latest + 1` with plan `to`'s
 /// content, `rollback_of` set and the reason recorded; retried when a planner publishes in
 /// between. Returns the published plan.
-pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) -> Result<ValidatedPlan, StoreError> {
+pub async fn publish_rollback<S: Store>(
+    store: &S,
+    request: &RollbackRequest,
+    key: Option<&SigningKey>,
+) -> Result<ValidatedPlan, StoreError> {
     let old = store.plan(request.to).await?;
     let reason = format!("rollback to plan {}: {}", request.to, request.reason);
     if !request.keep_automation {
@@ -206,6 +211,7 @@ pub async fn publish_rollback<S: Store>(store: &S, request: &RollbackRequest) ->
             rollback_of: Some(request.to),
             provenance,
         })?;
+        let plan = sign_with(key, plan);
         match publish_against(store, Some(&current), &plan, None).await {
             Ok(()) => return Ok(plan),
             Err(StoreError::Conflict { .. }) if attempt < ROLLBACK_PUBLISH_ATTEMPTS_MAX => attempt += 1,
@@ -255,7 +261,13 @@ pub enum RetireError {
 /// `by` with `reason` (an operator's plan: the store refuses retirements from automation).
 /// Refused when the planner manages `name` or the latest plan does not serve it; published
 /// again when a planner publishes in between.
-pub async fn publish_retirement<S: Store>(store: &S, name: &EndpointName, reason: &str, by: &str) -> Result<ValidatedPlan, RetireError> {
+pub async fn publish_retirement<S: Store>(
+    store: &S,
+    name: &EndpointName,
+    reason: &str,
+    by: &str,
+    key: Option<&SigningKey>,
+) -> Result<ValidatedPlan, RetireError> {
     let mut attempt = 1;
     loop {
         let latest = store.latest().await?;
@@ -285,6 +297,7 @@ pub async fn publish_retirement<S: Store>(store: &S, name: &EndpointName, reason
             provenance: vec![Provenance { endpoint: name.clone(), rule: "operator".into(), detail: format!("retired by {by}: {reason}") }],
         })
         .map_err(StoreError::from)?;
+        let plan = sign_with(key, plan);
         match publish_against(store, Some(&current), &plan, None).await {
             Ok(()) => return Ok(plan),
             Err(StoreError::Conflict { .. }) if attempt < ROLLBACK_PUBLISH_ATTEMPTS_MAX => attempt += 1,

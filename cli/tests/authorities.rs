@@ -10,108 +10,17 @@ use dnsplan_common::Store;
 use dnsplan_common::store::ApplyItem;
 use dnsplan_tests::etcd::EtcdCluster;
 use dnsplan_tests::fixtures::{endpoint_for, name, plan, planner};
-use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::{WITHIN, bin_dir, until_dns};
+use support::etcd_authority::{Authority, ETCD_AUTHORITY_TOKEN as TOKEN, etcd_authority};
+use support::{WITHIN, until_dns};
 
 const PREFIX: &str = "/authorities/";
-/// The authorities' control token (the demo one is refused outside `dnsplan up`).
-const TOKEN: &str = "authorities-test-token-0123456789abcdef";
 
-/// A `dnsplan-authority` process, killed (SIGKILL) when dropped.
-struct Authority {
-    child: Child,
-    dns: SocketAddr,
-    control: String,
-}
-
-impl Drop for Authority {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts an authority following `cluster`, its config in `dir`, its DNS and control API on
-/// ports the system picks (read back from its log, so no other process can take them first),
-/// its log in `dir/authority.log`.
 fn authority(dir: &Path, cluster: &EtcdCluster) -> anyhow::Result<Authority> {
-    let endpoints: Vec<String> = cluster.all_endpoints().iter().map(|e| format!("\"{e}\"")).collect();
-    let config = format!(
-        r#"data_dir = "{data}"
-[store]
-kind = "etcd"
-endpoints = [{endpoints}]
-prefix = "{PREFIX}"
-[dns]
-listen = ["127.0.0.1:0"]
-[dns.transfer]
-tsig_required = false
-[[dns.transfer.secondaries]]
-address = "127.0.0.0/8"
-[control]
-listen = "127.0.0.1:0"
-token = "{TOKEN}"
-[dns_zone]
-origin = "example.test."
-ns = ["ns1.example.test."]
-[dns_zone.soa]
-mname = "ns1.example.test."
-rname = "hostmaster.example.test."
-"#,
-        data = dir.join("data").display(),
-        endpoints = endpoints.join(", "),
-    );
-    let path = dir.join("authority.toml");
-    std::fs::write(&path, config)?;
-    let mut child = Command::new(bin_dir().join("dnsplan-authority"))
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = child.stderr.take().ok_or_else(|| anyhow::anyhow!("no stderr"))?;
-    let log_path = dir.join("authority.log");
-    let mut log = std::fs::File::create(&log_path)?;
-    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-    // Copies the log to its file for the whole life of the process; says where it serves.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = writeln!(log, "{line}");
-            if let Some(bound) = serving_at(&line) {
-                let _ = bound_tx.send(bound);
-            }
-        }
-    });
-    let mut authority = Authority { child, dns: SocketAddr::from(([127, 0, 0, 1], 0)), control: String::new() };
-    match bound_rx.recv_timeout(WITHIN) {
-        Ok((dns, control)) => {
-            authority.dns = dns;
-            authority.control = format!("http://{control}");
-            Ok(authority)
-        }
-        Err(_) => {
-            let exit = authority.child.try_wait()?;
-            anyhow::bail!(
-                "the authority did not say where it serves within {WITHIN:?} (exit: {exit:?}); its log:\n{}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
-            )
-        }
-    }
-}
-
-/// The DNS and control addresses of the authority's "authority serving dns=[A] control=B" line
-/// (or "authority serving its saved state dns=[A] control=B", with the store unreachable).
-fn serving_at(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let rest = &line[line.find("authority serving")?..];
-    let rest = &rest[rest.find("dns=[")? + "dns=[".len()..];
-    let dns = rest[..rest.find(']')?].split(", ").next()?.parse().ok()?;
-    let control = rest[rest.find("control=")? + "control=".len()..].split_whitespace().next()?.parse().ok()?;
-    Some((dns, control))
+    etcd_authority(dir, cluster, PREFIX, "")
 }
 
 fn dnsplan(control: &str, args: &[&str]) -> anyhow::Result<Output> {

@@ -17,7 +17,7 @@
 //! [`CodecError`]. Plans are validated after decoding, so a decoded plan is a
 //! [`ValidatedPlan`].
 
-use crate::plan::{Plan, PlanSummary, ValidatedPlan, ValidationError};
+use crate::plan::{Plan, PlanSignature, PlanSummary, ValidatedPlan, ValidationError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -225,13 +225,38 @@ impl Record for PlanSummary {
     const BODY_BYTES_MAX: usize = SMALL_BODY_BYTES_MAX;
 }
 
+/// The envelope of a signed plan: its body is the plan's body (what a `plan` envelope holds,
+/// and what the signature covers) followed by the [`PlanSignature`].
+pub const SIGNED_PLAN_KIND: u8 = 18;
+const SIGNED_PLAN_KIND_NAME: &str = "signed plan";
+
+/// A plan's envelope: a `plan`, or a `signed plan` when it carries a signature.
 pub fn encode_plan(plan: &ValidatedPlan) -> Vec<u8> {
-    encode(plan.plan())
+    let mut out = encode(plan.plan());
+    if let Some(signature) = plan.signature() {
+        let written = bincode::serde::encode_into_std_write(signature, &mut out, config());
+        assert!(written.is_ok(), "encoding a signature into memory cannot fail");
+        let body_len = out.len() - HEADER_BYTES;
+        let crc = crc32fast::hash(&out[HEADER_BYTES..]);
+        out[..HEADER_BYTES].copy_from_slice(&header(SIGNED_PLAN_KIND, body_len as u32, crc));
+    }
+    out
 }
 
-/// Decodes and validates a plan: what comes off the wire or the disk is checked like a new one.
+/// Decodes and validates a plan, signed or not: what comes off the wire or the disk is
+/// checked like a new one. A signature is decoded, not verified (a keyring does that).
 pub fn decode_plan(bytes: &[u8]) -> Result<ValidatedPlan, CodecError> {
-    Ok(ValidatedPlan::new(decode::<Plan>(bytes)?)?)
+    if bytes.len() < HEADER_BYTES || bytes[6] != SIGNED_PLAN_KIND {
+        return Ok(ValidatedPlan::new(decode::<Plan>(bytes)?)?);
+    }
+    let body = open(bytes, SIGNED_PLAN_KIND, SIGNED_PLAN_KIND_NAME, BODY_BYTES_MAX)?;
+    let mut reader = BodyReader::new(body, SIGNED_PLAN_KIND_NAME);
+    let plan: Plan = reader.take()?;
+    let signature: PlanSignature = reader.take()?;
+    if !reader.is_done() {
+        return Err(CodecError::Body { kind: SIGNED_PLAN_KIND_NAME.into(), detail: "trailing bytes after the signature".into() });
+    }
+    Ok(ValidatedPlan::new(plan)?.with_signature(Some(signature)))
 }
 
 #[cfg(test)]

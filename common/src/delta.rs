@@ -7,7 +7,7 @@ use crate::changes::{PLAN_CHANGES_ENDPOINTS_MAX, PlanChanges, PlanEntry};
 use crate::codec::{self, Record};
 use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
-use crate::plan::{Author, Endpoint, Plan, Provenance, ValidatedPlan, ValidationError};
+use crate::plan::{Author, Endpoint, Plan, PlanSignature, Provenance, ValidatedPlan, ValidationError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -71,6 +71,9 @@ impl PlanHead {
 pub struct PlanDelta {
     pub head: PlanHead,
     pub changes: BTreeMap<EndpointName, PlanEntry>,
+    /// The signature of the whole plan the delta makes (not of the delta): checked on that
+    /// plan once it is built from the parent.
+    pub signature: Option<PlanSignature>,
 }
 
 impl Record for PlanDelta {
@@ -87,7 +90,7 @@ impl PlanDelta {
             return None;
         }
         let changes = PlanChanges::between(parent, plan.plan())?;
-        Some(PlanDelta { head: PlanHead::of(plan.plan()), changes: changes.changes })
+        Some(PlanDelta { head: PlanHead::of(plan.plan()), changes: changes.changes, signature: plan.signature().cloned() })
     }
 
     /// `plan` told against `parent` when the caller knows which endpoints can differ:
@@ -109,7 +112,7 @@ impl PlanDelta {
                 changes.insert(name.clone(), now.into_owned());
             }
         }
-        Some(PlanDelta { head: PlanHead::of(plan.plan()), changes })
+        Some(PlanDelta { head: PlanHead::of(plan.plan()), changes, signature: plan.signature().cloned() })
     }
 
     pub fn generation(&self) -> Generation {
@@ -152,7 +155,7 @@ impl PlanDelta {
     pub fn apply_to(self, parent: Option<Plan>) -> Result<ValidatedPlan, ValidationError> {
         let (mut endpoints, mut retired) = parent.map(|p| (p.endpoints, p.retired)).unwrap_or_default();
         apply_entries(&mut endpoints, &mut retired, self.changes);
-        ValidatedPlan::new(self.head.with_endpoints(endpoints, retired))
+        Ok(ValidatedPlan::new(self.head.with_endpoints(endpoints, retired))?.with_signature(self.signature))
     }
 }
 

@@ -22,6 +22,7 @@ pub mod names;
 #[cfg(feature = "daemon")]
 pub mod open_files;
 pub mod plan;
+pub mod signing;
 pub mod status;
 #[cfg(feature = "server")]
 pub mod tls;

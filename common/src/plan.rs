@@ -261,11 +261,27 @@ pub fn removed_weight_fraction(active: &Endpoint, next: &Endpoint) -> f64 {
     removed as f64 / total as f64
 }
 
+/// An Ed25519 signature of a plan by its author's key (see `signing`): over the plan's codec
+/// body, so over every field of it. Carried beside the plan, in a "signed plan" envelope.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSignature {
+    /// The signer's public key: how a keyring finds the key (and its name and rights).
+    pub public_key: [u8; 32],
+    /// 64 bytes; any other length does not verify.
+    pub signature: Vec<u8>,
+}
+
 /// A plan that passed validation. The only kind of plan a store accepts.
+///
+/// It may carry its author's signature. Validation does not check it: whether a signature
+/// is trusted is a keyring's question (`signing::Keyring::verify`), asked where a keyring is
+/// configured.
 // Invariant: `plan` satisfies every rule in `ValidatedPlan::new`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ValidatedPlan {
     plan: Plan,
+    signature: Option<PlanSignature>,
 }
 
 impl ValidatedPlan {
@@ -320,11 +336,21 @@ impl ValidatedPlan {
                 return Err(ValidationError::ProvenanceTextTooLong { endpoint: entry.endpoint.clone() });
             }
         }
-        Ok(ValidatedPlan { plan })
+        Ok(ValidatedPlan { plan, signature: None })
     }
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// The author's signature, when the plan carries one.
+    pub fn signature(&self) -> Option<&PlanSignature> {
+        self.signature.as_ref()
+    }
+
+    /// The plan with `signature` attached (replacing any it had). Not checked here.
+    pub fn with_signature(self, signature: Option<PlanSignature>) -> ValidatedPlan {
+        ValidatedPlan { signature, ..self }
     }
 
     pub fn into_plan(self) -> Plan {

@@ -12,6 +12,9 @@ use std::path::Path;
 use std::time::Duration;
 
 /// Longest accepted enactor id, in bytes (the store's heartbeat limit).
+use dnsplan_common::signing::{Keyring, KeyringConfig};
+use std::sync::Arc;
+
 pub const ID_BYTES_MAX: usize = dnsplan_common::store::HEARTBEAT_TEXT_BYTES_MAX;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -38,6 +41,11 @@ pub struct EnactorConfig {
     pub verify: VerifyConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// `[[keyring.key]]`: the keys trusted to author plans. When set, a plan is read whole
+    /// and applied only when a key of it signed it (`signing`), and the store (etcd) refuses
+    /// publishes it does not trust.
+    #[serde(default)]
+    pub keyring: KeyringConfig,
 }
 
 /// Where an enactor writes (`[target]`, `kind = "store"` or `kind = "rfc2136"`).
@@ -197,6 +205,7 @@ impl EnactorConfig {
 
     /// Every value in range, with a message naming the key.
     pub fn check(&self) -> Result<(), String> {
+        Keyring::from_config(&self.keyring)?;
         let id_ok = !self.id.is_empty()
             && self.id.len() <= ID_BYTES_MAX
             && self.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
@@ -311,6 +320,8 @@ impl EnactorConfig {
                 timeout: Duration::from_millis(self.verify.timeout_ms),
                 endpoints_max: self.verify.endpoints_max,
             }),
+            // `check` refused a keyring that does not load.
+            keyring: Keyring::from_config(&self.keyring).ok().flatten().map(Arc::new),
         }
     }
 }
@@ -347,6 +358,8 @@ pub struct Settings {
     pub cleanup_retain: Option<u64>,
     pub verify: Option<VerifySettings>,
     pub target: Target,
+    /// Plans are applied only when it trusts them (`None`: every plan).
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 /// Where an enactor writes the endpoints of a plan.
@@ -373,6 +386,7 @@ impl Settings {
             cleanup: CleanupConfig::default(),
             verify: VerifyConfig::default(),
             metrics: MetricsConfig::default(),
+            keyring: KeyringConfig::default(),
         };
         config.settings()
     }

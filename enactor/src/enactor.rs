@@ -42,9 +42,10 @@ use crate::metrics::Metrics;
 use crate::rfc2136::{Rfc2136, TargetError, Written};
 use crate::{guard, verify};
 use dnsplan_common::daemon::Reachability;
+use dnsplan_common::signing::Keyring;
 use dnsplan_common::store::{ActiveSnapshot, ApplyItem, StoreVersion, WAIT_TIMEOUT_MAX};
 use dnsplan_common::{
-    ApplyOutcome, Author, Endpoint, EndpointName, Generation, Heartbeat, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
+    ApplyOutcome, Author, Endpoint, EndpointName, Generation, Heartbeat, Plan, PlanEntry, Store, StoreError, StoreResult, ValidatedPlan,
 };
 use rand::RngExt;
 use std::collections::{BTreeMap, BTreeSet};
@@ -72,6 +73,25 @@ struct Work {
     retire: BTreeSet<EndpointName>,
     /// Endpoints of the plan left unwritten because no plan since the base changed them.
     skipped: u64,
+}
+
+impl Work {
+    /// All of `plan`.
+    fn whole(plan: Plan) -> Work {
+        Work { rollback: plan.rollback_of.is_some(), serve: plan.endpoints, retire: plan.retired, skipped: 0 }
+    }
+
+    /// What this work would write that `plan` does not say, if anything: the store's record
+    /// of a plan's changes is not signed, so it is held to the signed plan.
+    fn differs_from(&self, plan: &Plan) -> Option<String> {
+        if self.rollback != plan.rollback_of.is_some() {
+            return Some(format!("the store's changes of plan {} do not say whether it is a rollback as the plan does", plan.generation));
+        }
+        let served = self.serve.iter().find(|(name, records)| plan.endpoints.get(*name) != Some(*records));
+        let retired = self.retire.iter().find(|name| !plan.retired.contains(*name));
+        let name = served.map(|(name, _)| name).or(retired)?;
+        Some(format!("the store's changes of plan {} write {name} otherwise than the signed plan says", plan.generation))
+    }
 }
 
 /// Why a plan application stopped before it finished.
@@ -372,6 +392,15 @@ impl<S: Store> Enactor<S> {
             #[cfg(feature = "testing")]
             Behaviour::Naive => return self.apply_naive(generation, deadline, versions).await,
         }
+        // With a keyring, the plan is read whole and its signature checked before anything
+        // is written; what is written is then checked against it, changes or not.
+        let trusted = match self.settings.keyring.clone() {
+            Some(keyring) => match self.trusted_plan(generation, &keyring).await {
+                Ok(plan) => Some(plan),
+                Err(step) => return step,
+            },
+            None => None,
+        };
         let work = match self.base.filter(|base| !full && *base < generation) {
             Some(base) => match self.changes_since(base, generation).await {
                 Ok(Some(work)) => self.without_carried(base, generation, work).await,
@@ -379,13 +408,18 @@ impl<S: Store> Enactor<S> {
             },
             None => Ok(None),
         };
-        let work = match work {
-            Ok(Some(work)) => work,
-            Ok(None) => match self.whole_plan(generation).await {
+        let work = match (work, trusted) {
+            (Ok(Some(work)), Some(plan)) => match work.differs_from(&plan) {
+                None => work,
+                Some(detail) => return Step::Refused { reason: "untrusted", detail },
+            },
+            (Ok(Some(work)), None) => work,
+            (Ok(None), Some(plan)) => Work::whole(plan),
+            (Ok(None), None) => match self.whole_plan(generation).await {
                 Ok(work) => work,
                 Err(step) => return step,
             },
-            Err(step) => return step,
+            (Err(step), _) => return step,
         };
         self.write(generation, work, deadline, versions).await
     }
@@ -468,6 +502,29 @@ impl<S: Store> Enactor<S> {
         Step::Done { written: work.serve, changed, wrote_all }
     }
 
+    /// Plan `generation` whole, once `keyring` trusts it: signed by a key it holds, for the
+    /// plan's zone and author, over exactly these bytes. Refused otherwise, so neither a plan
+    /// written straight into the store nor one changed after it was signed is applied.
+    async fn trusted_plan(&self, generation: Generation, keyring: &Keyring) -> Result<Plan, Step> {
+        let plan = match self.call("plan", || self.store.plan(generation)).await {
+            Ok(plan) => plan,
+            Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => return Err(self.move_to_latest("pruned").await),
+            Err(err) => return Err(Step::Failed(err)),
+        };
+        if plan.generation() != generation {
+            let detail = format!("the store returned plan {} when asked for {generation}", plan.generation());
+            return Err(Step::Refused { reason: "invalid", detail });
+        }
+        match keyring.verify(&plan) {
+            Ok(key) => {
+                tracing::debug!(generation = %generation, key, "plan signature verified");
+                self.metrics.plan_read("whole");
+                Ok(plan.into_plan())
+            }
+            Err(err) => Err(Step::Refused { reason: "untrusted", detail: err.to_string() }),
+        }
+    }
+
     /// Plan `generation` whole, validated again: the same validation as publish, on what we
     /// are about to write (the second line of defence).
     async fn whole_plan(&self, generation: Generation) -> Result<Work, Step> {
@@ -489,8 +546,7 @@ impl<S: Store> Enactor<S> {
             }
             Err(err) => return Err(Step::Refused { reason: "invalid", detail: err.to_string() }),
         };
-        let plan = plan.into_plan();
-        Ok(Work { rollback: plan.rollback_of.is_some(), serve: plan.endpoints, retire: plan.retired, skipped: 0 })
+        Ok(Work::whole(plan.into_plan()))
     }
 
     /// What plan `generation` changed since the base, when the store can say it in less than

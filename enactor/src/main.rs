@@ -33,7 +33,8 @@ async fn main() -> anyhow::Result<()> {
             run(store, &config, shutdown).await
         }
         StoreConfig::Etcd(etcd) => {
-            let connect = || connect_etcd(etcd);
+            let keyring = config.settings().keyring;
+            let connect = || connect_etcd(etcd, keyring.clone());
             match daemon::start_with_retry("the store on etcd", connect, shutdown.as_mut()).await {
                 Ok(Some(store)) => run(store, &config, shutdown).await,
                 Ok(None) => Ok(()),
@@ -47,8 +48,12 @@ async fn main() -> anyhow::Result<()> {
 /// etcd answers. Connecting is always retried: the settings were checked when the config was
 /// loaded, and `ConnectError::Config` also reports a cluster that did not answer in time. A
 /// store that answers with something other than an outage (bad data under the prefix) is fatal.
-async fn connect_etcd(settings: &EtcdStoreConfig) -> Result<EtcdStore, StartFailure> {
-    let config = EtcdConfig::from_settings(settings);
+async fn connect_etcd(
+    settings: &EtcdStoreConfig,
+    keyring: Option<std::sync::Arc<dnsplan_common::signing::Keyring>>,
+) -> Result<EtcdStore, StartFailure> {
+    let mut config = EtcdConfig::from_settings(settings);
+    config.keyring = keyring;
     let store =
         EtcdStore::connect(config).await.map_err(|err: ConnectError| StartFailure::Retry(format!("{:#}", anyhow::Error::new(err))))?;
     match store.version().await {

@@ -39,8 +39,10 @@ pub struct HowLabels {
 }
 
 /// Every reason `Metrics::refused` takes: the plan is invalid, removes too much
-/// (`guard`), or the store found records its plan does not hold (`content_mismatch`).
-pub const REFUSAL_REASONS: [&str; 3] = ["invalid", "removal", "content_mismatch"];
+/// (`guard`), the store found records its plan does not hold (`content_mismatch`), or the
+/// keyring does not trust it (`untrusted`: unsigned, an unknown key, a bad signature, or
+/// changes that are not the signed plan's).
+pub const REFUSAL_REASONS: [&str; 4] = ["invalid", "removal", "content_mismatch", "untrusted"];
 
 /// Every reason `Metrics::abandoned` takes.
 pub const ABANDON_REASONS: [&str; 5] = ["newer_plan", "pruned", "deadline", "store_error", "target_error"];

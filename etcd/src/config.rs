@@ -40,6 +40,9 @@ pub struct EtcdConfig {
     pub user: Option<(String, String)>,
     /// TLS, for `https://` endpoints; `None` for `http://` ones.
     pub tls: Option<EtcdTls>,
+    /// The keys trusted to author plans: a publish of a plan it does not trust is refused
+    /// (`StoreError::Untrusted`). `None` trusts every plan.
+    pub keyring: Option<std::sync::Arc<dnsplan_common::signing::Keyring>>,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -53,6 +56,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("txn_ops_max", &self.txn_ops_max)
             .field("user", &self.user.as_ref().map(|(user, _)| (user, "<hidden>")))
             .field("tls", &self.tls)
+            .field("keyring", &self.keyring.is_some())
             .finish()
     }
 }
@@ -68,6 +72,7 @@ impl EtcdConfig {
             txn_ops_max: TXN_OPS_DEFAULT,
             user: None,
             tls: None,
+            keyring: None,
         }
     }
 

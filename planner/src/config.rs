@@ -3,15 +3,17 @@
 //! that name the key and the line: ranges are checked while parsing (the `Fraction`,
 //! `Positive` and `NonZeroU32` types), and each endpoint is checked as a whole with its span.
 
-use dnsplan_common::daemon::ConfigError;
+use dnsplan_common::daemon::{self, ConfigError};
 use dnsplan_common::plan::{TARGET_WEIGHT_MAX, TARGETS_PER_ENDPOINT_MAX, TTL_SECS_MAX, TTL_SECS_MIN};
+use dnsplan_common::signing::SigningKey;
 pub use dnsplan_common::store_config::StoreConfig;
 use dnsplan_common::{DnsName, EndpointName, ZoneId};
 use serde::Deserialize;
 use std::collections::{BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most endpoints one planner health-checks. Each target is probed on its own interval;
@@ -66,6 +68,22 @@ pub struct PlannerConfig {
     /// first one: its own lease, plans, endpoints and (if given) policy, in this one process.
     #[serde(rename = "zone", default)]
     pub zones: Vec<toml::Spanned<ZoneConfig>>,
+    /// `[signing]`: the key this planner signs its plans with.
+    #[serde(default)]
+    pub signing: SigningConfig,
+}
+
+/// `[signing]`: where the planner's plan signing key is.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SigningConfig {
+    /// A PEM Ed25519 private key (`dnsplan key new`) that only its owner may read (mode
+    /// 0600): every plan is signed with it, for stores and enactors with a keyring. Relative
+    /// to the config file. Unset: plans are not signed.
+    pub key_file: Option<PathBuf>,
+    /// The key, loaded with the config (`PlannerConfig::load`).
+    #[serde(skip)]
+    pub key: Option<Arc<SigningKey>>,
 }
 
 /// A further zone one planner plans (`[[zone]]`): a zone added to the store (`dnsplan zone add
@@ -364,6 +382,11 @@ impl PlannerConfig {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         let mut config = PlannerConfig::parse(&text).map_err(|detail| ConfigError::invalid(path, detail))?;
         config.store.resolve(path).map_err(|detail| ConfigError::invalid(path, detail))?;
+        if let Some(file) = &config.signing.key_file {
+            let file = daemon::relative_to_config(path, file);
+            let key = SigningKey::load(&file).map_err(|err| ConfigError::invalid(path, format!("signing.key_file: {err}")))?;
+            config.signing.key = Some(Arc::new(key));
+        }
         Ok(config)
     }
 

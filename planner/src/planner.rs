@@ -28,6 +28,7 @@ use crate::decide::{Decision, Health, PlannerState, UNMANAGED_RULE, decide, summ
 use crate::health::HealthBook;
 use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::daemon::Reachability;
+use dnsplan_common::signing::sign_with;
 use dnsplan_common::store::lease::now_unix_ms;
 use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX, publish_told};
 use dnsplan_common::{
@@ -309,7 +310,7 @@ impl<S: Store> Planner<S> {
                     rollback_of: None,
                     provenance,
                 };
-                let plan = ValidatedPlan::new(plan)?;
+                let plan = sign_with(self.config.signing.key.as_deref(), ValidatedPlan::new(plan)?);
                 let lease = self.lease.clone().ok_or(StoreError::NotLeaseHolder { holder: None, epoch: 0, attempted_epoch: 0 })?;
                 // Sent as its changes against the latest plan as the store holds it (not as
                 // adopted here), found from what can differ: what the decision changed, what

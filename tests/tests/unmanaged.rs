@@ -152,9 +152,9 @@ async fn an_endpoint_dropped_from_the_config_keeps_answering_and_never_blocks_cl
     assert_eq!(workflow::unmanaged(&store, &latest).await?, [old.clone()].into());
 
     // The planner manages api: retiring it is refused. old is retired and goes away.
-    let refused = workflow::publish_retirement(&store, &name("api"), "test", "alice").await;
+    let refused = workflow::publish_retirement(&store, &name("api"), "test", "alice", None).await;
     assert!(matches!(refused, Err(workflow::RetireError::Managed(_))), "{refused:?}");
-    let retired = workflow::publish_retirement(&store, &old, "decommissioned", "alice").await?;
+    let retired = workflow::publish_retirement(&store, &old, "decommissioned", "alice", None).await?;
     until_done(&mut events, retired.generation()).await?;
     until_answer(authority.dns, old.as_str(), |a| a.rcode == ResponseCode::NXDomain).await?;
     // The planner's next plan no longer carries it, and publishes nothing for it.

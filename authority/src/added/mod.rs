@@ -63,6 +63,8 @@ pub struct Setup {
     pub metrics: Arc<Metrics>,
     /// What each zone is now, for the metrics and the status page.
     pub book: Arc<ZoneBook>,
+    /// With a keyring: each zone serves only records a trusted plan says (`follow::trusted`).
+    pub plan_check: Option<Arc<crate::follow::trusted::PlanCheck>>,
 }
 
 /// The added zones served, and how to serve more.
@@ -166,7 +168,8 @@ async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::
     let serving = Serving::from_loaded(snapshot, records, setup.limits, Arc::new(setup.metrics.for_added_zone()), started)
         .with_transfer(setup.transfer.clone())
         .with_served_log(kept.served_log)
-        .with_ixfr_log(dir);
+        .with_ixfr_log(dir)
+        .with_plan_check(setup.plan_check.clone());
     Ok(Some(KeptZone { incarnation: zone.incarnation, serving: Arc::new(serving), keeper: Some(keeper) }))
 }
 
@@ -409,7 +412,7 @@ async fn load<S: ManagedZones>(
         Keeping::InStore => (None, None),
     };
     let metrics = Arc::new(setup.metrics.for_added_zone());
-    let serving = Serving::load(zone_store, records, setup.limits, metrics)
+    let serving = Serving::load(zone_store, records, setup.limits, metrics, setup.plan_check.clone())
         .await?
         .with_transfer(setup.transfer.clone())
         .with_served_log(served_log)

@@ -11,6 +11,7 @@
 //! outage is logged once when it begins and once when it ends (`daemon::Reachability`), and the
 //! snapshot is kept meanwhile: serving never waits for the store.
 
+use crate::follow::trusted::PlanCheck;
 use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::serving::Serving;
@@ -66,11 +67,19 @@ pub async fn check_dns_zone<S: Store>(store: &S, zone: &StaticZone) -> Result<()
 impl Serving {
     /// Checks that the store is one of `zone`'s (`check_dns_zone`), then loads the active
     /// state from `store` and builds the first snapshot (see `Loader`).
-    pub async fn load<S: Store>(store: &S, zone: Arc<StaticZone>, limits: AnswerLimits, metrics: Arc<Metrics>) -> anyhow::Result<Serving> {
+    /// With `check`, only records a trusted plan says are served (`trusted`), now and when
+    /// followed.
+    pub async fn load<S: Store>(
+        store: &S,
+        zone: Arc<StaticZone>,
+        limits: AnswerLimits,
+        metrics: Arc<Metrics>,
+        check: Option<Arc<PlanCheck>>,
+    ) -> anyhow::Result<Serving> {
         check_dns_zone(store, &zone).await?;
         let started = Instant::now();
-        let snapshot = Loader::new(zone.clone()).finish(store).await?;
-        Ok(Serving::from_loaded(snapshot, zone, limits, metrics, started))
+        let snapshot = Loader::new(zone.clone(), check.clone()).finish(store).await?;
+        Ok(Serving::from_loaded(snapshot, zone, limits, metrics, started).with_plan_check(check))
     }
 
     /// As `load`, from the serving image at `image` when it is this store's (see `image`):
@@ -82,14 +91,15 @@ impl Serving {
         zone: Arc<StaticZone>,
         limits: AnswerLimits,
         metrics: Arc<Metrics>,
+        check: Option<Arc<PlanCheck>>,
     ) -> anyhow::Result<(Serving, Option<u64>)> {
         check_dns_zone(store, &zone).await?;
         let started = Instant::now();
-        let (snapshot, saved_at) = match crate::follow::image::resume(store, image, zone.clone()).await {
+        let (snapshot, saved_at) = match crate::follow::image::resume(store, image, zone.clone(), check.as_deref()).await {
             Some((saved_at, snapshot)) => (snapshot, Some(saved_at)),
-            None => (Loader::new(zone.clone()).finish(store).await?, None),
+            None => (Loader::new(zone.clone(), check.clone()).finish(store).await?, None),
         };
-        Ok((Serving::from_loaded(snapshot, zone, limits, metrics, started), saved_at))
+        Ok((Serving::from_loaded(snapshot, zone, limits, metrics, started).with_plan_check(check), saved_at))
     }
 
     /// Rebuilds the snapshot whenever the store's applied-change counter moves. Runs until the
@@ -130,7 +140,10 @@ impl Serving {
         let started = Instant::now();
         let current = self.snapshot.load_full();
         let from = current.serial;
-        let delta = store.active_since(current.applied_changes).await?;
+        let mut delta = store.active_since(current.applied_changes).await?;
+        if let Some(check) = &self.plan_check {
+            check.keep_trusted_map(store, &mut delta.endpoints).await?;
+        }
         let served_log = self.served_log.clone();
         let ixfr_log = self.ixfr_log.clone();
         let (snapshot, delta, changes) = tokio::task::spawn_blocking(move || {
@@ -200,6 +213,7 @@ fn changed_entries(before: &Snapshot, after: &Snapshot, delta: &ActiveDelta) -> 
 /// `DELTA_ENDPOINTS_MAX` endpoints changed meanwhile, the store answers with the whole state
 /// and the snapshot is rebuilt from it, at the old peak; only under that much churn.)
 pub struct Loader {
+    check: Option<Arc<PlanCheck>>,
     snapshot: Snapshot,
     after: Option<EndpointName>,
     since: Option<u64>,
@@ -207,8 +221,9 @@ pub struct Loader {
 }
 
 impl Loader {
-    pub fn new(zone: Arc<StaticZone>) -> Loader {
-        Loader { snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false }
+    /// With `check`, a record no trusted plan says is left out (`trusted`).
+    pub fn new(zone: Arc<StaticZone>, check: Option<Arc<PlanCheck>>) -> Loader {
+        Loader { check, snapshot: Snapshot::statics_only(zone), after: None, since: None, done: false }
     }
 
     /// Reads and merges the next page. `false` once the last page is in.
@@ -216,11 +231,14 @@ impl Loader {
         if self.done {
             return Ok(false);
         }
-        let page = store.active_page(self.after.take(), ACTIVE_PAGE_MAX).await?;
+        let mut page = store.active_page(self.after.take(), ACTIVE_PAGE_MAX).await?;
         self.since.get_or_insert(page.applied_changes);
-        self.snapshot.load_page(&page.endpoints);
         self.after = page.endpoints.last().map(|(name, _)| name.clone());
         self.done = !page.more || self.after.is_none();
+        if let Some(check) = &self.check {
+            check.keep_trusted(store, &mut page.endpoints).await?;
+        }
+        self.snapshot.load_page(&page.endpoints);
         Ok(!self.done)
     }
 
@@ -240,11 +258,14 @@ impl Loader {
         };
         let mut reading = read(self.after.take());
         loop {
-            let page = joined(reading.await)?;
+            let mut page = joined(reading.await)?;
             self.since.get_or_insert(page.applied_changes);
             let after = page.endpoints.last().map(|(name, _)| name.clone());
             self.done = !page.more || after.is_none();
             let next = (!self.done).then(|| read(after.clone()));
+            if let Some(check) = &self.check {
+                check.keep_trusted(store, &mut page.endpoints).await?;
+            }
             self.snapshot.load_page(&page.endpoints);
             self.after = after;
             match next {
@@ -257,7 +278,10 @@ impl Loader {
     /// The snapshot, brought up to the store by the changes made during the load.
     pub async fn finish<S: Store>(mut self, store: &S) -> StoreResult<Snapshot> {
         self.load_pages(store).await?;
-        let delta = store.active_since(self.since.unwrap_or_default()).await?;
+        let mut delta = store.active_since(self.since.unwrap_or_default()).await?;
+        if let Some(check) = &self.check {
+            check.keep_trusted_map(store, &mut delta.endpoints).await?;
+        }
         Ok(self.snapshot.apply(&delta))
     }
 }

@@ -28,6 +28,7 @@
 //! while etcd does not.
 
 use crate::follow::local_state::{LOCAL_STATE_KIND, LocalState, paced, write_atomic_with};
+use crate::follow::trusted::PlanCheck;
 use crate::serving::Serving;
 use crate::zone::dns_zone::StaticZone;
 use crate::zone::snapshot::{Family, Managed, Snapshot};
@@ -266,7 +267,7 @@ fn targets<T: Copy, const A: usize, const N: usize>(packed: &[u8], address: impl
 /// The image of `store` at `path` brought up to the store's state, with the applied-change
 /// count it was saved at; `None` (said in a log line) when there is none or it cannot be
 /// used: then the caller reads the store's pages.
-pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>) -> Option<(u64, Snapshot)> {
+pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>, check: Option<&PlanCheck>) -> Option<(u64, Snapshot)> {
     let started = Instant::now();
     let file = path.to_path_buf();
     let (mark, snapshot) = match tokio::task::spawn_blocking(move || read(&file, zone)).await {
@@ -300,7 +301,15 @@ pub async fn resume<S: Store>(store: &S, path: &Path, zone: Arc<StaticZone>) -> 
         }
     }
     let delta = match store.active_since(since).await {
-        Ok(delta) if !delta.full => delta,
+        Ok(mut delta) if !delta.full => {
+            if let Some(check) = check
+                && let Err(err) = check.keep_trusted_map(store, &mut delta.endpoints).await
+            {
+                unused(format!("cannot check the changes since it against their plans: {err}"));
+                return None;
+            }
+            delta
+        }
         Ok(_) => {
             unused("the store no longer holds every change since it (or too many)".into());
             return None;

@@ -56,6 +56,8 @@ pub struct Serving {
     pub others: Option<Arc<ZoneTable>>,
     /// Queries a static zone answered (`GET /v1/zones`); the managed zone's are in the metrics.
     pub answered: std::sync::atomic::AtomicU64,
+    /// With a keyring: the follower serves only records a trusted plan says.
+    pub plan_check: Option<Arc<crate::follow::trusted::PlanCheck>>,
 }
 
 /// The log target of the audit lines (every write that changes what is served or automated).
@@ -102,6 +104,7 @@ impl Serving {
             ixfr_log: None,
             others: None,
             answered: Default::default(),
+            plan_check: None,
         }
     }
 
@@ -128,6 +131,7 @@ impl Serving {
             ixfr_log: None,
             others: None,
             answered: Default::default(),
+            plan_check: None,
         }
     }
 
@@ -139,6 +143,11 @@ impl Serving {
     /// With each change logged durably before it is served (`local_log`).
     pub fn with_served_log(self, served_log: Option<Arc<LocalLog>>) -> Serving {
         Serving { served_log, ..self }
+    }
+
+    /// With the follower serving only records a trusted plan says (`None`: every record).
+    pub fn with_plan_check(self, plan_check: Option<Arc<crate::follow::trusted::PlanCheck>>) -> Serving {
+        Serving { plan_check, ..self }
     }
 
     /// With UDP answers limited by `rrl` (`None`: not limited).

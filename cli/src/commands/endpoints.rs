@@ -38,10 +38,11 @@ pub(super) async fn endpoints(client: &Client, command: EndpointsCommand) -> Cli
         EndpointsCommand::Retire { name, reason, by } => {
             let name = EndpointName::parse(&name).map_err(|e| CliError::Refused(format!("not an endpoint name: {e}")))?;
             let by = by.unwrap_or_else(operator_name);
-            let plan = workflow::publish_retirement(&client.store, &name, &reason, &by).await.map_err(|e| match e {
-                workflow::RetireError::Store(err) => CliError::from(err),
-                other => CliError::Refused(other.to_string()),
-            })?;
+            let plan =
+                workflow::publish_retirement(&client.store, &name, &reason, &by, client.signing_key()).await.map_err(|e| match e {
+                    workflow::RetireError::Store(err) => CliError::from(err),
+                    other => CliError::Refused(other.to_string()),
+                })?;
             crate::out!("published plan {}: retires {name} ({reason}); it answers NXDOMAIN once enacted", plan.generation());
             Ok(ExitCode::SUCCESS)
         }

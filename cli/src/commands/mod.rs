@@ -332,9 +332,20 @@ pub struct Client {
     http: reqwest::Client,
     control: String,
     format: Format,
+    /// `--signing-key`: every plan this CLI publishes is signed with it.
+    signing_key: Option<std::sync::Arc<dnsplan_common::signing::SigningKey>>,
 }
 
 impl Client {
+    /// Signs every plan it publishes (rollbacks, retirements, plan files) with `key`.
+    pub fn with_signing_key(self, key: Option<dnsplan_common::signing::SigningKey>) -> Client {
+        Client { signing_key: key.map(std::sync::Arc::new), ..self }
+    }
+
+    pub fn signing_key(&self) -> Option<&dnsplan_common::signing::SigningKey> {
+        self.signing_key.as_deref()
+    }
+
     /// Every command that reads or changes plans or status (plans, rollback, endpoints, pause,
     /// resume, cleanup, status, verify) goes to zone `zone` of the store: one added beside the
     /// first (`zone add --managed`), or the first zone by its name.
@@ -381,7 +392,7 @@ impl Client {
             .default_headers(headers)
             .build()
             .map_err(|e| CliError::Failed(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Client { store, zone: None, http, control: control.trim_end_matches('/').to_owned(), format })
+        Ok(Client { store, zone: None, http, control: control.trim_end_matches('/').to_owned(), format, signing_key: None })
     }
 
     async fn get_json<T: for<'de> Deserialize<'de>>(&self, path: &str) -> CliResult<Option<T>> {

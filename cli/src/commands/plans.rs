@@ -131,7 +131,7 @@ pub(super) async fn rollback(
     // A missing plan is a clear error before anything is paused.
     plan_or_explain(client, to).await?;
     let request = RollbackRequest { to, reason: reason.to_owned(), by: by.unwrap_or_else(operator_name), keep_automation };
-    let plan = workflow::publish_rollback(&client.store, &request).await?;
+    let plan = workflow::publish_rollback(&client.store, &request, client.signing_key()).await?;
     if !keep_automation {
         crate::out!("automation paused (resume with `dnsplan resume`)");
     }
@@ -184,7 +184,7 @@ pub(super) async fn publish_file(
     let by = by.unwrap_or_else(operator_name);
     let mut preview = plan_file::preview(&client.store, parsed, reason, &by).await?;
     if yes && preview.refused.is_none() {
-        plan_file::publish(&client.store, &mut preview, &by, keep_automation).await.map_err(|err| match err {
+        plan_file::publish(&client.store, &mut preview, &by, keep_automation, client.signing_key()).await.map_err(|err| match err {
             StoreError::Conflict { latest, .. } => CliError::Refused(format!(
                 "plan {latest} was published while this one was being checked; run the command again to see the changes against it"
             )),

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 pub mod dns;
+pub mod etcd_authority;
 
 use dnsplan_common::dns_probe::{self, RecordType};
 use dnsplan_common::store::remote::RemoteStore;

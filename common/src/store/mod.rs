@@ -358,6 +358,10 @@ pub enum StoreError {
     Forbidden(String),
     #[error("the control API could not understand the request: {0}")]
     BadRequest(String),
+    /// A keyring is configured and does not trust the plan (unsigned, unknown key, a key not
+    /// allowed for its zone or author, or a signature that does not verify): not published.
+    #[error("plan refused: {0}")]
+    Untrusted(String),
     /// The zone was removed (or never added): its writes are refused.
     #[error("DNS zone {zone} is not managed by this store: it was removed or never added (`dnsplan zone list` names the zones)")]
     ZoneGone { zone: DnsName },

@@ -206,6 +206,10 @@ pub enum WireError {
     BadRequest {
         detail: String,
     },
+    /// A plan the keyring does not trust.
+    Untrusted {
+        detail: String,
+    },
     /// A zone change the zones served refuse (the managed zone, a zone of the config file, a
     /// serial not newer than the one served).
     ZoneConflict {
@@ -230,7 +234,10 @@ impl WireError {
             WireError::NotLeaseHolder { .. } => 409,
             WireError::Pruned { .. } | WireError::ZoneGone { .. } => 410,
             WireError::PlanNotFound { .. } => 404,
-            WireError::DnsZoneMismatch { .. } | WireError::Invalid { .. } | WireError::ContentMismatch { .. } => 422,
+            WireError::DnsZoneMismatch { .. }
+            | WireError::Invalid { .. }
+            | WireError::ContentMismatch { .. }
+            | WireError::Untrusted { .. } => 422,
             WireError::TooLong { .. } => 413,
             WireError::TooManyHeartbeats => 429,
             WireError::Unauthorized => 401,
@@ -279,6 +286,7 @@ impl From<&StoreError> for WireError {
             StoreError::WentBack(d) => WireError::WentBack { detail: d.clone() },
             StoreError::Unauthorized => WireError::Unauthorized,
             StoreError::Forbidden(d) => WireError::Forbidden { detail: d.clone() },
+            StoreError::Untrusted(d) => WireError::Untrusted { detail: d.clone() },
             StoreError::BadRequest(d) => WireError::BadRequest { detail: d.clone() },
             StoreError::ZoneGone { zone } => WireError::ZoneGone { zone: zone.clone() },
         }
@@ -308,6 +316,7 @@ impl From<WireError> for StoreError {
             WireError::WentBack { detail } => StoreError::WentBack(detail),
             WireError::Unauthorized => StoreError::Unauthorized,
             WireError::Forbidden { detail } => StoreError::Forbidden(detail),
+            WireError::Untrusted { detail } => StoreError::Untrusted(detail),
             WireError::BadRequest { detail } => StoreError::BadRequest(detail),
             WireError::ZoneGone { zone } => StoreError::ZoneGone { zone },
             // Not store calls: a store that receives one was asked something it never asks.
@@ -372,9 +381,10 @@ mod tests {
             StoreError::WentBack(_) => 19,
             StoreError::ZoneGone { .. } => 20,
             StoreError::Forbidden(_) => 21,
+            StoreError::Untrusted(_) => 22,
         }
     }
-    const VARIANTS: usize = 22;
+    const VARIANTS: usize = 23;
 
     fn build(index: usize, g: u64, n: u64, text: &str, label: &str) -> StoreError {
         let name = |l: &str| EndpointName::parse(&format!("{l}.example.test.")).expect("name");
@@ -412,6 +422,7 @@ mod tests {
             19 => StoreError::WentBack(text.into()),
             20 => StoreError::ZoneGone { zone: name(label) },
             21 => StoreError::Forbidden(text.into()),
+            22 => StoreError::Untrusted(text.into()),
             _ => StoreError::BadRequest(text.into()),
         }
     }

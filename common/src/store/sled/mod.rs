@@ -86,6 +86,7 @@ use crate::generation::Generation;
 use crate::names::{DnsName, EndpointName};
 use crate::plan::{ENDPOINTS_PER_PLAN_MAX, ValidationError};
 use crate::plan::{Endpoint, PlanSummary, ValidatedPlan, validate_endpoint};
+use crate::signing::{Keyring, check_trusted};
 use compact_str::CompactString;
 use sled::Transactional;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -166,6 +167,8 @@ struct Database {
     registry_zones: std::sync::atomic::AtomicUsize,
     /// Most zones the registry holds ([`MANAGED_ZONES_MAX`](crate::store::zones::MANAGED_ZONES_MAX); lower in tests).
     registry_zones_max: std::sync::atomic::AtomicUsize,
+    /// The keys trusted to author plans, for every zone (`set_keyring`); `None` trusts all.
+    keyring: RwLock<Option<Arc<Keyring>>>,
 }
 
 /// A write that failed, until a reopen writes again.
@@ -246,6 +249,7 @@ impl SledStore {
             registry_writes: std::sync::atomic::AtomicU64::new(crate::store::zones::random_id() >> 1),
             registry_zones: std::sync::atomic::AtomicUsize::new(registry_zones),
             registry_zones_max: std::sync::atomic::AtomicUsize::new(crate::store::zones::MANAGED_ZONES_MAX),
+            keyring: RwLock::new(None),
         });
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),
@@ -257,6 +261,18 @@ impl SledStore {
         });
         *shared.database.first.lock().map_err(|_| poisoned())? = Arc::downgrade(&shared);
         Ok(SledStore { shared })
+    }
+
+    /// Trusts only plans `keyring` trusts, in every zone of the database, from now on (a
+    /// publish of any other is `StoreError::Untrusted`); `None` trusts every plan. Plans
+    /// published as their changes are then built and stored whole, as the signature is the
+    /// whole plan's.
+    pub fn set_keyring(&self, keyring: Option<Arc<Keyring>>) {
+        *self.shared.database.keyring.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = keyring;
+    }
+
+    fn keyring(&self) -> Option<Arc<Keyring>> {
+        self.shared.database.keyring.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     #[cfg(test)]
@@ -303,6 +319,10 @@ impl SledStore {
 impl Store for SledStore {
     async fn publish_changes(&self, delta: &PlanDelta, lease: Option<&Lease>) -> StoreResult<()> {
         delta.check()?;
+        // A signature is the whole plan's: built whole, checked and stored whole with it.
+        if delta.signature.is_some() || self.keyring().is_some() {
+            return super::publish_changes_whole(self, delta, lease).await;
+        }
         let (owned, lease_owned) = (delta.clone(), lease.cloned());
         match self.blocking(move |inner| inner.publish_changes(&owned, lease_owned.as_ref())).await? {
             None => super::publish_changes_whole(self, delta, lease).await,
@@ -316,6 +336,7 @@ impl Store for SledStore {
     }
 
     async fn publish(&self, plan: &ValidatedPlan) -> StoreResult<()> {
+        check_trusted(self.keyring().as_deref(), plan)?;
         let (changes, contents) = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());
@@ -325,6 +346,7 @@ impl Store for SledStore {
     }
 
     async fn publish_leased(&self, plan: &ValidatedPlan, lease: &Lease) -> StoreResult<()> {
+        check_trusted(self.keyring().as_deref(), plan)?;
         let (changes, contents) = self.changes_for(plan).await?;
         let bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());

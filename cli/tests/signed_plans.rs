@@ -1,0 +1,197 @@
+//! Signed plans on etcd, from outside: keys made by `dnsplan key new`, their printed
+//! `[[keyring.key]]` tables put in the shipped `dnsplan-authority`'s and `dnsplan-enactor`'s
+//! config files, and a writer with direct access to etcd (our own store code without a
+//! keyring, so its writes pass every CAS) trying to make DNS serve what no trusted author
+//! signed: a plan of its own, then an active record of its own. After each step the
+//! authority's whole zone (AXFR) is compared with what the trusted plan says.
+
+mod support;
+
+use dnsplan_common::signing::SigningKey;
+use dnsplan_common::store::ApplyItem;
+use dnsplan_common::store::remote::RemoteStore;
+use dnsplan_common::{ActiveState, Author, Generation, Store, StoreError, ValidatedPlan};
+use dnsplan_etcd::EtcdStore;
+use dnsplan_tests::daemon::{Daemon, LogLine};
+use dnsplan_tests::etcd::EtcdCluster;
+use dnsplan_tests::fixtures::{endpoint_for, name, plan};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::etcd_authority::{ETCD_AUTHORITY_TOKEN, etcd_authority};
+use support::{WITHIN, bin_dir, until_dns};
+
+const PREFIX: &str = "/signed/";
+
+/// `dnsplan key new NAME --file DIR/NAME.key --author AUTHOR`: the key and the table printed.
+fn new_key(dir: &Path, name: &str, author: &str) -> anyhow::Result<(SigningKey, String)> {
+    let file = dir.join(format!("{name}.key"));
+    let out = Command::new(env!("CARGO_BIN_EXE_dnsplan"))
+        .args(["key", "new", name, "--author", author, "--dns-zone", "example.test."])
+        .arg("--file")
+        .arg(&file)
+        .output()?;
+    anyhow::ensure!(out.status.success(), "key new: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout)?;
+    let table = text[text.find("[[keyring.key]]").ok_or_else(|| anyhow::anyhow!("no table in {text}"))?..].to_owned();
+    Ok((SigningKey::load(&file)?, table))
+}
+
+fn enactor_config(cluster: &EtcdCluster, keyring: &str) -> String {
+    let endpoints: Vec<String> = cluster.all_endpoints().iter().map(|e| format!("\"{e}\"")).collect();
+    format!(
+        r#"id = "enactor-a"
+zone = "a"
+[store]
+kind = "etcd"
+endpoints = [{}]
+prefix = "{PREFIX}"
+[apply]
+reconcile_interval_secs = 1
+heartbeat_interval_secs = 1
+max_removal_fraction = 1.0
+[metrics]
+listen = "127.0.0.1:0"
+{keyring}
+"#,
+        endpoints.join(", ")
+    )
+}
+
+/// The A records of the authority's zone, by its AXFR: every name it serves.
+fn zone_addresses(dns: std::net::SocketAddr) -> anyhow::Result<BTreeSet<String>> {
+    Ok(support::dns::axfr(dns, "example.test.")?.into_iter().filter(|rr| rr.split(' ').nth(3) == Some("a")).collect())
+}
+
+/// What the AXFR holds when `g`'s records are served for `names`.
+fn zone_of(g: u64, names: &[&str]) -> BTreeSet<String> {
+    let endpoint = endpoint_for(Generation(g));
+    names.iter().flat_map(|n| endpoint.targets.iter().map(move |t| format!("{n}.example.test. 30 in a {}", t.address))).collect()
+}
+
+/// Waits until the enactor's heartbeat says `state`.
+async fn until_heartbeat(store: &EtcdStore, state: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let heartbeats = store.heartbeats().await?;
+        if heartbeats.iter().any(|h| h.state == state) {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the enactor never said {state:?}: {heartbeats:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the authority's `dnsplan_untrusted_records_total` is at least `at_least`.
+async fn until_untrusted(control: &str, at_least: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let text = reqwest::get(format!("{control}/metrics")).await?.text().await?;
+        let count = text
+            .lines()
+            .find_map(|l| l.strip_prefix("dnsplan_untrusted_records_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if count >= at_least {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the authority never counted {at_least} untrusted records (at {count})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Teeth, each shown once by removing its protection: without the store's check the unsigned
+/// publish through it succeeds; without the enactor's, it applies mallory's plan (its
+/// heartbeat never says "refusing 2"); without the follower's, the record written straight
+/// into etcd is served (the AXFR holds mallory's address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_or_record_written_straight_into_etcd_is_never_applied_or_served() -> anyhow::Result<()> {
+    dnsplan_tests::etcd::check_etcd_installed()?;
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let (planner_key, planner_table) = new_key(d, "planner-1", "planner:planner-test")?;
+    let (_alice, alice_table) = new_key(d, "alice", "operator:alice")?;
+    let (mallory, _) = new_key(d, "mallory", "planner:planner-test")?;
+    let keyring = format!("{planner_table}\n{alice_table}");
+
+    let cluster = EtcdCluster::start(1, &[]).await?;
+    // The writer with access to etcd: our own store code, without a keyring.
+    let raw = cluster.store(PREFIX).await?;
+    // A planner's store with the keyring refuses an unsigned plan before writing it.
+    let mut checked = cluster.config(PREFIX);
+    checked.keyring = dnsplan_common::signing::Keyring::from_config(&toml::from_str::<KeyringFile>(&keyring)?.keyring)
+        .map_err(anyhow::Error::msg)?
+        .map(Arc::new);
+    let checked = EtcdStore::connect(checked).await?;
+    let names = ["api", "db"];
+    let endpoints: Vec<_> = names.iter().map(|n| name(n)).collect();
+    let planner = Author::Planner { id: "planner-test".into() };
+    match checked.publish(&plan(1, &endpoints, planner.clone())).await {
+        Err(StoreError::Untrusted(why)) => assert!(why.contains("not signed"), "{why}"),
+        other => panic!("an unsigned plan was not refused: {other:?}"),
+    }
+    checked.publish(&planner_key.sign(plan(1, &endpoints, planner.clone()))).await?;
+
+    std::fs::create_dir_all(d.join("authority"))?;
+    let authority = etcd_authority(&d.join("authority"), &cluster, PREFIX, &keyring)?;
+    let enactor_toml = d.join("enactor.toml");
+    std::fs::write(&enactor_toml, enactor_config(&cluster, &keyring))?;
+    let (lines, _rx) = tokio::sync::mpsc::unbounded_channel::<LogLine>();
+    let _enactor = Daemon::spawn(&bin_dir().join("dnsplan-enactor"), &["--config", &enactor_toml.display().to_string()], "enactor", lines)?;
+    until_heartbeat(&raw, "idle").await?;
+    until_dns(authority.dns, "api.example.test.", |a| !a.is_empty()).await?;
+    assert_eq!(zone_addresses(authority.dns)?, zone_of(1, &names));
+
+    // Through the control API, an unsigned operator plan is refused too (422, said why).
+    let remote = RemoteStore::new(&authority.control, Some(ETCD_AUTHORITY_TOKEN.to_owned()))?;
+    match remote.publish(&plan(2, &endpoints, Author::Operator { name: "alice".into() })).await {
+        Err(StoreError::Untrusted(why)) => assert!(why.contains("not signed"), "{why}"),
+        other => panic!("the control API took an unsigned plan: {other:?}"),
+    }
+
+    // Mallory's plan, straight into etcd: a valid CAS, a signature by a key not trusted.
+    raw.publish(&mallory.sign(plan(2, &endpoints, planner.clone()))).await?;
+    until_heartbeat(&raw, "refusing 2").await?;
+    for endpoint in &endpoints {
+        let active = raw.active(endpoint).await?.map(|r| r.generation);
+        assert_eq!(active, Some(Generation(1)), "{endpoint} moved to mallory's plan");
+    }
+    assert_eq!(zone_addresses(authority.dns)?, zone_of(1, &names));
+
+    // Mallory's record, straight into etcd (the store's own content check passes: it is what
+    // mallory's plan says).
+    let forged = ApplyItem { endpoint: name("api"), records: endpoint_for(Generation(2)) };
+    for result in raw.apply_many(Generation(2), &[forged]).await? {
+        result?;
+    }
+    until_untrusted(&authority.control, 1).await?;
+    assert_eq!(zone_addresses(authority.dns)?, zone_of(1, &names), "a record no trusted author signed is served");
+
+    // One byte of a trusted plan changed after signing is refused as well.
+    let signed = planner_key.sign(plan(3, &endpoints, planner.clone()));
+    let mut tampered = signed.clone().into_plan();
+    tampered.reason.replace_range(0..1, "T");
+    let tampered = ValidatedPlan::new(tampered)?.with_signature(signed.signature().cloned());
+    raw.publish(&tampered).await?;
+    until_heartbeat(&raw, "refusing 3").await?;
+    assert_eq!(zone_addresses(authority.dns)?, zone_of(1, &names));
+
+    // The next plan its author signed is applied and served, over mallory's record.
+    checked.publish(&planner_key.sign(plan(4, &endpoints, planner))).await?;
+    let want = zone_of(4, &names);
+    let deadline = Instant::now() + WITHIN;
+    while zone_addresses(authority.dns)? != want {
+        anyhow::ensure!(Instant::now() < deadline, "plan 4 never served: {:?}", zone_addresses(authority.dns)?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let api = raw.active(&name("api")).await?.map(|r| (r.generation, r.state));
+    assert_eq!(api, Some((Generation(4), ActiveState::Serving(endpoint_for(Generation(4))))));
+    Ok(())
+}
+
+#[derive(serde::Deserialize)]
+struct KeyringFile {
+    keyring: dnsplan_common::signing::KeyringConfig,
+}
