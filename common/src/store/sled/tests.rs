@@ -927,3 +927,39 @@ fn zone_plan(origin: &DnsName, g: u64, endpoints: std::collections::BTreeMap<End
     })
     .expect("valid")
 }
+
+/// With a keyring the store publishes only plans it trusts, whole or as changes, in every
+/// zone of the database; a signed plan's signature is stored with it and read back (whole,
+/// as its envelope), so a follower can verify what it reads. Teeth: without the check in
+/// `publish`, the unsigned plan is published ("an unsigned plan was published").
+#[tokio::test]
+async fn a_keyring_refuses_untrusted_plans_and_signatures_are_kept() {
+    use crate::signing::{Keyring, KeyringConfig, SigningKey, TrustedKeyConfig, public_key_text};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SledStore::open(dir.path()).expect("open");
+    let (key, _) = SigningKey::generate().expect("key");
+    let (other, _) = SigningKey::generate().expect("key");
+    let config = KeyringConfig {
+        key: vec![TrustedKeyConfig {
+            name: "planner".into(),
+            public_key: public_key_text(&key.public_key()),
+            zones: vec!["*".into()],
+            authors: vec!["planner:*".into()],
+        }],
+    };
+    store.set_keyring(Keyring::from_config(&config).expect("keyring").map(Arc::new));
+    let refused = store.publish(&wide_plan(1, 100)).await;
+    assert!(matches!(refused, Err(StoreError::Untrusted(_))), "an unsigned plan was published: {refused:?}");
+    assert!(matches!(store.publish(&other.sign(wide_plan(1, 100))).await, Err(StoreError::Untrusted(_))));
+    let first = key.sign(wide_plan(1, 100));
+    store.publish(&first).await.expect("a signed plan is published");
+    let second = key.sign(wide_plan(2, 100));
+    let delta = PlanDelta::between(first.plan(), &second).expect("delta");
+    let mut forged = delta.clone();
+    forged.changes.values_mut().for_each(|entry| *entry = crate::changes::PlanEntry::Serve(endpoint(99)));
+    assert!(matches!(store.publish_changes(&forged, None).await, Err(StoreError::Untrusted(_))), "changes not the signed plan's");
+    store.publish_changes(&delta, None).await.expect("signed changes are published");
+    assert_eq!(store.plan(Generation(2)).await.expect("read"), second);
+    let envelope = store.plan_envelope(Generation(2)).await.expect("envelope");
+    assert_eq!(codec::decode_plan(&envelope).expect("decodes").signature(), second.signature());
+}
