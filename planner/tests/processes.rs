@@ -173,3 +173,51 @@ async fn planners_of_two_zones_of_one_store_each_plan_their_own() -> anyhow::Res
     authority.stop().await?;
     Ok(())
 }
+
+/// A planner with `signing.key_file` signs every plan it publishes, and a store whose keyring
+/// trusts that key for `planner:*` takes them; its key file readable by others stops the start
+/// with what to do. Teeth: without the signature, the store refuses every plan (no "plan
+/// published"); without the mode check, the planner starts with the exposed key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planner_signs_its_plans_with_its_key_file_and_refuses_one_others_can_read() -> anyhow::Result<()> {
+    use dnsplan_common::signing::{Keyring, KeyringConfig, SigningKey, TrustedKeyConfig, public_key_text};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let (key, pem) = SigningKey::generate().map_err(anyhow::Error::msg)?;
+    let key_file = dir.path().join("planner.key");
+    std::fs::write(&key_file, pem)?;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644))?;
+    let keyring = KeyringConfig {
+        key: vec![TrustedKeyConfig {
+            name: "planner".into(),
+            public_key: public_key_text(&key.public_key()),
+            zones: vec!["example.test.".into()],
+            authors: vec!["planner:*".into()],
+        }],
+    };
+    let keyring = std::sync::Arc::new(Keyring::from_config(&keyring).map_err(anyhow::Error::msg)?.expect("a key"));
+    let store = SledStore::open(dir.path().join("store"))?;
+    store.set_keyring(Some(keyring.clone()));
+    let authority = Authority::start(store, dir.path()).await?;
+    let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    let backends = Backends::start().await?;
+    let text = config_text(backends.port, "")
+        .replace("url = \"http://127.0.0.1:1\"", &format!("url = \"{}\"\ntoken = \"{TOKEN}\"", authority.control))
+        + "[metrics]\nlisten = \"127.0.0.1:0\"\n[signing]\nkey_file = \"planner.key\"\n";
+    let config = dir.path().join("planner.toml");
+    std::fs::write(&config, text)?;
+
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dnsplan-planner"));
+    command.args(["--config", &config.display().to_string()]);
+    let lines = daemon::log_lines_until(&mut command, "chmod 600", WITHIN)?;
+    assert!(lines.iter().any(|l| l.contains("signing.key_file") && l.contains("planner.key")), "{lines:?}");
+
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    let _planner = spawn("p1", &config, tx)?;
+    until(&mut lines, &mut Vec::new(), |l| l.message == "plan published").await?;
+    let plan = remote.plan(remote.latest().await?).await?;
+    assert_eq!(keyring.verify(&plan).map_err(|e| anyhow::anyhow!("{e}"))?, "planner");
+    authority.stop().await?;
+    Ok(())
+}
