@@ -422,7 +422,7 @@ impl AuthorityConfig {
 
     /// Every value in range, with a message naming the key.
     pub fn check(&self) -> Result<(), String> {
-        self.keyring()?;
+        self.keyring.check()?;
         match &self.store {
             None | Some(StoreConfig::Etcd(_)) => {}
             Some(StoreConfig::Control(_)) => {

@@ -108,6 +108,10 @@ fn main() -> ExitCode {
                     Err(err) => return err.exit(),
                 };
                 let signing_key = match cli.signing_key.as_deref().map(dnsplan_common::signing::SigningKey::load).transpose() {
+                    // With `dnsplan up`'s demo token, its demo key: the demo stack trusts it.
+                    Ok(None) if token.as_deref().is_some_and(daemon::is_placeholder_token) => {
+                        Some(dnsplan_common::signing::SigningKey::demo())
+                    }
                     Ok(key) => key,
                     Err(err) => {
                         eprintln!("error: {err}");

@@ -20,6 +20,7 @@ use dnsplan_authority::config::{AuthorityConfig, ControlConfig, DnsConfig, TOKEN
 use dnsplan_authority::run::{Bound, Extras, run_with_extras};
 use dnsplan_authority::zone::dns_zone::DnsZoneConfig;
 use dnsplan_common::daemon::{self, ConfigError};
+use dnsplan_common::signing::{KeyringConfig, SigningKey};
 use dnsplan_common::{DnsName, ZoneId};
 use dnsplan_enactor::config::{ApplyConfig, CleanupConfig, EnactorConfig, MetricsConfig as EnactorMetrics, StoreConfig, VerifyConfig};
 use dnsplan_planner::PlannerConfig;
@@ -261,6 +262,16 @@ impl Stack {
             };
             config.check().map_err(|detail| invalid(format!("enactors: {detail}")))?;
             enactors.push(config);
+        }
+        // The demo token comes with the demo signing key (as public, and as bound to loopback):
+        // the planner signs with it, the store, enactors and follower trust only it, and the
+        // CLI signs with it when it sends the demo token.
+        let mut authority = authority;
+        let mut planner = planner;
+        if daemon::is_placeholder_token(&token) {
+            authority.keyring = KeyringConfig::demo();
+            enactors.iter_mut().for_each(|e| e.keyring = KeyringConfig::demo());
+            planner.signing.key = Some(Arc::new(SigningKey::demo()));
         }
         Ok(Stack { authority, config_dir, enactors, planner, demo: up.demo.backends })
     }

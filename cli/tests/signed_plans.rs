@@ -189,3 +189,36 @@ async fn a_plan_or_record_written_straight_into_etcd_is_never_applied_or_served(
 struct KeyringFile {
     keyring: dnsplan_common::signing::KeyringConfig,
 }
+
+/// `dnsplan up` with its demo token signs with its demo key and trusts only it: the embedded
+/// planner's plans carry its signature, an unsigned plan is refused, and the CLI, sending the
+/// demo token, signs an operator's rollback with it, which is applied and served. A keyring
+/// of a daemon's config that lists the demo key is refused. Teeth: without the CLI's demo
+/// key, the rollback is refused ("plan refused: ... not signed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dnsplan_up_signs_with_its_demo_key_and_trusts_only_it() -> anyhow::Result<()> {
+    use dnsplan_common::signing::{Keyring, KeyringConfig};
+    let dir = tempfile::tempdir()?;
+    let up = support::up(dir.path())?;
+    let remote = RemoteStore::new(&up.control, Some(support::TOKEN.to_owned()))?;
+    let first = support::until_plan(&remote, |_| true).await?;
+    let demo = Keyring::from_config(&KeyringConfig::demo()).map_err(anyhow::Error::msg)?.expect("the demo keyring");
+    assert_eq!(demo.verify(&first).map_err(|e| anyhow::anyhow!("{e}"))?, "demo");
+
+    let mut unsigned = first.clone().into_plan();
+    unsigned.generation = Generation(first.generation().0 + 1);
+    unsigned.parent_generation = first.generation();
+    unsigned.author = Author::Operator { name: "mallory".into() };
+    match remote.publish(&ValidatedPlan::new(unsigned)?).await {
+        Err(StoreError::Untrusted(why)) => assert!(why.contains("not signed"), "{why}"),
+        other => panic!("dnsplan up took an unsigned plan: {other:?}"),
+    }
+
+    let rollback = support::ok(&support::dnsplan(&up, &["rollback", "--to", &first.generation().to_string(), "--reason", "signed"])?);
+    assert!(rollback.contains("enacted: all"), "{rollback}");
+    let latest = remote.plan(remote.latest().await?).await?;
+    assert_eq!(latest.plan().rollback_of, Some(first.generation()));
+    assert_eq!(demo.verify(&latest).map_err(|e| anyhow::anyhow!("{e}"))?, "demo");
+    assert!(KeyringConfig::demo().check().is_err(), "a daemon's keyring takes the demo key");
+    Ok(())
+}

@@ -30,6 +30,15 @@ pub const SIGNATURE_DOMAIN: [u8; crate::codec::HEADER_BYTES] = *b"dnsplan plan v
 /// Most keys in one keyring.
 pub const KEYRING_KEYS_MAX: usize = 256;
 
+/// `dnsplan up`'s demo key, as public as its demo token: `dnsplan up` trusts it (and signs
+/// with it) only with the demo token on loopback, the CLI signs with it when it sends the demo
+/// token, and every daemon's config refuses it in a keyring.
+const DEMO_KEY_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MFECAQEwBQYDK2VwBCIEIC8NeslIZy6EjTNazWFV9BPNF4ByQuMLKCllw2Ak1EvA
+gSEA8cvLLqpObQJl8US6zchX0ZVqNftUf1afgofhB+N6T0A=
+-----END PRIVATE KEY-----
+";
+
 /// The bytes a plan's signature covers.
 fn message(plan: &ValidatedPlan) -> Vec<u8> {
     let mut bytes = crate::codec::encode(plan.plan());
@@ -102,6 +111,15 @@ impl SigningKey {
         }
         pem.push_str("-----END PRIVATE KEY-----\n");
         Ok((SigningKey { pair }, pem))
+    }
+
+    /// `dnsplan up`'s demo key (see `DEMO_KEY_PEM`).
+    pub fn demo() -> SigningKey {
+        let pair = PrivatePkcs8KeyDer::from_pem_slice(DEMO_KEY_PEM.as_bytes())
+            .ok()
+            .and_then(|der| Ed25519KeyPair::from_pkcs8_maybe_unchecked(der.secret_pkcs8_der()).ok());
+        // Invariant: the constant is a valid key (a unit test loads it).
+        SigningKey { pair: pair.expect("the demo key is a valid Ed25519 key") }
     }
 
     pub fn public_key(&self) -> [u8; 32] {
@@ -227,6 +245,34 @@ pub enum SignatureError {
          signature was made by another key"
     )]
     BadSignature { generation: u64, key: String },
+}
+
+impl KeyringConfig {
+    /// `dnsplan up`'s keyring with the demo token: the demo key, for every zone and author.
+    pub fn demo() -> KeyringConfig {
+        KeyringConfig {
+            key: vec![TrustedKeyConfig {
+                name: "demo".into(),
+                public_key: public_key_text(&SigningKey::demo().public_key()),
+                zones: vec!["*".into()],
+                authors: vec!["*".into()],
+            }],
+        }
+    }
+
+    /// A daemon's check of its keyring: it loads, and does not trust the demo key, whose
+    /// private half is in every copy of dnsplan.
+    pub fn check(&self) -> Result<(), String> {
+        Keyring::from_config(self)?;
+        let demo = public_key_text(&SigningKey::demo().public_key());
+        match self.key.iter().find(|k| k.public_key.trim() == demo) {
+            Some(key) => Err(format!(
+                "keyring.key {:?}: this is `dnsplan up`'s demo key, whose private key ships with dnsplan; make one with `dnsplan key new`",
+                key.name
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Keyring {
@@ -416,6 +462,15 @@ mod tests {
         assert!(!shown.contains(secret_line) && shown.contains(&public_key_text(&key.public_key())), "{shown}");
         std::fs::write(&path, "not a key").unwrap();
         assert!(matches!(SigningKey::load(&path), Err(KeyFileError::NotPem { .. })));
+    }
+
+    #[test]
+    fn the_demo_key_loads_and_daemons_refuse_to_trust_it() {
+        let signed = SigningKey::demo().sign(plan(planner(), "example.test"));
+        let demo = KeyringConfig::demo();
+        assert_eq!(Keyring::from_config(&demo).unwrap().unwrap().verify(&signed), Ok("demo"));
+        let err = demo.check().unwrap_err();
+        assert!(err.contains("demo key") && err.contains("dnsplan key new"), "{err}");
     }
 
     #[test]

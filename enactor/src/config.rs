@@ -205,7 +205,7 @@ impl EnactorConfig {
 
     /// Every value in range, with a message naming the key.
     pub fn check(&self) -> Result<(), String> {
-        Keyring::from_config(&self.keyring)?;
+        self.keyring.check()?;
         let id_ok = !self.id.is_empty()
             && self.id.len() <= ID_BYTES_MAX
             && self.id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
