@@ -220,5 +220,8 @@ async fn dnsplan_up_signs_with_its_demo_key_and_trusts_only_it() -> anyhow::Resu
     assert_eq!(latest.plan().rollback_of, Some(first.generation()));
     assert_eq!(demo.verify(&latest).map_err(|e| anyhow::anyhow!("{e}"))?, "demo");
     assert!(KeyringConfig::demo().check().is_err(), "a daemon's keyring takes the demo key");
+    let shown = support::ok(&support::dnsplan(&up, &["plans", "show", &latest.generation().to_string()])?);
+    let demo_key = dnsplan_common::signing::public_key_text(&dnsplan_common::signing::SigningKey::demo().public_key());
+    assert!(shown.contains(&format!("signed by the key {demo_key}")), "{shown}");
     Ok(())
 }

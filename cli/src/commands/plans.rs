@@ -53,6 +53,11 @@ pub(super) async fn plans(client: &Client, command: PlansCommand) -> CliResult<E
             if let Some(g) = p.rollback_of {
                 crate::out!("rollback of plan {g}");
             }
+            // Whether the stack trusts the key is its keyring's to say; this is whose it is.
+            match plan.signature() {
+                Some(s) => crate::out!("signed by the key {}", dnsplan_common::signing::public_key_text(&s.public_key)),
+                None => crate::out!("not signed"),
+            }
             crate::out!();
             let rows: Vec<Vec<String>> =
                 p.endpoints.iter().map(|(n, e)| vec![n.to_string(), e.ttl_secs.to_string(), addresses(e)]).collect();
