@@ -371,7 +371,8 @@ where
     // The zones the store manages beside its first one (`added`).
     let book = Arc::new(added::book::ZoneBook::default());
     // With a keyring, every zone's follower serves only what trusted plans say.
-    let plan_check = config.keyring().map_err(anyhow::Error::msg)?.map(|keyring| PlanCheck::new(keyring, metrics.clone()));
+    let keyring = config.keyring().map_err(anyhow::Error::msg)?;
+    let plan_check = keyring.clone().map(|keyring| PlanCheck::new(keyring, metrics.clone()));
     let setup = added::Setup {
         table: others.clone(),
         limits,
@@ -380,7 +381,7 @@ where
         keeping: local,
         metrics: metrics.clone(),
         book: book.clone(),
-        plan_check: plan_check.clone(),
+        keyring,
     };
     // On etcd, the added zones' saved states are served at once too, beside the first zone's
     // (not before it: the first zone answers without waiting for them).

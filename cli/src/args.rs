@@ -124,7 +124,10 @@ pub enum KeyCommand {
         authors: Vec<String>,
     },
     /// The public key of the private key in FILE.
-    Public { file: PathBuf },
+    Public {
+        /// The private key (PEM), as `key new` wrote it.
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]

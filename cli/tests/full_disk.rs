@@ -44,7 +44,8 @@ fn grown(latest: &ValidatedPlan, label: &str, count: usize) -> anyhow::Result<Va
     plan.reason = format!("fill the disk: {label}");
     plan.retired.clear();
     plan.rollback_of = None;
-    Ok(ValidatedPlan::new(plan)?)
+    // Signed as the CLI signs with the demo token: `dnsplan up` trusts its demo key only.
+    Ok(dnsplan_common::signing::SigningKey::demo().sign(ValidatedPlan::new(plan)?))
 }
 
 /// Publishes the latest plan grown by `count` endpoints named `label-N`, again after a

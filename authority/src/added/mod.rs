@@ -64,7 +64,15 @@ pub struct Setup {
     /// What each zone is now, for the metrics and the status page.
     pub book: Arc<ZoneBook>,
     /// With a keyring: each zone serves only records a trusted plan says (`follow::trusted`).
-    pub plan_check: Option<Arc<crate::follow::trusted::PlanCheck>>,
+    pub keyring: Option<Arc<dnsplan_common::signing::Keyring>>,
+}
+
+impl Setup {
+    /// A zone's own check of what it serves (its plans' generations are its own, so each
+    /// zone has its own verified plans).
+    fn plan_check(&self) -> Option<Arc<crate::follow::trusted::PlanCheck>> {
+        self.keyring.clone().map(|keyring| crate::follow::trusted::PlanCheck::new(keyring, self.metrics.clone()))
+    }
 }
 
 /// The added zones served, and how to serve more.
@@ -169,7 +177,7 @@ async fn serve_one_kept(setup: &Setup, dir: &Path, zone: &SavedZone) -> anyhow::
         .with_transfer(setup.transfer.clone())
         .with_served_log(kept.served_log)
         .with_ixfr_log(dir)
-        .with_plan_check(setup.plan_check.clone());
+        .with_plan_check(setup.plan_check());
     Ok(Some(KeptZone { incarnation: zone.incarnation, serving: Arc::new(serving), keeper: Some(keeper) }))
 }
 
@@ -412,7 +420,7 @@ async fn load<S: ManagedZones>(
         Keeping::InStore => (None, None),
     };
     let metrics = Arc::new(setup.metrics.for_added_zone());
-    let serving = Serving::load(zone_store, records, setup.limits, metrics, setup.plan_check.clone())
+    let serving = Serving::load(zone_store, records, setup.limits, metrics, setup.plan_check())
         .await?
         .with_transfer(setup.transfer.clone())
         .with_served_log(served_log)
