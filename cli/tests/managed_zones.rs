@@ -306,5 +306,17 @@ async fn dnsplan_up_enacts_a_zone_added_to_its_store() -> anyhow::Result<()> {
     until_axfr(up.dns, &expected(101, &["10.7.0.9"]))?;
     let status = ok(&dnsplan(&up, &["--zone", "shop.test.", "status"])?);
     assert!(status.contains("enactor-a"), "the stack's enactors heartbeat in the added zone:\n{status}");
+
+    // A second added zone: its plan 1 is not shop's plan 1. (The demo stack checks every
+    // record against its signed plan; a check shared by the zones took shop's plan 1 for
+    // blog's and served nothing of blog.)
+    let blog_file = dir.path().join("blog.zone");
+    std::fs::write(&blog_file, SHOP.replace("shop", "blog"))?;
+    ok(&dnsplan(&up, &["zone", "add", "--managed", blog_file.to_str().unwrap_or_default()])?);
+    std::fs::write(&plan, plan_file(&["10.8.0.9"]).replace("shop", "blog"))?;
+    let args = ["--zone", "blog.test.", "plans", "publish", plan.to_str().unwrap_or_default(), "--reason", "second zone", "--yes"];
+    ok(&dnsplan(&up, &[&args[..], &["--dns", &dns_arg, "--wait-secs", "30"]].concat())?);
+    until_dns(up.dns, "api.blog.test.", |a| a.contains(&"10.8.0.9".parse().expect("address"))).await?;
+    until_axfr(up.dns, &expected(101, &["10.7.0.9"]))?;
     Ok(())
 }
