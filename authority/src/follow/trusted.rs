@@ -5,8 +5,9 @@
 //! The store checks a publish and each apply's content itself, but a writer with access to
 //! etcd can go around those checks: write a plan, or an active record, straight into it. The
 //! check here is made on what the store hands the follower, so such a record is never served:
-//! a changed record is left out of the merge (the name keeps serving what it served), and on a
-//! first load it is not served at all. Each is logged at error and counted in
+//! a changed record is left out of the merge (the name keeps serving what it served), and when
+//! the whole state is read (at start, or after falling behind the store's change log) it is
+//! not served at all. Each is logged at error and counted in
 //! `dnsplan_untrusted_records_total`.
 //!
 //! Cost: each generation met is read whole and verified once, then kept (the few newest);
@@ -115,33 +116,38 @@ impl PlanCheck {
         if let Some((_, trust)) = self.lock().iter().find(|(g, _)| *g == generation) {
             return Ok(trust.clone());
         }
-        let trust = match store.plan(generation).await {
+        // Only a signature's verdict is kept: a plan not found or not readable now is asked
+        // for again when a record of it comes next.
+        let (trust, keep) = match store.plan(generation).await {
             Ok(plan) if plan.generation() != generation => {
                 tracing::error!(generation = generation.0, "the store gave plan {} when asked for {generation}", plan.generation());
-                Trust::Refused
+                (Trust::Refused, false)
             }
             Ok(plan) => match self.keyring.verify(&plan) {
                 Ok(key) => {
                     tracing::debug!(generation = generation.0, key, "plan signature verified");
-                    Trust::Trusted(Arc::new(plan.into_plan()))
+                    (Trust::Trusted(Arc::new(plan.into_plan())), true)
                 }
                 Err(err) => {
                     tracing::error!(error = %err, "records of this plan are not served");
-                    Trust::Refused
+                    (Trust::Refused, true)
                 }
             },
             // No plan: nothing can say the record (a record of a plan never published, or one
             // whose plan is gone, which cleanup never does to an active generation).
             Err(StoreError::PlanNotFound(_) | StoreError::Pruned { .. }) => {
                 tracing::error!(generation = generation.0, "records of this generation are not served: the store holds no such plan");
-                Trust::Refused
+                (Trust::Refused, false)
             }
             Err(StoreError::Corrupt { what, source }) => {
                 tracing::error!(error = %source, what, "records of this generation are not served: its plan does not decode");
-                Trust::Refused
+                (Trust::Refused, false)
             }
             Err(err) => return Err(err),
         };
+        if !keep {
+            return Ok(trust);
+        }
         let mut plans = self.lock();
         if plans.len() == PLANS_KEPT {
             plans.pop_front();
