@@ -47,6 +47,10 @@ pub struct UpConfig {
     planner: PlannerSection,
     #[serde(default)]
     demo: DemoSection,
+    /// `[[keyring.key]]`: the keys the stack trusts to author plans (without it, with the demo
+    /// token, the demo key).
+    #[serde(default)]
+    keyring: KeyringConfig,
 }
 
 #[derive(Deserialize)]
@@ -115,6 +119,9 @@ struct PlannerSection {
     /// Zones added to the store that the planner plans too (`[[planner.zone]]`).
     #[serde(rename = "zone", default)]
     zones: Vec<toml::Spanned<ZoneConfig>>,
+    /// `[planner.signing]`: as planner.toml's `[signing]`, its path relative to this file.
+    #[serde(default)]
+    signing: dnsplan_planner::config::SigningConfig,
 }
 
 #[derive(Deserialize)]
@@ -235,6 +242,7 @@ impl Stack {
             zones: up.planner.zones,
             signing: Default::default(),
         };
+        let signing_key_file = up.planner.signing.key_file.clone();
         planner.validate(&text).map_err(|detail| invalid(format!("planner: {detail}")))?;
 
         if up.enactors.zones.is_empty() {
@@ -263,16 +271,27 @@ impl Stack {
             config.check().map_err(|detail| invalid(format!("enactors: {detail}")))?;
             enactors.push(config);
         }
-        // The demo token comes with the demo signing key (as public, and as bound to loopback):
-        // the planner signs with it, the store, enactors and follower trust only it, and the
-        // CLI signs with it when it sends the demo token.
+        // Plans signed by their authors: the keyring and the planner's key of the file, else
+        // with the demo token its demo key (as public as the token, and as bound to loopback),
+        // with which the CLI signs when it sends the demo token.
         let mut authority = authority;
         let mut planner = planner;
-        if daemon::is_placeholder_token(&token) {
-            authority.keyring = KeyringConfig::demo();
-            enactors.iter_mut().for_each(|e| e.keyring = KeyringConfig::demo());
-            planner.signing.key = Some(Arc::new(SigningKey::demo()));
+        if let Some(file) = &signing_key_file {
+            let file = if path.is_some() { daemon::relative_to_config(&shown, file) } else { file.clone() };
+            let key = SigningKey::load(&file).map_err(|e| invalid(format!("planner.signing.key_file: {e}")))?;
+            planner.signing.key = Some(Arc::new(key));
         }
+        let keyring = if !up.keyring.key.is_empty() {
+            up.keyring.check().map_err(invalid)?;
+            up.keyring
+        } else if daemon::is_placeholder_token(&token) {
+            planner.signing.key.get_or_insert_with(|| Arc::new(SigningKey::demo()));
+            KeyringConfig::demo()
+        } else {
+            KeyringConfig::default()
+        };
+        authority.keyring = keyring.clone();
+        enactors.iter_mut().for_each(|e| e.keyring = keyring.clone());
         Ok(Stack { authority, config_dir, enactors, planner, demo: up.demo.backends })
     }
 

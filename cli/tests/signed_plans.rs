@@ -225,3 +225,38 @@ async fn dnsplan_up_signs_with_its_demo_key_and_trusts_only_it() -> anyhow::Resu
     assert!(shown.contains(&format!("signed by the key {demo_key}")), "{shown}");
     Ok(())
 }
+
+/// `dnsplan up` with a keyring and a planner key of its own: its planner signs with that key,
+/// and an operator's rollback is taken only when signed by a key of the keyring
+/// (`--signing-key`), not by the demo key the CLI uses by default with the demo token.
+/// Teeth: with the demo keyring kept beside the file's, the demo-signed rollback is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dnsplan_up_takes_a_keyring_and_planner_key_of_its_own() -> anyhow::Result<()> {
+    use dnsplan_common::signing::{Keyring, KeyringConfig};
+    let dir = tempfile::tempdir()?;
+    let d = dir.path();
+    let (planner_key, planner_table) = new_key(d, "planner", "planner:planner")?;
+    let (_alice, alice_table) = new_key(d, "alice", "operator:*")?;
+    let text = support::BUILT_IN.replace("18080", &support::free_port()?.to_string()).replace("15432", &support::free_port()?.to_string());
+    let text = text.replace("[planner.planner]\n", "[planner.signing]\nkey_file = \"planner-1.key\"\n[planner.planner]\n");
+    anyhow::ensure!(text.contains("planner-1.key"), "the built-in config has no [planner.planner] table to put the key before");
+    std::fs::rename(d.join("planner.key"), d.join("planner-1.key"))?;
+    std::fs::write(d.join("dnsplan.toml"), format!("{text}\n{planner_table}\n{alice_table}"))?;
+    let up = support::spawn_up(&mut support::up_command(d)?)?;
+    let remote = RemoteStore::new(&up.control, Some(support::TOKEN.to_owned()))?;
+    let first = support::until_plan(&remote, |_| true).await?;
+    let tables: KeyringFile = toml::from_str(&format!("{planner_table}\n{alice_table}"))?;
+    let keyring = Keyring::from_config(&tables.keyring).map_err(anyhow::Error::msg)?.expect("two keys");
+    assert_eq!(keyring.verify(&first).map_err(|e| anyhow::anyhow!("{e}"))?, "planner");
+    assert_eq!(first.signature().map(|s| s.public_key), Some(planner_key.public_key()));
+
+    let to = first.generation().to_string();
+    let refused = support::dnsplan(&up, &["rollback", "--to", &to, "--reason", "demo key"])?;
+    assert_eq!(refused.status.code(), Some(5), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("does not hold"), "{}", String::from_utf8_lossy(&refused.stderr));
+    let alice = d.join("alice.key").display().to_string();
+    let rollback = support::ok(&support::dnsplan(&up, &["--signing-key", &alice, "rollback", "--to", &to, "--reason", "alice"])?);
+    assert!(rollback.contains("enacted: all"), "{rollback}");
+    assert!(KeyringConfig::demo().key[0].public_key != tables.keyring.key[0].public_key);
+    Ok(())
+}
