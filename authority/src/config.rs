@@ -44,7 +44,7 @@ pub struct AuthorityConfig {
     pub catch_up_at_start_ms: u64,
     /// `[[keyring.key]]`: the keys trusted to author plans. When set, the store refuses a
     /// plan no key of it signed, and the follower serves an active record only when it is
-    /// what a trusted plan of its generation says (`follow::trusted`).
+    /// what a trusted plan of its generation says (`serving::trusted`).
     #[serde(default)]
     pub keyring: KeyringConfig,
     /// `--accept-store-loss`, not a config key: open an embedded store that went back behind

@@ -344,14 +344,6 @@ impl Keyring {
     }
 }
 
-/// `Ok` when `keyring` is `None` or trusts `plan`; a store's check at publish.
-pub fn check_trusted(keyring: Option<&Keyring>, plan: &ValidatedPlan) -> Result<(), crate::store::StoreError> {
-    match keyring {
-        Some(keyring) => keyring.verify(plan).map(|_| ()).map_err(|e| crate::store::StoreError::Untrusted(e.to_string())),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -286,7 +286,7 @@ impl EtcdStore {
     }
 
     pub(crate) async fn publish_inner(&self, plan: &ValidatedPlan, lease: Option<&Lease>) -> StoreResult<()> {
-        dnsplan_common::signing::check_trusted(self.inner.config.keyring.as_deref(), plan)?;
+        dnsplan_common::store::check_trusted(self.inner.config.keyring.as_deref(), plan)?;
         let changes = self.parent_changes(plan).await?;
         let plan_bytes = codec::encode_plan(plan);
         let summary = codec::encode(&plan.summary());

@@ -63,15 +63,15 @@ pub struct Setup {
     pub metrics: Arc<Metrics>,
     /// What each zone is now, for the metrics and the status page.
     pub book: Arc<ZoneBook>,
-    /// With a keyring: each zone serves only records a trusted plan says (`follow::trusted`).
+    /// With a keyring: each zone serves only records a trusted plan says (`serving::trusted`).
     pub keyring: Option<Arc<dnsplan_common::signing::Keyring>>,
 }
 
 impl Setup {
     /// A zone's own check of what it serves (its plans' generations are its own, so each
     /// zone has its own verified plans).
-    fn plan_check(&self) -> Option<Arc<crate::follow::trusted::PlanCheck>> {
-        self.keyring.clone().map(|keyring| crate::follow::trusted::PlanCheck::new(keyring, self.metrics.clone()))
+    fn plan_check(&self) -> Option<Arc<crate::serving::trusted::PlanCheck>> {
+        self.keyring.clone().map(|keyring| crate::serving::trusted::PlanCheck::new(keyring, self.metrics.clone()))
     }
 }
 

@@ -11,10 +11,10 @@
 //! outage is logged once when it begins and once when it ends (`daemon::Reachability`), and the
 //! snapshot is kept meanwhile: serving never waits for the store.
 
-use crate::follow::trusted::PlanCheck;
 use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::serving::Serving;
+use crate::serving::trusted::PlanCheck;
 use crate::zone::dns_zone::StaticZone;
 use crate::zone::journal::{JournalChange, swap_records};
 use crate::zone::snapshot::{Snapshot, wire_key};

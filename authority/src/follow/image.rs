@@ -28,8 +28,8 @@
 //! while etcd does not.
 
 use crate::follow::local_state::{LOCAL_STATE_KIND, LocalState, paced, write_atomic_with};
-use crate::follow::trusted::PlanCheck;
 use crate::serving::Serving;
+use crate::serving::trusted::PlanCheck;
 use crate::zone::dns_zone::StaticZone;
 use crate::zone::snapshot::{Family, Managed, Snapshot};
 use dnsplan_common::Generation;

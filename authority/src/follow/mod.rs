@@ -6,10 +6,8 @@
 //! - `image.rs`: the serving image of an authority on the embedded store.
 //! - `local_state.rs`: the state last served, on disk, for an authority on etcd.
 //! - `kept.rs`: that state and the log of changes served since, read back and kept, per zone.
-//! - `trusted.rs`: with a keyring, only records a trusted plan says are served.
 
 pub mod follower;
 pub mod image;
 pub mod kept;
 pub mod local_state;
-pub mod trusted;

@@ -4,10 +4,13 @@
 //!
 //! - `policy.rs`: who may transfer the zone, with which TSIG keys, and whom to NOTIFY.
 //! - `local_log.rs`: on etcd, the log each change is made durable in before it is served.
+//! - `trusted.rs`: with a keyring, the check the follower makes of each record against its
+//!   signed plan before it is served.
 
 pub mod ixfr_log;
 pub mod local_log;
 pub mod policy;
+pub mod trusted;
 pub mod zone_image;
 pub mod zones;
 
@@ -57,7 +60,7 @@ pub struct Serving {
     /// Queries a static zone answered (`GET /v1/zones`); the managed zone's are in the metrics.
     pub answered: std::sync::atomic::AtomicU64,
     /// With a keyring: the follower serves only records a trusted plan says.
-    pub plan_check: Option<Arc<crate::follow::trusted::PlanCheck>>,
+    pub plan_check: Option<Arc<crate::serving::trusted::PlanCheck>>,
 }
 
 /// The log target of the audit lines (every write that changes what is served or automated).
@@ -146,7 +149,7 @@ impl Serving {
     }
 
     /// With the follower serving only records a trusted plan says (`None`: every record).
-    pub fn with_plan_check(self, plan_check: Option<Arc<crate::follow::trusted::PlanCheck>>) -> Serving {
+    pub fn with_plan_check(self, plan_check: Option<Arc<crate::serving::trusted::PlanCheck>>) -> Serving {
         Serving { plan_check, ..self }
     }
 

@@ -46,7 +46,7 @@ use thiserror::Error;
 
 pub use cleanup::{CleanupDecision, CleanupReport, decide_cleanup};
 pub use lease::Lease;
-pub use rules::{check_generation, check_len, content_changed, fence_step, plan_says};
+pub use rules::{check_generation, check_len, check_trusted, content_changed, fence_step, plan_says};
 
 /// Most plans one `list` call returns; callers page with `from`.
 pub const LIST_LIMIT_MAX: usize = 1_000;

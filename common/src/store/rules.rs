@@ -122,3 +122,12 @@ mod tests {
         assert_eq!(plan_says(&PlanEntry::Absent, &ActiveState::Retired), Some(PlanSays::NothingOf));
     }
 }
+
+/// `Ok` when `keyring` is `None` or trusts `plan`: every store's check at publish, so a plan
+/// no trusted author signed is never stored ([`StoreError::Untrusted`]).
+pub fn check_trusted(keyring: Option<&crate::signing::Keyring>, plan: &crate::plan::ValidatedPlan) -> StoreResult<()> {
+    match keyring {
+        Some(keyring) => keyring.verify(plan).map(|_| ()).map_err(|e| StoreError::Untrusted(e.to_string())),
+        None => Ok(()),
+    }
+}
