@@ -68,6 +68,15 @@ pub fn check_len(what: &'static str, text: &str, max: usize) -> StoreResult<()> 
     if text.len() > max { Err(StoreError::TooLong { what: what.into(), len: text.len(), max }) } else { Ok(()) }
 }
 
+/// `Ok` when `keyring` is `None` or trusts `plan`: every store's check at publish, so a plan
+/// no trusted author signed is never stored ([`StoreError::Untrusted`]).
+pub fn check_trusted(keyring: Option<&crate::signing::Keyring>, plan: &crate::plan::ValidatedPlan) -> StoreResult<()> {
+    match keyring {
+        Some(keyring) => keyring.verify(plan).map(|_| ()).map_err(|e| StoreError::Untrusted(e.to_string())),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,14 +129,5 @@ mod tests {
         assert_eq!(plan_says(&PlanEntry::Retire, &ActiveState::Retired), None);
         assert_eq!(plan_says(&PlanEntry::Retire, &serving(30)), Some(PlanSays::Retires));
         assert_eq!(plan_says(&PlanEntry::Absent, &ActiveState::Retired), Some(PlanSays::NothingOf));
-    }
-}
-
-/// `Ok` when `keyring` is `None` or trusts `plan`: every store's check at publish, so a plan
-/// no trusted author signed is never stored ([`StoreError::Untrusted`]).
-pub fn check_trusted(keyring: Option<&crate::signing::Keyring>, plan: &crate::plan::ValidatedPlan) -> StoreResult<()> {
-    match keyring {
-        Some(keyring) => keyring.verify(plan).map(|_| ()).map_err(|e| StoreError::Untrusted(e.to_string())),
-        None => Ok(()),
     }
 }
