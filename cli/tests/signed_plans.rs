@@ -21,7 +21,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::etcd_authority::{ETCD_AUTHORITY_TOKEN, etcd_authority};
-use support::{WITHIN, bin_dir, until_dns};
+use support::{WITHIN, bin_dir};
 
 const PREFIX: &str = "/signed/";
 
@@ -69,6 +69,19 @@ fn zone_addresses(dns: std::net::SocketAddr) -> anyhow::Result<BTreeSet<String>>
 fn zone_of(g: u64, names: &[&str]) -> BTreeSet<String> {
     let endpoint = endpoint_for(Generation(g));
     names.iter().flat_map(|n| endpoint.targets.iter().map(move |t| format!("{n}.example.test. 30 in a {}", t.address))).collect()
+}
+
+/// Waits until the authority's zone holds exactly `want`'s A records.
+async fn until_zone(dns: std::net::SocketAddr, want: &BTreeSet<String>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let got = zone_addresses(dns)?;
+        if &got == want {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the zone never held {want:?}; it holds {got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until the enactor's heartbeat says `state`.
@@ -129,8 +142,7 @@ async fn a_plan_or_record_written_straight_into_etcd_is_never_applied_or_served(
     let (lines, _rx) = tokio::sync::mpsc::unbounded_channel::<LogLine>();
     let _enactor = Daemon::spawn(&bin_dir().join("dnsplan-enactor"), &["--config", &enactor_toml.display().to_string()], "enactor", lines)?;
     until_heartbeat(&raw, "idle").await?;
-    until_dns(authority.dns, "api.example.test.", |a| !a.is_empty()).await?;
-    assert_eq!(zone_addresses(authority.dns)?, zone_of(1, &names));
+    until_zone(authority.dns, &zone_of(1, &names)).await?;
 
     // Through the control API, an unsigned operator plan is refused too (422, said why).
     let remote = RemoteStore::new(&authority.control, Some(ETCD_AUTHORITY_TOKEN.to_owned()))?;
@@ -174,12 +186,7 @@ async fn a_plan_or_record_written_straight_into_etcd_is_never_applied_or_served(
 
     // The next plan its author signed is applied and served, over mallory's record.
     checked.publish(&planner_key.sign(plan(4, &endpoints, planner))).await?;
-    let want = zone_of(4, &names);
-    let deadline = Instant::now() + WITHIN;
-    while zone_addresses(authority.dns)? != want {
-        anyhow::ensure!(Instant::now() < deadline, "plan 4 never served: {:?}", zone_addresses(authority.dns)?);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_zone(authority.dns, &zone_of(4, &names)).await?;
     let api = raw.active(&name("api")).await?.map(|r| (r.generation, r.state));
     assert_eq!(api, Some((Generation(4), ActiveState::Serving(endpoint_for(Generation(4))))));
     Ok(())
