@@ -56,7 +56,7 @@ async fn a_restart_serves_the_image_brought_up_to_the_store() -> anyhow::Result<
     let only_here = Managed {
         generation: Generation(1),
         ttl_secs: 30,
-        v4: Family { targets: [("10.9.9.9".parse()?, 1)].into_iter().collect(), uniform: true },
+        v4: Family { targets: [("10.9.9.9".parse()?, 1)].into_iter().collect() },
         v6: Family::default(),
     };
     saved.load_served(&wire_key(&Name::from_ascii("only-here.example.test.")?), only_here);

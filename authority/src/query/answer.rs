@@ -208,7 +208,7 @@ pub fn respond(
     if let Some(data) = data {
         // A wildcard's records take the name asked as owner (RFC 4592 §2.1.1), as every
         // answer here does.
-        let mut answers = collect(query, data.managed.as_ref(), &data.statics.records(query.name()), limits, rng);
+        let mut answers = collect(query, data.managed.as_deref(), &data.statics.records(query.name()), limits, rng);
         let ends = follow_cnames(&mut answers, &name, qtype_asked, snapshot, limits, rng);
         if answers.is_empty() {
             negative(&mut resp, snapshot, ResponseCode::NoError);
@@ -293,7 +293,7 @@ fn glue(snapshot: &Snapshot, answers: &[Record], limits: &AnswerLimits, rng: &mu
             let Some(entry) = snapshot.get(server) else { continue };
             let asked = Query::query(server.clone(), family);
             // Only the family's records: a CNAME there would not be glue.
-            let rrset: Vec<Record> = collect(&asked, entry.managed.as_ref(), &entry.statics.records(server), limits, rng)
+            let rrset: Vec<Record> = collect(&asked, entry.managed.as_deref(), &entry.statics.records(server), limits, rng)
                 .into_iter()
                 .filter(|r| r.record_type() == family)
                 .collect();
@@ -390,7 +390,7 @@ fn follow_cnames<'a>(
         }
         let more = match snapshot.find(&wire_key(&target)) {
             Found::Name(data) | Found::Wildcard(data) => {
-                collect(&Query::query(target.clone(), qtype), data.managed.as_ref(), &data.statics.records(&target), limits, rng)
+                collect(&Query::query(target.clone(), qtype), data.managed.as_deref(), &data.statics.records(&target), limits, rng)
             }
             Found::Cut(cut) => return ChainEnd::Referral(cut),
             Found::Empty => return ChainEnd::NoData,
@@ -490,7 +490,7 @@ pub fn sample_indices<T, const N: usize>(family: &Family<T, N>, k: usize, rng: &
     for (i, slot) in out.iter_mut().enumerate().take(n) {
         *slot = i as u8;
     }
-    if family.uniform {
+    if family.uniform() {
         for i in 0..k {
             let j = rng.random_range(i..n);
             out.swap(i, j);
