@@ -1,0 +1,257 @@
+//! AF_XDP sockets (xdpilone's rings over memory mapped here): one per receive queue, each with
+//! its own UMEM of `FRAMES` frames, served by one thread. A frame goes round: the fill ring,
+//! the receive ring with a query in it, the transmit ring with the reply written over the
+//! query, the completion ring, the fill ring again. A frame that is not a query to our port
+//! goes straight back to the fill ring.
+
+use crate::frame::{self, Query};
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use xdpilone::xdp::XdpDesc;
+use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig, User};
+
+/// Frames of one queue's UMEM.
+pub const FRAMES: u32 = 4096;
+/// Bytes of a frame: the smallest the kernel takes in aligned mode, more than any UDP answer
+/// we send (the fast path keeps answers within the client's EDNS size, at most 1,232 bytes by
+/// default and a reply that does not fit is not sent).
+pub const FRAME_BYTES: u32 = 2048;
+/// Entries of each ring.
+const RING: u32 = 2048;
+/// Descriptors handled per round.
+const BATCH: usize = 64;
+/// How long a queue with nothing to read sleeps in `poll` before it looks at `stop` again.
+const IDLE_POLL_MS: libc::c_int = 100;
+
+/// How the socket moves frames (`XDP_COPY` / `XDP_ZEROCOPY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Copy {
+    /// The kernel copies each frame: every driver, generic XDP included.
+    Copy,
+    /// The driver's DMA buffers are the UMEM: drivers that support it, in driver mode.
+    ZeroCopy,
+}
+
+/// An error of the AF_XDP socket calls: which, and the system's error.
+#[derive(Debug)]
+pub struct XskError {
+    pub call: &'static str,
+    pub error: String,
+}
+
+impl std::fmt::Display for XskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AF_XDP {}: {}", self.call, self.error)
+    }
+}
+
+impl std::error::Error for XskError {}
+
+fn xsk(call: &'static str) -> impl FnOnce(xdpilone::Errno) -> XskError {
+    move |errno| XskError { call, error: errno.to_string() }
+}
+
+/// Page-aligned anonymous memory for a UMEM, unmapped when dropped.
+struct Area {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Area {
+    fn new(len: usize) -> std::io::Result<Area> {
+        // SAFETY: an anonymous private mapping at an address of the kernel's choice; no
+        // existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let base = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap gave a null address"))?;
+        Ok(Area { base, len })
+    }
+
+    fn as_slice_ptr(&self) -> NonNull<[u8]> {
+        NonNull::slice_from_raw_parts(self.base, self.len)
+    }
+
+    /// The frame holding UMEM address `addr`, from `addr` to the end of its frame.
+    ///
+    /// # Safety
+    /// The caller owns the frame (it is in none of the kernel's rings) for as long as the
+    /// slice is used, and holds no other slice of it.
+    unsafe fn frame_mut(&mut self, addr: u64) -> Option<&mut [u8]> {
+        let at = usize::try_from(addr).ok()?;
+        let end = (at / FRAME_BYTES as usize + 1) * FRAME_BYTES as usize;
+        if end > self.len {
+            return None;
+        }
+        // `wrapping_add` stays in the mapping (checked above), so the pointer is in bounds.
+        let start = self.base.as_ptr().wrapping_add(at);
+        // SAFETY: `start..start + (end - at)` lies inside the mapping (checked above), and the
+        // caller owns those bytes exclusively (this function's contract).
+        Some(unsafe { std::slice::from_raw_parts_mut(start, end - at) })
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        // SAFETY: `base` and `len` are the mapping `new` made, unmapped once; the sockets that
+        // used it were dropped before (the `Queue`'s fields drop in order, `area` last).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// One receive queue's AF_XDP socket, its rings and its UMEM.
+pub struct Queue {
+    rx: RingRx,
+    tx: RingTx,
+    device: DeviceQueue,
+    _user: User,
+    socket: Socket,
+    _umem: Umem,
+    /// Frames of the UMEM in none of the kernel's rings.
+    spare: Vec<u64>,
+    /// Last, so that it is unmapped after the socket is closed.
+    area: Area,
+}
+
+impl Queue {
+    /// A socket on queue `queue` of interface `ifindex`, bound with `copy`.
+    pub fn open(ifindex: u32, queue: u32, copy: Copy) -> Result<Queue, XskError> {
+        let area = Area::new((FRAMES * FRAME_BYTES) as usize).map_err(|e| XskError { call: "mmap", error: e.to_string() })?;
+        let config = UmemConfig { fill_size: RING, complete_size: RING, frame_size: FRAME_BYTES, headroom: 0, flags: 0 };
+        // SAFETY: the area is page-aligned (mmap), `FRAMES * FRAME_BYTES` long, and outlives the
+        // UMEM: `area` is the last field of `Queue`, dropped after `_umem` and every ring.
+        let umem = unsafe { Umem::new(config, area.as_slice_ptr()) }.map_err(xsk("umem register"))?;
+        let mut info = IfInfo::invalid();
+        info.from_ifindex(ifindex).map_err(xsk("interface"))?;
+        info.set_queue(queue);
+        let socket = Socket::with_shared(&info, &umem).map_err(xsk("socket"))?;
+        let device = umem.fq_cq(&socket).map_err(xsk("fill and completion rings"))?;
+        let bind_flags = SocketConfig::XDP_BIND_NEED_WAKEUP
+            | match copy {
+                Copy::Copy => SocketConfig::XDP_BIND_COPY,
+                Copy::ZeroCopy => SocketConfig::XDP_BIND_ZEROCOPY,
+            };
+        let user = umem
+            .rx_tx(&socket, &SocketConfig { rx_size: NonZeroU32::new(RING), tx_size: NonZeroU32::new(RING), bind_flags })
+            .map_err(xsk("receive and transmit rings"))?;
+        let rx = user.map_rx().map_err(xsk("receive ring map"))?;
+        let tx = user.map_tx().map_err(xsk("transmit ring map"))?;
+        umem.bind(&user).map_err(xsk("bind"))?;
+        let spare = (0..FRAMES).map(|i| u64::from(i) * u64::from(FRAME_BYTES)).collect();
+        let mut queue = Queue { rx, tx, device, _user: user, socket, _umem: umem, spare, area };
+        queue.refill();
+        Ok(queue)
+    }
+
+    /// The socket's descriptor, for the XSKMAP (borrowed: the queue keeps it).
+    pub fn raw_fd(&self) -> libc::c_int {
+        self.rx.as_raw_fd()
+    }
+
+    /// Frames back from the completion ring, then as many spare frames as fit into the fill
+    /// ring.
+    fn refill(&mut self) {
+        {
+            let mut done = self.device.complete(RING);
+            while let Some(addr) = done.read() {
+                self.spare.push(addr);
+            }
+            done.release();
+        }
+        if self.spare.is_empty() {
+            return;
+        }
+        let put = {
+            let mut fill = self.device.fill(self.spare.len() as u32);
+            let put = fill.insert(self.spare.iter().rev().copied()) as usize;
+            fill.commit();
+            put
+        };
+        let keep = self.spare.len() - put;
+        self.spare.truncate(keep);
+        if self.device.needs_wakeup() {
+            self.device.wake();
+        }
+    }
+
+    /// Serves until `stop` is set: every query to `port` read is given to `answer` (the DNS
+    /// message, the client's address, the buffer to write the answer into; `false` for no
+    /// answer) and its answer sent back in the same frame. Returns the queries answered.
+    pub fn serve(&mut self, port: u16, stop: &AtomicBool, mut answer: impl FnMut(&[u8], SocketAddr, &mut Vec<u8>) -> bool) -> u64 {
+        let mut answered = 0;
+        let mut out = Vec::with_capacity(FRAME_BYTES as usize);
+        let mut descs = [XdpDesc { addr: 0, len: 0, options: 0 }; BATCH];
+        let mut replies = Vec::with_capacity(BATCH);
+        while !stop.load(Ordering::Relaxed) {
+            self.refill();
+            let mut count = 0;
+            {
+                let mut received = self.rx.receive(BATCH as u32);
+                while let Some(desc) = received.read() {
+                    descs[count] = desc;
+                    count += 1;
+                }
+                received.release();
+            }
+            if count == 0 {
+                self.wait();
+                continue;
+            }
+            replies.clear();
+            for desc in &descs[..count] {
+                // SAFETY: a descriptor read from the receive ring hands its frame to us until we
+                // give it back to a ring; `frame_mut` is called once per descriptor.
+                let reply = unsafe { self.area.frame_mut(desc.addr) }.and_then(|f| {
+                    let received = f.get(..desc.len as usize)?;
+                    let query: Query = frame::parse(received, port)?;
+                    let client = SocketAddr::new(query.src, query.src_port);
+                    out.clear();
+                    if !answer(query.payload(received), client, &mut out) {
+                        return None;
+                    }
+                    frame::write_reply(&query, &out, f).ok()
+                });
+                match reply {
+                    Some(len) => replies.push(XdpDesc { addr: desc.addr, len: len as u32, options: 0 }),
+                    None => self.spare.push(desc.addr),
+                }
+            }
+            if !replies.is_empty() {
+                let sent = {
+                    let mut sending = self.tx.transmit(replies.len() as u32);
+                    let sent = sending.insert(replies.iter().copied()) as usize;
+                    sending.commit();
+                    sent
+                };
+                answered += sent as u64;
+                // The transmit ring is as large as the fill ring: a frame it has no room for
+                // is dropped back to the spare ones (the client asks again).
+                self.spare.extend(replies[sent..].iter().map(|d| d.addr));
+                if self.tx.needs_wakeup() {
+                    self.tx.wake();
+                }
+            }
+        }
+        answered
+    }
+
+    /// Sleeps until the receive ring has something, at most `IDLE_POLL_MS`.
+    fn wait(&self) {
+        let _ = &self.socket;
+        let mut fd = libc::pollfd { fd: self.rx.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid `pollfd` for the duration of the call.
+        unsafe { libc::poll(&mut fd, 1, IDLE_POLL_MS) };
+    }
+}

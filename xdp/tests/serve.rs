@@ -1,0 +1,136 @@
+//! Queries served over AF_XDP, end to end: two network namespaces of the test's own joined by a
+//! veth pair, the listener on the server's end, a client's ordinary UDP socket on the other.
+//! A kernel UDP socket on the same port in the server's namespace shows which path answered:
+//! with the listener attached every answer is the XDP path's; once it is stopped, the kernel's.
+//! Needs root and `ip` (iproute2): without them the test fails and says which is missing.
+
+use dnsplan_xdp::listener::Listener;
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+const PORT: u16 = 5353;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|err| panic!("ip (iproute2) is needed: {err}"));
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// A network namespace of the test's own, removed when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new(role: &str) -> Netns {
+        let ns = Netns(format!("dnsplan-xdp-{role}-{}", std::process::id()));
+        ip(&["netns", "add", &ns.0]);
+        ns
+    }
+
+    /// Moves the calling thread into this namespace.
+    fn enter(&self) {
+        use std::os::fd::AsRawFd;
+        let path = format!("/run/netns/{}", self.0);
+        let file = std::fs::File::open(&path).unwrap_or_else(|err| panic!("{path}: {err}"));
+        // SAFETY: `file` is an open namespace file for the duration of the call; setns changes
+        // only this thread's namespace.
+        let ret = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(ret, 0, "setns {path}: {} (needs CAP_SYS_ADMIN)", std::io::Error::last_os_error());
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Sends `query` from `client` to `server` and returns the answer.
+fn ask(client: &UdpSocket, server: SocketAddr, query: &[u8]) -> Vec<u8> {
+    client.send_to(query, server).expect("send");
+    let mut buf = [0u8; 2048];
+    let (len, from) = client.recv_from(&mut buf).unwrap_or_else(|err| panic!("no answer from {server} to {query:?}: {err}"));
+    assert_eq!(from, server, "the answer comes from the address asked");
+    buf[..len].to_vec()
+}
+
+#[test]
+fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
+    let (srv, cli) = (Netns::new("srv"), Netns::new("cli"));
+    ip(&["-n", &srv.0, "link", "add", "xa", "type", "veth", "peer", "name", "xb", "netns", &cli.0]);
+    for (ns, dev, v4, v6) in [(&srv, "xa", "10.99.0.1/24", "fd99::1/64"), (&cli, "xb", "10.99.0.2/24", "fd99::2/64")] {
+        ip(&["-n", &ns.0, "addr", "add", v4, "dev", dev]);
+        ip(&["-n", &ns.0, "addr", "add", v6, "dev", dev, "nodad"]);
+        ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    }
+
+    // The server: a kernel socket on the port, then the listener on xa (in its own thread,
+    // which enters the namespace; the listener's queue threads are made there too).
+    let (to_server, commands) = mpsc::channel::<&str>();
+    let (ready, started) = mpsc::channel();
+    let server = std::thread::spawn({
+        let srv = Netns(srv.0.clone());
+        move || {
+            srv.enter();
+            std::mem::forget(srv); // the outer handle removes the namespace
+            let kernel = UdpSocket::bind(("::", PORT)).expect("a kernel socket on the port");
+            let kernel_thread = std::thread::spawn(move || {
+                let mut buf = [0u8; 2048];
+                while let Ok((len, from)) = kernel.recv_from(&mut buf) {
+                    let mut answer = b"kernel:".to_vec();
+                    answer.extend_from_slice(&buf[..len]);
+                    if &buf[..len] == b"quit" {
+                        break;
+                    }
+                    let _ = kernel.send_to(&answer, from);
+                }
+            });
+            let listener = Listener::start("xa", PORT, |_queue| {
+                |query: &[u8], _client: SocketAddr, out: &mut Vec<u8>| {
+                    out.extend_from_slice(b"xdp:");
+                    out.extend_from_slice(query);
+                    true
+                }
+            })
+            .unwrap_or_else(|err| panic!("the listener on xa: {err}"));
+            ready.send((listener.mode, listener.copy)).expect("ready");
+            assert_eq!(commands.recv(), Ok("stop"));
+            let answered = listener.stop();
+            ready.send((dnsplan_xdp::bpf::Mode::Generic, dnsplan_xdp::xsk::Copy::Copy)).expect("stopped");
+            assert_eq!(commands.recv(), Ok("quit"));
+            let quit = UdpSocket::bind("127.0.0.1:0").expect("socket");
+            let _ = quit.send_to(b"quit", ("127.0.0.1", PORT));
+            kernel_thread.join().expect("the kernel socket's thread");
+            answered
+        }
+    });
+    let (mode, copy) = started.recv().expect("the listener started");
+    eprintln!("listener attached in {mode:?} mode, {copy:?}");
+
+    cli.enter();
+    for (client, server) in [("10.99.0.2:0", "10.99.0.1"), ("[fd99::2]:0", "fd99::1")] {
+        let socket = UdpSocket::bind(client).expect("client socket");
+        socket.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let server = SocketAddr::new(server.parse().expect("address"), PORT);
+        for i in 0..100 {
+            let query = format!("query {i} to {server}");
+            let mut want = b"xdp:".to_vec();
+            want.extend_from_slice(query.as_bytes());
+            assert_eq!(ask(&socket, server, query.as_bytes()), want, "query {i} over XDP");
+        }
+    }
+    to_server.send("stop").expect("stop");
+    started.recv().expect("stopped");
+    for (client, server) in [("10.99.0.2:0", "10.99.0.1"), ("[fd99::2]:0", "fd99::1")] {
+        let socket = UdpSocket::bind(client).expect("client socket");
+        socket.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let server = SocketAddr::new(server.parse().expect("address"), PORT);
+        let mut want = b"kernel:".to_vec();
+        want.extend_from_slice(b"after");
+        assert_eq!(ask(&socket, server, b"after"), want, "the kernel answers once the program is detached");
+    }
+    to_server.send("quit").expect("quit");
+    let answered = server.join().expect("the server thread");
+    assert_eq!(answered, 200, "the listener counts what it answered");
+}
