@@ -91,6 +91,11 @@ pub struct DnsConfig {
     /// Zone transfers to secondaries (`[dns.transfer]`); by default nobody may transfer.
     #[serde(default)]
     pub transfer: TransferConfig,
+    /// Interfaces whose UDP queries to the DNS port are answered over AF_XDP (Linux), beside
+    /// the sockets, which serve everything else. An interface that cannot be used is said in
+    /// one line and served by the sockets.
+    #[serde(default)]
+    pub xdp: Vec<String>,
 }
 
 impl Default for DnsConfig {
@@ -104,6 +109,7 @@ impl Default for DnsConfig {
             tcp_connections_max: default_tcp_max(),
             rrl: RrlConfig::default(),
             transfer: TransferConfig::default(),
+            xdp: Vec::new(),
         }
     }
 }
@@ -453,6 +459,17 @@ impl AuthorityConfig {
         }
         dns.rrl.check()?;
         dns.transfer.check()?;
+        if !dns.xdp.is_empty() {
+            let mut ports: Vec<u16> = dns.listen.iter().map(SocketAddr::port).collect();
+            ports.sort_unstable();
+            ports.dedup();
+            if ports.len() > 1 {
+                return Err(format!("dns.xdp: dns.listen has ports {ports:?}; XDP serves one port, so listen on one"));
+            }
+            if let Some(bad) = dns.xdp.iter().find(|name| name.is_empty() || name.len() >= 16 || name.contains(['/', '\0', ' '])) {
+                return Err(format!("dns.xdp: {bad:?} is not an interface name"));
+            }
+        }
         if dns.edns_udp_payload_bytes < 512 {
             return Err(format!("dns.edns_udp_payload_bytes: {} is below the DNS minimum of 512", dns.edns_udp_payload_bytes));
         }

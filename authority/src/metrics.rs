@@ -368,6 +368,7 @@ pub struct Metrics {
     queries: QueryCounters,
     truncated: Counter,
     udp_unsent: Counter,
+    xdp_answers: Counter,
     response_bytes: SizeHistogram,
     pub applies: Family<ApplyLabels, Counter>,
     snapshot_swap_seconds: Histogram,
@@ -480,6 +481,12 @@ impl Metrics {
             "dns_udp_unsent",
             "UDP answers not sent: the kernel refused their peer, or the send buffer was full",
             udp_unsent.clone(),
+        );
+        let xdp_answers = Counter::default();
+        registry.register(
+            "dns_xdp_answers",
+            "UDP answers sent over AF_XDP ([dns] xdp), counted in dns_queries_total too",
+            xdp_answers.clone(),
         );
         let response_bytes = SizeHistogram::default();
         registry.register("dns_response_bytes", "Size of DNS responses in bytes", response_bytes.clone());
@@ -607,6 +614,7 @@ impl Metrics {
             queries,
             truncated,
             udp_unsent,
+            xdp_answers,
             response_bytes,
             applies,
             snapshot_swap_seconds,
@@ -678,6 +686,11 @@ impl Metrics {
     }
 
     /// `count` UDP answers were not sent (see `udp::send_answers`).
+    /// An answer handed to an AF_XDP queue's transmit ring.
+    pub fn observe_xdp_answer(&self) {
+        self.xdp_answers.inc();
+    }
+
     pub fn observe_udp_unsent(&self, count: usize) {
         if count > 0 {
             self.udp_unsent.inc_by(count as u64);
@@ -822,6 +835,7 @@ impl Metrics {
             queries: self.queries.clone(),
             truncated: self.truncated.clone(),
             udp_unsent: self.udp_unsent.clone(),
+            xdp_answers: self.xdp_answers.clone(),
             response_bytes: self.response_bytes.clone(),
             applies: self.applies.clone(),
             snapshot_swap_seconds: self.snapshot_swap_seconds.clone(),

@@ -449,7 +449,14 @@ where
             }
             reached = Some(result);
         }
-        udp = Some(start_dns(std::mem::take(&mut udp_sockets), std::mem::take(&mut tcp_listeners), &saved, tcp_limits, &mut tasks)?);
+        udp = Some(start_dns(
+            std::mem::take(&mut udp_sockets),
+            std::mem::take(&mut tcp_listeners),
+            &saved,
+            tcp_limits,
+            &config.dns.xdp,
+            &mut tasks,
+        )?);
         if let Some(on_bound) = on_bound.take() {
             on_bound(bound.clone());
         }
@@ -515,7 +522,7 @@ where
                 }
             };
             let serving = dress(serving);
-            udp = Some(start_dns(udp_sockets, tcp_listeners, &serving, tcp_limits, &mut tasks)?);
+            udp = Some(start_dns(udp_sockets, tcp_listeners, &serving, tcp_limits, &config.dns.xdp, &mut tasks)?);
             gate.dns_ready();
             serving
         }
@@ -696,15 +703,21 @@ where
 }
 
 /// Starts answering DNS on the bound sockets from `serving`: the UDP threads (stopped and
-/// joined when the result is dropped) and one TCP task per listener.
+/// joined when the result is dropped), the `xdp` interfaces' AF_XDP queues and one TCP task
+/// per listener.
 fn start_dns(
     udp_sockets: Vec<std::net::UdpSocket>,
     tcp_listeners: Vec<tokio::net::TcpListener>,
     serving: &Arc<Serving>,
     tcp_limits: TcpLimits,
+    xdp: &[String],
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> anyhow::Result<UdpServers> {
-    let udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
+    let port = udp_sockets.first().and_then(|s| s.local_addr().ok()).map(|a| a.port());
+    let mut udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
+    if let Some(port) = port {
+        udp.serve_xdp(xdp, port, serving);
+    }
     for tcp in tcp_listeners {
         tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));
     }

@@ -331,18 +331,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn what_the_kernel_would_not_answer_is_refused() {
-        let q = Query {
+    /// A query from `client` to port 53 at `server` with a payload of `payload` bytes.
+    fn query_to_53(client: &str, server: &str, payload: usize) -> Query {
+        let src: IpAddr = client.parse().expect("address");
+        let headers = ETH_BYTES + if src.is_ipv4() { IPV4_BYTES } else { IPV6_BYTES } + UDP_BYTES;
+        Query {
             src_mac: [2; 6],
             dst_mac: [4; 6],
-            src: "192.0.2.1".parse().expect("address"),
-            dst: "192.0.2.53".parse().expect("address"),
+            src,
+            dst: server.parse().expect("address"),
             src_port: 40000,
             dst_port: 53,
-            payload_at: 42,
-            payload_end: 54,
-        };
+            payload_at: headers,
+            payload_end: headers + payload,
+        }
+    }
+
+    #[test]
+    fn what_the_kernel_would_not_answer_is_refused() {
+        let q = query_to_53("192.0.2.1", "192.0.2.53", 12);
         let good = client_frame(&q, &[7; 12], 0);
         assert_eq!(parse(&good, 53), Some(q));
         let refused = |change: &dyn Fn(&mut Vec<u8>), why: &str| {
@@ -366,24 +373,7 @@ mod tests {
 
     #[test]
     fn a_reply_too_large_for_its_frame_is_refused() {
-        let q = parse(
-            &client_frame(
-                &Query {
-                    src_mac: [2; 6],
-                    dst_mac: [4; 6],
-                    src: "2001:db8::1".parse().expect("address"),
-                    dst: "2001:db8::53".parse().expect("address"),
-                    src_port: 1,
-                    dst_port: 53,
-                    payload_at: 62,
-                    payload_end: 62,
-                },
-                &[],
-                0,
-            ),
-            53,
-        )
-        .expect("a query");
+        let q = parse(&client_frame(&query_to_53("2001:db8::1", "2001:db8::53", 0), &[], 0), 53).expect("a query");
         let mut out = [0u8; 100];
         assert_eq!(write_reply(&q, &[0; 39], &mut out), Err(ReplyError::TooLarge { needed: 101, room: 100 }));
         assert_eq!(write_reply(&q, &[0; 38], &mut out), Ok(100));

@@ -47,11 +47,13 @@ pub struct Batch {
     from: Vec<Option<SockaddrStorage>>,
 }
 
-/// The threads answering UDP queries, one per socket. Dropping it stops and joins them.
+/// The threads answering UDP queries, one per socket, and the interfaces served over AF_XDP
+/// (`[dns] xdp`). Dropping it stops and joins them, and detaches the XDP programs.
 pub struct UdpServers {
     /// Closing it wakes every thread's `poll` with a hang-up on the other end: the stop signal.
     stop: Option<PipeWriter>,
     threads: Vec<JoinHandle<()>>,
+    xdp: Vec<dnsplan_xdp::listener::Listener>,
 }
 
 impl UdpServers {
@@ -59,7 +61,7 @@ impl UdpServers {
     pub fn start(sockets: Vec<UdpSocket>, serving: Arc<Serving>) -> std::io::Result<UdpServers> {
         let (stop_read, stop_write) = std::io::pipe()?;
         let stop_read = Arc::new(stop_read);
-        let mut servers = UdpServers { stop: Some(stop_write), threads: Vec::with_capacity(sockets.len()) };
+        let mut servers = UdpServers { stop: Some(stop_write), threads: Vec::with_capacity(sockets.len()), xdp: Vec::new() };
         for (i, socket) in sockets.into_iter().enumerate() {
             let (serving, stop) = (serving.clone(), stop_read.clone());
             // On failure `servers` is dropped here, which stops the threads already started.
@@ -67,6 +69,38 @@ impl UdpServers {
             servers.threads.push(thread);
         }
         Ok(servers)
+    }
+}
+
+impl UdpServers {
+    /// Answers the UDP queries to `port` that arrive on each of `interfaces` over AF_XDP, from
+    /// `serving`, as the sockets answer them (`answer_datagram`); an interface that cannot be
+    /// served so is said in one WARN line and left to the sockets.
+    pub fn serve_xdp(&mut self, interfaces: &[String], port: u16, serving: &Arc<Serving>) {
+        for name in interfaces {
+            let serving = serving.clone();
+            let started = dnsplan_xdp::listener::Listener::start(name, port, move |_queue| {
+                let serving = serving.clone();
+                let mut rng = SmallRng::from_rng(&mut rand::rng());
+                move |query: &[u8], client: std::net::SocketAddr, out: &mut Vec<u8>| {
+                    let snapshot = serving.snapshot.load();
+                    let now = serving.rrl.as_ref().map(Rrl::now);
+                    let Some(outcome) = answer_datagram(query, Some(client.ip()), &serving, &snapshot, now, &mut rng, out) else {
+                        return false;
+                    };
+                    serving.metrics.observe_query(&outcome, Transport::Udp);
+                    serving.metrics.observe_xdp_answer();
+                    true
+                }
+            });
+            match started {
+                Ok(listener) => {
+                    tracing::info!(interface = %name, port, mode = ?listener.mode, copy = ?listener.copy, "answering UDP over AF_XDP");
+                    self.xdp.push(listener);
+                }
+                Err(err) => tracing::warn!(interface = %name, error = %err, "not answering over AF_XDP; the sockets answer"),
+            }
+        }
     }
 }
 
@@ -199,6 +233,65 @@ fn peer_ip(peer: &SockaddrStorage) -> Option<IpAddr> {
     peer.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
 }
 
+/// The answer to one UDP datagram `query` from `peer`, written into `out`, as every UDP path
+/// gives it (these sockets and the XDP queues): another zone's question answered from that
+/// zone's snapshot, the fast path else the reference path, a datagram that gets no answer
+/// counted as malformed, then the response-rate limiter (`now`: its clock, read once per
+/// batch) sends it, drops it or slips it. `None`: nothing to send.
+pub fn answer_datagram(
+    query: &[u8],
+    peer: Option<IpAddr>,
+    serving: &Serving,
+    snapshot: &Snapshot,
+    now: Option<rrl::Tick>,
+    rng: &mut SmallRng,
+    out: &mut Vec<u8>,
+) -> Option<Outcome> {
+    // Another zone's question is answered from that zone's snapshot (`zones`).
+    let other = serving.others.as_ref().and_then(|others| others.pick(query));
+    let other_snapshot = other.as_ref().map(|zone| zone.snapshot.load());
+    let (zone, snapshot): (&Serving, &Snapshot) = match (&other, &other_snapshot) {
+        (Some(zone), Some(other_snapshot)) => {
+            zone.answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (zone, other_snapshot)
+        }
+        _ => (serving, snapshot),
+    };
+    let mut outcome = match respond_fast(query, snapshot, &zone.limits, rng, out) {
+        Fast::Answered(outcome) => outcome,
+        Fast::Drop => {
+            serving.metrics.observe_malformed(Malformed::of_dropped(query));
+            return None;
+        }
+        Fast::Slow => match respond::respond_one(query, peer, snapshot, zone, Transport::Udp, rng) {
+            Some((bytes, outcome)) => {
+                out.clear();
+                out.extend_from_slice(&bytes);
+                outcome
+            }
+            None => {
+                serving.metrics.observe_malformed(Malformed::of_dropped(query));
+                return None;
+            }
+        },
+    };
+    if let (Some(rrl), Some(now), Some(peer)) = (&serving.rrl, now, peer) {
+        match rrl.decide(peer, query, out, &outcome, now) {
+            Verdict::Send => {}
+            Verdict::Drop => {
+                serving.metrics.observe_rrl_dropped(&outcome);
+                return None;
+            }
+            Verdict::Slip => {
+                rrl::slip(out);
+                outcome.bytes = out.len();
+                serving.metrics.observe_rrl_slipped();
+            }
+        }
+    }
+    Some(outcome)
+}
+
 impl Batch {
     fn new() -> Batch {
         Batch {
@@ -242,50 +335,8 @@ impl Batch {
         for i in 0..received {
             let query = &self.queries[i][..self.lengths[i]];
             let out = &mut self.answers[answered];
-            // Another zone's question is answered from that zone's snapshot (`zones`).
-            let other = serving.others.as_ref().and_then(|others| others.pick(query));
-            let other_snapshot = other.as_ref().map(|zone| zone.snapshot.load());
-            let (zone, snapshot): (&Serving, &Snapshot) = match (&other, &other_snapshot) {
-                (Some(zone), Some(other_snapshot)) => {
-                    zone.answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    (zone, other_snapshot)
-                }
-                _ => (serving, &snapshot),
-            };
-            let mut outcome = match respond_fast(query, snapshot, &zone.limits, rng, out) {
-                Fast::Answered(outcome) => outcome,
-                Fast::Drop => {
-                    serving.metrics.observe_malformed(Malformed::of_dropped(query));
-                    continue;
-                }
-                Fast::Slow => {
-                    match respond::respond_one(query, self.from[i].as_ref().and_then(peer_ip), snapshot, zone, Transport::Udp, rng) {
-                        Some((bytes, outcome)) => {
-                            out.clear();
-                            out.extend_from_slice(&bytes);
-                            outcome
-                        }
-                        None => {
-                            serving.metrics.observe_malformed(Malformed::of_dropped(query));
-                            continue;
-                        }
-                    }
-                }
-            };
-            if let (Some(rrl), Some(now), Some(peer)) = (&serving.rrl, now, self.from[i].as_ref().and_then(peer_ip)) {
-                match rrl.decide(peer, query, out, &outcome, now) {
-                    Verdict::Send => {}
-                    Verdict::Drop => {
-                        serving.metrics.observe_rrl_dropped(&outcome);
-                        continue;
-                    }
-                    Verdict::Slip => {
-                        rrl::slip(out);
-                        outcome.bytes = out.len();
-                        serving.metrics.observe_rrl_slipped();
-                    }
-                }
-            }
+            let peer = self.from[i].as_ref().and_then(peer_ip);
+            let Some(outcome) = answer_datagram(query, peer, serving, &snapshot, now, rng, out) else { continue };
             self.peers.push(self.from[i]);
             self.outcomes.push(outcome);
             answered += 1;

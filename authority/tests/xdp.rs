@@ -1,0 +1,158 @@
+//! `[dns] xdp`: the shipped `dnsplan-authority`, with its config file, answers UDP over AF_XDP
+//! on a veth, byte for byte as its sockets answer. Two network namespaces of the test's own
+//! joined by a veth pair: the authority in one (listening on every IPv4 address and its IPv6
+//! one, XDP on its end of
+//! the pair), a client in the other. Every query is asked over the veth (IPv4 and IPv6: the
+//! XDP path) and over loopback inside the authority's namespace (the sockets), and the two
+//! answers must be the same bytes; `dnsplan_dns_xdp_answers_total` must count every answer
+//! the veth got, so the answers compared did come over XDP. Needs root and `ip` (iproute2).
+
+mod support;
+
+use hickory_proto::rr::RecordType;
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Command;
+use std::time::Duration;
+use support::{Ask, AuthorityProcess, build_query, config_text};
+
+const PORT: u16 = 5300;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|err| panic!("ip (iproute2) is needed: {err}"));
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// A network namespace of the test's own, removed when dropped.
+struct Netns(String);
+
+impl Netns {
+    fn new(role: &str) -> Netns {
+        let ns = Netns(format!("dnsplan-axdp-{role}-{}", std::process::id()));
+        ip(&["netns", "add", &ns.0]);
+        ns
+    }
+
+    /// Runs `f` on a thread inside this namespace (processes it starts are inside too).
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.0);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).unwrap_or_else(|err| panic!("{path}: {err}"));
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|err| panic!("setns {path}: {err} (needs CAP_SYS_ADMIN)"));
+            f()
+        })
+        .join()
+        .expect("the thread in the namespace")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The answer to each of `queries` sent to `server` from a fresh socket, `None` where none came.
+fn answers(server: SocketAddr, queries: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    let local: SocketAddr = if server.is_ipv4() { "0.0.0.0:0".parse() } else { "[::]:0".parse() }.expect("address");
+    let socket = UdpSocket::bind(local).expect("a client socket");
+    // A query that gets no answer (on either path) costs this; the answered ones come at once.
+    socket.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
+    queries
+        .iter()
+        .map(|query| {
+            socket.send_to(query, server).expect("send");
+            let mut buf = vec![0u8; 65_535];
+            socket.recv_from(&mut buf).ok().map(|(len, _)| buf[..len].to_vec())
+        })
+        .collect()
+}
+
+/// Queries of every kind the test zone answers: positive, CNAME, NXDOMAIN, NODATA, the apex's
+/// SOA, NS with glue, TXT, SRV; with and without EDNS, with DO, a 512-byte client; mixed case;
+/// and two the server drops (a response, a truncated header).
+fn queries() -> Vec<Vec<u8>> {
+    let plain = Ask::default();
+    let mut out = Vec::new();
+    let asks = [plain, Ask { edns: None, ..plain }, Ask { dnssec_ok: true, ..plain }, Ask { edns: Some(512), ..plain }];
+    for ask in asks {
+        for (name, qtype) in [
+            ("sip.example.test.", RecordType::A),
+            ("SiP.ExAmple.TEST.", RecordType::A),
+            ("www.example.test.", RecordType::A),
+            ("missing.example.test.", RecordType::A),
+            ("sip.example.test.", RecordType::AAAA),
+            ("example.test.", RecordType::SOA),
+            ("example.test.", RecordType::NS),
+            ("example.test.", RecordType::TXT),
+            ("_sip._udp.example.test.", RecordType::SRV),
+            ("elsewhere.invalid.", RecordType::A),
+        ] {
+            out.push(build_query(name, qtype, ask));
+        }
+    }
+    let mut response = build_query("sip.example.test.", RecordType::A, plain);
+    response[2] |= 0x80;
+    out.push(response);
+    out.push(vec![0x12, 0x34, 0x01]);
+    out
+}
+
+#[test]
+fn the_shipped_authority_answers_over_xdp_as_its_sockets_do() -> anyhow::Result<()> {
+    let (srv, cli) = (Netns::new("srv"), Netns::new("cli"));
+    ip(&["-n", &srv.0, "link", "add", "xa", "type", "veth", "peer", "name", "xb", "netns", &cli.0]);
+    for (ns, dev, v4, v6) in [(&srv, "xa", "10.98.0.1/24", "fd98::1/64"), (&cli, "xb", "10.98.0.2/24", "fd98::2/64")] {
+        ip(&["-n", &ns.0, "addr", "add", v4, "dev", dev]);
+        ip(&["-n", &ns.0, "addr", "add", v6, "dev", dev, "nodad"]);
+        ip(&["-n", &ns.0, "link", "set", dev, "up"]);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    }
+
+    let dir = tempfile::tempdir()?;
+    let text = config_text(&dir.path().join("data"), 8).replacen(
+        "[dns]\nlisten = [\"127.0.0.1:0\"]",
+        &format!("[dns]\nlisten = [\"0.0.0.0:{PORT}\", \"[fd98::1]:{PORT}\"]\nxdp = [\"xa\"]"),
+        1,
+    ) + "[dns.rrl]\nenabled = false\n";
+    assert!(text.contains("xdp = [\"xa\"]"), "the config names the interface: {text}");
+    let path = dir.path().to_path_buf();
+    let authority = srv.run(move || AuthorityProcess::start(&path, &text))?;
+    let attached = authority.log_until("saying whether XDP is used", |line| {
+        let m = support::message(line);
+        m == "answering UDP over AF_XDP" || m == "not answering over AF_XDP; the sockets answer"
+    })?;
+    assert_eq!(support::message(&attached), "answering UDP over AF_XDP", "{attached}");
+    eprintln!("XDP on xa: mode {}, {}", support::field(&attached, "mode"), support::field(&attached, "copy"));
+
+    let queries = queries();
+    let (q4, q6) = (queries.clone(), queries.clone());
+    let over_xdp_v4 = cli.run(move || answers(SocketAddr::from(([10, 98, 0, 1], PORT)), &q4));
+    let over_xdp_v6 = cli.run(move || answers(format!("[fd98::1]:{PORT}").parse().expect("address"), &q6));
+    let q = queries.clone();
+    let control = authority.control.clone();
+    let (on_sockets, metrics) = srv.run(move || {
+        let on_sockets = answers(SocketAddr::from(([127, 0, 0, 1], PORT)), &q);
+        let metrics = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async { reqwest::get(format!("{control}/metrics")).await?.text().await });
+        (on_sockets, metrics)
+    });
+    let metrics = metrics?;
+
+    for (i, query) in queries.iter().enumerate() {
+        assert_eq!(over_xdp_v4[i], on_sockets[i], "query {i} over IPv4 XDP and on the sockets: {query:02x?}");
+        assert_eq!(over_xdp_v6[i], on_sockets[i], "query {i} over IPv6 XDP and on the sockets: {query:02x?}");
+    }
+    let answered = on_sockets.iter().filter(|a| a.is_some()).count();
+    assert_eq!(answered, queries.len() - 2, "every query is answered but the two dropped");
+    let counted = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("dnsplan_dns_xdp_answers_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no dnsplan_dns_xdp_answers_total in the metrics:\n{metrics}"));
+    assert_eq!(counted as usize, 2 * answered, "every answer over the veth came over XDP");
+    Ok(())
+}
