@@ -121,6 +121,7 @@ pub struct Queue {
     _umem: Umem,
     /// Frames of the UMEM in none of the kernel's rings.
     spare: Vec<u64>,
+    copy: Copy,
     /// Last, so that it is unmapped after the socket is closed.
     area: Area,
 }
@@ -150,7 +151,7 @@ impl Queue {
         let tx = user.map_tx().map_err(xsk("transmit ring map"))?;
         umem.bind(&user).map_err(xsk("bind"))?;
         let spare = (0..FRAMES).map(|i| u64::from(i) * u64::from(FRAME_BYTES)).collect();
-        let mut queue = Queue { rx, tx, device, _user: user, socket, _umem: umem, spare, area };
+        let mut queue = Queue { rx, tx, device, _user: user, socket, _umem: umem, spare, copy, area };
         queue.refill();
         Ok(queue)
     }
@@ -206,7 +207,14 @@ impl Queue {
                 received.release();
             }
             if count == 0 {
-                self.wait();
+                // In copy mode each wake-up sends at most a few dozen frames (the kernel's
+                // batch): replies still queued are pushed out before sleeping, or they would
+                // wait for the next query to arrive.
+                if self.tx.pending() > 0 {
+                    self.push_out();
+                } else {
+                    self.wait();
+                }
                 continue;
             }
             replies.clear();
@@ -228,23 +236,57 @@ impl Queue {
                     None => self.spare.push(desc.addr),
                 }
             }
-            if !replies.is_empty() {
-                let sent = {
-                    let mut sending = self.tx.transmit(replies.len() as u32);
-                    let sent = sending.insert(replies.iter().copied()) as usize;
+            // A reservation may give fewer slots than free (xdpilone serves it from its cached
+            // view of the kernel's head and looks again only when that shows none), so what
+            // was not taken is offered again, after pushing the ring out when none was.
+            let mut sent = 0;
+            for _ in 0..4 {
+                if sent == replies.len() {
+                    break;
+                }
+                let taken = {
+                    let mut sending = self.tx.transmit((replies.len() - sent) as u32);
+                    let taken = sending.insert(replies[sent..].iter().copied()) as usize;
                     sending.commit();
-                    sent
+                    taken
                 };
-                answered += sent as u64;
-                // The transmit ring is as large as the fill ring: a frame it has no room for
-                // is dropped back to the spare ones (the client asks again).
-                self.spare.extend(replies[sent..].iter().map(|d| d.addr));
+                sent += taken;
+                if taken == 0 {
+                    self.push_out();
+                }
+            }
+            answered += sent as u64;
+            // A reply the transmit ring still has no room for is dropped (the client asks
+            // again); its frame goes back to the spare ones.
+            self.spare.extend(replies[sent..].iter().map(|d| d.addr));
+            if sent > 0 {
+                self.push_out();
+            }
+        }
+        answered
+    }
+
+    /// Has the kernel send what the transmit ring holds. In copy mode a wake-up (`sendto`)
+    /// sends at most the kernel's batch (32 frames) there and then, so it is repeated until
+    /// the ring is empty: a reply left in it would wait for the next query, and a full ring
+    /// drops replies. In zero-copy mode the driver sends on its own once woken.
+    fn push_out(&mut self) {
+        match self.copy {
+            Copy::Copy => {
+                // Bounded: each call sends at least one frame or the ring is empty.
+                for _ in 0..RING {
+                    if self.tx.pending() == 0 {
+                        break;
+                    }
+                    self.tx.wake();
+                }
+            }
+            Copy::ZeroCopy => {
                 if self.tx.needs_wakeup() {
                     self.tx.wake();
                 }
             }
         }
-        answered
     }
 
     /// Sleeps until the receive ring has something, at most `IDLE_POLL_MS`.
