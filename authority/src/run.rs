@@ -763,6 +763,21 @@ async fn status<S: Store>(
     }))
 }
 
+/// A TCP listener on `addr`, IPv6 only for an IPv6 address (as the UDP sockets: a dual-stack
+/// `[::]` would take IPv4's port too), with `SO_REUSEADDR` as tokio's `bind` sets it.
+fn bind_tcp(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    tokio::net::TcpListener::from_std(socket.into())
+}
+
 /// UDP (`sockets` of them) and TCP on one address and port. For port 0 the system picks a
 /// port free for UDP; it may be taken for TCP (any outgoing connection can hold it), so a
 /// few ports are tried.
@@ -772,7 +787,7 @@ async fn bind_dns(addr: std::net::SocketAddr, sockets: usize) -> anyhow::Result<
     loop {
         let udp = bind_udp(addr, sockets).with_context(|| format!("binding DNS UDP on {addr}"))?;
         let bound = udp[0].local_addr()?;
-        match tokio::net::TcpListener::bind(bound).await {
+        match bind_tcp(bound) {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(err) if err.kind() == std::io::ErrorKind::AddrInUse && attempt < attempts => attempt += 1,
             Err(err) => return Err(err).with_context(|| format!("binding DNS TCP on {bound}")),

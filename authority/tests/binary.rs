@@ -111,3 +111,55 @@ fn logs_on_a_pipe_are_plain_text_or_json_lines() -> anyhow::Result<()> {
     assert_json_lines(&log_lines_until(authority().args(["--log-format", "json"]), "authority serving", EXIT_WAIT)?);
     Ok(())
 }
+
+/// `listen = ["0.0.0.0:P", "[::]:P"]`, the usual way to serve every address: the authority
+/// starts and answers over UDP and TCP on IPv4 and IPv6. (A dual-stack `[::]` took IPv4's port
+/// too, and the second address failed with "address in use".) In a network namespace of the
+/// test's own, so that the wildcard addresses reach no other interface. Needs root and `ip`.
+#[test]
+fn every_ipv4_and_every_ipv6_address_are_served_at_once() -> anyhow::Result<()> {
+    use hickory_proto::op::Message;
+    use hickory_proto::rr::RecordType;
+    use std::io::Write;
+    let ns = support::Netns::new("dual");
+    support::ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    let dir = tempfile::tempdir()?;
+    let text = support::config_text(&dir.path().join("data"), 8).replacen(
+        "[dns]\nlisten = [\"127.0.0.1:0\"]",
+        "[dns]\nlisten = [\"0.0.0.0:5300\", \"[::]:5300\"]",
+        1,
+    );
+    assert!(text.contains("[::]:5300"), "{text}");
+    let path = dir.path().to_path_buf();
+    let authority = ns.run(move || support::AuthorityProcess::start(&path, &text))?;
+    let query = support::build_query("sip.example.test.", RecordType::A, support::Ask::default());
+    let answers = ns.run(move || {
+        let mut answers = Vec::new();
+        for server in ["127.0.0.1:5300", "[::1]:5300"] {
+            let server: std::net::SocketAddr = server.parse().expect("address");
+            let local = if server.is_ipv4() { "127.0.0.1:0" } else { "[::1]:0" };
+            let udp = std::net::UdpSocket::bind(local).expect("socket");
+            udp.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            udp.send_to(&query, server).expect("send");
+            let mut buf = [0u8; 4096];
+            let len = udp.recv(&mut buf).unwrap_or_else(|err| panic!("no UDP answer from {server}: {err}"));
+            answers.push((server, "udp", buf[..len].to_vec()));
+            let mut tcp = std::net::TcpStream::connect_timeout(&server, Duration::from_secs(5)).expect("a TCP connection");
+            tcp.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            tcp.write_all(&(query.len() as u16).to_be_bytes()).expect("write");
+            tcp.write_all(&query).expect("write");
+            let mut len = [0u8; 2];
+            tcp.read_exact(&mut len).unwrap_or_else(|err| panic!("no TCP answer from {server}: {err}"));
+            let mut answer = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            tcp.read_exact(&mut answer).expect("the TCP answer");
+            answers.push((server, "tcp", answer));
+        }
+        answers
+    });
+    for (server, transport, answer) in answers {
+        let msg = Message::from_vec(&answer)?;
+        assert_eq!(support::addresses(&msg).len(), 1, "{server} over {transport}: {msg:?}");
+    }
+    drop(authority);
+    Ok(())
+}

@@ -11,48 +11,12 @@ mod support;
 
 use hickory_proto::rr::RecordType;
 use std::net::{SocketAddr, UdpSocket};
-use std::process::Command;
 use std::time::Duration;
-use support::{Ask, AuthorityProcess, build_query, config_text};
+use support::{Ask, AuthorityProcess, Netns, build_query, config_text, ip};
 
 const PORT: u16 = 5300;
 /// The queries at the end of `queries()` that no path answers.
 const DROPPED: usize = 2;
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap_or_else(|err| panic!("ip (iproute2) is needed: {err}"));
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
-
-/// A network namespace of the test's own, removed when dropped.
-struct Netns(String);
-
-impl Netns {
-    fn new(role: &str) -> Netns {
-        let ns = Netns(format!("dnsplan-axdp-{role}-{}", std::process::id()));
-        ip(&["netns", "add", &ns.0]);
-        ns
-    }
-
-    /// Runs `f` on a thread inside this namespace (processes it starts are inside too).
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let path = format!("/run/netns/{}", self.0);
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).unwrap_or_else(|err| panic!("{path}: {err}"));
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                .unwrap_or_else(|err| panic!("setns {path}: {err} (needs CAP_SYS_ADMIN)"));
-            f()
-        })
-        .join()
-        .expect("the thread in the namespace")
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
 
 /// The answer to each of `queries` sent to `server` from a fresh socket, `None` where none came:
 /// the last `dropped` queries are ones no path answers, waited for briefly; the others get up
@@ -105,7 +69,7 @@ fn queries() -> Vec<Vec<u8>> {
 
 #[test]
 fn the_shipped_authority_answers_over_xdp_as_its_sockets_do() -> anyhow::Result<()> {
-    let (srv, cli) = (Netns::new("srv"), Netns::new("cli"));
+    let (srv, cli) = (Netns::new("axdp-srv"), Netns::new("axdp-cli"));
     ip(&["-n", &srv.0, "link", "add", "xa", "type", "veth", "peer", "name", "xb", "netns", &cli.0]);
     for (ns, dev, v4, v6) in [(&srv, "xa", "10.98.0.1/24", "fd98::1/64"), (&cli, "xb", "10.98.0.2/24", "fd98::2/64")] {
         ip(&["-n", &ns.0, "addr", "add", v4, "dev", dev]);

@@ -153,7 +153,15 @@ pub fn bind_udp(addr: std::net::SocketAddr, count: usize) -> std::io::Result<Vec
     let mut sockets = Vec::with_capacity(count.max(1));
     // SO_REUSEPORT would let us share a port with another live server of the same user, which
     // would split the traffic silently. A plain bind first fails with "address in use" then.
-    let addr = UdpSocket::bind(addr)?.local_addr()?;
+    // IPv6 only, as the sockets below: a dual-stack `[::]` would take IPv4's port too, and
+    // `listen = ["0.0.0.0:53", "[::]:53"]` would fail on its second address.
+    let probe = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        probe.set_only_v6(true)?;
+    }
+    probe.bind(&addr.into())?;
+    let addr = probe.local_addr()?.as_socket().ok_or_else(|| std::io::Error::other("a UDP socket without an IP address"))?;
+    drop(probe);
     for _ in 0..count.max(1) {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         if addr.is_ipv6() {

@@ -326,3 +326,39 @@ pub fn message(line: &serde_json::Value) -> &str {
 pub fn field<'a>(line: &'a serde_json::Value, name: &str) -> &'a str {
     line.pointer(&format!("/fields/{name}")).and_then(|m| m.as_str()).unwrap_or_default()
 }
+
+/// Runs `ip` (iproute2) with `args`, failing the test with its error output.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|err| panic!("ip (iproute2) is needed: {err}"));
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+/// A network namespace of the test's own, removed when dropped.
+pub struct Netns(pub String);
+
+impl Netns {
+    pub fn new(role: &str) -> Netns {
+        let ns = Netns(format!("dnsplan-{role}-{}", std::process::id()));
+        ip(&["netns", "add", &ns.0]);
+        ns
+    }
+
+    /// Runs `f` on a thread inside this namespace (processes it starts are inside too).
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.0);
+        std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).unwrap_or_else(|err| panic!("{path}: {err}"));
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .unwrap_or_else(|err| panic!("setns {path}: {err} (needs CAP_SYS_ADMIN)"));
+            f()
+        })
+        .join()
+        .expect("the thread in the namespace")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
