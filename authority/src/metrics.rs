@@ -369,6 +369,8 @@ pub struct Metrics {
     truncated: Counter,
     udp_unsent: Counter,
     xdp_answers: Counter,
+    /// `dnsplan_dns_xdp_dropped_total` by reason, in `XDP_DROP_REASONS`' order.
+    xdp_dropped: [Counter; 6],
     response_bytes: SizeHistogram,
     pub applies: Family<ApplyLabels, Counter>,
     snapshot_swap_seconds: Histogram,
@@ -458,6 +460,9 @@ pub struct MalformedLabels {
     pub reason: &'static str,
 }
 
+/// The reasons of `dnsplan_dns_xdp_dropped_total`, in the order of `observe_xdp_counts`' array.
+pub const XDP_DROP_REASONS: [&str; 6] = ["rx_ring_full", "fill_ring_empty", "rx_dropped", "invalid", "tx_ring_full", "too_large"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RrlLabels {
     pub action: &'static str,
@@ -488,6 +493,15 @@ impl Metrics {
             "UDP answers sent over AF_XDP ([dns] xdp), counted in dns_queries_total too",
             xdp_answers.clone(),
         );
+        let xdp_family = Family::<MalformedLabels, Counter>::default();
+        registry.register(
+            "dns_xdp_dropped",
+            "UDP frames lost on the AF_XDP path, by reason: rx_ring_full (a queue's thread did not keep up), \
+             fill_ring_empty (no free frame), rx_dropped (the kernel's other reasons), invalid (a descriptor refused), \
+             tx_ring_full (an answer not sent), too_large (an answer larger than the interface's MTU allows)",
+            xdp_family.clone(),
+        );
+        let xdp_dropped = XDP_DROP_REASONS.map(|reason| xdp_family.get_or_create(&MalformedLabels { reason }).clone());
         let response_bytes = SizeHistogram::default();
         registry.register("dns_response_bytes", "Size of DNS responses in bytes", response_bytes.clone());
         // The series exist from the start (at 0), and the hot path holds each counter itself:
@@ -615,6 +629,7 @@ impl Metrics {
             truncated,
             udp_unsent,
             xdp_answers,
+            xdp_dropped,
             response_bytes,
             applies,
             snapshot_swap_seconds,
@@ -685,12 +700,22 @@ impl Metrics {
         self.rrl_slipped.inc();
     }
 
-    /// `count` UDP answers were not sent (see `udp::send_answers`).
     /// An answer handed to an AF_XDP queue's transmit ring.
     pub fn observe_xdp_answer(&self) {
         self.xdp_answers.inc();
     }
 
+    /// Frames an AF_XDP queue lost since its counts were last observed, by reason
+    /// (`XDP_DROP_REASONS`' order).
+    pub fn observe_xdp_dropped(&self, lost: [u64; 6]) {
+        for (counter, lost) in self.xdp_dropped.iter().zip(lost) {
+            if lost > 0 {
+                counter.inc_by(lost);
+            }
+        }
+    }
+
+    /// `count` UDP answers were not sent (see `udp::send_answers`).
     pub fn observe_udp_unsent(&self, count: usize) {
         if count > 0 {
             self.udp_unsent.inc_by(count as u64);
@@ -836,6 +861,7 @@ impl Metrics {
             truncated: self.truncated.clone(),
             udp_unsent: self.udp_unsent.clone(),
             xdp_answers: self.xdp_answers.clone(),
+            xdp_dropped: self.xdp_dropped.clone(),
             response_bytes: self.response_bytes.clone(),
             applies: self.applies.clone(),
             snapshot_swap_seconds: self.snapshot_swap_seconds.clone(),

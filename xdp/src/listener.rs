@@ -5,7 +5,7 @@
 use crate::bpf::{self, BpfError, Mode};
 use crate::program::{self, Action};
 use crate::xsk::{Copy, Queue, XskError};
-use std::net::SocketAddr;
+pub use crate::xsk::{Counts, Handler};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,11 +33,6 @@ impl std::fmt::Display for XdpError {
 
 impl std::error::Error for XdpError {}
 
-/// What a listener's queues do with a query: the DNS message, the client, the buffer for the
-/// answer; `false` for no answer.
-pub trait Answer: FnMut(&[u8], SocketAddr, &mut Vec<u8>) -> bool + Send + 'static {}
-impl<F: FnMut(&[u8], SocketAddr, &mut Vec<u8>) -> bool + Send + 'static> Answer for F {}
-
 /// An interface served by XDP.
 pub struct Listener {
     /// Dropped first: the program leaves the interface before the sockets close.
@@ -52,10 +47,13 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Serves UDP port `port` on interface `name`: `make(queue)` gives each queue's `Answer`.
-    pub fn start<A: Answer>(name: &str, port: u16, mut make: impl FnMut(u32) -> A) -> Result<Listener, XdpError> {
+    /// Serves UDP port `port` on interface `name`: `make(queue)` gives each queue's `Handler`.
+    /// The interface's MTU is read once, here: an answer that would make a larger IP packet
+    /// is not sent as it is (`Handler::answer`'s `room`).
+    pub fn start<H: Handler>(name: &str, port: u16, mut make: impl FnMut(u32) -> H) -> Result<Listener, XdpError> {
         let ifindex = ifindex(name)?;
         let queues = rx_queues(name);
+        let mtu = mtu(name)?;
         let map = Arc::new(bpf::xsk_map(queues).map_err(XdpError::Bpf)?);
         let program = bpf::load(&program::instructions(port, map.as_raw_fd(), Action::Pass), "dnsplan_dns").map_err(XdpError::Bpf)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -68,7 +66,7 @@ impl Listener {
         for queue in 0..queues {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let (map, thread_stop) = (map.clone(), stop.clone());
-            let mut answer = make(queue);
+            let mut handler = make(queue);
             let thread = std::thread::Builder::new()
                 .name(format!("xdp-{name}-{queue}"))
                 .spawn(move || {
@@ -92,7 +90,7 @@ impl Listener {
                             return 0;
                         }
                     };
-                    q.serve(port, &thread_stop, &mut answer)
+                    q.serve(port, mtu, &thread_stop, &mut handler)
                 })
                 .map_err(XdpError::Thread)?;
             threads.push(thread);
@@ -151,6 +149,38 @@ fn ifindex(name: &str) -> Result<u32, XdpError> {
     Ok(index)
 }
 
+/// Runs `request` on an `ifreq` naming interface `name`, `fill` having set its union first;
+/// the `ifreq` after the call, or the system's error.
+fn ifreq_ioctl(name: &str, request: libc::c_ulong, fill: impl FnOnce(&mut libc::ifreq)) -> std::io::Result<libc::ifreq> {
+    // SAFETY: `ifreq` is plain data; zeroed is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(name.bytes().take(libc::IFNAMSIZ - 1)) {
+        *dst = src as libc::c_char;
+    }
+    fill(&mut ifr);
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `ifr` names the interface; what `fill` put in its union is the request's
+    // argument (a value, or a pointer to memory that outlives the call, as `rx_queues`'s).
+    let ret = unsafe { libc::ioctl(fd, request, &mut ifr) };
+    let error = std::io::Error::last_os_error();
+    // SAFETY: `fd` is the socket opened above, closed once.
+    unsafe { libc::close(fd) };
+    if ret < 0 { Err(error) } else { Ok(ifr) }
+}
+
+/// The MTU of interface `name` (`SIOCGIFMTU`).
+fn mtu(name: &str) -> Result<usize, XdpError> {
+    const SIOCGIFMTU: libc::c_ulong = 0x8921;
+    let ifr = ifreq_ioctl(name, SIOCGIFMTU, |_| {}).map_err(|error| XdpError::NoInterface { name: name.to_string(), error })?;
+    // SAFETY: `SIOCGIFMTU` answered, so the union holds the MTU (every field is plain data).
+    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
+    Ok(usize::try_from(mtu).unwrap_or(0))
+}
+
 /// The receive queues of interface `name` (`ETHTOOL_GCHANNELS`: the combined and receive-only
 /// channels), 1 when the driver does not say.
 fn rx_queues(name: &str) -> u32 {
@@ -160,21 +190,6 @@ fn rx_queues(name: &str) -> u32 {
     // tx_count, other_count, combined_count.
     let mut channels = [0u32; 9];
     channels[0] = ETHTOOL_GCHANNELS;
-    // SAFETY: a plain datagram socket, closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
-    if fd < 0 {
-        return 1;
-    }
-    // SAFETY: `ifreq` is plain data; zeroed is a valid value.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in ifr.ifr_name.iter_mut().zip(name.bytes().take(libc::IFNAMSIZ - 1)) {
-        *dst = src as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = channels.as_mut_ptr().cast();
-    // SAFETY: `ifr` names the interface and points at `channels`, which the kernel fills and
-    // which lives through the call.
-    let ret = unsafe { libc::ioctl(fd, SIOCETHTOOL, &mut ifr) };
-    // SAFETY: `fd` is the socket opened above, closed once.
-    unsafe { libc::close(fd) };
-    if ret < 0 { 1 } else { (channels[5] + channels[8]).max(1) }
+    let asked = ifreq_ioctl(name, SIOCETHTOOL, |ifr| ifr.ifr_ifru.ifru_data = channels.as_mut_ptr().cast());
+    if asked.is_err() { 1 } else { (channels[5] + channels[8]).max(1) }
 }

@@ -9,19 +9,21 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use xdpilone::xdp::XdpDesc;
 use xdpilone::{DeviceQueue, IfInfo, RingRx, RingTx, Socket, SocketConfig, Umem, UmemConfig, User};
 
 /// Frames of one queue's UMEM.
 pub const FRAMES: u32 = 4096;
-/// Bytes of a frame: the smallest the kernel takes in aligned mode, more than any UDP answer
-/// we send (the fast path keeps answers within the client's EDNS size, at most 1,232 bytes by
-/// default and a reply that does not fit is not sent).
+/// Bytes of a frame: the smallest the kernel takes in aligned mode, more than an Ethernet
+/// MTU's packet (a reply larger than the frame or the MTU is not sent: `Handler::answer`).
 pub const FRAME_BYTES: u32 = 2048;
 /// Entries of each ring.
 const RING: u32 = 2048;
 /// Descriptors handled per round.
 const BATCH: usize = 64;
+/// How often a queue gives its handler its counts while it serves.
+const COUNTS_EVERY: Duration = Duration::from_secs(1);
 /// How long a queue with nothing to read sleeps in `poll` before it looks at `stop` again.
 const IDLE_POLL_MS: libc::c_int = 100;
 
@@ -51,6 +53,49 @@ impl std::error::Error for XskError {}
 
 fn xsk(call: &'static str) -> impl FnOnce(xdpilone::Errno) -> XskError {
     move |errno| XskError { call, error: errno.to_string() }
+}
+
+/// What one of a listener's queues does with the queries it reads (a closure taking what
+/// `answer` takes is one: its batches and counts are not looked at).
+pub trait Handler: Send + 'static {
+    /// Called before each batch of queries read together (at most 64, arrived within
+    /// microseconds): what every answer of the batch may share, such as a clock reading.
+    fn batch(&mut self) {}
+
+    /// Writes into `out` the answer to `query`, the DNS message `client` sent; `false` for no
+    /// answer. `room`: the most bytes an answer can have and still leave in one frame on this
+    /// interface (its MTU, the frame's size), so an answer above it is sent truncated or not
+    /// at all (`Counts::too_large`).
+    fn answer(&mut self, query: &[u8], client: SocketAddr, room: usize, out: &mut Vec<u8>) -> bool;
+
+    /// The queue's counts since it was opened, given now and then (at most once a second while
+    /// it serves) and once when it stops.
+    fn counts(&mut self, _counts: &Counts) {}
+}
+
+impl<F: FnMut(&[u8], SocketAddr, usize, &mut Vec<u8>) -> bool + Send + 'static> Handler for F {
+    fn answer(&mut self, query: &[u8], client: SocketAddr, room: usize, out: &mut Vec<u8>) -> bool {
+        self(query, client, room, out)
+    }
+}
+
+/// What one queue's socket lost since it was opened: the kernel's counts (`XDP_STATISTICS`;
+/// zero on kernels before 5.9 for the three that need it) and ours.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Frames the kernel dropped because the receive ring was full: the queue's thread did not
+    /// keep up.
+    pub rx_ring_full: u64,
+    /// Frames dropped because the fill ring had no free frame.
+    pub fill_ring_empty: u64,
+    /// Frames dropped for other reasons (a frame too large for the UMEM's frames).
+    pub rx_dropped: u64,
+    /// Descriptors the kernel refused (never expected: a defect of ours).
+    pub invalid: u64,
+    /// Replies written but not sent: the transmit ring stayed full.
+    pub tx_ring_full: u64,
+    /// Answers the handler gave that did not fit in `room` and were not sent.
+    pub too_large: u64,
 }
 
 /// Page-aligned anonymous memory for a UMEM, unmapped when dropped.
@@ -187,15 +232,23 @@ impl Queue {
         }
     }
 
-    /// Serves until `stop` is set: every query to `port` read is given to `answer` (the DNS
-    /// message, the client's address, the buffer to write the answer into; `false` for no
-    /// answer) and its answer sent back in the same frame. Returns the queries answered.
-    pub fn serve(&mut self, port: u16, stop: &AtomicBool, mut answer: impl FnMut(&[u8], SocketAddr, &mut Vec<u8>) -> bool) -> u64 {
+    /// Serves until `stop` is set: every query to `port` read is given to `handler` and its
+    /// answer sent back in the same frame, if the IP packet fits `mtu`. Returns the queries
+    /// answered.
+    pub fn serve(&mut self, port: u16, mtu: usize, stop: &AtomicBool, handler: &mut impl Handler) -> u64 {
         let mut answered = 0;
         let mut out = Vec::with_capacity(FRAME_BYTES as usize);
         let mut descs = [XdpDesc { addr: 0, len: 0, options: 0 }; BATCH];
         let mut replies = Vec::with_capacity(BATCH);
+        // The largest frame a reply can be: the UMEM's frame, the interface's MTU.
+        let frame_max = (FRAME_BYTES as usize).min(mtu + frame::ETH_BYTES);
+        let mut counts = Counts::default();
+        let mut reported = Instant::now();
         while !stop.load(Ordering::Relaxed) {
+            if reported.elapsed() >= COUNTS_EVERY {
+                self.report(&mut counts, handler);
+                reported = Instant::now();
+            }
             self.refill();
             let mut count = 0;
             {
@@ -217,6 +270,7 @@ impl Queue {
                 }
                 continue;
             }
+            handler.batch();
             replies.clear();
             for desc in &descs[..count] {
                 // SAFETY: a descriptor read from the receive ring hands its frame to us until we
@@ -225,8 +279,13 @@ impl Queue {
                     let received = f.get(..desc.len as usize)?;
                     let query: Query = frame::parse(received, port)?;
                     let client = SocketAddr::new(query.src, query.src_port);
+                    let room = frame_max.saturating_sub(query.reply_header_bytes());
                     out.clear();
-                    if !answer(query.payload(received), client, &mut out) {
+                    if !handler.answer(query.payload(received), client, room, &mut out) {
+                        return None;
+                    }
+                    if out.len() > room {
+                        counts.too_large += 1;
                         return None;
                     }
                     frame::write_reply(&query, &out, f).ok()
@@ -258,12 +317,25 @@ impl Queue {
             answered += sent as u64;
             // A reply the transmit ring still has no room for is dropped (the client asks
             // again); its frame goes back to the spare ones.
+            counts.tx_ring_full += (replies.len() - sent) as u64;
             self.spare.extend(replies[sent..].iter().map(|d| d.addr));
             if sent > 0 {
                 self.push_out();
             }
         }
+        self.report(&mut counts, handler);
         answered
+    }
+
+    /// Gives `handler` the queue's counts: the kernel's, read now, and ours in `counts`.
+    fn report(&self, counts: &mut Counts, handler: &mut impl Handler) {
+        if let Ok(kernel) = self.device.statistics_v2() {
+            counts.rx_ring_full = kernel.rx_ring_full;
+            counts.fill_ring_empty = kernel.rx_fill_ring_empty_descs;
+            counts.rx_dropped = kernel.rx_dropped;
+            counts.invalid = kernel.rx_invalid_descs + kernel.tx_invalid_descs;
+        }
+        handler.counts(counts);
     }
 
     /// Has the kernel send what the transmit ring holds. In copy mode a wake-up (`sendto`)

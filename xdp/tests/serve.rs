@@ -3,15 +3,40 @@
 //! Then bursts, each sent whole before its answers are read: every reply comes back. A kernel
 //! UDP socket on the same port in the server's namespace shows which path answered:
 //! with the listener attached every answer is the XDP path's; once it is stopped, the kernel's.
+//! An answer of exactly the room the veth's MTU leaves is sent; one a byte larger is not, and
+//! is counted (`Counts::too_large`).
 //! Needs root and `ip` (iproute2): without them the test fails and says which is missing.
 
-use dnsplan_xdp::listener::Listener;
+use dnsplan_xdp::listener::{Counts, Handler, Listener};
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 const PORT: u16 = 5353;
+
+/// The test's handler: "xdp:" and the query; to a query starting "fill", as many bytes as the
+/// room the MTU leaves; to one starting "over", a byte more. Keeps the last counts given.
+struct Echo {
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl Handler for Echo {
+    fn answer(&mut self, query: &[u8], _client: SocketAddr, room: usize, out: &mut Vec<u8>) -> bool {
+        out.extend_from_slice(b"xdp:");
+        out.extend_from_slice(query);
+        if query.starts_with(b"fill") {
+            out.resize(room, b'.');
+        } else if query.starts_with(b"over") {
+            out.resize(room + 1, b'.');
+        }
+        true
+    }
+
+    fn counts(&mut self, counts: &Counts) {
+        *self.counts.lock().expect("counts") = *counts;
+    }
+}
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().unwrap_or_else(|err| panic!("ip (iproute2) is needed: {err}"));
@@ -70,8 +95,10 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
     // which enters the namespace; the listener's queue threads are made there too).
     let (to_server, commands) = mpsc::channel::<&str>();
     let (ready, started) = mpsc::channel();
+    let counts = Arc::new(Mutex::new(Counts::default()));
     let server = std::thread::spawn({
         let srv = Netns(srv.0.clone());
+        let counts = counts.clone();
         move || {
             srv.enter();
             std::mem::forget(srv); // the outer handle removes the namespace
@@ -87,14 +114,8 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
                     let _ = kernel.send_to(&answer, from);
                 }
             });
-            let listener = Listener::start("xa", PORT, |_queue| {
-                |query: &[u8], _client: SocketAddr, out: &mut Vec<u8>| {
-                    out.extend_from_slice(b"xdp:");
-                    out.extend_from_slice(query);
-                    true
-                }
-            })
-            .unwrap_or_else(|err| panic!("the listener on xa: {err}"));
+            let listener = Listener::start("xa", PORT, |_queue| Echo { counts: counts.clone() })
+                .unwrap_or_else(|err| panic!("the listener on xa: {err}"));
             ready.send((listener.mode, listener.copy)).expect("ready");
             assert_eq!(commands.recv(), Ok("stop"));
             let answered = listener.stop();
@@ -120,6 +141,14 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
             want.extend_from_slice(query.as_bytes());
             assert_eq!(ask(&socket, server, query.as_bytes()), want, "query {i} over XDP");
         }
+        // The veth's MTU is 1500: an IPv4 reply leaves 1472 bytes of UDP payload, an IPv6 one
+        // 1452. The answer one byte over is not sent: the next query's answer is the next one
+        // read.
+        let room = if server.is_ipv4() { 1472 } else { 1452 };
+        assert_eq!(ask(&socket, server, b"fill").len(), room, "an answer of the whole room, to {server}");
+        socket.send_to(b"over", server).expect("send");
+        let next = ask(&socket, server, b"after over");
+        assert_eq!(String::from_utf8_lossy(&next), "xdp:after over", "no answer too large for the MTU was sent by {server}");
     }
     // Bursts: each round's queries all sent before any answer is read, so the transmit ring
     // takes many replies at once; over more rounds than the ring has slots, a reservation
@@ -159,5 +188,8 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
     }
     to_server.send("quit").expect("quit");
     let answered = server.join().expect("the server thread");
-    assert_eq!(answered as usize, 200 + BURST * ROUNDS, "the listener counts what it answered");
+    assert_eq!(answered as usize, 204 + BURST * ROUNDS, "the listener counts what it answered");
+    let counts = *counts.lock().expect("counts");
+    assert_eq!(counts.too_large, 2, "the answers too large for the MTU are counted: {counts:?}");
+    assert_eq!(counts.invalid, 0, "no descriptor refused: {counts:?}");
 }

@@ -78,21 +78,7 @@ impl UdpServers {
     /// served so is said in one WARN line and left to the sockets.
     pub fn serve_xdp(&mut self, interfaces: &[String], port: u16, serving: &Arc<Serving>) {
         for name in interfaces {
-            let serving = serving.clone();
-            let started = dnsplan_xdp::listener::Listener::start(name, port, move |_queue| {
-                let serving = serving.clone();
-                let mut rng = SmallRng::from_rng(&mut rand::rng());
-                move |query: &[u8], client: std::net::SocketAddr, out: &mut Vec<u8>| {
-                    let snapshot = serving.snapshot.load();
-                    let now = serving.rrl.as_ref().map(Rrl::now);
-                    let Some(outcome) = answer_datagram(query, Some(client.ip()), &serving, &snapshot, now, &mut rng, out) else {
-                        return false;
-                    };
-                    serving.metrics.observe_query(&outcome, Transport::Udp);
-                    serving.metrics.observe_xdp_answer();
-                    true
-                }
-            });
+            let started = dnsplan_xdp::listener::Listener::start(name, port, |_queue| XdpQueue::new(serving.clone()));
             match started {
                 Ok(listener) => {
                     tracing::info!(interface = %name, port, mode = ?listener.mode, copy = ?listener.copy, "answering UDP over AF_XDP");
@@ -101,6 +87,58 @@ impl UdpServers {
                 Err(err) => tracing::warn!(interface = %name, error = %err, "not answering over AF_XDP; the sockets answer"),
             }
         }
+    }
+}
+
+/// One AF_XDP queue's side of the authority: answers as the sockets do (`answer_datagram`),
+/// with one snapshot and one clock reading per batch as they have; an answer larger than the
+/// interface's MTU allows is sent truncated (TC=1, so the client asks again over TCP) where
+/// the sockets would send it fragmented.
+struct XdpQueue {
+    serving: Arc<Serving>,
+    rng: SmallRng,
+    snapshot: Arc<Snapshot>,
+    now: Option<rrl::Tick>,
+    /// The queue's counts when last observed.
+    counted: [u64; 6],
+}
+
+impl XdpQueue {
+    fn new(serving: Arc<Serving>) -> XdpQueue {
+        let snapshot = serving.snapshot.load_full();
+        XdpQueue { serving, rng: SmallRng::from_rng(&mut rand::rng()), snapshot, now: None, counted: [0; 6] }
+    }
+}
+
+impl dnsplan_xdp::listener::Handler for XdpQueue {
+    fn batch(&mut self) {
+        self.snapshot = self.serving.snapshot.load_full();
+        self.now = self.serving.rrl.as_ref().map(Rrl::now);
+    }
+
+    fn answer(&mut self, query: &[u8], client: std::net::SocketAddr, room: usize, out: &mut Vec<u8>) -> bool {
+        let serving = &self.serving;
+        let Some(mut outcome) = answer_datagram(query, Some(client.ip()), serving, &self.snapshot, self.now, &mut self.rng, out) else {
+            return false;
+        };
+        if out.len() > room {
+            rrl::slip(out);
+            outcome.truncated = true;
+            outcome.bytes = out.len();
+        }
+        serving.metrics.observe_query(&outcome, Transport::Udp);
+        serving.metrics.observe_xdp_answer();
+        true
+    }
+
+    fn counts(&mut self, counts: &dnsplan_xdp::listener::Counts) {
+        let now = [counts.rx_ring_full, counts.fill_ring_empty, counts.rx_dropped, counts.invalid, counts.tx_ring_full, counts.too_large];
+        let mut lost = [0; 6];
+        for ((lost, now), before) in lost.iter_mut().zip(now).zip(&mut self.counted) {
+            *lost = now.saturating_sub(*before);
+            *before = now;
+        }
+        self.serving.metrics.observe_xdp_dropped(lost);
     }
 }
 

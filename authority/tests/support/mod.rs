@@ -265,7 +265,12 @@ impl AuthorityProcess {
     /// Starts the binary on the config `text` (written to `dir/authority.toml`, beside the
     /// test zone file) and waits until it says where its control API is.
     pub fn start(dir: &std::path::Path, text: &str) -> anyhow::Result<AuthorityProcess> {
-        std::fs::write(dir.join("zone.db"), ZONE_FILE)?;
+        AuthorityProcess::start_zone(dir, text, ZONE_FILE)
+    }
+
+    /// As `start`, with the zone file `zone`.
+    pub fn start_zone(dir: &std::path::Path, text: &str, zone: &str) -> anyhow::Result<AuthorityProcess> {
+        std::fs::write(dir.join("zone.db"), zone)?;
         let path = dir.join("authority.toml");
         std::fs::write(&path, text)?;
         let mut child = Command::new(env!("CARGO_BIN_EXE_dnsplan-authority"))
