@@ -15,6 +15,8 @@ pub mod daemon;
 pub mod delta;
 #[cfg(feature = "dns")]
 pub mod dns_probe;
+#[cfg(feature = "dnssec")]
+pub mod dnssec;
 pub mod generation;
 #[cfg(feature = "server")]
 pub mod http_server;

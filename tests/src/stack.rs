@@ -28,6 +28,7 @@ pub fn dns_zone_config(master_file: Option<&str>) -> DnsZoneConfig {
         ns_ttl_secs: 3600,
         master_file: master_file.map(Into::into),
         records: None,
+        dnssec: None,
     }
 }
 

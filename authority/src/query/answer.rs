@@ -150,10 +150,14 @@ pub fn respond(
         Some(edns) => edns.max_payload().clamp(UDP_PAYLOAD_BYTES_MIN, limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN)),
         None => UDP_PAYLOAD_BYTES_MIN,
     };
+    // A signed zone answers DO=1 with its signatures (`dnssec`), and a managed endpoint's
+    // whole RRset, the one signed (in the sampler's weighted order).
+    let dnssec = snapshot.is_signed() && request.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok);
+    let whole = AnswerLimits { answer_addresses_max: FAMILY_TARGETS_MAX, ..*limits };
+    let limits = if dnssec { &whole } else { limits };
     if let Some(asked) = &request.edns {
         let mut edns = Edns::new();
-        // RFC 3225 §3: the DO bit of the query is copied into the response. (We add no
-        // DNSSEC records either way; the zone is not signed.)
+        // RFC 3225 §3: the DO bit of the query is copied into the response.
         edns.set_max_payload(limits.edns_udp_payload_bytes.max(UDP_PAYLOAD_BYTES_MIN))
             .set_version(0)
             .set_dnssec_ok(asked.flags().dnssec_ok);
@@ -229,6 +233,9 @@ pub fn respond(
                 ChainEnd::Referral(cut) => (glue_rrsets, required_glue) = referral(&mut resp, cut, snapshot, limits, rng),
             }
         }
+    }
+    if dnssec {
+        crate::query::dnssec::add_dnssec(&mut resp, snapshot, &name);
     }
     finish_with_glue(resp, &glue_rrsets, required_glue, qtype, transport, udp_limit)
 }

@@ -146,6 +146,11 @@ pub fn respond_fast(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits, r
     if matches!(q.qtype, TYPE_AXFR | TYPE_IXFR) {
         return Fast::Slow;
     }
+    // A signed zone's answers with DO=1 carry signatures and denial proofs: the reference
+    // path adds them (`query::dnssec`).
+    if edns.is_some_and(|e| e.dnssec_ok) && snapshot.is_signed() {
+        return Fast::Slow;
+    }
     // Inside the zone: the name ends with the origin at a label boundary.
     let origin = &snapshot.origin_key;
     let origin_labels = snapshot.origin_labels;

@@ -7,6 +7,7 @@
 //! - `rrl.rs`: response-rate limiting of UDP answers.
 
 pub mod answer;
+pub mod dnssec;
 pub mod fast;
 pub mod rrl;
 pub mod wire;

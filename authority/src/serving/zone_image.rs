@@ -104,8 +104,8 @@ pub fn fingerprint(config: &DnsZoneConfig, config_dir: &Path) -> std::io::Result
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     // The records written in the config go in as they are: printed with `Debug`, every
     // character escaped, they were most of a restart's time in the fingerprint.
-    let DnsZoneConfig { origin, soa, ns, ns_ttl_secs, master_file, records } = config;
-    let table = format!("{origin:?} {soa:?} {ns:?} {ns_ttl_secs} {master_file:?}");
+    let DnsZoneConfig { origin, soa, ns, ns_ttl_secs, master_file, records, dnssec } = config;
+    let table = format!("{origin:?} {soa:?} {ns:?} {ns_ttl_secs} {master_file:?} {dnssec:?}");
     let records = records.as_deref().map(str::as_bytes);
     let parts: [&[u8]; 6] = [
         table.as_bytes(),
@@ -219,6 +219,7 @@ mod tests {
             ns_ttl_secs: 3600,
             master_file: Some("z.zone".into()),
             records: None,
+            dnssec: None,
         };
         let parsed = StaticZone::load(&config, dir.path())?;
         let fp = fingerprint(&config, dir.path())?;

@@ -545,6 +545,7 @@ fn managed_config(origin: &Name, text: &str) -> DnsZoneConfig {
         ns_ttl_secs: 3_600,
         master_file: None,
         records: Some(text.to_string()),
+        dnssec: None,
     }
 }
 

@@ -32,6 +32,45 @@ pub struct DnsZoneConfig {
     /// carries its whole zone, as `dnsplan up`'s built-in one does); not with `master_file`.
     #[serde(default)]
     pub records: Option<String>,
+    /// Signs the zone (DNSSEC), with the key in this table's `key_file`.
+    #[serde(default)]
+    pub dnssec: Option<DnssecConfig>,
+}
+
+/// The `[dns_zone.dnssec]` table: the zone is served signed.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnssecConfig {
+    /// The zone's private key, PEM PKCS#8 (ECDSA P-256 or Ed25519, as `dnsplan zone key new`
+    /// writes it), readable by its owner only; relative to the config file.
+    pub key_file: PathBuf,
+    /// How long a signature is valid from when it is made.
+    #[serde(default = "default_signature_validity")]
+    pub signature_validity_days: u32,
+    /// Signatures with less than this left are made again, the zone changed or not.
+    #[serde(default = "default_signature_refresh")]
+    pub signature_refresh_days: u32,
+    /// TTL of the DNSKEY, CDS and CDNSKEY records at the apex.
+    #[serde(default = "default_dnskey_ttl")]
+    pub dnskey_ttl_secs: u32,
+}
+
+fn default_signature_validity() -> u32 {
+    14
+}
+fn default_signature_refresh() -> u32 {
+    7
+}
+fn default_dnskey_ttl() -> u32 {
+    3_600
+}
+
+/// A signed zone's key and how long its signatures last.
+#[derive(Debug)]
+pub struct ZoneSigner {
+    pub key: dnsplan_common::dnssec::ZoneKey,
+    pub validity_secs: u32,
+    pub refresh_secs: u32,
 }
 
 fn default_ns_ttl() -> u32 {
@@ -118,6 +157,8 @@ pub enum DnsZoneError {
     Escape { path: PathBuf, line: usize, digits: String },
     #[error("dns_zone.master_file {path}, line {line}: {detail}")]
     Record { path: PathBuf, line: usize, detail: String },
+    #[error("dns_zone.dnssec: {0}")]
+    Dnssec(String),
 }
 
 /// The static records of the DNS zone, checked and ready to serve.
@@ -140,6 +181,9 @@ pub struct StaticZone {
     pub aliases: BTreeSet<Name>,
     /// Whether any owner is a wildcard (`*.x`).
     pub wildcards: bool,
+    /// The key the zone is signed with (`[dns_zone.dnssec]`); its DNSKEY, CDS and CDNSKEY are
+    /// among `records`.
+    pub signer: Option<std::sync::Arc<ZoneSigner>>,
 }
 
 fn parse_name(field: &'static str, value: &str) -> Result<Name, DnsZoneError> {
@@ -237,7 +281,24 @@ impl StaticZone {
         if ns.is_empty() {
             return Err(DnsZoneError::NoNs);
         }
-        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards })
+        let signer = match &config.dnssec {
+            Some(dnssec) => {
+                let signer = load_signer(dnssec, config_dir)?;
+                if records
+                    .iter()
+                    .any(|r| r.name == origin && matches!(r.record_type(), RecordType::DNSKEY | RecordType::CDS | RecordType::CDNSKEY))
+                {
+                    return Err(DnsZoneError::Dnssec(
+                        "the zone has DNSKEY, CDS or CDNSKEY records at its apex; a signed zone publishes its own key: remove them".into(),
+                    ));
+                }
+                let apex = signer.key.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
+                records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), dnssec.dnskey_ttl_secs, data)));
+                Some(std::sync::Arc::new(signer))
+            }
+            None => None,
+        };
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards, signer })
     }
 
     /// The zone of these parts, as `load` makes it from a config and a master file (the
@@ -254,7 +315,7 @@ impl StaticZone {
     ) -> Result<StaticZone, DnsZoneError> {
         let (cuts, wildcards) = delegations(&records, path)?;
         let aliases = records.iter().filter(|r| r.record_type() == RecordType::CNAME).map(|r| r.name.clone()).collect();
-        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs, ns, records, cuts, aliases, wildcards })
+        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs, ns, records, cuts, aliases, wildcards, signer: None })
     }
 
     /// This zone without its static records (`records`), for a snapshot already built from
@@ -270,6 +331,7 @@ impl StaticZone {
             cuts: self.cuts.clone(),
             aliases: self.aliases.clone(),
             wildcards: self.wildcards,
+            signer: self.signer.clone(),
         }
     }
 
@@ -314,6 +376,23 @@ impl StaticZone {
         let soa = SOA::new(s.mname.clone(), s.rname.clone(), serial, s.refresh, s.retry, s.expire, s.minimum);
         Record::from_rdata(self.origin.clone(), ttl, RData::SOA(soa))
     }
+}
+
+/// The key of `[dns_zone.dnssec]` (its path relative to `config_dir`), and the signatures'
+/// validity, checked.
+fn load_signer(config: &DnssecConfig, config_dir: &Path) -> Result<ZoneSigner, DnsZoneError> {
+    const DAY: u32 = 86_400;
+    if !(1..=365).contains(&config.signature_validity_days) {
+        return Err(DnsZoneError::Dnssec(format!("signature_validity_days: {} is outside 1..=365", config.signature_validity_days)));
+    }
+    if config.signature_refresh_days == 0 || config.signature_refresh_days >= config.signature_validity_days {
+        return Err(DnsZoneError::Dnssec(format!(
+            "signature_refresh_days: {} must be above 0 and below signature_validity_days ({})",
+            config.signature_refresh_days, config.signature_validity_days
+        )));
+    }
+    let key = dnsplan_common::dnssec::ZoneKey::load(&config_dir.join(&config.key_file)).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
+    Ok(ZoneSigner { key, validity_secs: config.signature_validity_days * DAY, refresh_secs: config.signature_refresh_days * DAY })
 }
 
 /// SVCB and HTTPS targets written relative (`SVCB 1 svc port=8443`): hickory's reader keeps
@@ -372,6 +451,7 @@ pub(crate) fn test_zone(origin: &str) -> std::sync::Arc<StaticZone> {
         ns_ttl_secs: 3600,
         master_file: None,
         records: None,
+        dnssec: None,
     };
     let dir = tempfile::tempdir().expect("tempdir");
     std::sync::Arc::new(StaticZone::load(&config, dir.path()).expect("zone"))
@@ -399,6 +479,7 @@ mod tests {
             ns_ttl_secs: default_ns_ttl(),
             master_file: Some(master_file.into()),
             records: None,
+            dnssec: None,
         }
     }
 

@@ -6,6 +6,7 @@
 //! - `compress.rs`: name compression for the answers written by hand.
 //! - `serial.rs`: SOA serials and their RFC 1982 comparison.
 //! - `snapshot.rs`: the immutable serving snapshot, sharded, shared between versions.
+//! - `signed.rs`: a signed zone's snapshot: the NSEC chain and the RRSIGs kept with each name.
 //! - `records.rs`: the zone's records as a secondary should serve them, in transfer order.
 //! - `journal.rs`: the in-memory history IXFR answers from.
 
@@ -14,5 +15,6 @@ pub mod dns_zone;
 pub mod journal;
 pub mod records;
 pub mod serial;
+pub mod signed;
 pub mod snapshot;
 mod zone_text;

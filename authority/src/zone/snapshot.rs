@@ -278,6 +278,18 @@ impl Statics {
         self.0 = Some(all.into_boxed_slice());
     }
 
+    /// Adds a record of type `rtype` whose RDATA is `rdata` in wire form (names uncompressed).
+    pub fn push_raw(&mut self, rtype: RecordType, ttl: u32, rdata: &[u8]) {
+        let Ok(rdlen) = u16::try_from(rdata.len()) else { return };
+        let mut all = self.0.take().map(Vec::from).unwrap_or_default();
+        all.reserve_exact(8 + rdata.len());
+        all.extend_from_slice(&u16::from(rtype).to_be_bytes());
+        all.extend_from_slice(&ttl.to_be_bytes());
+        all.extend_from_slice(&rdlen.to_be_bytes());
+        all.extend_from_slice(rdata);
+        self.0 = Some(all.into_boxed_slice());
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_none()
     }
@@ -330,7 +342,7 @@ impl Statics {
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
     /// Lower-case wire form, inline up to 32 bytes (most names), beside the rest of the entry:
-    /// an entry is 72 bytes, 88 with its `Arc`, in the allocator's 96-byte size class.
+    /// an entry is 80 bytes, 96 with its `Arc`, in the allocator's 96-byte size class.
     pub key: SmallVec<[u8; 32]>,
     /// A managed endpoint's addresses, boxed: most names of a zone of static records have
     /// none, and inline they made every entry 168 bytes (192 with its `Arc`) rather than 72.
@@ -339,6 +351,10 @@ pub struct Entry {
     pub managed: Option<Box<Managed>>,
     /// Static records at this name (the apex SOA and NS included).
     pub statics: Statics,
+    /// In a signed zone: the RRSIGs of the RRsets here, this name's NSEC and its RRSIG, in the
+    /// same form as `statics` (`signed`); empty for names that have no NSEC (empty
+    /// non-terminals, names below a delegation) and in unsigned zones.
+    pub signed: Statics,
     descendants: u32,
 }
 
@@ -438,6 +454,15 @@ pub struct Snapshot {
     /// Endpoints the store says to serve that this zone cannot (at or below a delegation,
     /// outside the zone): `dnsplan_managed_endpoints_not_served`.
     not_served: Arc<std::collections::BTreeSet<EndpointName>>,
+    /// A signed zone's NSEC owners in canonical order (`signed`); `None` unsigned.
+    pub(super) chain: Option<Arc<Vec<Box<[u8]>>>>,
+    /// The chain of the static names alone (`statics`'s).
+    statics_chain: Option<Arc<Vec<Box<[u8]>>>>,
+    /// Names changed since they were last signed (a signed zone's), signed at `set_serial`.
+    pub(super) unsigned: Vec<Box<[u8]>>,
+    /// When every signature was last made again (seconds since the epoch): the oldest any
+    /// signature served can be.
+    pub(super) signed_all_at: u32,
 }
 
 impl Snapshot {
@@ -504,6 +529,10 @@ impl Snapshot {
             managed_count: 0,
             generations: Arc::default(),
             not_served: Arc::default(),
+            chain: None,
+            statics_chain: None,
+            unsigned: Vec::new(),
+            signed_all_at: 0,
             zone: zone.clone(),
         };
         let soa = zone.soa_record(0, zone.soa_ttl_secs);
@@ -513,6 +542,7 @@ impl Snapshot {
         }
         snapshot.set_serial(0, 0);
         snapshot.statics = snapshot.shards.clone();
+        snapshot.statics_chain = snapshot.chain.clone();
         snapshot
     }
 
@@ -552,6 +582,10 @@ impl Snapshot {
             managed_count: 0,
             generations: Arc::default(),
             not_served: Arc::default(),
+            chain: self.statics_chain.clone(),
+            statics_chain: self.statics_chain.clone(),
+            unsigned: Vec::new(),
+            signed_all_at: self.signed_all_at,
         }
     }
 
@@ -681,6 +715,10 @@ impl Snapshot {
         for r in &records {
             entry.statics.push(r);
         }
+        if self.zone.signer.is_some() {
+            self.unsigned.push(apex);
+            self.sign_unsigned();
+        }
     }
 
     /// The key of a managed endpoint, or `None` (logged) for a name this zone cannot serve.
@@ -720,6 +758,9 @@ impl Snapshot {
     /// Changes the entry at `key` (created if missing) with `change`, then keeps the
     /// empty-non-terminal counts of its ancestors and drops entries left with nothing.
     fn update(&mut self, key: &[u8], change: impl FnOnce(&mut Entry)) {
+        if self.zone.signer.is_some() {
+            self.unsigned.push(key.into());
+        }
         let had = self.get_key(key).is_some_and(Entry::has_data);
         let has = {
             let entry = self.entry_mut(key);
@@ -754,7 +795,7 @@ impl Snapshot {
         }
     }
 
-    fn entry_mut(&mut self, key: &[u8]) -> &mut Entry {
+    pub(super) fn entry_mut(&mut self, key: &[u8]) -> &mut Entry {
         let hash = hash_key(key);
         let shard = {
             let n = self.shards.len();
@@ -885,7 +926,7 @@ mod tests {
     #[test]
     fn entry_sizes() {
         let class = |bytes: usize| (bytes + 8).next_multiple_of(16);
-        assert_eq!(std::mem::size_of::<Entry>(), 72);
+        assert_eq!(std::mem::size_of::<Entry>(), 80);
         assert_eq!(class(std::mem::size_of::<Entry>() + 16), 96, "an entry with its Arc");
         assert_eq!(class(std::mem::size_of::<Managed>()), 96, "a managed endpoint's box");
     }
@@ -922,6 +963,7 @@ mod tests {
             ns_ttl_secs: 3600,
             master_file: None,
             records: Some(format!("{text}@ SOA ns1 hostmaster 1 2 3 4 5\n")),
+            dnssec: None,
         };
         let zone = StaticZone::load(&config, dir.path()).expect("zone");
         let owner = Name::from_ascii("x.example.test.").expect("name");
@@ -1008,6 +1050,7 @@ mod tests {
             records: Some(
                 "$TTL 300\n@ SOA ns1 hostmaster 7 2 3 4 5\nstatic A 192.0.2.7\nns1 A 192.0.2.53\nsub NS ns.elsewhere.test.\n".into(),
             ),
+            dnssec: None,
         };
         let zone = Arc::new(StaticZone::load(&config, dir.path()).expect("zone"));
         let mut first = {

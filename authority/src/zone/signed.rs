@@ -1,0 +1,299 @@
+//! A signed zone's snapshot (`[dns_zone.dnssec]`): the NSEC chain and the RRSIGs, made when a
+//! state is swapped in, for the names that changed, never per query.
+//!
+//! Each name keeps its signatures beside its records (`Entry::signed`): an RRSIG for each of
+//! its authoritative RRsets, its NSEC and the NSEC's RRSIG. The snapshot keeps the NSEC owners
+//! in canonical order (RFC 4034 §6.1, `chain`): the apex, every name with data, every
+//! delegation point; not empty non-terminals nor names below a delegation (RFC 4035 §2.3).
+//! `update` marks each name it changes; `set_serial`, which ends every change, signs them
+//! (`sign_unsigned`): a name that joins or leaves the chain changes its predecessor's NSEC too,
+//! and the SOA changes with every serial. When many names changed (a load, a whole state) the
+//! chain is made again and every name signed, on both cores.
+//!
+//! A managed endpoint's addresses are signed whole (every eligible target, zero weights left
+//! out as the query path leaves them out): an answer with DO=1 carries the whole RRset, in
+//! the weighted order the sampler chooses, since a sample of it would need a signature made
+//! for that sample, per query.
+//!
+//! Not signed, as RFC 4035 §2.2 says: the NS RRset at a delegation, glue, anything below a
+//! delegation. Signatures are valid from an hour before they are made (clocks that lag) for
+//! `signature_validity_days`; every one is made again once the oldest has less than
+//! `signature_refresh_days` left (`resign_due`).
+
+use crate::zone::dns_zone::ZoneSigner;
+use crate::zone::snapshot::{Entry, Found, RawRecord, Snapshot, Statics};
+use hickory_proto::dnssec::rdata::NSEC;
+use hickory_proto::rr::{Name, RecordType};
+use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// How long before it is made a signature's validity starts: a validator whose clock lags
+/// this much still takes it.
+const INCEPTION_BACKDATE_SECS: u32 = 3_600;
+
+/// Seconds since the epoch, mod 2^32 (RRSIG times are RFC 1982 serials).
+pub fn unix_now() -> u32 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as u32)
+}
+
+/// The labels of a lower-case wire-form name, from the first.
+fn labels(key: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    let mut starts = Vec::with_capacity(8);
+    let mut at = 0;
+    while at < key.len() && key[at] != 0 {
+        let end = (at + 1 + usize::from(key[at])).min(key.len());
+        starts.push(&key[at + 1..end]);
+        at = end;
+    }
+    starts.into_iter()
+}
+
+/// RFC 4034 §6.1's canonical order of two lower-case wire-form names: label by label from the
+/// right, each as an octet string, a name before the names below it.
+pub fn canonical_cmp(a: &[u8], b: &[u8]) -> Ordering {
+    let (mut x, mut y) = (labels(a).rev(), labels(b).rev());
+    loop {
+        match (x.next(), y.next()) {
+            (Some(l), Some(r)) => match l.cmp(r) {
+                Ordering::Equal => continue,
+                other => return other,
+            },
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+        }
+    }
+}
+
+/// The name of a lower-case wire-form key.
+fn name_of(key: &[u8]) -> Option<Name> {
+    let mut name = Name::from_labels(labels(key)).ok()?;
+    name.set_fqdn(true);
+    Some(name)
+}
+
+/// The RRSIGs in `signed` that cover `rtype`.
+pub fn rrsigs(signed: &Statics, rtype: RecordType) -> impl Iterator<Item = RawRecord<'_>> {
+    let covered = u16::from(rtype).to_be_bytes();
+    signed.raw().filter(move |r| r.rtype == RecordType::RRSIG && r.rdata.get(..2) == Some(&covered[..]))
+}
+
+/// The NSEC record in `signed`, if the name has one.
+pub fn nsec(signed: &Statics) -> Option<RawRecord<'_>> {
+    signed.raw().find(|r| r.rtype == RecordType::NSEC)
+}
+
+impl Snapshot {
+    pub fn is_signed(&self) -> bool {
+        self.chain.is_some()
+    }
+
+    /// The NSEC owner that covers `key` (a name that is not one): the last owner before it
+    /// in canonical order. The apex is first, so every name of the zone has one.
+    pub fn covering(&self, key: &[u8]) -> Option<&Entry> {
+        let chain = self.chain.as_ref()?;
+        let at = match chain.binary_search_by(|owner| canonical_cmp(owner, key)) {
+            Ok(i) => i,
+            Err(0) => chain.len().checked_sub(1)?,
+            Err(i) => i - 1,
+        };
+        self.get_key(&chain[at])
+    }
+
+    /// Whether a full re-signing is due: the oldest signature has less than the refresh
+    /// time left.
+    pub fn resign_due(&self, now: u32) -> bool {
+        let Some(signer) = &self.zone.signer else { return false };
+        self.is_signed() && now.wrapping_sub(self.signed_all_at) >= signer.validity_secs - signer.refresh_secs
+    }
+
+    /// Every signature made again (`resign_due`), the chain as it is.
+    pub fn resign_all(&mut self) {
+        if self.zone.signer.is_some() {
+            self.chain = None;
+            self.sign_unsigned();
+        }
+    }
+
+    /// Whether the entry at `key` owns an NSEC: it has data, and it is not below a delegation.
+    fn owns_nsec(&self, key: &[u8]) -> bool {
+        match self.get_key(key) {
+            Some(e) if e.has_data() => match self.find(key) {
+                Found::Cut(cut) => &cut.key[..] == key,
+                _ => true,
+            },
+            _ => false,
+        }
+    }
+
+    /// Signs what changed since the last signing (`unsigned`), as the module says.
+    pub(super) fn sign_unsigned(&mut self) {
+        let Some(signer) = self.zone.signer.clone() else { return };
+        let now = unix_now();
+        let mut pending = std::mem::take(&mut self.unsigned);
+        let chain_len = self.chain.as_ref().map_or(0, |c| c.len());
+        if self.chain.is_none() || pending.len() > 64 && pending.len() * 8 > chain_len {
+            self.sign_everything(&signer, now);
+            return;
+        }
+        pending.sort_unstable();
+        pending.dedup();
+        let mut to_sign: Vec<Box<[u8]>> = Vec::with_capacity(pending.len() * 2);
+        for key in pending {
+            let owns = self.owns_nsec(&key);
+            let chain = Arc::make_mut(self.chain.get_or_insert_with(Arc::default));
+            match (owns, chain.binary_search_by(|owner| canonical_cmp(owner, &key))) {
+                (true, Err(i)) => {
+                    chain.insert(i, key.clone());
+                    to_sign.push(chain[i.checked_sub(1).unwrap_or(chain.len() - 1)].clone());
+                }
+                (false, Ok(i)) => {
+                    chain.remove(i);
+                    if !chain.is_empty() {
+                        to_sign.push(chain[i.checked_sub(1).unwrap_or(chain.len() - 1)].clone());
+                    }
+                }
+                _ => {}
+            }
+            to_sign.push(key);
+        }
+        to_sign.sort_unstable();
+        to_sign.dedup();
+        for key in to_sign {
+            let signed = self.signatures(&key, &signer, now);
+            if self.get_key(&key).is_some_and(|e| e.signed.bytes() != signed.bytes()) {
+                self.entry_mut(&key).signed = signed;
+            }
+        }
+    }
+
+    /// The chain made again from every name, and every name signed (on both cores: the
+    /// signatures are most of the time).
+    fn sign_everything(&mut self, signer: &ZoneSigner, now: u32) {
+        self.unsigned.clear();
+        let mut chain: Vec<Box<[u8]>> = self.entries().filter(|e| self.owns_nsec(&e.key)).map(|e| Box::from(&e.key[..])).collect();
+        chain.sort_unstable_by(|a, b| canonical_cmp(a, b));
+        self.chain = Some(Arc::new(chain));
+        let keys: Vec<Box<[u8]>> = self.entries().map(|e| Box::from(&e.key[..])).collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+        let chunk = keys.len().div_ceil(threads).max(1);
+        let this = &*self;
+        let signed: Vec<(Box<[u8]>, Statics)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = keys
+                .chunks(chunk)
+                .map(|keys| scope.spawn(move || keys.iter().map(|k| (k.clone(), this.signatures(k, signer, now))).collect::<Vec<_>>()))
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
+        });
+        for (key, statics) in signed {
+            if self.get_key(&key).is_some_and(|e| e.signed.bytes() != statics.bytes()) {
+                self.entry_mut(&key).signed = statics;
+            }
+        }
+        self.signed_all_at = now;
+    }
+
+    /// What the entry at `key` should keep in `signed`: nothing unless it owns an NSEC; else
+    /// an RRSIG per RRset, the NSEC and its RRSIG.
+    fn signatures(&self, key: &[u8], signer: &ZoneSigner, now: u32) -> Statics {
+        let mut out = Statics::default();
+        let (Some(entry), Some(chain)) = (self.get_key(key), self.chain.as_ref()) else { return out };
+        let Ok(at) = chain.binary_search_by(|owner| canonical_cmp(owner, key)) else { return out };
+        let (Some(owner), Some(next)) = (name_of(key), name_of(&chain[(at + 1) % chain.len()])) else { return out };
+        let origin = &self.zone.origin;
+        let cut = self.is_cut(entry);
+        let managed = entry.managed.as_deref();
+        let mut rrsets: BTreeMap<u16, (u32, Vec<Vec<u8>>)> = BTreeMap::new();
+        let mut types: Vec<RecordType> = vec![RecordType::RRSIG, RecordType::NSEC];
+        for r in entry.statics.raw() {
+            let shadowed = managed.is_some() && matches!(r.rtype, RecordType::A | RecordType::AAAA);
+            if shadowed {
+                continue;
+            }
+            if !types.contains(&r.rtype) {
+                types.push(r.rtype);
+            }
+            // At a delegation only the DS is the parent's to sign (RFC 4035 §2.2).
+            if cut && r.rtype != RecordType::DS {
+                continue;
+            }
+            rrsets.entry(u16::from(r.rtype)).or_insert_with(|| (r.ttl, Vec::new())).1.push(r.rdata.to_vec());
+        }
+        if let Some(m) = managed {
+            let v4: Vec<Vec<u8>> = m.v4.targets.iter().map(|(a, _)| a.octets().to_vec()).collect();
+            let v6: Vec<Vec<u8>> = m.v6.targets.iter().map(|(a, _)| a.octets().to_vec()).collect();
+            for (rtype, rdata) in [(RecordType::A, v4), (RecordType::AAAA, v6)] {
+                if !rdata.is_empty() {
+                    types.push(rtype);
+                    rrsets.insert(u16::from(rtype), (m.ttl_secs, rdata));
+                }
+            }
+        }
+        let nsec = NSEC::new(next, types);
+        let mut nsec_rdata = Vec::with_capacity(64);
+        {
+            let mut e = BinEncoder::new(&mut nsec_rdata);
+            e.set_name_encoding(NameEncoding::Uncompressed);
+            if nsec.emit(&mut e).is_err() {
+                return out;
+            }
+        }
+        let nsec_ttl = self.zone.negative_ttl_secs();
+        rrsets.insert(u16::from(RecordType::NSEC), (nsec_ttl, vec![nsec_rdata.clone()]));
+        let (inception, expiration) = (now.wrapping_sub(INCEPTION_BACKDATE_SECS), now.wrapping_add(signer.validity_secs));
+        for (rtype, (ttl, rdata)) in &rrsets {
+            let rtype = RecordType::from(*rtype);
+            if rtype == RecordType::NSEC {
+                out.push_raw(RecordType::NSEC, *ttl, &nsec_rdata);
+            }
+            let refs: Vec<&[u8]> = rdata.iter().map(Vec::as_slice).collect();
+            match signer.key.sign_rrset(origin, &owner, rtype, *ttl, &refs, inception, expiration) {
+                Ok(rrsig) => out.push_raw(RecordType::RRSIG, *ttl, &rrsig),
+                // Not reached: the records came from our own wire form. The RRset is then
+                // served unsigned, which validators refuse: the log says why.
+                Err(err) => tracing::error!(%owner, %rtype, error = %err, "an RRset could not be signed"),
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Vec<u8> {
+        crate::zone::snapshot::wire_key(&Name::from_ascii(name).expect("name"))
+    }
+
+    /// RFC 4034 §6.1's example, in its order.
+    #[test]
+    fn canonical_order_is_rfc_4034s() {
+        let names = [
+            "example.",
+            "a.example.",
+            "yljkjljk.a.example.",
+            "z.a.example.",
+            "zabc.a.example.",
+            "z.example.",
+            "\\001.z.example.",
+            "*.z.example.",
+            "\\200.z.example.",
+        ];
+        let keys: Vec<Vec<u8>> = names
+            .iter()
+            .map(|n| {
+                let name = Name::from_ascii(n).expect("name");
+                crate::zone::snapshot::wire_key(&name)
+            })
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort_by(|a, b| canonical_cmp(a, b));
+        sorted.reverse();
+        sorted.sort_by(|a, b| canonical_cmp(a, b));
+        assert_eq!(sorted, keys);
+        assert_eq!(canonical_cmp(&key("a.example."), &key("A.example.")), Ordering::Equal);
+    }
+}
