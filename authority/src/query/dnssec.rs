@@ -31,13 +31,13 @@ fn record(owner: &Name, ttl: u32, raw: RawRecord<'_>) -> Option<Record> {
 
 /// The RRSIGs over `rtype` at `entry`, owned by `owner`, at `ttl`.
 fn signatures(entry: &Entry, rtype: RecordType, owner: &Name, ttl: u32) -> Vec<Record> {
-    rrsigs(&entry.signed, rtype).filter_map(|r| record(owner, ttl, r)).collect()
+    rrsigs(entry, rtype).filter_map(|r| record(owner, ttl, r)).collect()
 }
 
 /// The NSEC `entry` owns and its RRSIGs.
 fn nsec_of(entry: &Entry) -> Vec<Record> {
     let Some(owner) = entry.name() else { return Vec::new() };
-    let Some(raw) = nsec(&entry.signed) else { return Vec::new() };
+    let Some(raw) = nsec(entry) else { return Vec::new() };
     let mut out: Vec<Record> = record(&owner, raw.ttl, raw).into_iter().collect();
     out.extend(signatures(entry, RecordType::NSEC, &owner, raw.ttl));
     out

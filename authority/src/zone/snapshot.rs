@@ -243,8 +243,16 @@ impl Managed {
 /// `Record` takes 280: a million static names fit in a quarter of the memory. The fast path
 /// reads the bytes as they are; the reference path decodes a name's records when it answers
 /// from them (`records`).
+///
+/// In a signed zone the name's signatures (`zone::signed`: an RRSIG per RRset, its NSEC and
+/// the NSEC's RRSIG) follow its records in the same allocation, after a record header of type
+/// 0 (reserved, never a record's: the loader refuses it), so that an entry keeps its size:
+/// `raw`, `records`, `has` and `bytes` see the records alone, `signed_raw` the signatures.
 #[derive(Clone, Debug, Default)]
 pub struct Statics(Option<Box<[u8]>>);
+
+/// The header that ends a name's records where its signatures follow: type 0, TTL 0, no RDATA.
+const SIGNED_FROM: [u8; 8] = [0; 8];
 
 /// One static record as stored: its type, TTL and RDATA in wire form.
 #[derive(Clone, Copy, Debug)]
@@ -258,6 +266,10 @@ impl Statics {
     /// Adds `record` (class IN). One whose RDATA does not encode, which the loader never
     /// gives, is left out with an ERROR line.
     pub fn push(&mut self, record: &Record) {
+        if record.record_type() == RecordType::Unknown(0) {
+            tracing::error!(record = %record, "a static record of type 0 (reserved) is not served");
+            return;
+        }
         let mut rdata = Vec::new();
         let mut encoder = hickory_proto::serialize::binary::BinEncoder::new(&mut rdata);
         encoder.set_name_encoding(hickory_proto::serialize::binary::NameEncoding::Uncompressed);
@@ -269,16 +281,58 @@ impl Statics {
             tracing::error!(record = %record, "a static record's data is over 65,535 bytes; not served");
             return;
         };
-        let mut all = self.0.take().map(Vec::from).unwrap_or_default();
-        all.reserve_exact(8 + rdata.len());
+        let signed = self.signed_bytes().to_vec();
+        let mut all = self.bytes().to_vec();
+        all.reserve_exact(8 + rdata.len() + signed.len() + SIGNED_FROM.len());
         all.extend_from_slice(&u16::from(record.record_type()).to_be_bytes());
         all.extend_from_slice(&record.ttl.to_be_bytes());
         all.extend_from_slice(&rdlen.to_be_bytes());
         all.extend_from_slice(&rdata);
         self.0 = Some(all.into_boxed_slice());
+        self.set_signed(&signed);
+    }
+
+    /// Where the records end: at the `SIGNED_FROM` header, or at the end.
+    fn records_end(&self) -> usize {
+        let all = self.0.as_deref().unwrap_or(&[]);
+        let mut at = 0;
+        while let Some(head) = all.get(at..at + 8) {
+            if head[..2] == [0, 0] {
+                return at;
+            }
+            at += 8 + usize::from(u16::from_be_bytes([head[6], head[7]]));
+        }
+        all.len()
+    }
+
+    /// The signatures' records in wire form (as `bytes`), empty if none.
+    pub fn signed_bytes(&self) -> &[u8] {
+        let all = self.0.as_deref().unwrap_or(&[]);
+        all.get(self.records_end() + SIGNED_FROM.len()..).unwrap_or(&[])
+    }
+
+    /// Replaces the signatures with `signed` (records in wire form, as `bytes` gives them).
+    pub fn set_signed(&mut self, signed: &[u8]) {
+        let records = self.bytes();
+        if signed.is_empty() && records.len() == self.0.as_deref().map_or(0, <[u8]>::len) {
+            return;
+        }
+        let mut all = Vec::with_capacity(records.len() + SIGNED_FROM.len() + signed.len());
+        all.extend_from_slice(records);
+        if !signed.is_empty() {
+            all.extend_from_slice(&SIGNED_FROM);
+            all.extend_from_slice(signed);
+        }
+        self.0 = (!all.is_empty()).then(|| all.into_boxed_slice());
+    }
+
+    /// The signatures, as `raw` gives the records.
+    pub fn signed_raw(&self) -> impl Iterator<Item = RawRecord<'_>> {
+        Statics::raw_of(self.signed_bytes())
     }
 
     /// Adds a record of type `rtype` whose RDATA is `rdata` in wire form (names uncompressed).
+    /// (For building signatures: it does not keep any signed part.)
     pub fn push_raw(&mut self, rtype: RecordType, ttl: u32, rdata: &[u8]) {
         let Ok(rdlen) = u16::try_from(rdata.len()) else { return };
         let mut all = self.0.take().map(Vec::from).unwrap_or_default();
@@ -290,13 +344,16 @@ impl Statics {
         self.0 = Some(all.into_boxed_slice());
     }
 
+    /// No records (signatures aside).
     pub fn is_empty(&self) -> bool {
-        self.0.is_none()
+        self.0.as_deref().is_none_or(|all| all.get(..2) == Some(&[0, 0]))
     }
 
-    /// The stored bytes (for the zones' image on disk, `serving::zone_image`).
+    /// The records' bytes, without the signatures (for the zones' image on disk,
+    /// `serving::zone_image`).
     pub fn bytes(&self) -> &[u8] {
-        self.0.as_deref().unwrap_or(&[])
+        let all = self.0.as_deref().unwrap_or(&[]);
+        &all[..self.records_end()]
     }
 
     /// Records from bytes `bytes` gave; `None` unless they frame as whole records.
@@ -306,11 +363,19 @@ impl Statics {
         (framed == statics.bytes().len()).then_some(statics)
     }
 
-    /// Every record as stored, in the order pushed.
+    /// Every record as stored, in the order pushed (the signatures not among them).
     pub fn raw(&self) -> impl Iterator<Item = RawRecord<'_>> {
-        let mut rest: &[u8] = self.0.as_deref().unwrap_or(&[]);
+        Statics::raw_of(self.0.as_deref().unwrap_or(&[]))
+    }
+
+    /// The records in `bytes`, up to a `SIGNED_FROM` header.
+    fn raw_of(bytes: &[u8]) -> impl Iterator<Item = RawRecord<'_>> {
+        let mut rest: &[u8] = bytes;
         std::iter::from_fn(move || {
             let (head, tail) = rest.split_at_checked(8)?;
+            if head[..2] == [0, 0] {
+                return None;
+            }
             let rtype = RecordType::from(u16::from_be_bytes([head[0], head[1]]));
             let ttl = u32::from_be_bytes([head[2], head[3], head[4], head[5]]);
             let (rdata, tail) = tail.split_at_checked(usize::from(u16::from_be_bytes([head[6], head[7]])))?;
@@ -342,7 +407,7 @@ impl Statics {
 #[derive(Clone, Debug, Default)]
 pub struct Entry {
     /// Lower-case wire form, inline up to 32 bytes (most names), beside the rest of the entry:
-    /// an entry is 80 bytes, 96 with its `Arc`, in the allocator's 96-byte size class.
+    /// an entry is 72 bytes, 88 with its `Arc`, in the allocator's 96-byte size class.
     pub key: SmallVec<[u8; 32]>,
     /// A managed endpoint's addresses, boxed: most names of a zone of static records have
     /// none, and inline they made every entry 168 bytes (192 with its `Arc`) rather than 72.
@@ -351,10 +416,6 @@ pub struct Entry {
     pub managed: Option<Box<Managed>>,
     /// Static records at this name (the apex SOA and NS included).
     pub statics: Statics,
-    /// In a signed zone: the RRSIGs of the RRsets here, this name's NSEC and its RRSIG, in the
-    /// same form as `statics` (`signed`); empty for names that have no NSEC (empty
-    /// non-terminals, names below a delegation) and in unsigned zones.
-    pub signed: Statics,
     descendants: u32,
 }
 
@@ -926,9 +987,41 @@ mod tests {
     #[test]
     fn entry_sizes() {
         let class = |bytes: usize| (bytes + 8).next_multiple_of(16);
-        assert_eq!(std::mem::size_of::<Entry>(), 80);
+        assert_eq!(std::mem::size_of::<Entry>(), 72);
         assert_eq!(class(std::mem::size_of::<Entry>() + 16), 96, "an entry with its Arc");
         assert_eq!(class(std::mem::size_of::<Managed>()), 96, "a managed endpoint's box");
+    }
+
+    /// A name's signatures follow its records in one allocation: every view of the records
+    /// is as without them, a record added keeps them, and they are replaced whole.
+    #[test]
+    fn signatures_ride_after_the_records() {
+        let owner = Name::from_ascii("x.example.test.").expect("name");
+        let a = Record::from_rdata(owner.clone(), 60, RData::A(hickory_proto::rr::rdata::A("192.0.2.1".parse().expect("address"))));
+        let txt = Record::from_rdata(owner.clone(), 60, RData::TXT(hickory_proto::rr::rdata::TXT::new(vec!["t".into()])));
+        let mut statics = Statics::default();
+        statics.set_signed(&[]);
+        assert!(statics.is_empty() && statics.signed_bytes().is_empty());
+        statics.set_signed(&[0, 46, 0, 0, 0, 60, 0, 2, 0xab, 0xcd]);
+        assert!(statics.is_empty(), "signatures alone are no records");
+        statics.push(&a);
+        let unsigned = {
+            let mut plain = Statics::default();
+            plain.push(&a);
+            plain
+        };
+        assert_eq!(statics.bytes(), unsigned.bytes(), "the records' bytes");
+        assert_eq!(
+            statics.signed_raw().map(|r| (r.rtype, r.ttl, r.rdata.to_vec())).collect::<Vec<_>>(),
+            vec![(RecordType::RRSIG, 60, vec![0xab, 0xcd])]
+        );
+        statics.push(&txt);
+        assert_eq!(statics.records(&owner), vec![a.clone(), txt.clone()], "records, the signatures not among them");
+        assert!(statics.has(RecordType::TXT) && !statics.has(RecordType::RRSIG) && !statics.is_empty());
+        assert_eq!(statics.signed_raw().count(), 1, "kept through a push");
+        statics.set_signed(&[]);
+        assert!(statics.signed_bytes().is_empty());
+        assert_eq!(statics.records(&owner), vec![a, txt]);
     }
 
     fn serving() -> ActiveRecord {
