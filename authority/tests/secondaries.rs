@@ -424,6 +424,107 @@ async fn a_secondary_at_our_serial_with_other_records_is_not_current() -> anyhow
     authority.stop().await
 }
 
+/// A signed zone (`[dns_zone.dnssec]`) reaches Knot, NSD and BIND whole, its RRSIGs and NSEC
+/// records included: by AXFR first, then after each plan by IXFR (the changed name's
+/// signatures, its NSEC neighbours' and the apex's). After each plan each secondary's whole
+/// zone equals ours, and BIND's `delv`, with the zone's key as its trust anchor, validates
+/// answers from each secondary: a managed name, a static one, an NXDOMAIN beside the name the
+/// plan added.
+///
+/// The authority restarts to notify them (as in the storm test): a signed zone's signatures
+/// are made again at a start, so its IXFR history starts over and the first change after it
+/// reaches them as a whole zone; the next ones as IXFRs, checked in the transfer counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn knot_nsd_and_bind_hold_a_signed_zone_and_their_answers_validate() -> anyhow::Result<()> {
+    use dnsplan_common::dnssec::{ZoneAlgorithm, ZoneKey};
+    let dig = which("dig", "bind9-dnsutils")?;
+    let delv = which("delv", "bind9-dnsutils")?;
+    let dir = tempfile::tempdir()?;
+    let key = ZoneKey::create(&dir.path().join("zone.key"), ZoneAlgorithm::EcdsaP256Sha256)?;
+    let anchor = dir.path().join("anchor.conf");
+    std::fs::write(
+        &anchor,
+        format!("trust-anchors {{ example.test. static-key 257 3 13 \"{}\"; }};\n", data_encoding::BASE64.encode(key.public_key())),
+    )?;
+    let signed = |text: String| text + "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n";
+    let port = dnsplan_tests::knot::free_port()?;
+    let authority = TestAuthority::start_text(dir.path(), &signed(config(dir.path(), port, &[]))).await?;
+    let mut endpoints = first();
+    publish_and_apply(&authority, &plan(1, &endpoints, &[])).await?;
+    caught_up(&authority).await?;
+    let (knot, nsd, bind) = secondaries(port).await?;
+    authority.stop().await?;
+    let authority =
+        TestAuthority::start_text(dir.path(), &signed(config(dir.path(), port, &[knot.addr(), nsd.addr(), bind.addr()]))).await?;
+    let all = [
+        Secondary { who: "knot", addr: knot.addr(), logs: Box::new(|| knot.logs()) },
+        Secondary { who: "nsd", addr: nsd.addr(), logs: Box::new(|| nsd.logs()) },
+        Secondary { who: "bind", addr: bind.addr(), logs: Box::new(|| bind.logs()) },
+    ];
+    let steps: [Step; 3] = [
+        (
+            "moved's address changes",
+            |e| e.get_mut(&name("moved")).expect("moved").targets[0].address = "10.0.2.9".parse().expect("address"),
+            &[],
+        ),
+        (
+            "a name added: mover",
+            |e| {
+                e.insert(name("mover"), endpoint(60, vec![target("10.0.5.1", "a", 1)]));
+            },
+            &[],
+        ),
+        ("weighted's weights change", |e| e.get_mut(&name("weighted")).expect("weighted").targets[1].weight = 3, &[]),
+    ];
+    for (i, (step, change, _)) in steps.into_iter().enumerate() {
+        let g = i as u64 + 2;
+        change(&mut endpoints);
+        publish_and_apply(&authority, &plan(g, &endpoints, &[])).await?;
+        let want = caught_up(&authority).await?;
+        let ours = axfr(&dig, authority.dns)?;
+        let rrsigs = ours.iter().filter(|l| l.split(' ').nth(3) == Some("RRSIG")).count();
+        let nsecs = ours.iter().filter(|l| l.split(' ').nth(3) == Some("NSEC")).count();
+        assert!(rrsigs > 10 && nsecs > 5, "the zone's transfer carries its signatures: {rrsigs} RRSIGs, {nsecs} NSEC");
+        converge(&all, want, step).await?;
+        for s in &all {
+            let wrong = differences(&ours, &axfr(&dig, s.addr)?);
+            assert!(wrong.is_empty(), "after {step}, serial {want}: {} differs from dnsplan:\n{}\n{}", s.who, wrong.join("\n"), (s.logs)());
+            for (qname, qtype, verdict) in [
+                ("moved.example.test.", "A", "; fully validated"),
+                ("ns1.example.test.", "AAAA", "; negative response, fully validated"),
+                ("movea.example.test.", "A", "; negative response, fully validated"),
+                ("example.test.", "SOA", "; fully validated"),
+            ] {
+                let out = Command::new(&delv)
+                    .arg("-a")
+                    .arg(&anchor)
+                    .arg(format!("@{}", s.addr.ip()))
+                    .args(["-p", &s.addr.port().to_string(), qname, qtype, "+root=example.test"])
+                    .output()?;
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert_eq!(
+                    stdout.lines().next().unwrap_or_default(),
+                    verdict,
+                    "after {step}: delv {qname} {qtype} at {}:\n{stdout}{}",
+                    s.who,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        eprintln!("{step}: serial {want}, {} records ({rrsigs} RRSIGs), equal on knot, nsd and bind, each validating", ours.len());
+    }
+    let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+    let incremental = metrics
+        .lines()
+        .find(|l| l.starts_with("dnsplan_dns_transfers_total{result=\"incremental\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(incremental >= 3, "the changes after the first reached the secondaries by IXFR:\n{metrics}");
+    drop(all);
+    drop((knot, nsd, bind));
+    authority.stop().await
+}
+
 /// `name` from PATH or Debian's sbin directories; missing is a failing test saying what to
 /// install.
 fn which(name: &str, package: &str) -> anyhow::Result<std::path::PathBuf> {

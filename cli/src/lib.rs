@@ -4,7 +4,8 @@
 //! are the operator commands over the control API; `workflow` the rollback and verify logic
 //! they run, as library functions over any store; `plan_file` plans as TOML files (`plans show
 //! --output toml`, `plans publish`); `demo` the demo backends; `output` the
-//! tables, diffs and JSON.
+//! tables, diffs and JSON; `zone_key` a zone's DNSSEC key (`zone key new`, `zone ds`), made and
+//! shown without a control API.
 
 pub mod args;
 pub mod commands;
@@ -14,3 +15,4 @@ pub mod output;
 pub mod plan_file;
 pub mod up;
 pub mod workflow;
+pub mod zone_key;

@@ -1,6 +1,7 @@
 //! `dnsplan`: run the whole stack in one process (`dnsplan up`), and operate a running stack
 //! through its control API (`status`, `plans`, `rollback`, `pause`, `resume`, `verify`,
-//! `cleanup`, `zone export`, `backend`); make control API credentials (`credential new`); print
+//! `cleanup`, `zone export`, `backend`); make control API credentials (`credential new`) and
+//! a zone's DNSSEC key (`zone key new`, `zone ds`, without a control API); print
 //! its shell completions (`completions SHELL`) and
 //! write its man pages (`man --dir DIR`).
 //!
@@ -88,6 +89,17 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err}");
+                    ExitCode::from(2)
+                }
+            },
+            // A zone's DNSSEC key is made and shown on this machine: no control API, token or
+            // --zone is needed.
+            Command::Ops(commands::Command::Zone {
+                command: command @ (commands::ZoneCommand::Key { .. } | commands::ZoneCommand::Ds { .. }),
+            }) => match dnsplan_cli::zone_key::run(command, cli.output) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(err) => {
+                    eprintln!("error: {err:#}");
                     ExitCode::from(2)
                 }
             },

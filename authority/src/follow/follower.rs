@@ -124,12 +124,48 @@ impl Serving {
                 Ok(now) => {
                     reach.answered();
                     seen = now;
+                    self.resign_if_due().await;
                 }
                 Err(err) => {
                     reach.failed(&format!("{err:#}; still serving the current snapshot"));
                     tokio::time::sleep(FOLLOW_RETRY).await;
                 }
             }
+        }
+    }
+
+    /// A signed zone whose oldest signatures have less than `signature_refresh_days` left is
+    /// signed again whole, the zone changed or not (the follower looks each time its wait on
+    /// the store ends, at least every `FOLLOW_WAIT`). The serial does not move: the records
+    /// are the same.
+    async fn resign_if_due(&self) {
+        let current = self.snapshot.load_full();
+        let now = crate::zone::signed::unix_now();
+        if !current.resign_due(now) {
+            return;
+        }
+        let started = Instant::now();
+        let resigned = tokio::task::spawn_blocking(move || {
+            let mut next = (*current).clone();
+            next.resign_all(now);
+            next
+        })
+        .await;
+        match resigned {
+            Ok(next) => {
+                let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                // A secondary at this serial holds the signatures before: the next change
+                // reaches it as a whole zone.
+                *journal = crate::zone::journal::Journal::cut(next.serial, self.transfer.ixfr_history_names_max());
+                // Only over the snapshot it started from: `follow` is the only writer.
+                self.snapshot.store(Arc::new(next));
+                drop(journal);
+                tracing::info!(
+                    seconds = started.elapsed().as_secs_f64(),
+                    "every RRset of the signed zone signed again before its signatures expire"
+                );
+            }
+            Err(err) => tracing::error!(error = %err, "signing the zone again did not finish; the signatures served stay"),
         }
     }
 
@@ -148,7 +184,9 @@ impl Serving {
         let ixfr_log = self.ixfr_log.clone();
         let (snapshot, delta, changes) = tokio::task::spawn_blocking(move || {
             let next = current.apply(&delta);
-            let changes = (!delta.full).then(|| changed_entries(&current, &next, &delta));
+            // Every name signed again (a signed zone's full signing) starts the history over,
+            // as a rebuild does.
+            let changes = (!delta.full && next.last_signed().is_some()).then(|| changed_entries(&current, &next, &delta));
             // The IXFR history on disk, before the swap (as the journal in memory is).
             if let Some(log) = &ixfr_log
                 && next.serial != current.serial
@@ -191,14 +229,22 @@ impl Serving {
     }
 }
 
-/// Each endpoint of `delta` with its entry in `before` and in `after`, for the IXFR history.
+/// Each endpoint of `delta` with its entry in `before` and in `after`, for the IXFR history,
+/// and in a signed zone each other name whose signatures the change made again (its NSEC
+/// neighbours, the apex: `Snapshot::last_signed`).
 fn changed_entries(before: &Snapshot, after: &Snapshot, delta: &ActiveDelta) -> Vec<JournalChange> {
-    delta
+    let mut keys: Vec<Box<[u8]>> = delta
         .endpoints
         .keys()
-        .filter_map(|endpoint| {
-            let key = wire_key(&Name::from_ascii(endpoint.as_str()).ok()?);
-            Some((key.clone().into_boxed_slice(), before.entry_arc(&key), after.entry_arc(&key)))
+        .filter_map(|endpoint| Some(wire_key(&Name::from_ascii(endpoint.as_str()).ok()?).into_boxed_slice()))
+        .collect();
+    keys.extend(after.last_signed().unwrap_or_default().iter().cloned());
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+        .map(|key| {
+            let (was, is) = (before.entry_arc(&key), after.entry_arc(&key));
+            (key, was, is)
         })
         .collect()
 }

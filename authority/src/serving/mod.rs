@@ -93,6 +93,7 @@ impl Serving {
         metrics.observe_snapshot(&snapshot, None, started.elapsed().as_secs_f64());
         let serial = snapshot.serial;
         let served_serial = tokio::sync::watch::Sender::new(serial);
+        let journal = Mutex::new(journal_at(&snapshot, IXFR_HISTORY_NAMES_DEFAULT));
         Serving {
             snapshot: ArcSwap::from_pointee(snapshot),
             zone,
@@ -102,7 +103,7 @@ impl Serving {
             metrics,
             served_serial,
             secondaries: Statuses::default(),
-            journal: Mutex::new(Journal::new(serial, IXFR_HISTORY_NAMES_DEFAULT)),
+            journal,
             served_log: None,
             ixfr_log: None,
             others: None,
@@ -120,12 +121,13 @@ impl Serving {
         let zone = Arc::new(zone.without_records());
         snapshot.zone = zone.clone();
         let serial = snapshot.serial;
+        let journal = Mutex::new(journal_at(&snapshot, transfer.ixfr_history_names_max()));
         Serving {
             snapshot: ArcSwap::from_pointee(snapshot),
             zone,
             limits,
             rrl: None,
-            journal: Mutex::new(Journal::new(serial, transfer.ixfr_history_names_max())),
+            journal,
             transfer,
             metrics,
             served_serial: tokio::sync::watch::Sender::new(serial),
@@ -161,7 +163,7 @@ impl Serving {
     /// With zone transfers allowed as `transfer` says (closed by default), and its IXFR
     /// history size.
     pub fn with_transfer(self, transfer: Arc<TransferPolicy>) -> Serving {
-        let journal = Mutex::new(Journal::new(self.snapshot.load().serial, transfer.ixfr_history_names_max()));
+        let journal = Mutex::new(journal_at(&self.snapshot.load(), transfer.ixfr_history_names_max()));
         Serving { transfer, journal, ..self }
     }
 
@@ -184,6 +186,15 @@ impl Serving {
                 return self;
             }
         };
+        // A signed zone's signatures are made again at each start: the history on disk holds
+        // the ones before, which are no longer served, so it starts over (secondaries then
+        // transfer the whole zone once).
+        let restored = if self.snapshot.load().is_signed() {
+            log.forget();
+            Vec::new()
+        } else {
+            restored
+        };
         {
             let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(first) = restored.first() {
@@ -199,4 +210,10 @@ impl Serving {
         }
         Serving { ixfr_log: Some(Arc::new(log)), ..self }
     }
+}
+
+/// The IXFR history of a snapshot just loaded: a signed zone's is `cut` (its signatures were
+/// made again at this start, so a secondary at its serial may hold others).
+fn journal_at(snapshot: &Snapshot, names_max: usize) -> Journal {
+    if snapshot.is_signed() { Journal::cut(snapshot.serial, names_max) } else { Journal::new(snapshot.serial, names_max) }
 }

@@ -82,12 +82,23 @@ pub struct Journal {
     names: usize,
     /// Most changed names kept over all swaps (`dns.transfer.ixfr_history_names_max`).
     names_max: usize,
+    /// The records at `start` may not be what a secondary holds at that serial (a signed
+    /// zone's signatures, made again at each start): the first swap starts the history over
+    /// rather than chaining to it (`cut`).
+    cut: bool,
 }
 
 impl Journal {
     /// An empty history at `serial`.
     pub fn new(serial: u32, names_max: usize) -> Journal {
-        Journal { swaps: VecDeque::new(), start: serial, end: serial, names: 0, names_max }
+        Journal { swaps: VecDeque::new(), start: serial, end: serial, names: 0, names_max, cut: false }
+    }
+
+    /// As `new`, for a start whose records a secondary at `serial` may not hold (a signed
+    /// zone's, signed again at the start): no IXFR is answered from `serial`, so a secondary
+    /// there gets the whole zone with the first change.
+    pub fn cut(serial: u32, names_max: usize) -> Journal {
+        Journal { cut: true, ..Journal::new(serial, names_max) }
     }
 
     /// Forgets everything: the next swap was a rebuild from the whole state, whose changes
@@ -112,7 +123,7 @@ impl Journal {
     }
 
     fn push_changes(&mut self, from: u32, to: u32, changes: Changes) {
-        if from != self.end || changes.names() > self.names_max {
+        if std::mem::take(&mut self.cut) || from != self.end || changes.names() > self.names_max {
             self.reset(to);
             return;
         }

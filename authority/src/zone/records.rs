@@ -16,7 +16,7 @@ pub fn zone_records(snapshot: &Snapshot) -> impl Iterator<Item = Record> + '_ {
 
 /// The records of one name as a secondary should serve them: what `answer::collect` serves
 /// for each type, every eligible target (weights are not carried), no SOA (it frames the
-/// transfer).
+/// transfer), and in a signed zone the name's RRSIGs and NSEC.
 pub fn entry_records(entry: &Entry) -> Vec<Record> {
     let mut out = Vec::new();
     if let Some(m) = &entry.managed
@@ -28,6 +28,13 @@ pub fn entry_records(entry: &Entry) -> Vec<Record> {
     let shadowed = |t: RecordType| entry.managed.is_some() && matches!(t, RecordType::A | RecordType::AAAA | RecordType::CNAME);
     if let Some(name) = entry.name() {
         out.extend(entry.statics.records(&name).into_iter().filter(|r| r.record_type() != RecordType::SOA && !shadowed(r.record_type())));
+        // A signed zone's RRSIGs and NSEC (`zone::signed`): a secondary serves them too.
+        out.extend(entry.statics.signed_raw().filter_map(|raw| {
+            let mut decoder = hickory_proto::serialize::binary::BinDecoder::new(raw.rdata);
+            let length = hickory_proto::serialize::binary::Restrict::new(raw.rdata.len() as u16);
+            let data = RData::read(&mut decoder, raw.rtype, length).ok()?;
+            Some(Record::from_rdata(name.clone(), raw.ttl, data))
+        }));
     }
     out
 }

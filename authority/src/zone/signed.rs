@@ -109,11 +109,10 @@ impl Snapshot {
         self.is_signed() && now.wrapping_sub(self.signed_all_at) >= signer.validity_secs - signer.refresh_secs
     }
 
-    /// Every signature made again (`resign_due`), the chain as it is.
-    pub fn resign_all(&mut self) {
-        if self.zone.signer.is_some() {
-            self.chain = None;
-            self.sign_unsigned();
+    /// Every signature made again at `now` (`resign_due`), the chain made again too.
+    pub fn resign_all(&mut self, now: u32) {
+        if let Some(signer) = self.zone.signer.clone() {
+            self.sign_everything(&signer, now);
         }
     }
 
@@ -161,6 +160,7 @@ impl Snapshot {
         }
         to_sign.sort_unstable();
         to_sign.dedup();
+        self.last_signed = Some(Arc::new(to_sign.clone()));
         for key in to_sign {
             let signed = self.signatures(&key, &signer, now);
             if self.get_key(&key).is_some_and(|e| e.statics.signed_bytes() != signed.bytes()) {
@@ -193,6 +193,7 @@ impl Snapshot {
             }
         }
         self.signed_all_at = now;
+        self.last_signed = None;
     }
 
     /// What the entry at `key` should keep in `signed`: nothing unless it owns an NSEC; else
@@ -263,6 +264,48 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dnsplan_common::dnssec::{ZoneAlgorithm, ZoneKey};
+
+    /// A signed zone of a few names, its key in `dir`.
+    fn signed_zone(dir: &std::path::Path, validity_days: u32, refresh_days: u32) -> Snapshot {
+        ZoneKey::create(&dir.join("zone.key"), ZoneAlgorithm::Ed25519).expect("key");
+        let config = crate::zone::dns_zone::DnsZoneConfig {
+            dnssec: Some(crate::zone::dns_zone::DnssecConfig {
+                key_file: "zone.key".into(),
+                signature_validity_days: validity_days,
+                signature_refresh_days: refresh_days,
+                dnskey_ttl_secs: 3600,
+            }),
+            origin: "example.test.".into(),
+            soa: None,
+            ns: vec!["ns1.example.test.".into()],
+            ns_ttl_secs: 3600,
+            master_file: None,
+            records: Some("$TTL 300\n@ SOA ns1 hostmaster 1 2 3 4 5\nwww A 192.0.2.1\nmail A 192.0.2.2\n".into()),
+        };
+        let zone = crate::zone::dns_zone::StaticZone::load(&config, dir).expect("zone");
+        Snapshot::build(Arc::new(zone), &dnsplan_common::store::ActiveSnapshot::default())
+    }
+
+    /// Signatures are made again whole once the oldest has less than the refresh time left,
+    /// not before; every RRset is signed anew.
+    #[test]
+    fn a_quiet_zone_is_signed_again_before_its_signatures_expire() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut snapshot = signed_zone(dir.path(), 14, 7);
+        let now = unix_now();
+        assert!(!snapshot.resign_due(now), "just signed");
+        assert!(!snapshot.resign_due(now + 6 * 86_400), "more than 7 days left");
+        assert!(snapshot.resign_due(now + 7 * 86_400), "7 days left");
+        let www = key("www.example.test.");
+        let before = snapshot.get_key(&www).expect("www").statics.signed_bytes().to_vec();
+        assert!(!before.is_empty(), "www is signed");
+        let later = now + 8 * 86_400;
+        assert!(snapshot.resign_due(later));
+        snapshot.resign_all(later);
+        assert!(!snapshot.resign_due(later));
+        assert_ne!(snapshot.get_key(&www).expect("www").statics.signed_bytes(), &before[..], "signed again");
+    }
 
     fn key(name: &str) -> Vec<u8> {
         crate::zone::snapshot::wire_key(&Name::from_ascii(name).expect("name"))

@@ -420,6 +420,20 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// What this name's signatures cover: its records, and a managed endpoint's TTL and
+    /// eligible addresses (not its generation, nor its weights).
+    fn signs(&self) -> Vec<u8> {
+        let mut covered = self.statics.bytes().to_vec();
+        if let Some(m) = &self.managed {
+            covered.push(0xff);
+            covered.extend_from_slice(&m.ttl_secs.to_be_bytes());
+            covered.extend(m.v4.targets.iter().flat_map(|(a, _)| a.octets()));
+            covered.push(0xfe);
+            covered.extend(m.v6.targets.iter().flat_map(|(a, _)| a.octets()));
+        }
+        covered
+    }
+
     pub fn has_data(&self) -> bool {
         self.managed.is_some() || !self.statics.is_empty()
     }
@@ -524,6 +538,9 @@ pub struct Snapshot {
     /// When every signature was last made again (seconds since the epoch): the oldest any
     /// signature served can be.
     pub(super) signed_all_at: u32,
+    /// The names whose signatures the last signing made again, besides the names changed
+    /// (the IXFR history carries them); `None` when it signed every name.
+    pub(super) last_signed: Option<Arc<Vec<Box<[u8]>>>>,
 }
 
 impl Snapshot {
@@ -594,6 +611,7 @@ impl Snapshot {
             statics_chain: None,
             unsigned: Vec::new(),
             signed_all_at: 0,
+            last_signed: Some(Arc::default()),
             zone: zone.clone(),
         };
         let soa = zone.soa_record(0, zone.soa_ttl_secs);
@@ -647,6 +665,7 @@ impl Snapshot {
             statics_chain: self.statics_chain.clone(),
             unsigned: Vec::new(),
             signed_all_at: self.signed_all_at,
+            last_signed: None,
         }
     }
 
@@ -753,6 +772,7 @@ impl Snapshot {
     }
 
     fn set_serial(&mut self, applied_changes: u64, content_changes: u64) {
+        let serial_before = (self.serial, self.content_changes);
         self.applied_changes = applied_changes;
         self.content_changes = content_changes;
         self.serial = serial_of(self.zone.serial_base, content_changes);
@@ -766,6 +786,7 @@ impl Snapshot {
         let record = self.zone.soa_record(self.serial, self.zone.soa_ttl_secs);
         let apex = self.origin_key.clone();
         let entry = self.entry_mut(&apex);
+        let signed_apex = entry.statics.signed_bytes().to_vec();
         let origin = record.name.clone();
         let mut records = entry.statics.records(&origin);
         match records.iter_mut().find(|r| r.record_type() == RecordType::SOA) {
@@ -777,9 +798,22 @@ impl Snapshot {
             entry.statics.push(r);
         }
         if self.zone.signer.is_some() {
-            self.unsigned.push(apex);
+            // The apex's signatures (the SOA's) are made again when the serial moves.
+            if serial_before != (self.serial, self.content_changes) || self.chain.is_none() {
+                self.unsigned.push(apex);
+            } else {
+                self.entry_mut(&apex).statics.set_signed(&signed_apex);
+            }
+            self.last_signed = Some(Arc::default());
             self.sign_unsigned();
         }
+    }
+
+    /// The names whose signatures the last change made again besides the names it changed (a
+    /// signed zone's: NSEC neighbours, the apex), for the IXFR history; `None` when every
+    /// name was signed again (the history then starts over, as after a rebuild).
+    pub fn last_signed(&self) -> Option<&[Box<[u8]>]> {
+        self.last_signed.as_deref().map(Vec::as_slice)
     }
 
     /// The key of a managed endpoint, or `None` (logged) for a name this zone cannot serve.
@@ -819,15 +853,19 @@ impl Snapshot {
     /// Changes the entry at `key` (created if missing) with `change`, then keeps the
     /// empty-non-terminal counts of its ancestors and drops entries left with nothing.
     fn update(&mut self, key: &[u8], change: impl FnOnce(&mut Entry)) {
-        if self.zone.signer.is_some() {
-            self.unsigned.push(key.into());
-        }
+        let signed = self.zone.signer.is_some();
+        let signs_before = if signed { self.get_key(key).map(Entry::signs) } else { None };
         let had = self.get_key(key).is_some_and(Entry::has_data);
         let has = {
             let entry = self.entry_mut(key);
             change(entry);
             entry.has_data()
         };
+        // Signed again only when what the signatures cover changed: a plan that moves a
+        // name's fence alone leaves its signatures (and the serial) as they were.
+        if signed && signs_before != self.get_key(key).map(Entry::signs) {
+            self.unsigned.push(key.into());
+        }
         if had != has {
             // Every ancestor strictly below the origin counts this name.
             let origin_len = self.origin_key.len();

@@ -208,6 +208,43 @@ pub enum ZoneCommand {
         #[arg(long)]
         managed: bool,
     },
+    /// DNSSEC signing keys of a zone, made on this machine (no control API is asked).
+    Key {
+        #[command(subcommand)]
+        command: ZoneKeyCommand,
+    },
+    /// The DS record for the parent zone of ORIGIN, from its signing key FILE (no control API
+    /// is asked; the private key is never printed).
+    Ds {
+        /// The zone's signing key (PEM, mode 0600), as `dnsplan zone key new` wrote it.
+        #[arg(long)]
+        key: PathBuf,
+        /// The zone the key signs, e.g. `example.org.`.
+        #[arg(long = "dns-zone", value_name = "ORIGIN")]
+        origin: dnsplan_common::DnsName,
+        /// Print a JSON object (origin, key_tag, algorithm, digest_type, digest, public_key,
+        /// ds) instead of the record line; as `--output json` does.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ZoneKeyCommand {
+    /// A new signing key for the zone ORIGIN, written to FILE (mode 0600, never over an
+    /// existing file). Prints its key tag, the `[dns_zone.dnssec]` table for authority.toml,
+    /// the DS record for the parent zone and a trust anchor for testing with delv; never the
+    /// private key.
+    New {
+        /// Where to write the private key (PEM, PKCS#8); must not exist.
+        file: PathBuf,
+        /// The zone the key signs, e.g. `example.org.`.
+        #[arg(long = "dns-zone", value_name = "ORIGIN")]
+        origin: dnsplan_common::DnsName,
+        /// The DNSSEC algorithm: ecdsap256sha256 (13, the most deployed) or ed25519 (15).
+        #[arg(long, default_value = "ecdsap256sha256", value_parser = dnsplan_common::dnssec::ZoneAlgorithm::parse)]
+        algorithm: dnsplan_common::dnssec::ZoneAlgorithm,
+    },
 }
 
 #[derive(Subcommand)]

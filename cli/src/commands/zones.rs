@@ -1,6 +1,7 @@
 //! `dnsplan zone list|add|remove`: the static zones an authority serves beside the managed
 //! one (`GET`, `PUT` and `DELETE /v1/zones`), and with `--managed` the zones the store manages
-//! beside its first one (`PUT` and `DELETE /v1/managed/{zone}`).
+//! beside its first one (`PUT` and `DELETE /v1/managed/{zone}`). `zone key new` and `zone ds`
+//! ask no control API: `crate::zone_key`.
 
 use super::{CliError, CliResult, Client, ZoneCommand};
 use crate::output::{Format, table};
@@ -56,6 +57,11 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
                 return client.print_json(&info).map(|()| ExitCode::SUCCESS);
             }
             crate::out!("zone {} served: serial {}, {} names", info.origin, info.serial, info.names);
+            Ok(ExitCode::SUCCESS)
+        }
+        // Made and shown on this machine; `main` runs them before any client is built.
+        command @ (ZoneCommand::Key { .. } | ZoneCommand::Ds { .. }) => {
+            crate::zone_key::run(command, client.format).map_err(|e| CliError::Failed(format!("{e:#}")))?;
             Ok(ExitCode::SUCCESS)
         }
         ZoneCommand::Remove { name, managed } => {
