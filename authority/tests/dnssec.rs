@@ -9,7 +9,13 @@
 //! again when the state was swapped in. A trust anchor of another key fails (the check
 //! bites). `delv` exits 0 either way: its first line says whether it validated.
 //!
-//! `delv` (bind9-dnsutils) must be installed (`.ci/run` installs it): a missing binary fails.
+//! Then the checkers a registry runs: `dnssec-verify` (bind9-utils) and Knot's `kzonecheck`
+//! (knot-dnssecutils) accept the zone's whole AXFR, and a BIND `named` running as a validating
+//! resolver (the zone's key its only trust anchor, forwarding to the authority) answers every
+//! kind of name with the AD bit. One signature changed in the AXFR: both checkers refuse it.
+//!
+//! `delv`, `dig` (bind9-dnsutils), `dnssec-verify`, `named` and `kzonecheck` must be installed
+//! (`./test` installs them): a missing binary fails.
 
 mod support;
 
@@ -21,6 +27,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use support::{AuthorityProcess, TOKEN, config_text, endpoint, plan, publish_and_apply, target, until};
+
+const KEY_NAME: &str = "dnsplan-xfr.";
+/// 32 bytes, base64.
+const SECRET: &str = "ZG5zcGxhbi10cmFuc2Zlci10ZXN0LXNlY3JldC0zMmI=";
 
 const ZONE: &str = "\
 $ORIGIN example.test.
@@ -177,5 +187,182 @@ async fn signed_zone_validates(algorithm: ZoneAlgorithm) -> anyhow::Result<()> {
     let other = anchor_file(dir.path(), "other.conf", &wrong);
     let (verdict, all) = delv(&other, server, "www.example.test.", "A");
     assert_ne!(verdict, "; fully validated", "a trust anchor of another key must not validate: {all}");
+    Ok(())
+}
+
+/// `program`, installed: a missing one fails, naming its package.
+fn installed(program: &str, package: &str) -> std::path::PathBuf {
+    for dir in ["/usr/bin", "/usr/sbin", "/bin", "/sbin"] {
+        let path = Path::new(dir).join(program);
+        if path.is_file() {
+            return path;
+        }
+    }
+    panic!("`{program}` is not installed; install it with `apt-get install -y {package}` (./test does)")
+}
+
+/// Runs `program` with `args`: its exit status and everything it printed.
+fn run(program: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|err| panic!("{}: {err}", program.display()));
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A BIND `named` as a validating resolver on `port`, forwarding `example.test.` to `server`
+/// with `anchor`'s trust anchor; killed when dropped.
+struct Resolver(std::process::Child);
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn resolver(dir: &Path, port: u16, server: SocketAddr, anchor: &Path) -> Resolver {
+    let d = dir.display();
+    let conf = dir.join("named.conf");
+    let anchor = std::fs::read_to_string(anchor).expect("anchor");
+    std::fs::write(
+        &conf,
+        format!(
+            "options {{\n  directory \"{d}\";\n  pid-file \"{d}/named.pid\";\n  session-keyfile \"{d}/session.key\";\n  \
+             managed-keys-directory \"{d}\";\n  listen-on port {port} {{ 127.0.0.1; }};\n  listen-on-v6 {{ none; }};\n  \
+             recursion yes;\n  allow-recursion {{ 127.0.0.1; }};\n  dnssec-validation yes;\n  notify no;\n}};\ncontrols {{ }};\n\
+             {anchor}zone \"example.test\" {{ type forward; forward only; forwarders {{ {} port {}; }}; }};\n",
+            server.ip(),
+            server.port()
+        ),
+    )
+    .expect("named.conf");
+    let named = installed("named", "bind9");
+    let child = Command::new(named)
+        .args(["-g", "-n", "1", "-c"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("named.log")).map(std::process::Stdio::from).expect("log"))
+        .spawn()
+        .expect("named starts");
+    Resolver(child)
+}
+
+/// `dig` at the resolver on `port`: the flags line's flags and the status.
+fn resolve(dig: &Path, port: u16, name: &str, qtype: &str) -> (String, String) {
+    let (_, out) = run(dig, &["-p", &port.to_string(), "@127.0.0.1", name, qtype, "+dnssec", "+time=5", "+tries=2"]);
+    let header = out.lines().find(|l| l.contains("status:")).unwrap_or_default();
+    let status = header.split("status: ").nth(1).and_then(|s| s.split(',').next()).unwrap_or_default().to_owned();
+    let flags = out.lines().find(|l| l.contains(";; flags:")).unwrap_or_default();
+    let flags = flags.split(";; flags: ").nth(1).and_then(|f| f.split(';').next()).unwrap_or_default().to_owned();
+    (flags, status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registries_checkers_accept_the_zone_and_a_validating_resolver_sets_ad() -> anyhow::Result<()> {
+    let (dig, verify, kzonecheck) =
+        (installed("dig", "bind9-dnsutils"), installed("dnssec-verify", "bind9-utils"), installed("kzonecheck", "knot-dnssecutils"));
+    let dir = tempfile::tempdir()?;
+    let key = ZoneKey::create(&dir.path().join("zone.key"), ZoneAlgorithm::EcdsaP256Sha256)?;
+    let port = dnsplan_tests::knot::free_port()?;
+    let server = SocketAddr::from(([127, 0, 0, 1], port));
+    let text = config_text(&dir.path().join("data"), 2).replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{server}\"]"), 1)
+        + &format!("[[dns.transfer.keys]]\nname = \"{KEY_NAME}\"\nsecret = \"{SECRET}\"\n")
+        + &format!("[[dns.transfer.secondaries]]\naddress = \"127.0.0.1/32\"\nkey = \"{KEY_NAME}\"\n")
+        + "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n";
+    let authority = AuthorityProcess::start_zone(dir.path(), &text, ZONE)?;
+    let store = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    let api = endpoint(30, vec![target("10.0.0.1", "a", 3), target("10.0.0.2", "a", 1), target("2001:db8::1", "a", 1)]);
+    publish_and_apply(&store, &plan(1, &[("api.example.test.", api)])).await?;
+    until(server, "api.example.test.", RecordType::A, Duration::from_secs(20), |m| !m.answers.is_empty()).await?;
+
+    // The whole zone, as a secondary gets it.
+    let (ok, axfr) = run(
+        &dig,
+        &[
+            "-p",
+            &port.to_string(),
+            "@127.0.0.1",
+            "example.test.",
+            "AXFR",
+            "+noall",
+            "+answer",
+            "-y",
+            &format!("hmac-sha256:{KEY_NAME}:{SECRET}"),
+        ],
+    );
+    assert!(ok && axfr.contains("RRSIG") && axfr.contains("NSEC"), "the AXFR:\n{axfr}");
+    let zone: String = axfr.lines().filter(|l| !l.starts_with(';') && !l.contains("TSIG")).map(|l| format!("{l}\n")).collect();
+    let file = dir.path().join("axfr.zone");
+    std::fs::write(&file, &zone)?;
+    let file_arg = file.to_string_lossy().into_owned();
+    let (ok, out) = run(&verify, &["-z", "-o", "example.test.", &file_arg]);
+    assert!(ok && out.contains("fully signed"), "dnssec-verify refuses the AXFR:\n{out}");
+    let (ok, out) = run(&kzonecheck, &["-o", "example.test.", "-d", "on", &file_arg]);
+    assert!(ok, "kzonecheck refuses the AXFR:\n{out}");
+
+    // One signature changed (a byte of www's RRSIG over A): both refuse it.
+    let broken: String = zone
+        .lines()
+        .map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            if fields.first() == Some(&"www.example.test.") && fields.get(3) == Some(&"RRSIG") && fields.get(4) == Some(&"A") {
+                let mut line = l.to_owned();
+                let at = line.len() - 4;
+                let flipped = if &line[at..at + 1] == "A" { "B" } else { "A" };
+                line.replace_range(at..at + 1, flipped);
+                format!("{line}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert_ne!(broken, zone, "a signature was changed");
+    let bad = dir.path().join("broken.zone");
+    std::fs::write(&bad, &broken)?;
+    let bad_arg = bad.to_string_lossy().into_owned();
+    let (ok, out) = run(&verify, &["-z", "-o", "example.test.", &bad_arg]);
+    assert!(!ok, "dnssec-verify takes a broken signature:\n{out}");
+    let (ok, out) = run(&kzonecheck, &["-o", "example.test.", "-d", "on", &bad_arg]);
+    assert!(!ok, "kzonecheck takes a broken signature:\n{out}");
+
+    // A validating resolver: AD on every kind of answer.
+    let resolver_dir = tempfile::tempdir()?;
+    let anchor = anchor_file(dir.path(), "anchor.conf", &key);
+    let resolver_port = dnsplan_tests::knot::free_port()?;
+    let _resolver = resolver(resolver_dir.path(), resolver_port, server, &anchor);
+    let started = std::time::Instant::now();
+    while resolve(&dig, resolver_port, "example.test.", "SOA").1.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "named did not answer: {}",
+            std::fs::read_to_string(resolver_dir.path().join("named.log"))?
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut wrong = Vec::new();
+    for (name, qtype, status) in [
+        ("www.example.test.", "A", "NOERROR"),
+        ("alias.example.test.", "AAAA", "NOERROR"),
+        ("nope.example.test.", "A", "NXDOMAIN"),
+        ("gone.example.test.", "A", "NXDOMAIN"),
+        ("mx.example.test.", "AAAA", "NOERROR"),
+        ("b.ent.example.test.", "A", "NOERROR"),
+        ("x.wild.example.test.", "MX", "NOERROR"),
+        ("y.wild.example.test.", "TXT", "NOERROR"),
+        ("y.wild.example.test.", "AAAA", "NOERROR"),
+        ("sub.example.test.", "DS", "NOERROR"),
+        ("sub2.example.test.", "DS", "NOERROR"),
+        ("api.example.test.", "A", "NOERROR"),
+        ("example.test.", "DNSKEY", "NOERROR"),
+    ] {
+        let (flags, got) = resolve(&dig, resolver_port, name, qtype);
+        if got != status || !flags.split(' ').any(|f| f == "ad") {
+            wrong.push(format!("{name} {qtype}: {got} (flags {flags}), not {status} with ad"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the validating resolver:\n{}\n{}",
+        wrong.join("\n"),
+        std::fs::read_to_string(resolver_dir.path().join("named.log"))?
+    );
     Ok(())
 }

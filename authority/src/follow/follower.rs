@@ -115,6 +115,7 @@ impl Serving {
                     Ok(applied) => {
                         reach.answered();
                         seen = StoreVersion { applied_changes: applied, ..now };
+                        self.resign_if_due().await;
                     }
                     Err(err) => {
                         reach.failed(&format!("{err:#}; still serving the previous snapshot"));
