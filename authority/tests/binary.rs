@@ -55,6 +55,40 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         ),
     ];
     std::fs::write(dir.path().join("delegation.db"), "$TTL 3600\nsub.example.test. DS 1 13 2 abcd\n")?;
+    // DNSSEC: a key others may read, a missing key, a refresh not below the validity, a
+    // static zone of [[zones]] with a key, a zone with a DNSKEY of its own.
+    let key = dir.path().join("open.key");
+    dnsplan_common::dnssec::ZoneKey::create(&key, dnsplan_common::dnssec::ZoneAlgorithm::Ed25519)?;
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    dnsplan_common::dnssec::ZoneKey::create(&dir.path().join("ok.key"), dnsplan_common::dnssec::ZoneAlgorithm::Ed25519)?;
+    std::fs::write(
+        dir.path().join("dnskey.db"),
+        "$TTL 3600\nexample.test. DNSKEY 257 3 15 f1qAQftgVKHL0j4148YDaIpwuYqQU+icgIdUEgTEP2Q=\n",
+    )?;
+    let zone = "data_dir = \"d\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0\"\n\
+                [dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\n\
+                [dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n";
+    let dnssec_cases = [
+        (format!("{zone}[dns_zone.dnssec]\nkey_file = \"open.key\"\n"), "chmod 600"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_file = \"none.key\"\n"), "DNSSEC key"),
+        (
+            format!("{zone}[dns_zone.dnssec]\nkey_file = \"ok.key\"\nsignature_validity_days = 7\nsignature_refresh_days = 7\n"),
+            "signature_refresh_days",
+        ),
+        (
+            format!("{zone}[[zones]]\norigin = \"other.test.\"\nns = [\"ns1.other.test.\"]\n[zones.dnssec]\nkey_file = \"ok.key\"\n"),
+            "signing is built for [dns_zone] alone",
+        ),
+        (
+            format!("{zone}master_file = \"dnskey.db\"\n[dns_zone.dnssec]\nkey_file = \"ok.key\"\n").replacen(
+                "[dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\nmaster_file = \"dnskey.db\"\n",
+                "master_file = \"dnskey.db\"\n[dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n",
+                1,
+            ),
+            "dnsplan signs the zone itself",
+        ),
+    ];
+    let cases = cases.iter().map(|(t, w)| (t.to_string(), *w)).chain(dnssec_cases);
     for (text, want) in cases {
         std::fs::write(&config, text)?;
         let (status, stderr) = exit_of(Command::new(env!("CARGO_BIN_EXE_dnsplan-authority")).arg("--config").arg(&config))?;

@@ -283,15 +283,9 @@ impl StaticZone {
         }
         let signer = match &config.dnssec {
             Some(dnssec) => {
+                // The master file has no DNSKEY, CDS or CDNSKEY of its own: `zone_text` refuses
+                // every DNSSEC type.
                 let signer = load_signer(dnssec, config_dir)?;
-                if records
-                    .iter()
-                    .any(|r| r.name == origin && matches!(r.record_type(), RecordType::DNSKEY | RecordType::CDS | RecordType::CDNSKEY))
-                {
-                    return Err(DnsZoneError::Dnssec(
-                        "the zone has DNSKEY, CDS or CDNSKEY records at its apex; a signed zone publishes its own key: remove them".into(),
-                    ));
-                }
                 let apex = signer.key.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
                 records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), dnssec.dnskey_ttl_secs, data)));
                 Some(std::sync::Arc::new(signer))

@@ -264,7 +264,11 @@ pub(crate) fn records_it_cannot_read<'a>(text: &'a str, origin: &Name) -> Result
             ));
         }
         if is_dnssec(code) {
-            return Err(fail("DNSSEC records are not taken: the zone is not signed (yet)".into()));
+            return Err(fail(
+                "DNSSEC records (DNSKEY, RRSIG, NSEC, NSEC3, CDS, CDNSKEY) are not taken from a master file: dnsplan signs \
+                 the zone itself ([dns_zone.dnssec]) and makes its own"
+                    .into(),
+            ));
         }
         let read = if generic {
             if is_meta(code) {
