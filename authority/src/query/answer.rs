@@ -263,8 +263,9 @@ fn negative(resp: &mut Message, snapshot: &Snapshot, rcode: ResponseCode) {
 /// (A RRsets, then AAAA RRsets, in NS order, as NSD sends them). Returns the glue RRsets'
 /// sizes and how many of the first ones are required: RFC 9471 §3.1 wants every in-domain
 /// name server's glue (a name at or below the cut, which only this referral can give) or
-/// TC=1; other glue is left out when it does not fit. No DS: the zone is not signed (NSD
-/// adds it only to signed zones' referrals).
+/// TC=1; other glue is left out when it does not fit. No DS here: a signed zone's referral
+/// gets it, with its RRSIG, from `dnssec` when asked with DO=1 (NSD adds it only to signed
+/// zones' referrals).
 fn referral(resp: &mut Message, cut: &Entry, snapshot: &Snapshot, limits: &AnswerLimits, rng: &mut impl Rng) -> (Vec<usize>, usize) {
     let Some(cut_name) = cut.name() else { return (Vec::new(), 0) };
     let ns: Vec<Record> = cut.statics.records(&cut_name).into_iter().filter(|r| r.record_type() == RecordType::NS).collect();

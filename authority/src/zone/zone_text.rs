@@ -209,8 +209,8 @@ fn is_meta(code: u16) -> bool {
 }
 
 /// DNSSEC's records of the zone itself (SIG, KEY, NXT, RRSIG, NSEC, DNSKEY, NSEC3,
-/// NSEC3PARAM, CDS, CDNSKEY): the zone is not signed, so they would be served without the
-/// signatures that make them mean anything. DS is taken: it is the parent's data at a
+/// NSEC3PARAM, CDS, CDNSKEY): an unsigned zone would serve them without the signatures that
+/// make them mean anything, and a signed zone (`zone::signed`) makes its own. DS is taken: it is the parent's data at a
 /// delegation, the child's key digest (the loader refuses one away from a delegation).
 fn is_dnssec(code: u16) -> bool {
     matches!(code, 24 | 25 | 30 | 46 | 47 | 48 | 50 | 51 | 59 | 60)
