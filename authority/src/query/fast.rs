@@ -24,6 +24,7 @@
 use crate::query::answer::{AnswerLimits, FAMILY_TARGETS_MAX, Outcome, UDP_PAYLOAD_BYTES_MIN, sample_indices};
 use crate::query::wire::{self, TYPE_OPT, u16_at};
 use crate::zone::compress::{Written, write_name};
+use crate::zone::signed::rrsigs;
 use crate::zone::snapshot::{ApexNs, Entry, NAME_WIRE_BYTES_MAX, Snapshot, hash_key};
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
@@ -146,9 +147,11 @@ pub fn respond_fast(packet: &[u8], snapshot: &Snapshot, limits: &AnswerLimits, r
     if matches!(q.qtype, TYPE_AXFR | TYPE_IXFR) {
         return Fast::Slow;
     }
-    // A signed zone's answers with DO=1 carry signatures and denial proofs: the reference
-    // path adds them (`query::dnssec`).
-    if edns.is_some_and(|e| e.dnssec_ok) && snapshot.is_signed() {
+    // A signed zone's answers with DO=1 carry signatures: here for the addresses of a name
+    // (`signatures`), by the reference path for everything else and for every denial proof
+    // (`query::dnssec`).
+    let dnssec = edns.is_some_and(|e| e.dnssec_ok) && snapshot.is_signed();
+    if dnssec && !matches!(q.qtype, TYPE_A | TYPE_AAAA) {
         return Fast::Slow;
     }
     // Inside the zone: the name ends with the origin at a label boundary.
@@ -202,21 +205,26 @@ fn answer_at(
     }
     let Some(m) = &entry.managed else { return static_addresses(p, question, q, entry, edns, snapshot, limits, udp_limit, out) };
     let mut picked = [0u8; FAMILY_TARGETS_MAX];
+    let signed = Signatures::of(entry, q.qtype, edns, snapshot);
     match q.qtype {
         TYPE_A | TYPE_AAAA => {
+            // Signed: the whole RRset, the one its signature covers, in the weighted order.
+            let k = if signed.is_some() { FAMILY_TARGETS_MAX } else { limits.answer_addresses_max };
             let (count, rdlen) = if q.qtype == TYPE_A {
-                (sample_indices(&m.v4, limits.answer_addresses_max, rng, &mut picked), 4)
+                (sample_indices(&m.v4, k, rng, &mut picked), 4)
             } else {
-                (sample_indices(&m.v6, limits.answer_addresses_max, rng, &mut picked), 16)
+                (sample_indices(&m.v6, k, rng, &mut picked), 16)
             };
             if count == 0 {
                 return negative(p, question, q, origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out);
             }
-            let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + if edns.is_some() { OPT_BYTES } else { 0 };
+            let Some(signed) = signed.unwrap_or(Some(Signatures::NONE)) else { return Fast::Slow };
+            let size =
+                12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + signed.bytes + if edns.is_some() { OPT_BYTES } else { 0 };
             if size > udp_limit {
                 return Fast::Slow; // `respond` truncates
             }
-            header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
+            header(p, out, ResponseCode::NoError, (count + signed.count) as u16, 0, u16::from(edns.is_some()));
             out.extend_from_slice(question);
             for &i in &picked[..count] {
                 if q.qtype == TYPE_A {
@@ -225,6 +233,7 @@ fn answer_at(
                     address_record(out, q.qtype, m.ttl_secs, &m.v6.targets[usize::from(i)].0.octets());
                 }
             }
+            signed.write(entry, q.qtype, out);
             if let Some(edns) = edns {
                 opt(out, limits, edns.dnssec_ok);
             }
@@ -271,20 +280,59 @@ fn static_addresses(
     if count == 0 {
         return negative(p, question, q, snapshot.origin_labels, ResponseCode::NoError, edns, snapshot, limits, udp_limit, out);
     }
+    let Some(signed) = Signatures::of(entry, q.qtype, edns, snapshot).unwrap_or(Some(Signatures::NONE)) else { return Fast::Slow };
     let rdlen = if q.qtype == TYPE_A { 4 } else { 16 };
-    let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + if edns.is_some() { OPT_BYTES } else { 0 };
-    if size > udp_limit || count > usize::from(u16::MAX) {
+    let size = 12 + question.len() + count * (2 + RR_FIXED_BYTES + rdlen) + signed.bytes + if edns.is_some() { OPT_BYTES } else { 0 };
+    if size > udp_limit || count + signed.count > usize::from(u16::MAX) {
         return Fast::Slow; // `respond` truncates
     }
-    header(p, out, ResponseCode::NoError, count as u16, 0, u16::from(edns.is_some()));
+    header(p, out, ResponseCode::NoError, (count + signed.count) as u16, 0, u16::from(edns.is_some()));
     out.extend_from_slice(question);
     for r in entry.statics.raw().filter(|r| r.rtype == wanted && r.rdata.len() == rdlen) {
         address_record(out, q.qtype, r.ttl, r.rdata);
     }
+    signed.write(entry, q.qtype, out);
     if let Some(edns) = edns {
         opt(out, limits, edns.dnssec_ok);
     }
     Fast::Answered(outcome(q.qtype, ResponseCode::NoError, out.len()))
+}
+
+/// The RRSIGs a DO=1 answer of a signed zone carries with the addresses of one name: how
+/// many, and their bytes as written (owner a pointer to the question, RDATA as signed).
+#[derive(Clone, Copy)]
+struct Signatures {
+    count: usize,
+    bytes: usize,
+}
+
+impl Signatures {
+    const NONE: Signatures = Signatures { count: 0, bytes: 0 };
+
+    /// `None`: no signatures asked (no DO, or an unsigned zone). `Some(None)`: asked, but the
+    /// name has none for the type (the reference path answers).
+    fn of(entry: &Entry, qtype: u16, edns: Option<ClientEdns>, snapshot: &Snapshot) -> Option<Option<Signatures>> {
+        if !(edns.is_some_and(|e| e.dnssec_ok) && snapshot.is_signed()) {
+            return None;
+        }
+        let (count, bytes) =
+            rrsigs(entry, RecordType::from(qtype)).fold((0, 0), |(n, b), r| (n + 1, b + 2 + RR_FIXED_BYTES + r.rdata.len()));
+        Some((count > 0).then_some(Signatures { count, bytes }))
+    }
+
+    fn write(self, entry: &Entry, qtype: u16, out: &mut Vec<u8>) {
+        if self.count == 0 {
+            return;
+        }
+        for r in rrsigs(entry, RecordType::from(qtype)) {
+            out.extend_from_slice(&[0xc0, 0x0c]);
+            out.extend_from_slice(&u16::from(RecordType::RRSIG).to_be_bytes());
+            out.extend_from_slice(&CLASS_IN.to_be_bytes());
+            out.extend_from_slice(&r.ttl.to_be_bytes());
+            out.extend_from_slice(&(r.rdata.len() as u16).to_be_bytes());
+            out.extend_from_slice(r.rdata);
+        }
+    }
 }
 
 /// One A or AAAA record of the answer: its owner a pointer to the question's name at offset 12
@@ -340,6 +388,10 @@ fn negative(
     udp_limit: usize,
     out: &mut Vec<u8>,
 ) -> Fast {
+    // A signed zone's denial proofs with DO=1: the reference path (`query::dnssec`).
+    if edns.is_some_and(|e| e.dnssec_ok) && snapshot.is_signed() {
+        return Fast::Slow;
+    }
     header(p, out, rcode, 0, 1, u16::from(edns.is_some()));
     out.extend_from_slice(question);
     // Owner: a pointer to where the origin starts inside the question's name.
