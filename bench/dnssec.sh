@@ -12,26 +12,39 @@
 # process tree (utime+stime, /proc), RSS after signing; the ratio dnsplan/Knot. The servers
 # take turns (dnsplan knot dnsplan knot ...) for --rounds rounds; each figure is the median.
 #
-# Usage: bench/dnssec.sh [--sizes 100000,1000000] [--rounds N]
+# Then serving with DO=1 (--serve N names, default 100000; 0 skips it): dnsplan serving the
+# zone it signs, against NSD serving the same signed zone (dnsplan's AXFR, pre-signed: NSD
+# does not sign), each pinned to core 0 with dnsperf -D (DO=1) on core 1 for --duration
+# seconds, taking turns for --rounds rounds. Two mixes: positives only, and 5% names that do
+# not exist (NXDOMAIN with its NSEC proofs). Figures: answers per server CPU-second (median),
+# the ratio to NSD, and the mean response size.
+#
+# Usage: bench/dnssec.sh [--sizes 100000,1000000] [--rounds N] [--serve N] [--duration SECS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SIZES=100000,1000000
 ROUNDS=3
+SERVE=100000
+DURATION=10
 usage() {
-    echo "usage: bench/dnssec.sh [--sizes N[,N...]] [--rounds N]" >&2
+    echo "usage: bench/dnssec.sh [--sizes N[,N...]] [--rounds N] [--serve N] [--duration SECS]" >&2
     exit 2
 }
 while [ $# -gt 0 ]; do
     case "$1" in
         --sizes) [ $# -ge 2 ] || usage; SIZES=$2; shift 2 ;;
         --rounds) [ $# -ge 2 ] || usage; ROUNDS=$2; shift 2 ;;
+        --serve) [ $# -ge 2 ] || usage; SERVE=$2; shift 2 ;;
+        --duration) [ $# -ge 2 ] || usage; DURATION=$2; shift 2 ;;
         -h | --help) usage ;;
         *) echo "unknown argument: $1" >&2; usage ;;
     esac
 done
 [[ "$SIZES" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "--sizes: a comma-separated list of numbers" >&2; exit 2; }
 [[ "$ROUNDS" =~ ^[0-9]+$ ]] && [ "$ROUNDS" -ge 1 ] || { echo "--rounds: a number, at least 1" >&2; exit 2; }
+[[ "$SERVE" =~ ^[0-9]+$ ]] || { echo "--serve: a number of names (0: no serving run)" >&2; exit 2; }
+[[ "$DURATION" =~ ^[0-9]+$ ]] && [ "$DURATION" -ge 1 ] || { echo "--duration: a number of seconds" >&2; exit 2; }
 
 ORIGIN=sign.test.
 LOAD_TIMEOUT_SECS=1800
@@ -39,7 +52,7 @@ STOP_TIMEOUT_SECS=20
 export PATH="$PATH:/usr/sbin:/sbin"
 
 missing=""
-for pair in knotd:knot keymgr:knot dig:bind9-dnsutils; do
+for pair in knotd:knot keymgr:knot dig:bind9-dnsutils nsd:nsd dnsperf:dnsperf taskset:util-linux; do
     command -v "${pair%%:*}" > /dev/null || missing="$missing ${pair#*:}"
 done
 if [ -n "$missing" ]; then
@@ -235,4 +248,106 @@ for n in "${sizes[@]}"; do
     done
     printf '%-9s dnsplan/knot, time to serve signed: %.2f\n' "$n" "$(echo "${med[dnsplan]} / ${med[knot]}" | bc -l)"
     rm -f "$WORK/zone.$n"
+done
+
+[ "$SERVE" -ge 1 ] || exit 0
+[ "$(nproc)" -ge 2 ] || { echo "serving needs at least 2 cores (server on core 0, dnsperf on core 1)" >&2; exit 1; }
+
+# Serving with DO=1: dnsplan (signing its zone) and NSD (serving dnsplan's signed AXFR).
+n=$SERVE
+zone_file "$n" "$WORK/zone.$n"
+dir=$WORK/serve
+rm -rf "$dir"
+mkdir -p "$dir/nsd"
+# The queries: positives, and the same with 5% names that do not exist.
+awk -v n="$n" -v o="$ORIGIN" 'BEGIN { srand(7); for (i = 0; i < 500000; i++) printf "h%d.%s A\n", int(rand() * n), o }' > "$dir/pos"
+awk -v n="$n" -v o="$ORIGIN" 'BEGIN { srand(8); for (i = 0; i < 500000; i++) { if (rand() < 0.05) printf "nx%d.%s A\n", i, o; else printf "h%d.%s A\n", int(rand() * n), o } }' > "$dir/nx"
+
+# Waits until the server on $PORT serves the last name signed; $1 its pid, $2 its log.
+wait_signed() {
+    local i
+    for ((i = 0; i < LOAD_TIMEOUT_SECS * 50; i++)); do
+        alive "$1" || { echo "exited; its log:" >&2; tail -20 "$2" >&2; exit 1; }
+        signed_answer "$PORT" "h$((n - 1)).$ORIGIN" && return
+        sleep 0.02
+    done
+    echo "did not serve the signed zone within ${LOAD_TIMEOUT_SECS}s; its log:" >&2
+    tail -20 "$2" >&2
+    exit 1
+}
+
+# dnsplan's config for this zone (`dnsplan_run` writes it), transfers allowed from loopback
+# (for NSD's copy), and its signed AXFR for NSD.
+dnsplan_run "$n" 1
+printf '[dns.transfer]\ntsig_required = false\n[[dns.transfer.secondaries]]\naddress = "127.0.0.1/32"\n' >> "$WORK/dnsplan/authority.toml"
+cp "$WORK/zone.$n" "$WORK/dnsplan/zone.db"
+"$BIN/dnsplan-authority" --config "$WORK/dnsplan/authority.toml" > "$dir/axfr.log" 2>&1 &
+apid=$!
+PIDS="$PIDS $apid"
+wait_signed "$apid" "$dir/axfr.log"
+# The AXFR without its closing SOA, which NSD would read as a second one.
+dig @127.0.0.1 -p "$PORT" "$ORIGIN" AXFR +noall +answer | awk '$4 == "SOA" && seen++ { next } { print }' > "$dir/sign.test.zone"
+stop_tree "$apid"
+PIDS=${PIDS// $apid/}
+grep -q RRSIG "$dir/sign.test.zone" || { echo "the AXFR has no signatures" >&2; exit 1; }
+cat > "$dir/nsd/nsd.conf" << EOF
+server:
+    ip-address: 127.0.0.1@$PORT
+    server-count: 1
+    username: ""
+    chroot: ""
+    database: ""
+    zonesdir: "$dir"
+    pidfile: "$dir/nsd/nsd.pid"
+    xfrdfile: "$dir/nsd/xfrd.state"
+    zonelistfile: "$dir/nsd/zone.list"
+    xfrdir: "$dir/nsd"
+    zonefiles-write: 0
+    minimal-responses: yes
+    rrl-ratelimit: 0
+    rrl-whitelist-ratelimit: 0
+    verbosity: 1
+remote-control:
+    control-enable: no
+zone:
+    name: $ORIGIN
+    zonefile: sign.test.zone
+EOF
+
+declare -A QPC=() SIZE=()
+for ((r = 0; r < ROUNDS; r++)); do
+    for server in dnsplan nsd; do
+        if [ "$server" = dnsplan ]; then
+            taskset -c 0 "$BIN/dnsplan-authority" --config "$WORK/dnsplan/authority.toml" > "$dir/dnsplan.log" 2>&1 &
+        else
+            taskset -c 0 nsd -d -c "$dir/nsd/nsd.conf" > "$dir/nsd.log" 2>&1 &
+        fi
+        spid=$!
+        PIDS="$PIDS $spid"
+        wait_signed "$spid" "$dir/$server.log"
+        for mix in pos nx; do
+            read -r t0 _ < <(tree_ticks "$spid")
+            taskset -c 1 dnsperf -D -s 127.0.0.1 -p "$PORT" -d "$dir/$mix" -l "$DURATION" -c 8 -q 100 > "$dir/out" 2>&1 \
+                || { echo "dnsperf failed against $server" >&2; tail -20 "$dir/out" >&2; exit 1; }
+            read -r t1 _ < <(tree_ticks "$spid")
+            completed=$(awk '/Queries completed:/ { print $3 }' "$dir/out")
+            bytes=$(awk '/Average packet size:/ { print $NF }' "$dir/out")
+            qpc=$(echo "$completed / (($t1 - $t0) / $CLK_TCK)" | bc -l)
+            QPC[$server.$mix]="${QPC[$server.$mix]-} $qpc"
+            SIZE[$server.$mix]=$bytes
+            printf '  round %d %-8s %-4s %10.0f answers per CPU-s, %s bytes\n' "$r" "$server" "$mix" "$qpc" "$bytes" >&2
+        done
+        stop_tree "$spid"
+        PIDS=${PIDS// $spid/}
+    done
+done
+echo
+echo "serving with DO=1: $n names, server on core 0, dnsperf -D on core 1, ${DURATION}s a run, $ROUNDS rounds (median)"
+printf '%-5s %-8s %14s %10s %12s\n' mix server "answers/CPU-s" "vs NSD" "bytes/answer"
+for mix in pos nx; do
+    base=$(tr ' ' '\n' <<< "${QPC[nsd.$mix]}" | grep . | median)
+    for server in dnsplan nsd; do
+        m=$(tr ' ' '\n' <<< "${QPC[$server.$mix]}" | grep . | median)
+        printf '%-5s %-8s %14.0f %10.2f %12s\n' "$mix" "$server" "$m" "$(echo "$m / $base" | bc -l)" "${SIZE[$server.$mix]}"
+    done
 done
