@@ -59,10 +59,10 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
             crate::out!("zone {} served: serial {}, {} names", info.origin, info.serial, info.names);
             Ok(ExitCode::SUCCESS)
         }
-        // Made and shown on this machine; `main` runs them before any client is built.
-        command @ (ZoneCommand::Key { .. } | ZoneCommand::Ds { .. }) => {
-            crate::zone_key::run(command, client.format).map_err(|e| CliError::Failed(format!("{e:#}")))?;
-            Ok(ExitCode::SUCCESS)
+        // Made and shown on this machine: `main` runs them (`zone_key`) before any client is
+        // built, so they never come here.
+        ZoneCommand::Key { .. } | ZoneCommand::Ds { .. } => {
+            Err(CliError::Failed("`zone key new` and `zone ds` run on this machine, without a control API".into()))
         }
         ZoneCommand::Remove { name, managed } => {
             if managed {
