@@ -383,6 +383,8 @@ pub struct Metrics {
     managed_endpoints_not_served: Gauge,
     applied_changes: Gauge,
     soa_serial: Gauge,
+    /// A signed zone's oldest signatures' expiry (seconds since the epoch), 0 unsigned.
+    signatures_expire: Gauge,
     /// `dnsplan_static_zones{source}`: how many static zones are served (per-zone figures are
     /// in `GET /v1/zones`, not here: one series per zone would be 100,000 series at 100,000
     /// zones).
@@ -575,6 +577,13 @@ impl Metrics {
             "The SOA serial served: serial_base plus the store's content-change count (it moves only when served records change)",
             soa_serial.clone(),
         );
+        let signatures_expire = Gauge::default();
+        registry.register(
+            "dnssec_signatures_expire_timestamp_seconds",
+            "A signed zone's ([dns_zone.dnssec]) earliest signature expiry, seconds since the epoch (every RRset is signed again \
+             once less than signature_refresh_days is left); 0 for an unsigned zone",
+            signatures_expire.clone(),
+        );
         let static_zones = Family::<ZoneSourceLabels, Gauge>::default();
         registry.register(
             "static_zones",
@@ -641,6 +650,7 @@ impl Metrics {
             managed_endpoints_not_served,
             applied_changes,
             soa_serial,
+            signatures_expire,
             static_zones,
             added_zones,
             added_zone_secondaries,
@@ -726,12 +736,18 @@ impl Metrics {
     /// only the per-endpoint series of the endpoints in it are touched, so the cost follows
     /// the change, not the zone. Without one (the first build, a `full` delta, or the zone
     /// crossing `PER_ENDPOINT_SERIES_MAX`), the series are rebuilt from the whole snapshot.
+    /// When `snapshot`'s oldest signatures expire (a signed zone's; 0 unsigned).
+    pub fn observe_signatures(&self, snapshot: &Snapshot) {
+        self.signatures_expire.set(snapshot.signatures_expire_at().map_or(0, i64::from));
+    }
+
     pub fn observe_snapshot(&self, snapshot: &Snapshot, changed: Option<&ActiveDelta>, build_seconds: f64) {
         self.snapshot_swap_seconds.observe(build_seconds);
         self.managed_endpoints.set(snapshot.managed_count() as i64);
         self.managed_endpoints_not_served.set(snapshot.not_served_count() as i64);
         self.applied_changes.set(snapshot.applied_changes as i64);
         self.soa_serial.set(i64::from(snapshot.serial));
+        self.observe_signatures(snapshot);
         let (min, max) = snapshot.generation_range().map_or((0, 0), |(lo, hi)| (lo.0 as i64, hi.0 as i64));
         self.active_generation_min.set(min);
         self.active_generation_max.set(max);
@@ -883,6 +899,7 @@ impl Metrics {
             managed_endpoints_not_served: Gauge::default(),
             applied_changes: Gauge::default(),
             soa_serial: Gauge::default(),
+            signatures_expire: Gauge::default(),
             static_zones: Family::default(),
             added_zones: Family::default(),
             added_zone_secondaries: Family::default(),

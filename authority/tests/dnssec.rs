@@ -183,6 +183,16 @@ async fn signed_zone_validates(algorithm: ZoneAlgorithm) -> anyhow::Result<()> {
         ],
     );
 
+    // The metric the expiry alert reads: 14 days (the default validity) from the signing.
+    let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+    let expires = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no dnsplan_dnssec_signatures_expire_timestamp_seconds in:\n{metrics}"));
+    let in_14_days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64() + 14.0 * 86_400.0;
+    assert!((expires - in_14_days).abs() < 600.0, "signatures expire at {expires}, not about {in_14_days}");
+
     let wrong = ZoneKey::generate(algorithm)?.0;
     let other = anchor_file(dir.path(), "other.conf", &wrong);
     let (verdict, all) = delv(&other, server, "www.example.test.", "A");

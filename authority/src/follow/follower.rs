@@ -158,6 +158,7 @@ impl Serving {
                 // A secondary at this serial holds the signatures before: the next change
                 // reaches it as a whole zone.
                 *journal = crate::zone::journal::Journal::cut(next.serial, self.transfer.ixfr_history_names_max());
+                self.metrics.observe_signatures(&next);
                 // Only over the snapshot it started from: `follow` is the only writer.
                 self.snapshot.store(Arc::new(next));
                 drop(journal);

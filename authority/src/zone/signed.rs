@@ -102,6 +102,12 @@ impl Snapshot {
         self.get_key(&chain[at])
     }
 
+    /// When the oldest signature served expires (seconds since the epoch); `None` unsigned.
+    pub fn signatures_expire_at(&self) -> Option<u32> {
+        let signer = self.zone.signer.as_ref()?;
+        self.is_signed().then(|| self.signed_all_at.wrapping_add(signer.validity_secs))
+    }
+
     /// Whether a full re-signing is due: the oldest signature has less than the refresh
     /// time left.
     pub fn resign_due(&self, now: u32) -> bool {
