@@ -311,6 +311,10 @@ mod tests {
         snapshot.resign_all(later);
         assert!(!snapshot.resign_due(later));
         assert_ne!(snapshot.get_key(&www).expect("www").statics.signed_bytes(), &before[..], "signed again");
+        // A whole state rebuilt on the static names serves their first signatures: it is as
+        // old as they are, so due at once.
+        let rebuilt = snapshot.apply(&dnsplan_common::store::ActiveDelta { full: true, ..Default::default() });
+        assert!(rebuilt.resign_due(later), "a rebuild on the static names' first signatures is due");
     }
 
     fn key(name: &str) -> Vec<u8> {

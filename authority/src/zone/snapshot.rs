@@ -533,6 +533,9 @@ pub struct Snapshot {
     pub(super) chain: Option<Arc<Vec<Box<[u8]>>>>,
     /// The chain of the static names alone (`statics`'s).
     statics_chain: Option<Arc<Vec<Box<[u8]>>>>,
+    /// When the static names' signatures (`statics`'s) were made: a whole state rebuilt on
+    /// them serves those, so it is as old as they are (`resign_due`).
+    statics_signed_at: u32,
     /// Names changed since they were last signed (a signed zone's), signed at `set_serial`.
     pub(super) unsigned: Vec<Box<[u8]>>,
     /// When every signature was last made again (seconds since the epoch): the oldest any
@@ -609,6 +612,7 @@ impl Snapshot {
             not_served: Arc::default(),
             chain: None,
             statics_chain: None,
+            statics_signed_at: 0,
             unsigned: Vec::new(),
             signed_all_at: 0,
             last_signed: Some(Arc::default()),
@@ -622,6 +626,7 @@ impl Snapshot {
         snapshot.set_serial(0, 0);
         snapshot.statics = snapshot.shards.clone();
         snapshot.statics_chain = snapshot.chain.clone();
+        snapshot.statics_signed_at = snapshot.signed_all_at;
         snapshot
     }
 
@@ -663,8 +668,9 @@ impl Snapshot {
             not_served: Arc::default(),
             chain: self.statics_chain.clone(),
             statics_chain: self.statics_chain.clone(),
+            statics_signed_at: self.statics_signed_at,
             unsigned: Vec::new(),
-            signed_all_at: self.signed_all_at,
+            signed_all_at: self.statics_signed_at,
             last_signed: None,
         }
     }
