@@ -10,7 +10,9 @@
 # authorities' and stores' logs on stderr; dnsplan_etcd=trace times every etcd call.
 # --full-only=RUNS times only the full plan, embedded, RUNS times on a new store each (with
 # the baseline), to see the spread of that one figure.
-# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--full-only=RUNS] [ENDPOINTS]
+# --dnssec has the authority behind the control API sign the zone, so publish-to-served
+# includes signing what each change touches.
+# Usage: bench/plans.sh [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--full-only=RUNS] [--dnssec] [ENDPOINTS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p dnsplan-chaos --bin plans-bench --locked

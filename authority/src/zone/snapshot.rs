@@ -420,18 +420,21 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// What this name's signatures cover: its records, and a managed endpoint's TTL and
-    /// eligible addresses (not its generation, nor its weights).
-    fn signs(&self) -> Vec<u8> {
-        let mut covered = self.statics.bytes().to_vec();
+    /// What this name's signatures cover, hashed: its records, and a managed endpoint's TTL
+    /// and eligible addresses (not its generation, nor its weights). A hash, not a copy: a
+    /// plan that moves every fence calls this twice per name, and copies cost a signed zone
+    /// of 100,000 names milliseconds per change.
+    fn signs(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.statics.bytes().hash(&mut hasher);
         if let Some(m) = &self.managed {
-            covered.push(0xff);
-            covered.extend_from_slice(&m.ttl_secs.to_be_bytes());
-            covered.extend(m.v4.targets.iter().flat_map(|(a, _)| a.octets()));
-            covered.push(0xfe);
-            covered.extend(m.v6.targets.iter().flat_map(|(a, _)| a.octets()));
+            m.ttl_secs.hash(&mut hasher);
+            m.v4.targets.iter().for_each(|(a, _)| a.hash(&mut hasher));
+            0xfeu8.hash(&mut hasher);
+            m.v6.targets.iter().for_each(|(a, _)| a.hash(&mut hasher));
         }
-        covered
+        hasher.finish()
     }
 
     pub fn has_data(&self) -> bool {

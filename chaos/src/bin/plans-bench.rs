@@ -14,7 +14,10 @@
 //! with `--max-txn-ops N` and lets the enactors' stores use it (etcd's default is 128, 31
 //! endpoint switches per transaction).
 //!
-//! Usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [ENDPOINTS]
+//! `--dnssec`: the authority behind the control API signs the zone (`[dns_zone.dnssec]`, an
+//! ECDSA key of its own), so publish-to-served includes signing what each change touches.
+//!
+//! Usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--dnssec] [ENDPOINTS]
 //! (default 10000)
 
 use anyhow::Context;
@@ -517,10 +520,11 @@ async fn main() -> anyhow::Result<()> {
     if std::env::var_os("RUST_LOG").is_some() {
         dnsplan_common::daemon::init(dnsplan_common::daemon::LogFormat::Text);
     }
-    let (mut n, mut etcd, mut in_memory, mut txn_ops, mut full_only) = (10_000usize, true, false, None, None);
+    let (mut n, mut etcd, mut in_memory, mut txn_ops, mut full_only, mut dnssec) = (10_000usize, true, false, None, None, false);
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--no-etcd" => etcd = false,
+            "--dnssec" => dnssec = true,
             other if other.starts_with("--full-only=") => {
                 let value = &other["--full-only=".len()..];
                 full_only = Some(value.parse::<usize>().with_context(|| format!("--full-only takes a number, not {value:?}"))?);
@@ -533,7 +537,7 @@ async fn main() -> anyhow::Result<()> {
             other => {
                 n = other.parse().with_context(|| {
                     format!(
-                        "ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--full-only=RUNS] [ENDPOINTS]"
+                        "ENDPOINTS must be a number, not {other:?}; usage: plans-bench [--no-etcd] [--etcd-in-memory] [--etcd-max-txn-ops=N] [--full-only=RUNS] [--dnssec] [ENDPOINTS]"
                     )
                 })?
             }
@@ -589,7 +593,13 @@ async fn main() -> anyhow::Result<()> {
     let remote_dir = dir.path().join("remote");
     std::fs::create_dir_all(&remote_dir)?;
     let store = SledStore::open(remote_dir.join("store"))?;
-    let authority = Authority::start(store, &remote_dir).await?;
+    let mut options = dnsplan_tests::stack::AuthorityOptions::default();
+    if dnssec {
+        dnsplan_common::dnssec::ZoneKey::create(&remote_dir.join("zone.key"), dnsplan_common::dnssec::ZoneAlgorithm::EcdsaP256Sha256)?;
+        options.extra_config = "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n".into();
+        println!("the authority behind the control API signs the zone (ECDSA P-256)");
+    }
+    let authority = Authority::start_with(store, &remote_dir, &options).await?;
     let remote = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
     let stop = start_enactors(remote.clone())?;
     let last = phases("remote", &remote, &names).await?;
