@@ -98,18 +98,10 @@ impl std::fmt::Debug for ZoneKey {
 impl ZoneKey {
     /// Loads the key at `path`, refusing a file that others may read (mode bits 077 set).
     pub fn load(path: &Path) -> Result<ZoneKey, ZoneKeyError> {
-        let read = |error| ZoneKeyError::Read { path: path.to_owned(), error };
-        let metadata = std::fs::metadata(path).map_err(read)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = metadata.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(ZoneKeyError::Exposed { path: path.to_owned(), mode });
-            }
-        }
-        let _ = metadata;
-        let pem = std::fs::read(path).map_err(read)?;
+        let pem = crate::signing::read_owner_only(path).map_err(|err| match err {
+            crate::signing::OwnerOnly::Read(error) => ZoneKeyError::Read { path: path.to_owned(), error },
+            crate::signing::OwnerOnly::Exposed(mode) => ZoneKeyError::Exposed { path: path.to_owned(), mode },
+        })?;
         let der = PrivatePkcs8KeyDer::from_pem_slice(&pem).map_err(|_| ZoneKeyError::NotPem { path: path.to_owned() })?;
         ZoneKey::from_pkcs8(&der).ok_or_else(|| ZoneKeyError::Algorithm { path: path.to_owned() })
     }

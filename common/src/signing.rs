@@ -51,6 +51,30 @@ pub fn public_key_text(key: &[u8; 32]) -> String {
     data_encoding::BASE64.encode(key)
 }
 
+/// Why a private key file was not read (`read_owner_only`).
+#[derive(Debug)]
+pub enum OwnerOnly {
+    Read(std::io::Error),
+    /// Group or others may read it: its mode.
+    Exposed(u32),
+}
+
+/// The bytes of a private key file, refused when any group or other mode bit (077) is set:
+/// plan signing keys and DNSSEC zone keys (`dnssec`) are read through here.
+pub fn read_owner_only(path: &Path) -> Result<Vec<u8>, OwnerOnly> {
+    let metadata = std::fs::metadata(path).map_err(OwnerOnly::Read)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(OwnerOnly::Exposed(mode));
+        }
+    }
+    let _ = metadata;
+    std::fs::read(path).map_err(OwnerOnly::Read)
+}
+
 /// An author's private key, loaded from a PEM file (PKCS#8, as `dnsplan key new` and
 /// `openssl genpkey -algorithm ed25519` write it) that only its owner may read.
 pub struct SigningKey {
@@ -80,18 +104,10 @@ pub enum KeyFileError {
 impl SigningKey {
     /// Loads the key at `path`, refusing a file that others may read (mode bits 077 set).
     pub fn load(path: &Path) -> Result<SigningKey, KeyFileError> {
-        let read = |error| KeyFileError::Read { path: path.to_owned(), error };
-        let metadata = std::fs::metadata(path).map_err(read)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = metadata.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                return Err(KeyFileError::Exposed { path: path.to_owned(), mode });
-            }
-        }
-        let _ = metadata;
-        let pem = std::fs::read(path).map_err(read)?;
+        let pem = read_owner_only(path).map_err(|err| match err {
+            OwnerOnly::Read(error) => KeyFileError::Read { path: path.to_owned(), error },
+            OwnerOnly::Exposed(mode) => KeyFileError::Exposed { path: path.to_owned(), mode },
+        })?;
         let der = PrivatePkcs8KeyDer::from_pem_slice(&pem).map_err(|_| KeyFileError::NotPem { path: path.to_owned() })?;
         let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der.secret_pkcs8_der())
             .map_err(|e| KeyFileError::NotEd25519 { path: path.to_owned(), reason: e.to_string() })?;
