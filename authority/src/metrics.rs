@@ -732,21 +732,22 @@ impl Metrics {
         }
     }
 
+    /// When `snapshot`'s oldest signatures expire (a signed zone's; 0 unsigned), and its
+    /// serial, which a signing of every name moves.
+    pub fn observe_signatures(&self, snapshot: &Snapshot) {
+        self.signatures_expire.set(snapshot.signatures_expire_at().map_or(0, i64::from));
+        self.soa_serial.set(i64::from(snapshot.serial));
+    }
+
     /// After a swap to `snapshot`. `changed` is the delta it was merged from, if any: then
     /// only the per-endpoint series of the endpoints in it are touched, so the cost follows
     /// the change, not the zone. Without one (the first build, a `full` delta, or the zone
     /// crossing `PER_ENDPOINT_SERIES_MAX`), the series are rebuilt from the whole snapshot.
-    /// When `snapshot`'s oldest signatures expire (a signed zone's; 0 unsigned).
-    pub fn observe_signatures(&self, snapshot: &Snapshot) {
-        self.signatures_expire.set(snapshot.signatures_expire_at().map_or(0, i64::from));
-    }
-
     pub fn observe_snapshot(&self, snapshot: &Snapshot, changed: Option<&ActiveDelta>, build_seconds: f64) {
         self.snapshot_swap_seconds.observe(build_seconds);
         self.managed_endpoints.set(snapshot.managed_count() as i64);
         self.managed_endpoints_not_served.set(snapshot.not_served_count() as i64);
         self.applied_changes.set(snapshot.applied_changes as i64);
-        self.soa_serial.set(i64::from(snapshot.serial));
         self.observe_signatures(snapshot);
         let (min, max) = snapshot.generation_range().map_or((0, 0), |(lo, hi)| (lo.0 as i64, hi.0 as i64));
         self.active_generation_min.set(min);

@@ -126,9 +126,20 @@ async fn serial(server: SocketAddr) -> anyhow::Result<u32> {
 /// `server`'s whole zone by `dig AXFR` with the key: every record as dig prints it (owner,
 /// TTL, class, type, data; whitespace made single), sorted, the TSIG records left out.
 fn axfr(dig: &std::path::Path, server: SocketAddr) -> anyhow::Result<Vec<String>> {
+    axfr_signed(dig, server, true)
+}
+
+/// As `axfr`, without TSIG.
+fn axfr_open(dig: &std::path::Path, server: SocketAddr) -> anyhow::Result<Vec<String>> {
+    axfr_signed(dig, server, false)
+}
+
+fn axfr_signed(dig: &std::path::Path, server: SocketAddr, tsig: bool) -> anyhow::Result<Vec<String>> {
+    let key = tsig.then(|| ["-y".to_owned(), format!("hmac-sha256:{KEY_NAME}:{SECRET}")]);
     let out = Command::new(dig)
         .args(["-p", &server.port().to_string(), &format!("@{}", server.ip()), ORIGIN, "AXFR", "+time=5", "+tries=1"])
-        .args(["+noall", "+answer", "-y", &format!("hmac-sha256:{KEY_NAME}:{SECRET}")])
+        .args(["+noall", "+answer"])
+        .args(key.iter().flatten())
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut records: Vec<String> = text
@@ -523,6 +534,125 @@ async fn knot_nsd_and_bind_hold_a_signed_zone_and_their_answers_validate() -> an
     drop(all);
     drop((knot, nsd, bind));
     authority.stop().await
+}
+
+/// A quiet signed zone (no plan for eight days) is signed again before its signatures
+/// expire, and its secondary must get the new signatures: the serial moves with the signing,
+/// the secondary is notified and transfers the zone. Without that, a secondary keeps the old
+/// signatures until they expire and its answers stop validating.
+///
+/// The authority runs as shipped; libfaketime (Debian package libfaketime) moves its clock
+/// eight days on, read from a file at each call. Knot, the secondary, keeps the real clock,
+/// so the transfer is not signed with TSIG (whose time check would refuse a clock 8 days
+/// ahead): Knot's ACL allows loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_signed_zone_signed_again_reaches_its_secondary_with_a_new_serial() -> anyhow::Result<()> {
+    use dnsplan_common::dnssec::{ZoneAlgorithm, ZoneKey};
+    let dig = which("dig", "bind9-dnsutils")?;
+    let faketime = libfaketime()?;
+    let dir = tempfile::tempdir()?;
+    ZoneKey::create(&dir.path().join("zone.key"), ZoneAlgorithm::EcdsaP256Sha256)?;
+    let clock = dir.path().join("clock");
+    std::fs::write(&clock, "+0\n")?;
+    let port = dnsplan_tests::knot::free_port()?;
+    let knot = Knot::start(&KnotSpec {
+        zones: vec![KnotZone { origin: ORIGIN.into(), text: None, zone_extra: vec!["master: primary".into(), "acl: loopback".into()] }],
+        keys: Vec::new(),
+        extra_config: format!(
+            "remote:\n  - id: primary\n    address: 127.0.0.1@{port}\nacl:\n  - id: loopback\n    address: 127.0.0.1\n    action: [notify, transfer]\n"
+        ),
+    })
+    .await?;
+    let text = support::config_text(&dir.path().join("data"), 8).replacen(
+        "listen = [\"127.0.0.1:0\"]",
+        &format!("listen = [\"127.0.0.1:{port}\"]"),
+        1,
+    ) + "[dns.transfer]\ntsig_required = false\n"
+        + &format!("[[dns.transfer.secondaries]]\naddress = \"127.0.0.1/32\"\nnotify = \"{}\"\n", knot.addr())
+        + "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n";
+    let env: [(&str, &std::ffi::OsStr); 4] = [
+        ("LD_PRELOAD", faketime.as_os_str()),
+        ("FAKETIME_TIMESTAMP_FILE", clock.as_os_str()),
+        ("FAKETIME_NO_CACHE", "1".as_ref()),
+        // Timers and timeouts keep the real pace; only the wall clock moves.
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".as_ref()),
+    ];
+    let authority = support::AuthorityProcess::start_zone_env(dir.path(), &text, support::ZONE_FILE, &env)?;
+    let store = dnsplan_common::store::remote::RemoteStore::new(&authority.control, Some(support::TOKEN.into()))?;
+    let dns = SocketAddr::from(([127, 0, 0, 1], port));
+    support::publish_and_apply(&store, &plan(1, &first(), &[])).await?;
+    // The plan is served once its names answer; the serial is read after.
+    let deadline = Instant::now() + CONVERGE_DEADLINE;
+    while !dnsplan_common::dns_probe::query(dns, &name("moved"), dnsplan_common::dns_probe::RecordType::A, Duration::from_millis(200))
+        .await
+        .is_ok_and(|a| !a.addresses.is_empty())
+    {
+        anyhow::ensure!(Instant::now() < deadline, "{dns} did not serve the first plan within {CONVERGE_DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_serial = serial(dns).await?;
+    let knot_secondary = [Secondary { who: "knot", addr: knot.addr(), logs: Box::new(|| knot.logs()) }];
+    let ours = until_equal(&dig, dns, &knot_secondary, first_serial, "the first plan").await?;
+
+    // Eight days on, nothing published: the signatures have less than the refresh time (7
+    // days of 14) left. The follower looks when its wait on the store ends (30 s at most).
+    std::fs::write(&clock, "+8d\n")?;
+    let resigned = until_serial(dns, |serial| serial.is_some_and(|s| s != first_serial)).await?;
+    assert_eq!(resigned, first_serial.wrapping_add(8), "the serial moves with the day of the signing");
+    let after = until_equal(&dig, dns, &knot_secondary, resigned, "the zone signed again").await?;
+    let rrsigs = |lines: &[String]| lines.iter().filter(|l| l.split(' ').nth(3) == Some("RRSIG")).cloned().collect::<BTreeSet<_>>();
+    let (old, new) = (rrsigs(&ours), rrsigs(&after));
+    assert!(!new.is_empty() && old.is_disjoint(&new), "every signature was made again: {} old, {} new", old.len(), new.len());
+    drop(knot_secondary);
+    drop(knot);
+    drop(authority);
+    Ok(())
+}
+
+/// The serial `dns` serves once `want` accepts it, polled for up to 60 s (the follower's
+/// 30-second wait on the store, twice).
+async fn until_serial(dns: SocketAddr, want: impl Fn(Option<u32>) -> bool) -> anyhow::Result<u32> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = serial(dns).await.ok();
+        if want(got)
+            && let Some(got) = got
+        {
+            return Ok(got);
+        }
+        anyhow::ensure!(Instant::now() < deadline, "{dns} did not serve the serial wanted within 60 s: {got:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Once each of `secondaries` serves `want`, their whole AXFR equals ours (returned).
+async fn until_equal(
+    dig: &std::path::Path,
+    dns: SocketAddr,
+    secondaries: &[Secondary<'_>],
+    want: u32,
+    step: &str,
+) -> anyhow::Result<Vec<String>> {
+    converge(secondaries, want, step).await?;
+    let ours = axfr_open(dig, dns)?;
+    for s in secondaries {
+        let wrong = differences(&ours, &axfr_open(dig, s.addr)?);
+        anyhow::ensure!(
+            wrong.is_empty(),
+            "after {step}, serial {want}: {} differs from dnsplan:\n{}\n{}",
+            s.who,
+            wrong.join("\n"),
+            (s.logs)()
+        );
+    }
+    Ok(ours)
+}
+
+/// libfaketime's preload library, or a failure saying what to install.
+fn libfaketime() -> anyhow::Result<std::path::PathBuf> {
+    let path = std::path::PathBuf::from(format!("/usr/lib/{}-linux-gnu/faketime/libfaketime.so.1", std::env::consts::ARCH));
+    anyhow::ensure!(path.is_file(), "{} is missing; install it with `apt-get install -y libfaketime` (./test does)", path.display());
+    Ok(path)
 }
 
 /// `name` from PATH or Debian's sbin directories; missing is a failing test saying what to

@@ -137,8 +137,9 @@ impl Serving {
 
     /// A signed zone whose oldest signatures have less than `signature_refresh_days` left is
     /// signed again whole, the zone changed or not (the follower looks each time its wait on
-    /// the store ends, at least every `FOLLOW_WAIT`). The serial does not move: the records
-    /// are the same.
+    /// the store ends, at least every `FOLLOW_WAIT`). The serial moves (`Snapshot::signing_day`)
+    /// and the secondaries are notified, so that they transfer the new signatures before
+    /// theirs expire.
     async fn resign_if_due(&self) {
         let current = self.snapshot.load_full();
         let now = crate::zone::signed::unix_now();
@@ -159,11 +160,14 @@ impl Serving {
                 // reaches it as a whole zone.
                 *journal = crate::zone::journal::Journal::cut(next.serial, self.transfer.ixfr_history_names_max());
                 self.metrics.observe_signatures(&next);
+                let serial = next.serial;
                 // Only over the snapshot it started from: `follow` is the only writer.
                 self.snapshot.store(Arc::new(next));
                 drop(journal);
+                self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
                 tracing::info!(
                     seconds = started.elapsed().as_secs_f64(),
+                    serial,
                     "every RRset of the signed zone signed again before its signatures expire"
                 );
             }

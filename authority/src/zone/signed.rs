@@ -33,6 +33,9 @@ use std::sync::Arc;
 /// this much still takes it.
 const INCEPTION_BACKDATE_SECS: u32 = 3_600;
 
+/// A day in seconds: the unit of `Snapshot::signing_day`.
+pub const SECS_PER_DAY: u32 = 86_400;
+
 /// Seconds since the epoch, mod 2^32 (RRSIG times are RFC 1982 serials).
 pub fn unix_now() -> u32 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as u32)
@@ -115,11 +118,23 @@ impl Snapshot {
         self.is_signed() && now.wrapping_sub(self.signed_all_at) >= signer.validity_secs - signer.refresh_secs
     }
 
-    /// Every signature made again at `now` (`resign_due`), the chain made again too.
+    /// Every signature made again at `now` (`resign_due`), the chain made again too. The
+    /// serial moves with the day of the signing, so that secondaries transfer the new
+    /// signatures (a due re-signing is at least a day after the last one: refresh is below
+    /// validity, both in whole days).
     pub fn resign_all(&mut self, now: u32) {
         if let Some(signer) = self.zone.signer.clone() {
             self.sign_everything(&signer, now);
+            self.set_serial(self.applied_changes, self.content_changes);
+            self.last_signed = None;
         }
+    }
+
+    /// Whether the next `sign_unsigned` signs every name: nothing signed yet, or so many
+    /// names changed that signing them all on both cores costs less.
+    pub(super) fn signs_everything_next(&self) -> bool {
+        let chain_len = self.chain.as_ref().map_or(0, |c| c.len());
+        self.chain.is_none() || self.unsigned.len() > 64 && self.unsigned.len() * 8 > chain_len
     }
 
     /// Whether the entry at `key` owns an NSEC: it has data, and it is not below a delegation.
@@ -137,12 +152,11 @@ impl Snapshot {
     pub(super) fn sign_unsigned(&mut self) {
         let Some(signer) = self.zone.signer.clone() else { return };
         let now = unix_now();
-        let mut pending = std::mem::take(&mut self.unsigned);
-        let chain_len = self.chain.as_ref().map_or(0, |c| c.len());
-        if self.chain.is_none() || pending.len() > 64 && pending.len() * 8 > chain_len {
+        if self.signs_everything_next() {
             self.sign_everything(&signer, now);
             return;
         }
+        let mut pending = std::mem::take(&mut self.unsigned);
         pending.sort_unstable();
         pending.dedup();
         let mut to_sign: Vec<Box<[u8]>> = Vec::with_capacity(pending.len() * 2);
@@ -199,6 +213,7 @@ impl Snapshot {
             }
         }
         self.signed_all_at = now;
+        self.signing_day = self.signing_day.max(now / SECS_PER_DAY);
         self.last_signed = None;
     }
 
@@ -308,13 +323,34 @@ mod tests {
         assert!(!before.is_empty(), "www is signed");
         let later = now + 8 * 86_400;
         assert!(snapshot.resign_due(later));
+        let serial = snapshot.serial;
+        assert_eq!(serial, 1 + now / SECS_PER_DAY, "the base, no change, the day of the first signing");
+        assert_eq!(soa_serial(&snapshot), serial);
         snapshot.resign_all(later);
         assert!(!snapshot.resign_due(later));
         assert_ne!(snapshot.get_key(&www).expect("www").statics.signed_bytes(), &before[..], "signed again");
+        // Secondaries must see a new serial to transfer the new signatures.
+        assert_eq!(snapshot.serial, serial + 8, "the serial moves with the day of the signing");
+        assert_eq!(soa_serial(&snapshot), snapshot.serial, "the SOA served says it");
         // A whole state rebuilt on the static names serves their first signatures: it is as
-        // old as they are, so due at once.
+        // old as they are, so due at once; its serial does not go back.
         let rebuilt = snapshot.apply(&dnsplan_common::store::ActiveDelta { full: true, ..Default::default() });
         assert!(rebuilt.resign_due(later), "a rebuild on the static names' first signatures is due");
+        assert_eq!(rebuilt.serial, snapshot.serial, "a rebuild keeps the day of the newest signing");
+    }
+
+    /// The serial of the SOA record at the apex.
+    fn soa_serial(snapshot: &Snapshot) -> u32 {
+        let origin = snapshot.zone.origin.clone();
+        let apex = snapshot.get_key(&key(&origin.to_ascii())).expect("apex");
+        let records = apex.statics.records(&origin);
+        match records.iter().find_map(|r| match &r.data {
+            hickory_proto::rr::RData::SOA(soa) => Some(soa.serial),
+            _ => None,
+        }) {
+            Some(serial) => serial,
+            None => panic!("no SOA at the apex: {records:?}"),
+        }
     }
 
     fn key(name: &str) -> Vec<u8> {

@@ -498,8 +498,8 @@ type Shard = HashTable<Arc<Entry>>;
 #[derive(Clone)]
 pub struct Snapshot {
     pub zone: Arc<StaticZone>,
-    /// SOA serial: `serial_of(zone.serial_base, content_changes)` (safety never compares
-    /// serials; secondaries do, in RFC 1982 arithmetic).
+    /// SOA serial: `serial_of(zone.serial_base, content_changes)`, plus `signing_day` in a
+    /// signed zone (safety never compares serials; secondaries do, in RFC 1982 arithmetic).
     pub serial: u32,
     /// The store's applied-change count this snapshot is the state at: what the follower asks
     /// the changes since.
@@ -544,6 +544,10 @@ pub struct Snapshot {
     /// When every signature was last made again (seconds since the epoch): the oldest any
     /// signature served can be.
     pub(super) signed_all_at: u32,
+    /// A signed zone's: the day (since the epoch) of the newest signing of every name, never
+    /// back within a process. It is part of the serial (`set_serial`), so a zone signed again
+    /// whole before its signatures expire has a new serial and secondaries transfer it.
+    pub(super) signing_day: u32,
     /// The names whose signatures the last signing made again, besides the names changed
     /// (the IXFR history carries them); `None` when it signed every name.
     pub(super) last_signed: Option<Arc<Vec<Box<[u8]>>>>,
@@ -618,6 +622,7 @@ impl Snapshot {
             statics_signed_at: 0,
             unsigned: Vec::new(),
             signed_all_at: 0,
+            signing_day: 0,
             last_signed: Some(Arc::default()),
             zone: zone.clone(),
         };
@@ -674,6 +679,7 @@ impl Snapshot {
             statics_signed_at: self.statics_signed_at,
             unsigned: Vec::new(),
             signed_all_at: self.statics_signed_at,
+            signing_day: self.signing_day,
             last_signed: None,
         }
     }
@@ -780,11 +786,17 @@ impl Snapshot {
             .filter(|ns| ns.servers.iter().all(|server| self.get_key(server).is_none_or(|e| e.managed.is_none())));
     }
 
-    fn set_serial(&mut self, applied_changes: u64, content_changes: u64) {
+    pub(super) fn set_serial(&mut self, applied_changes: u64, content_changes: u64) {
         let serial_before = (self.serial, self.content_changes);
         self.applied_changes = applied_changes;
         self.content_changes = content_changes;
         self.serial = serial_of(self.zone.serial_base, content_changes);
+        if self.zone.signer.is_some() {
+            if self.signs_everything_next() {
+                self.signing_day = self.signing_day.max(crate::zone::signed::unix_now() / crate::zone::signed::SECS_PER_DAY);
+            }
+            self.serial = self.serial.wrapping_add(self.signing_day);
+        }
         let soa = &self.zone.soa;
         let [refresh, retry, expire] = [soa.refresh, soa.retry, soa.expire].map(i32::to_be_bytes);
         let fields = [self.serial.to_be_bytes(), refresh, retry, expire, soa.minimum.to_be_bytes()];

@@ -270,6 +270,17 @@ impl AuthorityProcess {
 
     /// As `start`, with the zone file `zone`.
     pub fn start_zone(dir: &std::path::Path, text: &str, zone: &str) -> anyhow::Result<AuthorityProcess> {
+        AuthorityProcess::start_zone_env(dir, text, zone, &[])
+    }
+
+    /// As `start_zone`, with `env` added to the process's environment (a preloaded library
+    /// that moves its clock, say).
+    pub fn start_zone_env(
+        dir: &std::path::Path,
+        text: &str,
+        zone: &str,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> anyhow::Result<AuthorityProcess> {
         std::fs::write(dir.join("zone.db"), zone)?;
         let path = dir.join("authority.toml");
         std::fs::write(&path, text)?;
@@ -279,6 +290,7 @@ impl AuthorityProcess {
             .args(["--log-format", "json"])
             .env("RUST_LOG", "info")
             .env_remove("DNSPLAN_TOKEN")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;

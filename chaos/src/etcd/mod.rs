@@ -102,6 +102,24 @@ pub struct AuthorityProcess {
     _daemon: Daemon,
 }
 
+impl AuthorityProcess {
+    /// Who it is and the last lines of its log, for an error that names it: a daemon that
+    /// exited or stopped answering says why there.
+    pub fn described(&self) -> String {
+        format!("{} (its log ends: {})", self.who, log_tail(&self.log, 8))
+    }
+}
+
+/// The last `lines` lines of the log at `path`, joined by " | ".
+fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+    match tail.is_empty() {
+        true => "nothing".into(),
+        false => tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
+    }
+}
+
 /// Starts `dnsplan-authority` on `config`; returns once it announces its DNS address (it
 /// prints it when DNS answers) and its control API (printed next).
 fn start_authority(bin: &Path, config: &Path, who: &str, log: PathBuf) -> anyhow::Result<AuthorityProcess> {
@@ -134,14 +152,7 @@ fn start_authority(bin: &Path, config: &Path, who: &str, log: PathBuf) -> anyhow
                     return Ok(AuthorityProcess { who: who.into(), dns, control: control.into(), log, _daemon: daemon });
                 }
             }
-            Err(_) => {
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(5).collect();
-                anyhow::bail!(
-                    "{who} did not announce DNS within {STEP_WITHIN:?}: {}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-                );
-            }
+            Err(_) => anyhow::bail!("{who} did not announce DNS within {STEP_WITHIN:?}: {}", log_tail(&log, 5)),
         }
     }
 }
@@ -303,7 +314,7 @@ impl EtcdStack {
             _dir: dir,
         };
         for a in &stack.authorities {
-            until_serves(a.dns, &stack.store, names, first, STEP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.who))?;
+            until_serves(a.dns, &stack.store, names, first, STEP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.described()))?;
         }
         Ok((stack, storm))
     }
@@ -650,13 +661,21 @@ async fn finish(
     for a in &stack.authorities {
         if let Err(e) = until_serves(a.dns, &stack.store, names, last, CONVERGE_WITHIN).await {
             report.converged = false;
-            report.violations.push(format!("{} did not converge to plan {last}: {e}", a.who));
+            report.violations.push(format!("{} did not converge to plan {last}: {e}", a.described()));
         }
     }
     let _ = audit_stop.send(true);
     let (lost, _reads) = auditor.await?;
     for ((watcher, a), restarted) in watchers.into_iter().zip(&stack.authorities).zip(&stack.restarted) {
-        let history = watcher.stop().await?;
+        // A watcher that cannot take its last checkpoint is a violation beside the others,
+        // which are kept: the first failure is the one that explains the rest.
+        let history = match watcher.stop().await {
+            Ok(history) => history,
+            Err(e) => {
+                report.violations.push(format!("{}: the last checkpoint: {e:#}", a.described()));
+                continue;
+            }
+        };
         report.answers_checked += history.answers.len();
         report.snapshots_checked += history.snapshots.len();
         let options = watch::CheckOptions { unanswered_ok: *restarted };

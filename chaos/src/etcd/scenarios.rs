@@ -128,7 +128,9 @@ pub async fn run_member_down(bins: Bins, seed: u64, duration: Duration) -> anyho
             let newest = Generation(storm.acked_max.load(Ordering::SeqCst));
             converge_store(&stack.store, &names, newest).await?;
             for a in &stack.authorities {
-                until_serves(a.dns, &stack.store, &names, newest, STEP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.who))?;
+                until_serves(a.dns, &stack.store, &names, newest, STEP_WITHIN)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", a.described()))?;
             }
             report.fault("authorities served the newest plan with a member down");
             stack.cluster.restart_killed().await?;
@@ -195,7 +197,9 @@ pub async fn run_crash_in_outage(bins: Bins, seed: u64, duration: Duration) -> a
             report.fault("etcd restarted");
             // The storm goes on: each authority must reach the store's state as read now.
             for a in &stack.authorities {
-                until_caught_up(a.dns, &stack.store, &names, CATCH_UP_WITHIN).await.map_err(|e| anyhow::anyhow!("{}: {e}", a.who))?;
+                until_caught_up(a.dns, &stack.store, &names, CATCH_UP_WITHIN)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", a.described()))?;
             }
             report.fault("authorities caught up after the outage");
             anyhow::Ok(())
