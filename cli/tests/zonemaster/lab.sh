@@ -8,7 +8,7 @@
 #   unshare -rn sh lab.sh MODE LAB DNSPLAN     MODE: nsd or dnsplan; LAB: an empty directory;
 #                                              DNSPLAN: the dnsplan binary
 #
-# Writes LAB/zonemaster-ZONE.txt (zonemaster-cli's messages at NOTICE and above) for each zone
+# Writes LAB/zonemaster-ZONE.txt (zonemaster-cli's messages at INFO and above) for each zone
 # and LAB/server.log. Every process runs under `timeout` and is stopped at the end.
 set -eu
 MODE=$1 LAB=$2 DNSPLAN=$3
@@ -62,6 +62,11 @@ mail    IN A     192.0.2.25
 mail    IN AAAA  2001:db8::25
 www     IN CNAME api.example.test.
 ZONE
+# The first zone is signed (DNSSEC) with the key LAB/zone.key (made here if missing): by
+# dnsplan itself, or by Knot (`kzonesign`, the key imported, a policy as close to dnsplan's as
+# Knot has) for NSD to serve. Its DS goes into the TLD.
+[ -f $LAB/zone.key ] || "$DNSPLAN" zone key new $LAB/zone.key --dns-zone example.test. > /dev/null
+"$DNSPLAN" zone ds --key $LAB/zone.key --dns-zone example.test. >> $LAB/test.zone
 for zone in static shop; do
   cat > $LAB/$zone.test.zone <<ZONE
 \$ORIGIN $zone.test.
@@ -106,7 +111,39 @@ timeout 600 nsd -d -c $LAB/nsd-tld.conf & TLD=$!
 
 case $MODE in
   nsd)
-    printf '%s\n' "example.test.:example.test.zone" "static.test.:static.test.zone" "shop.test.:shop.test.zone" \
+    mkdir -p $LAB/knot/db $LAB/knot/keys $LAB/signed
+    cat > $LAB/knot.conf <<CONF
+server:
+    rundir: "$LAB/knot"
+database:
+    storage: "$LAB/knot/db"
+keystore:
+  - id: pemdir
+    backend: pem
+    config: "$LAB/knot/keys"
+policy:
+  - id: csk
+    keystore: pemdir
+    algorithm: ecdsap256sha256
+    single-type-signing: on
+    nsec3: off
+    rrsig-lifetime: 14d
+    rrsig-refresh: 7d
+    ksk-lifetime: 0
+    zsk-lifetime: 0
+    manual: on
+    dnskey-ttl: 3600
+    cds-cdnskey-publish: always
+zone:
+  - domain: example.test.
+    storage: "$LAB"
+    file: "example.test.zone"
+    dnssec-signing: on
+    dnssec-policy: csk
+CONF
+    keymgr -c $LAB/knot.conf example.test. import-pem $LAB/zone.key algorithm=ecdsap256sha256 ksk=yes zsk=yes > /dev/null
+    kzonesign -c $LAB/knot.conf -o $LAB/signed example.test. > /dev/null
+    printf '%s\n' "example.test.:signed/example.test.zone" "static.test.:static.test.zone" "shop.test.:shop.test.zone" \
       | nsd_conf zones $NET.1 $NET.2
     timeout 600 nsd -d -c $LAB/nsd-zones.conf > $LAB/server.log 2>&1 & SERVER=$!
     ;;
@@ -121,6 +158,8 @@ listen = "127.0.0.1:8053"
 [authority.dns_zone]
 origin = "example.test."
 master_file = "$LAB/example.test.zone"
+[authority.dns_zone.dnssec]
+key_file = "$LAB/zone.key"
 [[authority.zones]]
 origin = "static.test."
 master_file = "$LAB/static.test.zone"
@@ -163,7 +202,7 @@ fi
 if [ $status = 0 ]; then
   for zone in $ZONES; do
     timeout 300 zonemaster-cli --no-ipv6 --hints $LAB/hints --raw --show-level --show-module --show-testcase \
-      --no-progress --level NOTICE "$zone" > $LAB/zonemaster-$zone.txt 2>&1 || status=1
+      --no-progress --level INFO "$zone" > $LAB/zonemaster-$zone.txt 2>&1 || status=1
   done
 fi
 kill $ROOT $TLD $SERVER 2>/dev/null || true
