@@ -106,7 +106,7 @@ async fn a_signed_zone_validates_in_bind_and_stays_valid_as_the_plan_changes() -
 async fn signed_zone_validates(algorithm: ZoneAlgorithm) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let key = ZoneKey::create(&dir.path().join("zone.key"), algorithm)?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let server = SocketAddr::from(([127, 0, 0, 1], port));
     let text = config_text(&dir.path().join("data"), 2).replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{server}\"]"), 1)
         + "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n";
@@ -271,7 +271,7 @@ async fn registries_checkers_accept_the_zone_and_a_validating_resolver_sets_ad()
         (installed("dig", "bind9-dnsutils"), installed("dnssec-verify", "bind9-utils"), installed("kzonecheck", "knot-dnssecutils"));
     let dir = tempfile::tempdir()?;
     let key = ZoneKey::create(&dir.path().join("zone.key"), ZoneAlgorithm::EcdsaP256Sha256)?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let server = SocketAddr::from(([127, 0, 0, 1], port));
     let text = config_text(&dir.path().join("data"), 2).replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{server}\"]"), 1)
         + &format!("[[dns.transfer.keys]]\nname = \"{KEY_NAME}\"\nsecret = \"{SECRET}\"\n")
@@ -336,7 +336,7 @@ async fn registries_checkers_accept_the_zone_and_a_validating_resolver_sets_ad()
     // A validating resolver: AD on every kind of answer.
     let resolver_dir = tempfile::tempdir()?;
     let anchor = anchor_file(dir.path(), "anchor.conf", &key);
-    let resolver_port = dnsplan_tests::knot::free_port()?;
+    let resolver_port = dnsplan_tests::ports::free_port()?;
     let _resolver = resolver(resolver_dir.path(), resolver_port, server, &anchor);
     let started = std::time::Instant::now();
     while resolve(&dig, resolver_port, "example.test.", "SOA").1.is_empty() {

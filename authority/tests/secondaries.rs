@@ -329,7 +329,7 @@ async fn converge(secondaries: &[Secondary<'_>], want: u32, step: &str) -> anyho
 async fn knot_nsd_and_bind_hold_our_whole_zone_after_every_plan_of_a_storm() -> anyhow::Result<()> {
     let dig = which("dig", "bind9-dnsutils")?;
     let dir = tempfile::tempdir()?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let authority = TestAuthority::start_text(dir.path(), &config(dir.path(), port, &[])).await?;
     let mut endpoints = first();
     publish_and_apply(&authority, &plan(1, &endpoints, &[])).await?;
@@ -406,7 +406,7 @@ async fn knot_nsd_and_bind_hold_our_whole_zone_after_every_plan_of_a_storm() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secondary_at_our_serial_with_other_records_is_not_current() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let authority = TestAuthority::start_text(dir.path(), &config(dir.path(), port, &[])).await?;
     publish_and_apply(&authority, &plan(1, &first(), &[])).await?;
     let held = caught_up(&authority).await?;
@@ -458,7 +458,7 @@ async fn knot_nsd_and_bind_hold_a_signed_zone_and_their_answers_validate() -> an
         format!("trust-anchors {{ example.test. static-key 257 3 13 \"{}\"; }};\n", data_encoding::BASE64.encode(key.public_key())),
     )?;
     let signed = |text: String| text + "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n";
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let authority = TestAuthority::start_text(dir.path(), &signed(config(dir.path(), port, &[]))).await?;
     let mut endpoints = first();
     publish_and_apply(&authority, &plan(1, &endpoints, &[])).await?;
@@ -554,7 +554,7 @@ async fn a_quiet_signed_zone_signed_again_reaches_its_secondary_with_a_new_seria
     ZoneKey::create(&dir.path().join("zone.key"), ZoneAlgorithm::EcdsaP256Sha256)?;
     let clock = dir.path().join("clock");
     std::fs::write(&clock, "+0\n")?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let knot = Knot::start(&KnotSpec {
         zones: vec![KnotZone { origin: ORIGIN.into(), text: None, zone_extra: vec!["master: primary".into(), "acl: loopback".into()] }],
         keys: Vec::new(),

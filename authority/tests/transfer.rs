@@ -264,7 +264,7 @@ async fn a_records(server: SocketAddr, name: &str) -> anyhow::Result<BTreeSet<Ip
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn knot_and_nsd_serve_every_managed_name_and_follow_changes_through_notify() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let authority = TestAuthority::start_text(dir.path(), &config_on(dir.path(), port, &transfer_config("127.0.0.1/32"))).await?;
     populate(&authority).await?;
     let want = served();
@@ -625,7 +625,7 @@ async fn ixfr_sends_the_change_or_the_whole_zone_when_the_history_does_not_reach
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secondary_older_than_the_history_gets_the_whole_zone_and_converges() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let port = dnsplan_tests::knot::free_port()?;
+    let port = dnsplan_tests::ports::free_port()?;
     let history = "[dns.transfer]\nixfr_history_names_max = 2\n";
     let authority =
         TestAuthority::start_text(dir.path(), &config_on(dir.path(), port, &(history.to_owned() + &transfer_config("127.0.0.1/32"))))

@@ -9,6 +9,7 @@ use dnsplan_common::store::remote::RemoteStore;
 use dnsplan_common::{EndpointName, Generation, Store, ValidatedPlan};
 use dnsplan_tests::daemon::Daemon;
 use dnsplan_tests::fixtures::{self, name, planner};
+use dnsplan_tests::ports::free_port;
 use dnsplan_tests::watch::{self, CheckOptions, Watcher};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -119,21 +120,16 @@ impl Report {
                 }
             }
         }
+        // Any other violation (a step that failed, a judge that could not judge), in full.
+        let other: Vec<&String> = self.violations.iter().filter(|v| kinds.iter().all(|(_, marker)| !v.contains(marker))).collect();
+        if !other.is_empty() {
+            out.push_str(&format!("\n  other: {}", other.len()));
+            for v in other.iter().take(4) {
+                out.push_str(&format!("\n    {v}"));
+            }
+        }
         out
     }
-}
-
-/// A loopback port free for both UDP and TCP right now (the DNS port needs both; the control
-/// port needs TCP, which a UDP-only check would not see taken).
-fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..64 {
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0")?;
-        let port = udp.local_addr()?.port();
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no loopback port free for both UDP and TCP in 64 tries")
 }
 
 /// A real stack on loopback: one authority, three enactors, fixed ports so that restarts

@@ -216,7 +216,7 @@ async fn authority_with_knot<S: ManagedZones>(store: S, dir: &std::path::Path) -
     // is only free when chosen: taken meanwhile (by Knot itself, say), another is tried.
     let mut failures = Vec::new();
     for _ in 0..PORT_ATTEMPTS {
-        let port = knot::free_port()?;
+        let port = dnsplan_tests::ports::free_port()?;
         let knot = knot_secondary(port).await?;
         if knot.addr().port() == port {
             failures.push(format!("knot took port {port}"));

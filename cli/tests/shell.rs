@@ -4,6 +4,7 @@
 
 use clap::CommandFactory;
 use dnsplan_cli::args::Cli;
+use dnsplan_tests::ports::free_port;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -90,10 +91,6 @@ fn man_writes_a_page_per_command() -> anyhow::Result<()> {
         assert!(said.lines().any(|l| Path::new(l) == path), "{} is not in what man said:\n{said}", path.display());
     }
     Ok(())
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// `dnsplan up` with stderr on a pipe (`dnsplan up 2> file`): text log lines carry no ANSI

@@ -8,7 +8,6 @@
 
 use anyhow::{Context, bail};
 use dnsplan_etcd::{EtcdConfig, EtcdStore};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -37,12 +36,6 @@ pub struct Member {
 pub struct EtcdCluster {
     pub members: Vec<Member>,
     _dir: tempfile::TempDir,
-}
-
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    // All bound at once so that they differ, then released for etcd to bind.
-    let listeners = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
 fn scratch_dir() -> anyhow::Result<tempfile::TempDir> {
@@ -216,7 +209,7 @@ impl EtcdCluster {
 
     /// A cluster of `count` new members with their data in `dir`, waited on until healthy.
     async fn start_once_in(dir: tempfile::TempDir, count: usize, extra_args: &[&str]) -> anyhow::Result<EtcdCluster> {
-        let ports = free_ports(2 * count)?;
+        let ports = crate::ports::free_ports(2 * count)?;
         let token = format!("dnsplan-test-{}-{}", std::process::id(), ports[0]);
         let mut members: Vec<Member> = (0..count)
             .map(|i| Member {

@@ -11,10 +11,11 @@
 //! Not responsible for judging what Knot serves: tests ask it over DNS themselves.
 
 use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
+use crate::ports::free_port;
 use anyhow::Context;
 use dnsplan_common::dns_probe::{self, RecordType};
 use std::fmt::Write as _;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -210,18 +211,6 @@ async fn wait_ready(child: &mut Option<Child>, addr: SocketAddr, log: &Path, spe
 /// reason to skip.
 pub fn knotd_binary() -> anyhow::Result<PathBuf> {
     sbin_binary("knotd", "Knot DNS server", "knot")
-}
-
-/// A loopback port free for UDP and TCP at this moment.
-pub fn free_port() -> anyhow::Result<u16> {
-    for _ in 0..16 {
-        let udp = UdpSocket::bind("127.0.0.1:0")?;
-        let port = udp.local_addr()?.port();
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no loopback port free for both UDP and TCP in 16 tries")
 }
 
 /// Knot's config: everything it writes inside `dir`, one UDP and one TCP worker (tests are

@@ -28,6 +28,7 @@ pub mod knot;
 pub mod naive;
 pub mod nsd;
 pub mod pdns;
+pub mod ports;
 pub mod stack;
 pub mod watch;
 pub mod zone_checks;

@@ -8,7 +8,7 @@
 //! Not responsible for judging what NSD serves: tests ask it over DNS themselves.
 
 use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
-use crate::knot::free_port;
+use crate::ports::free_port;
 use anyhow::Context;
 use dnsplan_common::dns_probe::{self, RecordType};
 use std::fmt::Write as _;

@@ -11,7 +11,8 @@
 //! A missing program is a failing test with a message saying how to install it, never a skip.
 
 use crate::counterpart::{logs_at, sbin_binary, soa_at, stop};
-use crate::knot::{KeyAction, TsigKey, free_port};
+use crate::knot::{KeyAction, TsigKey};
+use crate::ports::free_port;
 use anyhow::Context;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

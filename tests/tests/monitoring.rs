@@ -20,6 +20,7 @@
 
 use dnsplan_cli::up::{Overrides, Stack};
 use dnsplan_common::dns_probe::{self, RecordType};
+use dnsplan_tests::ports::free_port;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -263,10 +264,6 @@ fn dashboard_is_importable_and_its_queries_parse() -> anyhow::Result<()> {
     let path = dir.path().join("dashboard-queries.yml");
     std::fs::write(&path, rules)?;
     promtool(&["check", "rules", path.to_str().unwrap_or_default()])
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// The sample names of an exposition (`name{labels} value` and `name value` lines).

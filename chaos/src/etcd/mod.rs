@@ -290,7 +290,7 @@ impl EtcdStack {
             let data = dir.path().join(format!("authority-{who}"));
             std::fs::create_dir_all(&data)?;
             // A fixed DNS port, so that a restarted authority answers where it did.
-            let dns = format!("listen = [\"127.0.0.1:{}\"]", dnsplan_tests::knot::free_port()?);
+            let dns = format!("listen = [\"127.0.0.1:{}\"]", dnsplan_tests::ports::free_port()?);
             let text = format!(
                 "{}\n[store]\nkind = \"etcd\"\nendpoints = [{}]\nprefix = \"{PREFIX}\"\n",
                 authority_config_text(&data.join("data")).replace("listen = [\"127.0.0.1:0\"]", &dns),

@@ -32,9 +32,7 @@ impl Drop for Up {
     }
 }
 
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+pub use dnsplan_tests::ports::free_port;
 
 pub fn up(dir: &Path) -> anyhow::Result<Up> {
     up_with(dir, &[])
