@@ -429,13 +429,6 @@ impl AuthorityConfig {
     /// Every value in range, with a message naming the key.
     pub fn check(&self) -> Result<(), String> {
         self.keyring.check()?;
-        if let Some(zone) = self.zones.iter().find(|z| z.dnssec.is_some()) {
-            return Err(format!(
-                "zones: {} has a [dnssec] table; signing is built for [dns_zone] alone (a static zone's signatures would \
-                 not be made again before they expire): remove it",
-                zone.origin
-            ));
-        }
         match &self.store {
             None | Some(StoreConfig::Etcd(_)) => {}
             Some(StoreConfig::Control(_)) => {

@@ -26,7 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -383,8 +383,12 @@ pub struct Metrics {
     managed_endpoints_not_served: Gauge,
     applied_changes: Gauge,
     soa_serial: Gauge,
-    /// A signed zone's oldest signatures' expiry (seconds since the epoch), 0 unsigned.
+    /// The earliest signature expiry of every signed zone served (seconds since the epoch), 0
+    /// when none is signed: the managed zone's (`signatures_expire_managed`) and the static
+    /// zones' (`signatures_expire_static`), each 0 when unsigned.
     signatures_expire: Gauge,
+    signatures_expire_managed: Arc<AtomicI64>,
+    signatures_expire_static: Arc<AtomicI64>,
     /// `dnsplan_static_zones{source}`: how many static zones are served (per-zone figures are
     /// in `GET /v1/zones`, not here: one series per zone would be 100,000 series at 100,000
     /// zones).
@@ -580,8 +584,8 @@ impl Metrics {
         let signatures_expire = Gauge::default();
         registry.register(
             "dnssec_signatures_expire_timestamp_seconds",
-            "A signed zone's ([dns_zone.dnssec]) earliest signature expiry, seconds since the epoch (every RRset is signed again \
-             once less than signature_refresh_days is left); 0 for an unsigned zone",
+            "The earliest signature expiry of the signed zones served ([dns_zone.dnssec], [zones.dnssec]), seconds since the \
+             epoch (every RRset of a zone is signed again once less than signature_refresh_days is left); 0 when none is signed",
             signatures_expire.clone(),
         );
         let static_zones = Family::<ZoneSourceLabels, Gauge>::default();
@@ -651,6 +655,8 @@ impl Metrics {
             applied_changes,
             soa_serial,
             signatures_expire,
+            signatures_expire_managed: Arc::default(),
+            signatures_expire_static: Arc::default(),
             static_zones,
             added_zones,
             added_zone_secondaries,
@@ -735,8 +741,20 @@ impl Metrics {
     /// When `snapshot`'s oldest signatures expire (a signed zone's; 0 unsigned), and its
     /// serial, which a signing of every name moves.
     pub fn observe_signatures(&self, snapshot: &Snapshot) {
-        self.signatures_expire.set(snapshot.signatures_expire_at().map_or(0, i64::from));
+        self.signatures_expire_managed.store(snapshot.signatures_expire_at().map_or(0, i64::from), Ordering::Relaxed);
+        self.set_signatures_expire();
         self.soa_serial.set(i64::from(snapshot.serial));
+    }
+
+    /// The earliest signature expiry among the signed static zones (`None`: none is signed).
+    pub fn observe_static_signatures(&self, earliest: Option<u32>) {
+        self.signatures_expire_static.store(earliest.map_or(0, i64::from), Ordering::Relaxed);
+        self.set_signatures_expire();
+    }
+
+    fn set_signatures_expire(&self) {
+        let [managed, statics] = [&self.signatures_expire_managed, &self.signatures_expire_static].map(|a| a.load(Ordering::Relaxed));
+        self.signatures_expire.set([managed, statics].into_iter().filter(|&at| at > 0).min().unwrap_or(0));
     }
 
     /// After a swap to `snapshot`. `changed` is the delta it was merged from, if any: then
@@ -901,6 +919,8 @@ impl Metrics {
             applied_changes: Gauge::default(),
             soa_serial: Gauge::default(),
             signatures_expire: Gauge::default(),
+            signatures_expire_managed: Arc::default(),
+            signatures_expire_static: Arc::default(),
             static_zones: Family::default(),
             added_zones: Family::default(),
             added_zone_secondaries: Family::default(),

@@ -211,6 +211,25 @@ async fn served_zone<S: Store>(others: &ZoneTable, store: &S) -> Result<Arc<Serv
         .ok_or_else(|| ApiError::from(StoreError::Unavailable(format!("zone {origin} is in the store but not served here yet"))))
 }
 
+/// Signs each signed static zone of `zones` again when due (`Serving::resign_if_due`) and
+/// notifies its secondaries, every `RESIGN_CHECK`, until dropped. Records the earliest
+/// signature expiry among them in `metrics` (the managed zone's own is beside it).
+async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
+    loop {
+        let mut earliest: Option<u32> = None;
+        for serving in zones.signed() {
+            if serving.resign_if_due(false).await {
+                crate::xfr::notify::spawn_static(serving.clone());
+            }
+            if let Some(at) = serving.snapshot.load().signatures_expire_at() {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+        }
+        metrics.observe_static_signatures(earliest);
+        tokio::time::sleep(crate::serving::RESIGN_CHECK).await;
+    }
+}
+
 /// A spawned task aborted when dropped (an early return), or awaited to its end (`finish`).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -532,6 +551,9 @@ where
     }
     tasks.spawn(serving.clone().follow(store.clone(), store_reach.clone()));
     crate::xfr::notify::spawn(&mut tasks, &serving);
+    if others.has_signed() {
+        tasks.spawn(resign_static_zones(others.clone(), metrics.clone()));
+    }
     // The zones the store manages beside its first one, served as its registry says.
     let zones_changed = Arc::new(tokio::sync::Notify::new());
     let kept_zones = kept_zones.await.unwrap_or_else(|err| {

@@ -56,7 +56,7 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
     ];
     std::fs::write(dir.path().join("delegation.db"), "$TTL 3600\nsub.example.test. DS 1 13 2 abcd\n")?;
     // DNSSEC: a key others may read, a missing key, a refresh not below the validity, a
-    // static zone of [[zones]] with a key, a zone with a DNSKEY of its own.
+    // static zone of [[zones]] with a key others may read, a zone with a DNSKEY of its own.
     let key = dir.path().join("open.key");
     dnsplan_common::dnssec::ZoneKey::create(&key, dnsplan_common::dnssec::ZoneAlgorithm::Ed25519)?;
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
@@ -76,8 +76,8 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
             "signature_refresh_days",
         ),
         (
-            format!("{zone}[[zones]]\norigin = \"other.test.\"\nns = [\"ns1.other.test.\"]\n[zones.dnssec]\nkey_file = \"ok.key\"\n"),
-            "signing is built for [dns_zone] alone",
+            format!("{zone}[[zones]]\norigin = \"other.test.\"\nns = [\"ns1.other.test.\"]\n[zones.dnssec]\nkey_file = \"open.key\"\n"),
+            "other.test.",
         ),
         (
             format!("{zone}master_file = \"dnskey.db\"\n[dns_zone.dnssec]\nkey_file = \"ok.key\"\n").replacen(

@@ -59,11 +59,16 @@ sub2 3600 IN NS ns.elsewhere.test.
 /// `delv`'s verdict on `name` `qtype` asked of `server` with `anchor`: its first line, and
 /// everything it printed.
 fn delv(anchor: &Path, server: SocketAddr, name: &str, qtype: &str) -> (String, String) {
+    delv_in("example.test.", anchor, server, name, qtype)
+}
+
+/// As `delv`, for a name of the zone `origin`.
+fn delv_in(origin: &str, anchor: &Path, server: SocketAddr, name: &str, qtype: &str) -> (String, String) {
     let out = Command::new("delv")
         .arg("-a")
         .arg(anchor)
         .arg(format!("@{}", server.ip()))
-        .args(["-p", &server.port().to_string(), name, qtype, "+root=example.test"])
+        .args(["-p", &server.port().to_string(), name, qtype, &format!("+root={}", origin.trim_end_matches('.'))])
         .output()
         .unwrap_or_else(|err| panic!("delv (Debian package bind9-dnsutils) is needed: {err}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -73,9 +78,14 @@ fn delv(anchor: &Path, server: SocketAddr, name: &str, qtype: &str) -> (String, 
 
 /// Every question validates with `anchor`: `(name, type, negative)`.
 fn all_validate(anchor: &Path, server: SocketAddr, questions: &[(&str, &str, bool)]) {
+    all_validate_in("example.test.", anchor, server, questions)
+}
+
+/// As `all_validate`, for names of the zone `origin`.
+fn all_validate_in(origin: &str, anchor: &Path, server: SocketAddr, questions: &[(&str, &str, bool)]) {
     let mut failed = Vec::new();
     for &(name, qtype, negative) in questions {
-        let (verdict, all) = delv(anchor, server, name, qtype);
+        let (verdict, all) = delv_in(origin, anchor, server, name, qtype);
         let want = if negative { "; negative response, fully validated" } else { "; fully validated" };
         if verdict != want {
             failed.push(format!("{name} {qtype}: {verdict:?}, not {want:?}\n{all}"));
@@ -85,9 +95,14 @@ fn all_validate(anchor: &Path, server: SocketAddr, questions: &[(&str, &str, boo
 }
 
 fn anchor_file(dir: &Path, file: &str, key: &ZoneKey) -> std::path::PathBuf {
+    anchor_file_for("example.test.", dir, file, key)
+}
+
+/// As `anchor_file`, for the zone `origin`.
+fn anchor_file_for(origin: &str, dir: &Path, file: &str, key: &ZoneKey) -> std::path::PathBuf {
     let path = dir.join(file);
     let text = format!(
-        "trust-anchors {{ example.test. static-key 257 3 {} \"{}\"; }};\n",
+        "trust-anchors {{ {origin} static-key 257 3 {} \"{}\"; }};\n",
         key.algorithm().number(),
         data_encoding::BASE64.encode(key.public_key())
     );
@@ -200,6 +215,94 @@ async fn signed_zone_validates(algorithm: ZoneAlgorithm) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A static zone of the config (`[[zones]]` with `[zones.dnssec]`), beside a signed managed
+/// zone, each with its own key: its answers validate in `delv` with its key alone, its whole
+/// AXFR passes `dnssec-verify`, and the expiry gauge covers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_zone_of_the_config_is_signed_and_validates() -> anyhow::Result<()> {
+    let (dig, verify) = (installed("dig", "bind9-dnsutils"), installed("dnssec-verify", "bind9-utils"));
+    let dir = tempfile::tempdir()?;
+    ZoneKey::create(&dir.path().join("zone.key"), ZoneAlgorithm::EcdsaP256Sha256)?;
+    let key = ZoneKey::create(&dir.path().join("static.key"), ZoneAlgorithm::Ed25519)?;
+    std::fs::write(
+        dir.path().join("static.db"),
+        "$ORIGIN static.test.\n$TTL 300\n@ SOA ns1 hostmaster 2026120701 3600 600 86400 60\n@ NS ns1\nns1 A 192.0.2.1\n\
+         www A 192.0.2.80\nwww AAAA 2001:db8::80\nalias CNAME www\na.b.ent TXT \"deep\"\n*.wild A 192.0.2.7\n\
+         sub NS ns.sub\nns.sub A 192.0.2.53\nsub DS 12345 13 2 49FD46E6C4B45C55D4AC69CBD3CD34AC1AFE51DE8B1A9E1D7E3F0F3B5E6C7D8A\n",
+    )?;
+    let port = dnsplan_tests::ports::free_port()?;
+    let server = SocketAddr::from(([127, 0, 0, 1], port));
+    let text = config_text(&dir.path().join("data"), 2).replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{server}\"]"), 1)
+        + &format!("[[dns.transfer.keys]]\nname = \"{KEY_NAME}\"\nsecret = \"{SECRET}\"\n")
+        + &format!("[[dns.transfer.secondaries]]\naddress = \"127.0.0.1/32\"\nkey = \"{KEY_NAME}\"\n")
+        + "[dns_zone.dnssec]\nkey_file = \"zone.key\"\n"
+        + "[[zones]]\norigin = \"static.test.\"\nmaster_file = \"static.db\"\n[zones.dnssec]\nkey_file = \"static.key\"\nsignature_validity_days = 10\nsignature_refresh_days = 4\n";
+    let authority = AuthorityProcess::start_zone(dir.path(), &text, ZONE)?;
+    until(server, "www.static.test.", RecordType::A, Duration::from_secs(20), |m| !m.answers.is_empty()).await?;
+
+    let anchor = anchor_file_for("static.test.", dir.path(), "static.conf", &key);
+    all_validate_in(
+        "static.test.",
+        &anchor,
+        server,
+        &[
+            ("static.test.", "SOA", false),
+            ("static.test.", "DNSKEY", false),
+            ("static.test.", "CDS", false),
+            ("www.static.test.", "A", false),
+            ("www.static.test.", "AAAA", false),
+            ("www.static.test.", "MX", true),
+            ("alias.static.test.", "AAAA", false),
+            ("nope.static.test.", "A", true),
+            ("b.ent.static.test.", "TXT", true),
+            ("a.b.ent.static.test.", "TXT", false),
+            ("x.wild.static.test.", "A", false),
+            ("x.wild.static.test.", "TXT", true),
+            ("sub.static.test.", "DS", false),
+        ],
+    );
+    // The managed zone's key does not validate the static zone.
+    let other = anchor_file_for("static.test.", dir.path(), "other.conf", &ZoneKey::load(&dir.path().join("zone.key"))?);
+    let (verdict, all) = delv_in("static.test.", &other, server, "www.static.test.", "A");
+    assert_ne!(verdict, "; fully validated", "another zone's key must not validate: {all}");
+
+    // The whole zone, as a secondary gets it, passes BIND's checker.
+    let (_, file) = signed_axfr(&dig, port, "static.test.", &dir.path().join("static.axfr"))?;
+    let (ok, out) = run(&verify, &["-z", "-o", "static.test.", &file.to_string_lossy()]);
+    assert!(ok && out.contains("fully signed"), "dnssec-verify refuses the static zone's AXFR:\n{out}");
+
+    // The expiry gauge is the earliest of both zones: the static zone's 10 days, not the
+    // managed zone's 14 (its task looks at once, then every 30 s).
+    let in_10_days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64() + 10.0 * 86_400.0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+        let expires = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_default();
+        if (expires - in_10_days).abs() < 600.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "signatures expire at {expires}, not about {in_10_days}:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// The whole zone `origin` by AXFR from 127.0.0.1@`port` (TSIG-signed), written to `file`
+/// without dig's comments and the TSIG record: its text and the file. It must carry RRSIG
+/// and NSEC records.
+fn signed_axfr(dig: &Path, port: u16, origin: &str, file: &Path) -> anyhow::Result<(String, std::path::PathBuf)> {
+    let tsig = format!("hmac-sha256:{KEY_NAME}:{SECRET}");
+    let (ok, axfr) = run(dig, &["-p", &port.to_string(), "@127.0.0.1", origin, "AXFR", "+noall", "+answer", "-y", &tsig]);
+    anyhow::ensure!(ok && axfr.contains("RRSIG") && axfr.contains("NSEC"), "the AXFR of {origin}:\n{axfr}");
+    let zone: String = axfr.lines().filter(|l| !l.starts_with(';') && !l.contains("TSIG")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(file, &zone)?;
+    Ok((zone, file.to_owned()))
+}
+
 /// `program`, installed: a missing one fails, naming its package.
 fn installed(program: &str, package: &str) -> std::path::PathBuf {
     for dir in ["/usr/bin", "/usr/sbin", "/bin", "/sbin"] {
@@ -284,24 +387,7 @@ async fn registries_checkers_accept_the_zone_and_a_validating_resolver_sets_ad()
     until(server, "api.example.test.", RecordType::A, Duration::from_secs(20), |m| !m.answers.is_empty()).await?;
 
     // The whole zone, as a secondary gets it.
-    let (ok, axfr) = run(
-        &dig,
-        &[
-            "-p",
-            &port.to_string(),
-            "@127.0.0.1",
-            "example.test.",
-            "AXFR",
-            "+noall",
-            "+answer",
-            "-y",
-            &format!("hmac-sha256:{KEY_NAME}:{SECRET}"),
-        ],
-    );
-    assert!(ok && axfr.contains("RRSIG") && axfr.contains("NSEC"), "the AXFR:\n{axfr}");
-    let zone: String = axfr.lines().filter(|l| !l.starts_with(';') && !l.contains("TSIG")).map(|l| format!("{l}\n")).collect();
-    let file = dir.path().join("axfr.zone");
-    std::fs::write(&file, &zone)?;
+    let (zone, file) = signed_axfr(&dig, port, "example.test.", &dir.path().join("axfr.zone"))?;
     let file_arg = file.to_string_lossy().into_owned();
     let (ok, out) = run(&verify, &["-z", "-o", "example.test.", &file_arg]);
     assert!(ok && out.contains("fully signed"), "dnssec-verify refuses the AXFR:\n{out}");

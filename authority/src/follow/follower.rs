@@ -115,7 +115,7 @@ impl Serving {
                     Ok(applied) => {
                         reach.answered();
                         seen = StoreVersion { applied_changes: applied, ..now };
-                        self.resign_if_due().await;
+                        self.resign_if_due(true).await;
                     }
                     Err(err) => {
                         reach.failed(&format!("{err:#}; still serving the previous snapshot"));
@@ -125,53 +125,13 @@ impl Serving {
                 Ok(now) => {
                     reach.answered();
                     seen = now;
-                    self.resign_if_due().await;
+                    self.resign_if_due(true).await;
                 }
                 Err(err) => {
                     reach.failed(&format!("{err:#}; still serving the current snapshot"));
                     tokio::time::sleep(FOLLOW_RETRY).await;
                 }
             }
-        }
-    }
-
-    /// A signed zone whose oldest signatures have less than `signature_refresh_days` left is
-    /// signed again whole, the zone changed or not (the follower looks each time its wait on
-    /// the store ends, at least every `FOLLOW_WAIT`). The serial moves (`Snapshot::signing_day`)
-    /// and the secondaries are notified, so that they transfer the new signatures before
-    /// theirs expire.
-    async fn resign_if_due(&self) {
-        let current = self.snapshot.load_full();
-        let now = crate::zone::signed::unix_now();
-        if !current.resign_due(now) {
-            return;
-        }
-        let started = Instant::now();
-        let resigned = tokio::task::spawn_blocking(move || {
-            let mut next = (*current).clone();
-            next.resign_all(now);
-            next
-        })
-        .await;
-        match resigned {
-            Ok(next) => {
-                let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                // A secondary at this serial holds the signatures before: the next change
-                // reaches it as a whole zone.
-                *journal = crate::zone::journal::Journal::cut(next.serial, self.transfer.ixfr_history_names_max());
-                self.metrics.observe_signatures(&next);
-                let serial = next.serial;
-                // Only over the snapshot it started from: `follow` is the only writer.
-                self.snapshot.store(Arc::new(next));
-                drop(journal);
-                self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
-                tracing::info!(
-                    seconds = started.elapsed().as_secs_f64(),
-                    serial,
-                    "every RRset of the signed zone signed again before its signatures expire"
-                );
-            }
-            Err(err) => tracing::error!(error = %err, "signing the zone again did not finish; the signatures served stay"),
         }
     }
 

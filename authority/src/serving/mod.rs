@@ -212,6 +212,65 @@ impl Serving {
     }
 }
 
+impl Serving {
+    /// A signed zone whose oldest signatures have less than `signature_refresh_days` left is
+    /// signed again whole, the zone changed or not: the managed zone's follower looks each
+    /// time its wait on the store ends, the static zones' task (`resign_static_zones`) every
+    /// `RESIGN_CHECK`. The serial moves (`Snapshot::signing_day`), so the secondaries
+    /// transfer the new signatures before theirs expire: the managed zone's NOTIFY tasks see
+    /// `served_serial` move; a static zone's caller notifies. `observe`: the metrics are this
+    /// zone's own (a static zone shares the managed zone's). True when the zone was signed again.
+    pub async fn resign_if_due(&self, observe: bool) -> bool {
+        let current = self.snapshot.load_full();
+        let now = crate::zone::signed::unix_now();
+        if !current.resign_due(now) {
+            return false;
+        }
+        let started = Instant::now();
+        let from = current.clone();
+        let resigned = tokio::task::spawn_blocking(move || {
+            let mut next = (*from).clone();
+            next.resign_all(now);
+            next
+        })
+        .await;
+        let next = match resigned {
+            Ok(next) => Arc::new(next),
+            Err(err) => {
+                tracing::error!(zone = %self.zone.origin, error = %err, "signing the zone again did not finish; the signatures served stay");
+                return false;
+            }
+        };
+        let serial = next.serial;
+        {
+            let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // Only over the snapshot it started from; a change swapped in meanwhile made
+            // signatures of its own, and the next look signs again if still due.
+            let before = self.snapshot.compare_and_swap(&current, next.clone());
+            if !Arc::ptr_eq(&before, &current) {
+                return false;
+            }
+            // A secondary at this serial holds the signatures before: the next change
+            // reaches it as a whole zone.
+            *journal = Journal::cut(serial, self.transfer.ixfr_history_names_max());
+        }
+        if observe {
+            self.metrics.observe_signatures(&next);
+        }
+        self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
+        tracing::info!(
+            zone = %self.zone.origin,
+            seconds = started.elapsed().as_secs_f64(),
+            serial,
+            "every RRset of the signed zone signed again before its signatures expire"
+        );
+        true
+    }
+}
+
+/// How often the static zones' signatures are looked at (`resign_static_zones`).
+pub const RESIGN_CHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The IXFR history of a snapshot just loaded: a signed zone's is `cut` (its signatures were
 /// made again at this start, so a secondary at its serial may hold others).
 fn journal_at(snapshot: &Snapshot, names_max: usize) -> Journal {

@@ -21,6 +21,7 @@ use crate::serving::zone_image::{self, ZoneImage};
 use crate::zone::dns_zone::{DnsZoneConfig, StaticZone};
 use crate::zone::serial::serial_newer;
 use crate::zone::snapshot::{NAME_WIRE_BYTES_MAX, wire_key};
+use anyhow::Context;
 use arc_swap::ArcSwap;
 use hickory_proto::rr::Name;
 /// The table's map: keys are names a client chose, so the hasher is seeded at random.
@@ -179,6 +180,16 @@ impl ZoneTable {
     }
 
     /// How many static zones come from the config file, and how many were added at run time.
+    /// The signed static zones (`[[zones]]` with a `[zones.dnssec]` table).
+    pub fn signed(&self) -> Vec<Arc<Serving>> {
+        self.zones.load().values().filter(|z| z.serving.zone.signer.is_some()).map(|z| z.serving.clone()).collect()
+    }
+
+    /// Whether any static zone is signed.
+    pub fn has_signed(&self) -> bool {
+        self.zones.load().values().any(|z| z.serving.zone.signer.is_some())
+    }
+
     pub fn counts(&self) -> (usize, usize) {
         let zones = self.zones.load();
         let count = |source| zones.values().filter(|z| z.source == source).count();
@@ -266,19 +277,24 @@ impl ZoneTable {
         let from_image = std::sync::atomic::AtomicUsize::new(0);
         let loaded = load_parallel(configs, |config| -> anyhow::Result<(u64, StaticZone)> {
             let fingerprint = zone_image::fingerprint(config, config_dir).unwrap_or(0);
-            if let Some(zone) = image.zone(config, fingerprint) {
+            // A signed zone is parsed at each start, its key read: the image keeps records,
+            // never keys.
+            if config.dnssec.is_none()
+                && let Some(zone) = image.zone(config, fingerprint)
+            {
                 from_image.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 return Ok((fingerprint, zone));
             }
-            Ok((fingerprint, StaticZone::load(config, config_dir)?))
+            Ok((fingerprint, StaticZone::load(config, config_dir).with_context(|| format!("zone {}", config.origin))?))
         })?;
         drop(image);
-        // The image is written again only when a zone was parsed (a first start, a changed
-        // file or binary), here, before the zones are served: encoded a zone at a time, never
-        // a second copy of them all.
+        // The image is written again only when an unsigned zone was parsed (a first start, a
+        // changed file or binary), here, before the zones are served: encoded a zone at a
+        // time, never a second copy of them all.
         let read_back = from_image.into_inner();
-        if let Some(path) = image_path.filter(|_| read_back < loaded.len()) {
-            let zones: Vec<(u64, &StaticZone)> = loaded.iter().map(|(f, z)| (*f, z)).collect();
+        let unsigned = loaded.iter().filter(|(_, zone)| zone.signer.is_none()).count();
+        if let Some(path) = image_path.filter(|_| read_back < unsigned) {
+            let zones: Vec<(u64, &StaticZone)> = loaded.iter().filter(|(_, z)| z.signer.is_none()).map(|(f, z)| (*f, z)).collect();
             if let Some(dir) = path.parent()
                 && let Err(err) = std::fs::create_dir_all(dir).and_then(|()| ZoneImage::write(&path, &zones, true))
             {
