@@ -736,9 +736,11 @@ fn start_dns(
     tasks: &mut tokio::task::JoinSet<()>,
 ) -> anyhow::Result<UdpServers> {
     let port = udp_sockets.first().and_then(|s| s.local_addr().ok()).map(|a| a.port());
+    // XDP takes the datagrams to the addresses the sockets listen on, and no others.
+    let addresses: Vec<std::net::IpAddr> = udp_sockets.iter().filter_map(|s| s.local_addr().ok()).map(|a| a.ip()).collect();
     let mut udp = UdpServers::start(udp_sockets, serving.clone()).context("starting the UDP threads")?;
     if let Some(port) = port {
-        udp.serve_xdp(xdp, port, serving);
+        udp.serve_xdp(xdp, &addresses, port, serving);
     }
     for tcp in tcp_listeners {
         tasks.spawn(serve_tcp(tcp, serving.clone(), tcp_limits));

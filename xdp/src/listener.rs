@@ -3,6 +3,7 @@
 //! `Listener` is dropped.
 
 use crate::bpf::{self, BpfError, Mode};
+pub use crate::program::Destinations;
 use crate::program::{self, Action};
 use crate::xsk::{Copy, Queue, XskError};
 pub use crate::xsk::{Counts, Handler};
@@ -47,15 +48,22 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Serves UDP port `port` on interface `name`: `make(queue)` gives each queue's `Handler`.
-    /// The interface's MTU is read once, here: an answer that would make a larger IP packet
-    /// is not sent as it is (`Handler::answer`'s `room`).
-    pub fn start<H: Handler>(name: &str, port: u16, mut make: impl FnMut(u32) -> H) -> Result<Listener, XdpError> {
+    /// Serves UDP port `port` at `destinations` on interface `name` (other datagrams go to the
+    /// kernel): `make(queue)` gives each queue's `Handler`. The interface's MTU is read once,
+    /// here: an answer that would make a larger IP packet is not sent as it is
+    /// (`Handler::answer`'s `room`).
+    pub fn start<H: Handler>(
+        name: &str,
+        port: u16,
+        destinations: &Destinations,
+        mut make: impl FnMut(u32) -> H,
+    ) -> Result<Listener, XdpError> {
         let ifindex = ifindex(name)?;
         let queues = rx_queues(name);
         let mtu = mtu(name)?;
         let map = Arc::new(bpf::xsk_map(queues).map_err(XdpError::Bpf)?);
-        let program = bpf::load(&program::instructions(port, map.as_raw_fd(), Action::Pass), "dnsplan_dns").map_err(XdpError::Bpf)?;
+        let program =
+            bpf::load(&program::instructions(port, destinations, map.as_raw_fd(), Action::Pass), "dnsplan_dns").map_err(XdpError::Bpf)?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let mut copy = Copy::ZeroCopy;

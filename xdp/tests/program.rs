@@ -5,7 +5,7 @@
 
 use dnsplan_xdp::bpf::{self, Mode};
 use dnsplan_xdp::frame::{Query, write_reply};
-use dnsplan_xdp::program::{Action, instructions};
+use dnsplan_xdp::program::{Action, Destinations, instructions};
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::process::Command;
@@ -15,9 +15,15 @@ const PORT: u16 = 5353;
 /// The program with `Drop` for a queue without a socket: in a test run no socket is bound, so
 /// `Drop` means "redirected" and `Pass` means "left to the kernel".
 fn program() -> (OwnedFd, OwnedFd) {
+    program_for(&Destinations::any())
+}
+
+/// As `program`, taking `destinations` only.
+fn program_for(destinations: &Destinations) -> (OwnedFd, OwnedFd) {
     let map = bpf::xsk_map(4).unwrap_or_else(|err| panic!("{err}"));
     use std::os::fd::AsRawFd;
-    let prog = bpf::load(&instructions(PORT, map.as_raw_fd(), Action::Drop), "dnsplan_test").unwrap_or_else(|err| panic!("{err}"));
+    let prog =
+        bpf::load(&instructions(PORT, destinations, map.as_raw_fd(), Action::Drop), "dnsplan_test").unwrap_or_else(|err| panic!("{err}"));
     (map, prog)
 }
 
@@ -68,6 +74,36 @@ fn the_program_redirects_udp_to_our_port_and_passes_everything_else() {
     ];
     for (frame, what) in cases {
         assert_eq!(run(&frame), Some(Action::Pass), "{what}");
+    }
+}
+
+/// With listen addresses, only datagrams to them are taken: another address of the same
+/// family, a family not listened on, go to the kernel. Addresses whose words have the high bit
+/// set (192.x, fd99::, 2001:db8::…:ffff) check the 32-bit compares.
+#[test]
+fn the_program_takes_only_the_addresses_listened_on() {
+    let parse = |list: &[&str]| list.iter().map(|a| a.parse().expect("address")).collect::<Vec<IpAddr>>();
+    for (listen, taken, passed) in [
+        (
+            parse(&["192.0.2.53", "2001:db8::53", "2001:db8::ffff:ffff"]),
+            vec![("192.0.2.1", "192.0.2.53"), ("2001:db8::1", "2001:db8::53"), ("2001:db8::1", "2001:db8::ffff:ffff")],
+            vec![("192.0.2.1", "192.0.2.54"), ("192.0.2.1", "10.0.0.53"), ("2001:db8::1", "2001:db8::54"), ("2001:db8::1", "fd99::53")],
+        ),
+        (
+            parse(&["10.0.0.1", "172.16.0.1"]),
+            vec![("192.0.2.1", "10.0.0.1"), ("192.0.2.1", "172.16.0.1")],
+            vec![("192.0.2.1", "10.0.0.2"), ("2001:db8::1", "2001:db8::53")],
+        ),
+        (parse(&["0.0.0.0", "fd99::1"]), vec![("192.0.2.1", "198.51.100.7"), ("fd99::2", "fd99::1")], vec![("fd99::2", "fd99::3")]),
+    ] {
+        let (_map, prog) = program_for(&Destinations::listening_on(&listen));
+        let run = |frame: &[u8]| bpf::test_run(&prog, frame).unwrap_or_else(|err| panic!("{err}"));
+        for (client, server) in taken {
+            assert_eq!(run(&query_frame(client, server)), Some(Action::Drop), "listening on {listen:?}: to {server} is redirected");
+        }
+        for (client, server) in passed {
+            assert_eq!(run(&query_frame(client, server)), Some(Action::Pass), "listening on {listen:?}: to {server} is the kernel's");
+        }
     }
 }
 

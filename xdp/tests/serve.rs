@@ -7,7 +7,7 @@
 //! is counted (`Counts::too_large`).
 //! Needs root and `ip` (iproute2): without them the test fails and says which is missing.
 
-use dnsplan_xdp::listener::{Counts, Handler, Listener};
+use dnsplan_xdp::listener::{Counts, Destinations, Handler, Listener};
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 use std::sync::{Arc, Mutex, mpsc};
@@ -71,6 +71,16 @@ impl Drop for Netns {
     }
 }
 
+/// Sends `query` from `client` to `server` and returns the answer, from any source: the
+/// kernel's wildcard socket replies from the address the kernel picks, which with two
+/// addresses on the interface need not be the one asked.
+fn ask_kernel(client: &UdpSocket, server: SocketAddr, query: &[u8]) -> Vec<u8> {
+    client.send_to(query, server).expect("send");
+    let mut buf = [0u8; 2048];
+    let (len, _) = client.recv_from(&mut buf).unwrap_or_else(|err| panic!("no answer from {server} to {query:?}: {err}"));
+    buf[..len].to_vec()
+}
+
 /// Sends `query` from `client` to `server` and returns the answer.
 fn ask(client: &UdpSocket, server: SocketAddr, query: &[u8]) -> Vec<u8> {
     client.send_to(query, server).expect("send");
@@ -90,6 +100,10 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
         ip(&["-n", &ns.0, "link", "set", dev, "up"]);
         ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
     }
+    // A second address of each family on the server's side, which the listener does not
+    // listen on: its datagrams are the kernel's (another server's, on a shared machine).
+    ip(&["-n", &srv.0, "addr", "add", "10.99.0.3/24", "dev", "xa"]);
+    ip(&["-n", &srv.0, "addr", "add", "fd99::3/64", "dev", "xa", "nodad"]);
 
     // The server: a kernel socket on the port, then the listener on xa (in its own thread,
     // which enters the namespace; the listener's queue threads are made there too).
@@ -114,7 +128,8 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
                     let _ = kernel.send_to(&answer, from);
                 }
             });
-            let listener = Listener::start("xa", PORT, |_queue| Echo { counts: counts.clone() })
+            let ours: [std::net::IpAddr; 2] = ["10.99.0.1".parse().expect("address"), "fd99::1".parse().expect("address")];
+            let listener = Listener::start("xa", PORT, &Destinations::listening_on(&ours), |_queue| Echo { counts: counts.clone() })
                 .unwrap_or_else(|err| panic!("the listener on xa: {err}"));
             ready.send((listener.mode, listener.copy)).expect("ready");
             assert_eq!(commands.recv(), Ok("stop"));
@@ -131,6 +146,13 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
     eprintln!("listener attached in {mode:?} mode, {copy:?}");
 
     cli.enter();
+    // To the address not listened on, while the program is attached: the kernel answers.
+    for (client, other) in [("10.99.0.2:0", "10.99.0.3"), ("[fd99::2]:0", "fd99::3")] {
+        let socket = UdpSocket::bind(client).expect("client socket");
+        socket.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let other = SocketAddr::new(other.parse().expect("address"), PORT);
+        assert_eq!(ask_kernel(&socket, other, b"elsewhere"), b"kernel:elsewhere", "a datagram to {other}, not ours, is the kernel's");
+    }
     for (client, server) in [("10.99.0.2:0", "10.99.0.1"), ("[fd99::2]:0", "fd99::1")] {
         let socket = UdpSocket::bind(client).expect("client socket");
         socket.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
@@ -184,7 +206,7 @@ fn queries_are_answered_over_xdp_and_by_the_kernel_once_it_is_stopped() {
         let server = SocketAddr::new(server.parse().expect("address"), PORT);
         let mut want = b"kernel:".to_vec();
         want.extend_from_slice(b"after");
-        assert_eq!(ask(&socket, server, b"after"), want, "the kernel answers once the program is detached");
+        assert_eq!(ask_kernel(&socket, server, b"after"), want, "the kernel answers once the program is detached");
     }
     to_server.send("quit").expect("quit");
     let answered = server.join().expect("the server thread");

@@ -73,12 +73,14 @@ impl UdpServers {
 }
 
 impl UdpServers {
-    /// Answers the UDP queries to `port` that arrive on each of `interfaces` over AF_XDP, from
+    /// Answers the UDP queries to `port` at `addresses` (a wildcard: its whole family) that
+    /// arrive on each of `interfaces` over AF_XDP, from
     /// `serving`, as the sockets answer them (`answer_datagram`); an interface that cannot be
     /// served so is said in one WARN line and left to the sockets.
-    pub fn serve_xdp(&mut self, interfaces: &[String], port: u16, serving: &Arc<Serving>) {
+    pub fn serve_xdp(&mut self, interfaces: &[String], addresses: &[std::net::IpAddr], port: u16, serving: &Arc<Serving>) {
+        let destinations = dnsplan_xdp::listener::Destinations::listening_on(addresses);
         for name in interfaces {
-            let started = dnsplan_xdp::listener::Listener::start(name, port, |_queue| XdpQueue::new(serving.clone()));
+            let started = dnsplan_xdp::listener::Listener::start(name, port, &destinations, |_queue| XdpQueue::new(serving.clone()));
             match started {
                 Ok(listener) => {
                     tracing::info!(interface = %name, port, mode = ?listener.mode, copy = ?listener.copy, "answering UDP over AF_XDP");
