@@ -1,6 +1,6 @@
 //! Authorities on etcd (`[store] kind = "etcd"`), over the wire, on a real three-member
-//! cluster: several authorities on one store answer alike with one SOA serial, and an
-//! authority serves the state saved on its own disk while etcd is down.
+//! cluster: several authorities on one store answer alike with one SOA serial (signed with one
+//! key file too), and an authority serves the state saved on its own disk while etcd is down.
 //!
 //! Authorities run in process through `run::run` with the config a user writes (so the
 //! `[store]` table, the connect with retries and the local state file are the ones shipped),
@@ -441,4 +441,96 @@ async fn two_authority_processes_on_etcd_agree_and_one_restarts_with_etcd_down()
     let want = expected(4, content(&store).await?);
     until_serves(dns_a, &want, CONVERGE).await?;
     until_serves(dns_b, &want, CONVERGE).await
+}
+
+/// Two signed authorities on one etcd, given the same key file (`[dns_zone.dnssec]`), as a
+/// deployment without keys held by the store runs them: both publish one DNSKEY set, both
+/// serve the same serial (signed the same day), and BIND's `delv` with the key as its only
+/// trust anchor validates every name and a denial at each, before and after a plan change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_signed_authorities_on_one_etcd_publish_one_dnskey_set_and_both_validate() -> anyhow::Result<()> {
+    use dnsplan_common::dnssec::{ZoneAlgorithm, ZoneKey};
+    let cluster = EtcdCluster::start(3, &[]).await?;
+    let store = cluster.store(PREFIX).await?;
+    publish_and_apply(&store, 1).await?;
+    let keys = tempfile::tempdir()?;
+    let key_file = keys.path().join("zone.key");
+    let key = ZoneKey::create(&key_file, ZoneAlgorithm::EcdsaP256Sha256)?;
+    let anchor = keys.path().join("anchor.conf");
+    std::fs::write(
+        &anchor,
+        format!("trust-anchors {{ {DNS_ZONE} static-key 257 3 13 \"{}\"; }};\n", data_encoding::BASE64.encode(key.public_key())),
+    )?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut running = Vec::new();
+    for dir in [&dir_a, &dir_b] {
+        let config = write_config(dir.path(), &cluster.endpoints())?;
+        let text = std::fs::read_to_string(&config)? + &format!("[dns_zone.dnssec]\nkey_file = \"{}\"\n", key_file.display());
+        std::fs::write(&config, text)?;
+        running.push(start(&config, CONVERGE).await?);
+    }
+    for g in 1..=2 {
+        if g > 1 {
+            publish_and_apply(&store, g).await?;
+        }
+        let addresses = expected(g, 0).0;
+        let mut serials = Vec::new();
+        for a in &running {
+            let deadline = Instant::now() + CONVERGE;
+            let serial = loop {
+                let got = served(a.dns).await;
+                if let Ok((served, serial)) = &got
+                    && *served == addresses
+                {
+                    break *serial;
+                }
+                anyhow::ensure!(Instant::now() < deadline, "{} serves {got:?}, want plan {g}", a.dns);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            serials.push(serial);
+            for (qname, qtype, verdict) in [
+                (DNS_ZONE.to_owned(), "DNSKEY", "; fully validated"),
+                (DNS_ZONE.to_owned(), "SOA", "; fully validated"),
+                (name("api").to_string(), "A", "; fully validated"),
+                (name("db").to_string(), "AAAA", "; negative response, fully validated"),
+                (name("nope").to_string(), "A", "; negative response, fully validated"),
+            ] {
+                let out = std::process::Command::new("delv")
+                    .arg("-a")
+                    .arg(&anchor)
+                    .arg(format!("@{}", a.dns.ip()))
+                    .args(["-p", &a.dns.port().to_string(), &qname, qtype, &format!("+root={}", DNS_ZONE.trim_end_matches('.'))])
+                    .output()
+                    .map_err(|err| anyhow::anyhow!("delv (Debian package bind9-dnsutils) is needed: {err}"))?;
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert_eq!(stdout.lines().next().unwrap_or_default(), verdict, "plan {g}: delv {qname} {qtype} at {}:\n{stdout}", a.dns);
+            }
+        }
+        assert_eq!(serials[0], serials[1], "plan {g}: both serve one serial");
+        let mut dnskeys = Vec::new();
+        for a in &running {
+            dnskeys.push(dnskey_set(a.dns).await?);
+        }
+        assert_eq!(dnskeys[0], dnskeys[1], "plan {g}: one DNSKEY set");
+        assert_eq!(dnskeys[0].len(), 1, "plan {g}: the one key: {:?}", dnskeys[0]);
+    }
+    for a in running {
+        a.stop().await?;
+    }
+    Ok(())
+}
+
+/// The DNSKEY RRset `dns` answers for the zone, each record's RDATA in presentation form.
+async fn dnskey_set(dns: SocketAddr) -> anyhow::Result<BTreeSet<String>> {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::Name;
+    let mut msg = Message::new(7, MessageType::Query, OpCode::Query);
+    msg.add_query(Query::query(Name::from_ascii(DNS_ZONE)?, RecordType::DNSKEY));
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    socket.send_to(&msg.to_vec()?, dns).await?;
+    let mut buf = vec![0u8; 4096];
+    let (len, _) = tokio::time::timeout(QUERY, socket.recv_from(&mut buf)).await??;
+    let reply = Message::from_vec(&buf[..len])?;
+    anyhow::ensure!(reply.metadata.response_code == ResponseCode::NoError, "{dns}: DNSKEY answered {:?}", reply.metadata.response_code);
+    Ok(reply.answers.iter().filter(|r| r.record_type() == RecordType::DNSKEY).map(|r| r.data.to_string()).collect())
 }
