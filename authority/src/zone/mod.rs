@@ -10,6 +10,7 @@
 //! - `records.rs`: the zone's records as a secondary should serve them, in transfer order.
 //! - `journal.rs`: the in-memory history IXFR answers from.
 
+pub mod chain;
 pub mod compress;
 pub mod dns_zone;
 pub mod journal;

@@ -97,12 +97,11 @@ impl Snapshot {
     /// in canonical order. The apex is first, so every name of the zone has one.
     pub fn covering(&self, key: &[u8]) -> Option<&Entry> {
         let chain = self.chain.as_ref()?;
-        let at = match chain.binary_search_by(|owner| canonical_cmp(owner, key)) {
-            Ok(i) => i,
-            Err(0) => chain.len().checked_sub(1)?,
-            Err(i) => i - 1,
+        let owner = match chain.search(key) {
+            Ok(i) => chain.get(i)?,
+            Err(i) => chain.before(i)?,
         };
-        self.get_key(&chain[at])
+        self.get_key(owner)
     }
 
     /// When the oldest signature served expires (seconds since the epoch); `None` unsigned.
@@ -162,17 +161,23 @@ impl Snapshot {
         let mut to_sign: Vec<Box<[u8]>> = Vec::with_capacity(pending.len() * 2);
         for key in pending {
             let owns = self.owns_nsec(&key);
+            // Looked up in the chain the last snapshot shares; copied only when a name joins
+            // or leaves it.
+            let found = self.chain.as_ref().map_or(Err(0), |chain| chain.search(&key));
+            if owns == found.is_ok() {
+                to_sign.push(key);
+                continue;
+            }
+            // Only the chunk the name joins or leaves is copied (`NsecChain`).
             let chain = Arc::make_mut(self.chain.get_or_insert_with(Arc::default));
-            match (owns, chain.binary_search_by(|owner| canonical_cmp(owner, &key))) {
+            match (owns, found) {
                 (true, Err(i)) => {
                     chain.insert(i, key.clone());
-                    to_sign.push(chain[i.checked_sub(1).unwrap_or(chain.len() - 1)].clone());
+                    to_sign.extend(chain.before(i).map(Box::from));
                 }
                 (false, Ok(i)) => {
                     chain.remove(i);
-                    if !chain.is_empty() {
-                        to_sign.push(chain[i.checked_sub(1).unwrap_or(chain.len() - 1)].clone());
-                    }
+                    to_sign.extend(chain.before(i).map(Box::from));
                 }
                 _ => {}
             }
@@ -195,7 +200,7 @@ impl Snapshot {
         self.unsigned.clear();
         let mut chain: Vec<Box<[u8]>> = self.entries().filter(|e| self.owns_nsec(&e.key)).map(|e| Box::from(&e.key[..])).collect();
         chain.sort_unstable_by(|a, b| canonical_cmp(a, b));
-        self.chain = Some(Arc::new(chain));
+        self.chain = Some(Arc::new(crate::zone::chain::NsecChain::from_sorted(chain)));
         let keys: Vec<Box<[u8]>> = self.entries().map(|e| Box::from(&e.key[..])).collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
         let chunk = keys.len().div_ceil(threads).max(1);
@@ -222,8 +227,8 @@ impl Snapshot {
     fn signatures(&self, key: &[u8], signer: &ZoneSigner, now: u32) -> Statics {
         let mut out = Statics::default();
         let (Some(entry), Some(chain)) = (self.get_key(key), self.chain.as_ref()) else { return out };
-        let Ok(at) = chain.binary_search_by(|owner| canonical_cmp(owner, key)) else { return out };
-        let (Some(owner), Some(next)) = (name_of(key), name_of(&chain[(at + 1) % chain.len()])) else { return out };
+        let Ok(at) = chain.search(key) else { return out };
+        let (Some(owner), Some(next)) = (name_of(key), chain.after(at).and_then(name_of)) else { return out };
         let origin = &self.zone.origin;
         let cut = self.is_cut(entry);
         let managed = entry.managed.as_deref();

@@ -533,9 +533,9 @@ pub struct Snapshot {
     /// outside the zone): `dnsplan_managed_endpoints_not_served`.
     not_served: Arc<std::collections::BTreeSet<EndpointName>>,
     /// A signed zone's NSEC owners in canonical order (`signed`); `None` unsigned.
-    pub(super) chain: Option<Arc<Vec<Box<[u8]>>>>,
+    pub(super) chain: Option<Arc<crate::zone::chain::NsecChain>>,
     /// The chain of the static names alone (`statics`'s).
-    statics_chain: Option<Arc<Vec<Box<[u8]>>>>,
+    statics_chain: Option<Arc<crate::zone::chain::NsecChain>>,
     /// When the static names' signatures (`statics`'s) were made: a whole state rebuilt on
     /// them serves those, so it is as old as they are (`resign_due`).
     statics_signed_at: u32,
