@@ -211,14 +211,15 @@ async fn served_zone<S: Store>(others: &ZoneTable, store: &S) -> Result<Arc<Serv
         .ok_or_else(|| ApiError::from(StoreError::Unavailable(format!("zone {origin} is in the store but not served here yet"))))
 }
 
-/// Signs each signed static zone of `zones` again when due (`Serving::resign_if_due`) and
+/// Signs each signed static zone of `zones` again when due (`Serving::resign_step`, a whole round at once) and
 /// notifies its secondaries, every `RESIGN_CHECK`, until dropped. Records the earliest
 /// signature expiry among them in `metrics` (the managed zone's own is beside it).
 async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
     loop {
         let mut earliest: Option<u32> = None;
         for serving in zones.signed() {
-            if serving.resign_if_due(false).await {
+            // A static zone changes only here: its whole round in one step.
+            if serving.resign_step(false, usize::MAX).await == crate::zone::signed::ResignStep::Done {
                 crate::xfr::notify::spawn_static(serving.clone());
             }
             if let Some(at) = serving.snapshot.load().signatures_expire_at() {

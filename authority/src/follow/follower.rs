@@ -28,6 +28,12 @@ use thiserror::Error;
 
 /// How long the follower waits on the store per long-poll before asking again.
 const FOLLOW_WAIT: Duration = Duration::from_secs(30);
+/// Names signed again in one step of a round (`Serving::resign_step`): about 50 ms of
+/// signatures on two cores, the longest a change waits for one.
+const RESIGN_BATCH: usize = 2_048;
+/// The wait on the store between two steps of a round: a change that came meanwhile is
+/// swapped in first.
+const RESIGN_PAUSE: Duration = Duration::from_millis(1);
 /// Pause after a failed store read before the follower retries.
 const FOLLOW_RETRY: Duration = Duration::from_millis(500);
 
@@ -110,12 +116,15 @@ impl Serving {
         // authority keeps serving its snapshot meanwhile, which is the point.
         let mut seen = StoreVersion { applied_changes: self.snapshot.load().applied_changes, ..StoreVersion::default() };
         loop {
-            match store.wait_for_change(seen, FOLLOW_WAIT).await {
+            // While a round of re-signing is under way its steps follow one another, a change
+            // swapped in between any two.
+            let wait = if self.snapshot.load().resigning() { RESIGN_PAUSE } else { FOLLOW_WAIT };
+            match store.wait_for_change(seen, wait).await {
                 Ok(now) if now.applied_changes != seen.applied_changes => match self.rebuild(&store).await {
                     Ok(applied) => {
                         reach.answered();
                         seen = StoreVersion { applied_changes: applied, ..now };
-                        self.resign_if_due(true).await;
+                        self.resign_step(true, RESIGN_BATCH).await;
                     }
                     Err(err) => {
                         reach.failed(&format!("{err:#}; still serving the previous snapshot"));
@@ -125,7 +134,7 @@ impl Serving {
                 Ok(now) => {
                     reach.answered();
                     seen = now;
-                    self.resign_if_due(true).await;
+                    self.resign_step(true, RESIGN_BATCH).await;
                 }
                 Err(err) => {
                     reach.failed(&format!("{err:#}; still serving the current snapshot"));

@@ -23,6 +23,7 @@ use crate::serving::policy::{IXFR_HISTORY_NAMES_DEFAULT, TransferPolicy};
 use crate::serving::zones::ZoneTable;
 use crate::zone::dns_zone::StaticZone;
 use crate::zone::journal::Journal;
+use crate::zone::signed::ResignStep;
 use crate::zone::snapshot::Snapshot;
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
@@ -214,57 +215,63 @@ impl Serving {
 
 impl Serving {
     /// A signed zone whose oldest signatures have less than `signature_refresh_days` left is
-    /// signed again whole, the zone changed or not: the managed zone's follower looks each
-    /// time its wait on the store ends, the static zones' task (`resign_static_zones`) every
-    /// `RESIGN_CHECK`. The serial moves (`Snapshot::signing_day`), so the secondaries
-    /// transfer the new signatures before theirs expire: the managed zone's NOTIFY tasks see
-    /// `served_serial` move; a static zone's caller notifies. `observe`: the metrics are this
-    /// zone's own (a static zone shares the managed zone's). True when the zone was signed again.
-    pub async fn resign_if_due(&self, observe: bool) -> bool {
+    /// signed again whole, the zone changed or not, `batch` names a step
+    /// (`Snapshot::resign_step`): the managed zone's follower takes a step each time its wait
+    /// on the store ends (back to back while a round is under way, changes swapped in between),
+    /// the static zones' task (`resign_static_zones`) a whole round every `RESIGN_CHECK`. Each
+    /// step cuts the IXFR history (a secondary at the serial holds other signatures); the last
+    /// moves the serial (`Snapshot::signing_day`), so the secondaries transfer the new
+    /// signatures before theirs expire: the managed zone's NOTIFY tasks see `served_serial`
+    /// move; a static zone's caller notifies. `observe`: the metrics are this zone's own (a
+    /// static zone shares the managed zone's).
+    pub async fn resign_step(&self, observe: bool, batch: usize) -> ResignStep {
         let current = self.snapshot.load_full();
         let now = crate::zone::signed::unix_now();
-        if !current.resign_due(now) {
-            return false;
+        if !current.resigning() && !current.resign_due(now) {
+            return ResignStep::Idle;
         }
         let started = Instant::now();
         let from = current.clone();
-        let resigned = tokio::task::spawn_blocking(move || {
+        let stepped = tokio::task::spawn_blocking(move || {
             let mut next = (*from).clone();
-            next.resign_all(now);
-            next
+            let step = next.resign_step(now, batch);
+            (next, step)
         })
         .await;
-        let next = match resigned {
-            Ok(next) => Arc::new(next),
+        let (next, step) = match stepped {
+            Ok((_, ResignStep::Idle)) => return ResignStep::Idle,
+            Ok((next, step)) => (Arc::new(next), step),
             Err(err) => {
                 tracing::error!(zone = %self.zone.origin, error = %err, "signing the zone again did not finish; the signatures served stay");
-                return false;
+                return ResignStep::Idle;
             }
         };
         let serial = next.serial;
         {
             let mut journal = self.journal.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            // Only over the snapshot it started from; a change swapped in meanwhile made
-            // signatures of its own, and the next look signs again if still due.
+            // Only over the snapshot it started from; a change swapped in meanwhile keeps the
+            // round where it was, and the step is taken again.
             let before = self.snapshot.compare_and_swap(&current, next.clone());
             if !Arc::ptr_eq(&before, &current) {
-                return false;
+                return ResignStep::Idle;
             }
             // A secondary at this serial holds the signatures before: the next change
             // reaches it as a whole zone.
             *journal = Journal::cut(serial, self.transfer.ixfr_history_names_max());
         }
-        if observe {
-            self.metrics.observe_signatures(&next);
+        if step == ResignStep::Done {
+            if observe {
+                self.metrics.observe_signatures(&next);
+            }
+            self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
+            tracing::info!(
+                zone = %self.zone.origin,
+                seconds = started.elapsed().as_secs_f64(),
+                serial,
+                "every RRset of the signed zone signed again before its signatures expire"
+            );
         }
-        self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
-        tracing::info!(
-            zone = %self.zone.origin,
-            seconds = started.elapsed().as_secs_f64(),
-            serial,
-            "every RRset of the signed zone signed again before its signatures expire"
-        );
-        true
+        step
     }
 }
 

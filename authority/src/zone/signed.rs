@@ -33,6 +33,25 @@ use std::sync::Arc;
 /// this much still takes it.
 const INCEPTION_BACKDATE_SECS: u32 = 3_600;
 
+/// What a `Snapshot::resign_step` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResignStep {
+    /// Nothing was due.
+    Idle,
+    /// A batch was signed; more are left.
+    Signing,
+    /// The last batch was signed: the serial moved.
+    Done,
+}
+
+/// A round of signing every name again (`Snapshot::resign_step`): its time, and the first
+/// name not yet signed in it (`None`: the first of the chain).
+#[derive(Clone, Debug)]
+pub struct Round {
+    at: u32,
+    next: Option<Box<[u8]>>,
+}
+
 /// A day in seconds: the unit of `Snapshot::signing_day`.
 pub const SECS_PER_DAY: u32 = 86_400;
 
@@ -129,6 +148,42 @@ impl Snapshot {
         }
     }
 
+    /// One step of signing every name again (`resign_due`), `batch` names at a time in
+    /// canonical order, so that a change the follower has to swap in waits for one batch, not
+    /// for the whole zone (a million names take half a minute on two cores). A round starts
+    /// when due, at `now`, and every batch signs at that time; names changed meanwhile are
+    /// signed as they change. When the last batch is done the zone is as old as the round's
+    /// start, and the serial moves as after `resign_all`.
+    pub fn resign_step(&mut self, now: u32, batch: usize) -> ResignStep {
+        let (Some(signer), Some(chain)) = (self.zone.signer.clone(), self.chain.clone()) else { return ResignStep::Idle };
+        let round = match self.round.take() {
+            Some(round) => round,
+            None if self.resign_due(now) => Round { at: now, next: None },
+            None => return ResignStep::Idle,
+        };
+        let start = match &round.next {
+            Some(next) => chain.search(next).unwrap_or_else(|at| at),
+            None => 0,
+        };
+        let end = start.saturating_add(batch.max(1)).min(chain.len());
+        let keys: Vec<Box<[u8]>> = (start..end).filter_map(|i| chain.get(i).map(Box::from)).collect();
+        self.sign_keys(&keys, &signer, round.at);
+        if end < chain.len() {
+            self.round = Some(Round { at: round.at, next: chain.get(end).map(Box::from) });
+            return ResignStep::Signing;
+        }
+        self.signed_all_at = round.at;
+        self.signing_day = self.signing_day.max(round.at / SECS_PER_DAY);
+        self.set_serial(self.applied_changes, self.content_changes);
+        self.last_signed = None;
+        ResignStep::Done
+    }
+
+    /// Whether a round of `resign_step` is under way.
+    pub fn resigning(&self) -> bool {
+        self.round.is_some()
+    }
+
     /// Whether the next `sign_unsigned` signs every name: nothing signed yet, or so many
     /// names changed that signing them all on both cores costs less.
     pub(super) fn signs_everything_next(&self) -> bool {
@@ -202,6 +257,15 @@ impl Snapshot {
         chain.sort_unstable_by(|a, b| canonical_cmp(a, b));
         self.chain = Some(Arc::new(crate::zone::chain::NsecChain::from_sorted(chain)));
         let keys: Vec<Box<[u8]>> = self.entries().map(|e| Box::from(&e.key[..])).collect();
+        self.sign_keys(&keys, signer, now);
+        self.signed_all_at = now;
+        self.signing_day = self.signing_day.max(now / SECS_PER_DAY);
+        self.round = None;
+        self.last_signed = None;
+    }
+
+    /// The names of `keys` signed at `now` on every core (the signatures are most of the time).
+    fn sign_keys(&mut self, keys: &[Box<[u8]>], signer: &ZoneSigner, now: u32) {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
         let chunk = keys.len().div_ceil(threads).max(1);
         let this = &*self;
@@ -217,9 +281,6 @@ impl Snapshot {
                 self.entry_mut(&key).statics.set_signed(statics.bytes());
             }
         }
-        self.signed_all_at = now;
-        self.signing_day = self.signing_day.max(now / SECS_PER_DAY);
-        self.last_signed = None;
     }
 
     /// What the entry at `key` should keep in `signed`: nothing unless it owns an NSEC; else
@@ -291,6 +352,8 @@ impl Snapshot {
 mod tests {
     use super::*;
     use dnsplan_common::dnssec::{ZoneAlgorithm, ZoneKey};
+    use dnsplan_common::store::{ActiveDelta, ActiveRecord, ActiveState};
+    use dnsplan_common::{EndpointName, Generation};
 
     /// A signed zone of a few names, its key in `dir`.
     fn signed_zone(dir: &std::path::Path, validity_days: u32, refresh_days: u32) -> Snapshot {
@@ -342,6 +405,69 @@ mod tests {
         let rebuilt = snapshot.apply(&dnsplan_common::store::ActiveDelta { full: true, ..Default::default() });
         assert!(rebuilt.resign_due(later), "a rebuild on the static names' first signatures is due");
         assert_eq!(rebuilt.serial, snapshot.serial, "a rebuild keeps the day of the newest signing");
+    }
+
+    /// A round of re-signing in steps signs every name once, a batch a step, keeps the serial
+    /// until its last step, and a change swapped in between two steps is kept and signed.
+    #[test]
+    fn a_round_of_re_signing_in_steps_signs_every_name_and_then_moves_the_serial() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut snapshot = signed_zone(dir.path(), 14, 7);
+        let now = unix_now();
+        assert_eq!(snapshot.resign_step(now, 1), ResignStep::Idle, "not due");
+        let names: Vec<Vec<u8>> = ["example.test.", "mail.example.test.", "www.example.test."].map(key).to_vec();
+        let signed_of =
+            |s: &Snapshot| names.iter().map(|k| s.get_key(k).expect("name").statics.signed_bytes().to_vec()).collect::<Vec<_>>();
+        let before = signed_of(&snapshot);
+        let serial = snapshot.serial;
+        let mut want = serial;
+        let later = now + 8 * 86_400;
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            match snapshot.resign_step(later, 1) {
+                ResignStep::Signing => {
+                    assert!(snapshot.resigning());
+                    assert_eq!(snapshot.serial, want, "the serial waits for the last step");
+                    if steps == 1 {
+                        // A change between two steps: a name added, as a plan adds one.
+                        let api = EndpointName::parse("api.example.test.").expect("name");
+                        let record = ActiveRecord { generation: Generation(1), state: ActiveState::Serving(endpoint()) };
+                        let delta = ActiveDelta { applied_changes: 1, content_changes: 1, full: false, endpoints: [(api, record)].into() };
+                        snapshot = snapshot.apply(&delta);
+                        want += 1;
+                        assert_eq!(snapshot.serial, want, "the change moves the serial as ever");
+                        assert!(snapshot.resigning(), "the round goes on past a change");
+                    }
+                }
+                ResignStep::Done => break,
+                ResignStep::Idle => panic!("a round under way is never idle"),
+            }
+            assert!(steps < 10, "the round ends");
+        }
+        assert!(steps >= 3, "one name a step: {steps} steps");
+        assert!(!snapshot.resigning() && !snapshot.resign_due(later));
+        let after = signed_of(&snapshot);
+        for ((name, old), new) in names.iter().zip(&before).zip(&after) {
+            assert!(!new.is_empty() && old != new, "{name:?} signed again");
+        }
+        assert_eq!(snapshot.serial, serial + 1 + 8, "one content change, and the day of the round");
+        assert_eq!(soa_serial(&snapshot), snapshot.serial);
+        assert!(
+            snapshot.get_key(&key("api.example.test.")).is_some_and(|e| !e.statics.signed_bytes().is_empty()),
+            "the name added is signed"
+        );
+    }
+
+    fn endpoint() -> dnsplan_common::Endpoint {
+        dnsplan_common::Endpoint {
+            ttl_secs: 30,
+            targets: vec![dnsplan_common::Target {
+                address: "10.0.0.1".parse().expect("address"),
+                zone: dnsplan_common::ZoneId::parse("a").expect("zone"),
+                weight: 1,
+            }],
+        }
     }
 
     /// The serial of the SOA record at the apex.

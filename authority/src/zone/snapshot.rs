@@ -548,6 +548,8 @@ pub struct Snapshot {
     /// back within a process. It is part of the serial (`set_serial`), so a zone signed again
     /// whole before its signatures expire has a new serial and secondaries transfer it.
     pub(super) signing_day: u32,
+    /// A round of signing every name again under way (`resign_step`).
+    pub(super) round: Option<crate::zone::signed::Round>,
     /// The names whose signatures the last signing made again, besides the names changed
     /// (the IXFR history carries them); `None` when it signed every name.
     pub(super) last_signed: Option<Arc<Vec<Box<[u8]>>>>,
@@ -623,6 +625,7 @@ impl Snapshot {
             unsigned: Vec::new(),
             signed_all_at: 0,
             signing_day: 0,
+            round: None,
             last_signed: Some(Arc::default()),
             zone: zone.clone(),
         };
@@ -680,6 +683,7 @@ impl Snapshot {
             unsigned: Vec::new(),
             signed_all_at: self.statics_signed_at,
             signing_day: self.signing_day,
+            round: None,
             last_signed: None,
         }
     }
