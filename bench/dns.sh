@@ -272,29 +272,7 @@ template:
 zone:
   - domain: $ORIGIN
 EOF
-    cat > "$dir/nsd/nsd.conf" << EOF
-server:
-    ip-address: 127.0.0.1@${PORT[nsd]}
-    server-count: 1
-    username: ""
-    chroot: ""
-    database: ""
-    zonesdir: "$dir"
-    pidfile: "$dir/nsd/nsd.pid"
-    xfrdfile: "$dir/nsd/xfrd.state"
-    zonelistfile: "$dir/nsd/zone.list"
-    xfrdir: "$dir/nsd"
-    zonefiles-write: 0
-    minimal-responses: yes
-    rrl-ratelimit: 0
-    rrl-whitelist-ratelimit: 0
-    verbosity: 1
-remote-control:
-    control-enable: no
-zone:
-    name: $ORIGIN
-    zonefile: bench.test.zone
-EOF
+    nsd_conf "$dir" "${PORT[nsd]}" "$ORIGIN" bench.test.zone
 
     last="e$((size - 1)).$ORIGIN"
     echo "size $size: starting the servers" >&2

@@ -290,29 +290,7 @@ dig @127.0.0.1 -p "$PORT" "$ORIGIN" AXFR +noall +answer | awk '$4 == "SOA" && se
 stop_tree "$apid"
 PIDS=${PIDS// $apid/}
 grep -q RRSIG "$dir/sign.test.zone" || { echo "the AXFR has no signatures" >&2; exit 1; }
-cat > "$dir/nsd/nsd.conf" << EOF
-server:
-    ip-address: 127.0.0.1@$PORT
-    server-count: 1
-    username: ""
-    chroot: ""
-    database: ""
-    zonesdir: "$dir"
-    pidfile: "$dir/nsd/nsd.pid"
-    xfrdfile: "$dir/nsd/xfrd.state"
-    zonelistfile: "$dir/nsd/zone.list"
-    xfrdir: "$dir/nsd"
-    zonefiles-write: 0
-    minimal-responses: yes
-    rrl-ratelimit: 0
-    rrl-whitelist-ratelimit: 0
-    verbosity: 1
-remote-control:
-    control-enable: no
-zone:
-    name: $ORIGIN
-    zonefile: sign.test.zone
-EOF
+nsd_conf "$dir" "$PORT" "$ORIGIN" sign.test.zone
 
 declare -A QPC=() SIZE=()
 for ((r = 0; r < ROUNDS; r++)); do

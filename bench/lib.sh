@@ -94,3 +94,33 @@ pin_tree() {
     done
 }
 
+
+# Writes DIR/nsd/nsd.conf: NSD on 127.0.0.1@PORT, one server process, everything in DIR, no
+# rate limit and minimal responses (as the benchmarks compare), serving ORIGIN from DIR/FILE.
+# Usage: nsd_conf DIR PORT ORIGIN FILE
+nsd_conf() {
+    local dir=$1 port=$2 origin=$3 file=$4
+    cat > "$dir/nsd/nsd.conf" << EOF2
+server:
+    ip-address: 127.0.0.1@$port
+    server-count: 1
+    username: ""
+    chroot: ""
+    database: ""
+    zonesdir: "$dir"
+    pidfile: "$dir/nsd/nsd.pid"
+    xfrdfile: "$dir/nsd/xfrd.state"
+    zonelistfile: "$dir/nsd/zone.list"
+    xfrdir: "$dir/nsd"
+    zonefiles-write: 0
+    minimal-responses: yes
+    rrl-ratelimit: 0
+    rrl-whitelist-ratelimit: 0
+    verbosity: 1
+remote-control:
+    control-enable: no
+zone:
+    name: $origin
+    zonefile: $file
+EOF2
+}
