@@ -218,8 +218,9 @@ async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
     loop {
         let mut earliest: Option<u32> = None;
         for serving in zones.signed() {
-            // A static zone changes only here: its whole round in one step.
-            if serving.resign_step(false, usize::MAX).await == crate::zone::signed::ResignStep::Done {
+            // A static zone changes only here: its keys, then its whole round in one step.
+            let keys_changed = serving.keys_step().await;
+            if serving.resign_step(false, usize::MAX).await == crate::zone::signed::ResignStep::Done || keys_changed {
                 crate::xfr::notify::spawn_static(serving.clone());
             }
             if let Some(at) = serving.snapshot.load().signatures_expire_at() {

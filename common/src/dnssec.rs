@@ -24,9 +24,12 @@ use rustls_pki_types::pem::PemObject;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-/// Flags of a zone key that is also a secure entry point: the one key of a zone signed with a
-/// combined signing key (RFC 4034 §2.1.1).
+/// Flags of a zone key that is also a secure entry point (RFC 4034 §2.1.1): the one key of a
+/// zone signed with a combined signing key, or a key-signing key (KSK) whose DS is at the
+/// parent.
 pub const CSK_FLAGS: u16 = 257;
+/// Flags of a zone-signing key (ZSK): a zone key, not a secure entry point.
+pub const ZSK_FLAGS: u16 = 256;
 
 /// The algorithms a zone can be signed with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +87,7 @@ pub enum ZoneKeyError {
 /// A zone's signing key with its DNSKEY.
 pub struct ZoneKey {
     signer: Box<dyn SigningKey>,
+    flags: u16,
     algorithm: ZoneAlgorithm,
     dnskey: DNSKEY,
     tag: u16,
@@ -91,23 +95,35 @@ pub struct ZoneKey {
 
 impl std::fmt::Debug for ZoneKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ZoneKey(algorithm {}, tag {})", self.algorithm.number(), self.tag)
+        write!(f, "ZoneKey(algorithm {}, tag {}, flags {})", self.algorithm.number(), self.tag, self.flags)
     }
 }
 
 impl ZoneKey {
-    /// Loads the key at `path`, refusing a file that others may read (mode bits 077 set).
+    /// Loads the key at `path` as a combined signing key (flags 257), refusing a file that
+    /// others may read (mode bits 077 set).
     pub fn load(path: &Path) -> Result<ZoneKey, ZoneKeyError> {
+        ZoneKey::load_with(path, CSK_FLAGS)
+    }
+
+    /// Loads the key at `path` with DNSKEY `flags` (`CSK_FLAGS` or `ZSK_FLAGS`), as `load`.
+    pub fn load_with(path: &Path, flags: u16) -> Result<ZoneKey, ZoneKeyError> {
         let pem = crate::signing::read_owner_only(path).map_err(|err| match err {
             crate::signing::OwnerOnly::Read(error) => ZoneKeyError::Read { path: path.to_owned(), error },
             crate::signing::OwnerOnly::Exposed(mode) => ZoneKeyError::Exposed { path: path.to_owned(), mode },
         })?;
         let der = PrivatePkcs8KeyDer::from_pem_slice(&pem).map_err(|_| ZoneKeyError::NotPem { path: path.to_owned() })?;
-        ZoneKey::from_pkcs8(&der).ok_or_else(|| ZoneKeyError::Algorithm { path: path.to_owned() })
+        ZoneKey::from_pkcs8_with(&der, flags).ok_or_else(|| ZoneKeyError::Algorithm { path: path.to_owned() })
     }
 
-    /// The key in PKCS#8 `der`: ECDSA P-256, else Ed25519 (version 1, as OpenSSL writes, or 2).
+    /// The key in PKCS#8 `der`, a combined signing key: ECDSA P-256, else Ed25519 (version 1,
+    /// as OpenSSL writes, or 2).
     pub fn from_pkcs8(der: &PrivatePkcs8KeyDer<'_>) -> Option<ZoneKey> {
+        ZoneKey::from_pkcs8_with(der, CSK_FLAGS)
+    }
+
+    /// The key in PKCS#8 `der` with DNSKEY `flags`.
+    pub fn from_pkcs8_with(der: &PrivatePkcs8KeyDer<'_>, flags: u16) -> Option<ZoneKey> {
         let rng = ring::rand::SystemRandom::new();
         let signer: Box<dyn SigningKey> =
             if let Ok(pair) = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, der.secret_pkcs8_der(), &rng) {
@@ -116,10 +132,10 @@ impl ZoneKey {
                 let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der.secret_pkcs8_der()).ok()?;
                 Box::new(Ed25519SigningKey::from_ed25519(pair))
             };
-        ZoneKey::new(signer).ok()
+        ZoneKey::new(signer, flags).ok()
     }
 
-    fn new(signer: Box<dyn SigningKey>) -> Result<ZoneKey, ZoneKeyError> {
+    fn new(signer: Box<dyn SigningKey>, flags: u16) -> Result<ZoneKey, ZoneKeyError> {
         let crypto = |e: &dyn std::fmt::Display| ZoneKeyError::Crypto(e.to_string());
         let algorithm = match signer.algorithm() {
             Algorithm::ECDSAP256SHA256 => ZoneAlgorithm::EcdsaP256Sha256,
@@ -127,19 +143,24 @@ impl ZoneKey {
             other => return Err(ZoneKeyError::Crypto(format!("algorithm {other} is not one dnsplan signs with"))),
         };
         let public = signer.to_public_key().map_err(|e| crypto(&e))?;
-        let dnskey = DNSKEY::with_flags(CSK_FLAGS, public);
+        let dnskey = DNSKEY::with_flags(flags, public);
         let tag = dnskey.calculate_key_tag().map_err(|e| crypto(&e))?;
-        Ok(ZoneKey { signer, algorithm, dnskey, tag })
+        Ok(ZoneKey { signer, flags, algorithm, dnskey, tag })
     }
 
-    /// A new key of `algorithm`, and its PEM text (PKCS#8) to store.
+    /// A new combined signing key of `algorithm`, and its PEM text (PKCS#8) to store.
     pub fn generate(algorithm: ZoneAlgorithm) -> Result<(ZoneKey, String), ZoneKeyError> {
+        ZoneKey::generate_with(algorithm, CSK_FLAGS)
+    }
+
+    /// A new key of `algorithm` with DNSKEY `flags`, and its PEM text (PKCS#8) to store.
+    pub fn generate_with(algorithm: ZoneAlgorithm, flags: u16) -> Result<(ZoneKey, String), ZoneKeyError> {
         let crypto = |e: &dyn std::fmt::Display| ZoneKeyError::Crypto(e.to_string());
         let der = match algorithm {
             ZoneAlgorithm::EcdsaP256Sha256 => EcdsaSigningKey::generate_pkcs8(Algorithm::ECDSAP256SHA256).map_err(|e| crypto(&e))?,
             ZoneAlgorithm::Ed25519 => Ed25519SigningKey::generate_pkcs8().map_err(|e| crypto(&e))?,
         };
-        let key = ZoneKey::from_pkcs8(&der).ok_or_else(|| ZoneKeyError::Crypto("a generated key does not load".into()))?;
+        let key = ZoneKey::from_pkcs8_with(&der, flags).ok_or_else(|| ZoneKeyError::Crypto("a generated key does not load".into()))?;
         let base64 = data_encoding::BASE64.encode(der.secret_pkcs8_der());
         let mut pem = String::from("-----BEGIN PRIVATE KEY-----\n");
         for line in base64.as_bytes().chunks(64) {
@@ -150,22 +171,17 @@ impl ZoneKey {
         Ok((key, pem))
     }
 
-    /// Writes a new key of `algorithm` to `path` (mode 0600, never over an existing file).
+    /// Writes a new combined signing key of `algorithm` to `path` (mode 0600, never over an
+    /// existing file).
     pub fn create(path: &Path, algorithm: ZoneAlgorithm) -> Result<ZoneKey, ZoneKeyError> {
-        use std::io::Write;
         let (key, pem) = ZoneKey::generate(algorithm)?;
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options.open(path).map_err(|error| match error.kind() {
-            std::io::ErrorKind::AlreadyExists => ZoneKeyError::Exists { path: path.to_owned() },
-            _ => ZoneKeyError::Write { path: path.to_owned(), error },
-        })?;
-        file.write_all(pem.as_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(|error| ZoneKeyError::Write { path: path.to_owned(), error })?;
+        write_private(path, &pem)?;
         Ok(key)
+    }
+
+    /// The DNSKEY flags: `CSK_FLAGS` (a combined key or a KSK) or `ZSK_FLAGS`.
+    pub fn flags(&self) -> u16 {
+        self.flags
     }
 
     pub fn algorithm(&self) -> ZoneAlgorithm {
@@ -194,11 +210,17 @@ impl ZoneKey {
     /// The apex records that publish this key: DNSKEY, and CDS and CDNSKEY (RFC 7344) so a
     /// parent that scans for them can put the DS in place.
     pub fn apex_rdata(&self, origin: &Name) -> Result<Vec<RData>, ZoneKeyError> {
+        let mut out = vec![RData::DNSSEC(DNSSECRData::DNSKEY(self.dnskey.clone()))];
+        out.extend(self.cds_rdata(origin)?);
+        Ok(out)
+    }
+
+    /// The CDS and CDNSKEY records (RFC 7344) that ask the parent for this key's DS.
+    pub fn cds_rdata(&self, origin: &Name) -> Result<[RData; 2], ZoneKeyError> {
         let ds = self.ds(origin)?;
-        Ok(vec![
-            RData::DNSSEC(DNSSECRData::DNSKEY(self.dnskey.clone())),
+        Ok([
             RData::DNSSEC(DNSSECRData::CDS(CDS::new(ds.key_tag(), Some(ds.algorithm()), DigestType::SHA256, ds.digest().to_vec()))),
-            RData::DNSSEC(DNSSECRData::CDNSKEY(CDNSKEY::with_flags(CSK_FLAGS, Some(self.algorithm.hickory()), self.public_key().to_vec()))),
+            RData::DNSSEC(DNSSECRData::CDNSKEY(CDNSKEY::with_flags(self.flags, Some(self.algorithm.hickory()), self.public_key().to_vec()))),
         ])
     }
 
@@ -241,6 +263,23 @@ impl ZoneKey {
         rrsig.extend_from_slice(&signature);
         Ok(rrsig)
     }
+}
+
+/// Writes `pem` to `path`, mode 0600 and synced, never over an existing file: a zone's private
+/// key (`ZoneKey::create`, `dnssec_keys`).
+pub fn write_private(path: &Path, pem: &str) -> Result<(), ZoneKeyError> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path).map_err(|error| match error.kind() {
+        std::io::ErrorKind::AlreadyExists => ZoneKeyError::Exists { path: path.to_owned() },
+        _ => ZoneKeyError::Write { path: path.to_owned(), error },
+    })?;
+    file.write_all(pem.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|error| ZoneKeyError::Write { path: path.to_owned(), error })
 }
 
 /// The RDATA of type `rtype` in canonical form (RFC 4034 §6.2): names in it uncompressed, and

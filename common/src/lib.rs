@@ -17,6 +17,8 @@ pub mod delta;
 pub mod dns_probe;
 #[cfg(feature = "dnssec")]
 pub mod dnssec;
+#[cfg(feature = "dnssec")]
+pub mod dnssec_keys;
 pub mod generation;
 #[cfg(feature = "server")]
 pub mod http_server;

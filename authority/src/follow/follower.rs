@@ -124,6 +124,7 @@ impl Serving {
                     Ok(applied) => {
                         reach.answered();
                         seen = StoreVersion { applied_changes: applied, ..now };
+                        self.keys_step().await;
                         self.resign_step(true, RESIGN_BATCH).await;
                     }
                     Err(err) => {
@@ -134,6 +135,7 @@ impl Serving {
                 Ok(now) => {
                     reach.answered();
                     seen = now;
+                    self.keys_step().await;
                     self.resign_step(true, RESIGN_BATCH).await;
                 }
                 Err(err) => {

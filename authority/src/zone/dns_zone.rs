@@ -4,6 +4,7 @@
 //! referral instead of an answer) are not built.
 
 use crate::zone::zone_text;
+use dnsplan_common::dnssec_keys::{At, KeyDir, SigningKeys};
 use hickory_proto::rr::rdata::{NS, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::txt::Parser;
@@ -41,36 +42,83 @@ pub struct DnsZoneConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DnssecConfig {
-    /// The zone's private key, PEM PKCS#8 (ECDSA P-256 or Ed25519, as `dnsplan zone key new`
-    /// writes it), readable by its owner only; relative to the config file.
-    pub key_file: PathBuf,
+    /// The zone's one combined key (signs everything, never rolled), PEM PKCS#8 (ECDSA P-256
+    /// or Ed25519, as `dnsplan zone key new` writes it), readable by its owner only; relative
+    /// to the config file. Not with `key_dir`.
+    pub key_file: Option<PathBuf>,
+    /// The zone's key directory (`dnsplan zone key init`): a KSK and ZSKs with their schedule,
+    /// the ZSK rolled automatically. Not with `key_file`.
+    pub key_dir: Option<PathBuf>,
+    /// With `key_dir`: this authority makes the ZSK rolls the schedule calls for (writing the
+    /// directory). `false` on an authority that serves a copy of another's directory.
+    #[serde(default = "default_rolls_keys")]
+    pub rolls_keys: bool,
     /// How long a signature is valid from when it is made.
     #[serde(default = "default_signature_validity")]
     pub signature_validity_days: u32,
     /// Signatures with less than this left are made again, the zone changed or not.
     #[serde(default = "default_signature_refresh")]
     pub signature_refresh_days: u32,
-    /// TTL of the DNSKEY, CDS and CDNSKEY records at the apex.
-    #[serde(default = "default_dnskey_ttl")]
-    pub dnskey_ttl_secs: u32,
+    /// TTL of the DNSKEY, CDS and CDNSKEY records at the apex, with `key_file` (default 3600);
+    /// a key directory's is its policy's.
+    pub dnskey_ttl_secs: Option<u32>,
 }
 
+fn default_rolls_keys() -> bool {
+    true
+}
 fn default_signature_validity() -> u32 {
     14
 }
 fn default_signature_refresh() -> u32 {
     7
 }
-fn default_dnskey_ttl() -> u32 {
-    3_600
+/// The DNSKEY TTL of a zone signed with `key_file`.
+const DNSKEY_TTL_SECS: u32 = 3_600;
+
+/// Where a signed zone's keys come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// `key_file`: one combined key.
+    File,
+    /// `key_dir`, read again every `RESIGN_CHECK`; `rolls`: this authority makes the rolls.
+    Dir { path: PathBuf, rolls: bool },
 }
 
-/// A signed zone's key and how long its signatures last.
+/// A signed zone's keys at one time and how long its signatures last.
 #[derive(Debug)]
 pub struct ZoneSigner {
-    pub key: dnsplan_common::dnssec::ZoneKey,
+    pub keys: SigningKeys,
+    pub source: KeySource,
     pub validity_secs: u32,
     pub refresh_secs: u32,
+    pub dnskey_ttl_secs: u32,
+}
+
+impl ZoneSigner {
+    /// Signatures are made again whole at each multiple of this (seconds since the epoch):
+    /// validity minus refresh (`Snapshot::resign_due`).
+    pub fn period_secs(&self) -> u32 {
+        self.validity_secs - self.refresh_secs
+    }
+
+    /// This signer with `keys` (read from its directory again).
+    pub fn with_keys(&self, keys: SigningKeys, dnskey_ttl_secs: u32) -> ZoneSigner {
+        ZoneSigner { keys, source: self.source.clone(), validity_secs: self.validity_secs, refresh_secs: self.refresh_secs, dnskey_ttl_secs }
+    }
+
+    /// The keys of `dir` at `now`, after the rolls the schedule calls for when this authority
+    /// makes them (the directory locked while it is read and written). Blocking: file I/O.
+    pub fn read_dir(path: &Path, rolls: bool, now: u32) -> Result<(SigningKeys, u32), String> {
+        let now = At(u64::from(now));
+        let _lock = if rolls { Some(KeyDir::lock(path).map_err(|e| e.to_string())?) } else { None };
+        let mut dir = KeyDir::load(path, now).map_err(|e| e.to_string())?;
+        if rolls && let Some(done) = dir.advance(now).map_err(|e| e.to_string())? {
+            dir.save().map_err(|e| e.to_string())?;
+            tracing::info!(key_dir = %path.display(), "{done}");
+        }
+        Ok((dir.view(now).map_err(|e| e.to_string())?, dir.policy().dnskey_ttl_secs))
+    }
 }
 
 fn default_ns_ttl() -> u32 {
@@ -286,8 +334,8 @@ impl StaticZone {
                 // The master file has no DNSKEY, CDS or CDNSKEY of its own: `zone_text` refuses
                 // every DNSSEC type.
                 let signer = load_signer(dnssec, config_dir)?;
-                let apex = signer.key.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
-                records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), dnssec.dnskey_ttl_secs, data)));
+                let apex = signer.keys.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
+                records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)));
                 Some(std::sync::Arc::new(signer))
             }
             None => None,
@@ -372,8 +420,8 @@ impl StaticZone {
     }
 }
 
-/// The key of `[dns_zone.dnssec]` (its path relative to `config_dir`), and the signatures'
-/// validity, checked.
+/// The keys of `[dns_zone.dnssec]` (a file or a directory relative to `config_dir`), and the
+/// signatures' validity, checked.
 fn load_signer(config: &DnssecConfig, config_dir: &Path) -> Result<ZoneSigner, DnsZoneError> {
     const DAY: u32 = 86_400;
     if !(1..=365).contains(&config.signature_validity_days) {
@@ -385,8 +433,26 @@ fn load_signer(config: &DnssecConfig, config_dir: &Path) -> Result<ZoneSigner, D
             config.signature_refresh_days, config.signature_validity_days
         )));
     }
-    let key = dnsplan_common::dnssec::ZoneKey::load(&config_dir.join(&config.key_file)).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
-    Ok(ZoneSigner { key, validity_secs: config.signature_validity_days * DAY, refresh_secs: config.signature_refresh_days * DAY })
+    let (validity_secs, refresh_secs) = (config.signature_validity_days * DAY, config.signature_refresh_days * DAY);
+    let (keys, source, dnskey_ttl_secs) = match (&config.key_file, &config.key_dir) {
+        (Some(file), None) => {
+            let key = dnsplan_common::dnssec::ZoneKey::load(&config_dir.join(file)).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
+            (SigningKeys::combined(key), KeySource::File, config.dnskey_ttl_secs.unwrap_or(DNSKEY_TTL_SECS))
+        }
+        (None, Some(dir)) => {
+            if config.dnskey_ttl_secs.is_some() {
+                return Err(DnsZoneError::Dnssec(format!(
+                    "dnskey_ttl_secs: with key_dir the DNSKEY TTL is the directory's (dnskey_ttl_secs in {}'s [policy])",
+                    dir.join(dnsplan_common::dnssec_keys::KEYS_FILE).display()
+                )));
+            }
+            let path = config_dir.join(dir);
+            let (keys, ttl) = ZoneSigner::read_dir(&path, config.rolls_keys, crate::zone::signed::unix_now()).map_err(DnsZoneError::Dnssec)?;
+            (keys, KeySource::Dir { path, rolls: config.rolls_keys }, ttl)
+        }
+        _ => return Err(DnsZoneError::Dnssec("give one of key_file (one combined key) or key_dir (a KSK and rolled ZSKs)".into())),
+    };
+    Ok(ZoneSigner { keys, source, validity_secs, refresh_secs, dnskey_ttl_secs })
 }
 
 /// SVCB and HTTPS targets written relative (`SVCB 1 svc port=8443`): hickory's reader keeps

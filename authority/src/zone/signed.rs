@@ -23,7 +23,7 @@
 use crate::zone::dns_zone::ZoneSigner;
 use crate::zone::snapshot::{Entry, Found, RawRecord, Snapshot, Statics};
 use hickory_proto::dnssec::rdata::NSEC;
-use hickory_proto::rr::{Name, RecordType};
+use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -50,10 +50,29 @@ pub enum ResignStep {
 pub struct Round {
     at: u32,
     next: Option<Box<[u8]>>,
+    /// Started by a new ZSK (`set_signer`), not by the period.
+    keys: bool,
 }
 
-/// A day in seconds: the unit of `Snapshot::signing_day`.
-pub const SECS_PER_DAY: u32 = 86_400;
+/// The validity of signatures made at one time: from an hour before (clocks that lag) for
+/// `signature_validity_days`.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    inception: u32,
+    expiration: u32,
+}
+
+impl Window {
+    /// The signatures of a name changed at `now`.
+    fn at(now: u32, signer: &ZoneSigner) -> Window {
+        Window { inception: now.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: now.wrapping_add(signer.validity_secs) }
+    }
+}
+
+/// The start of the signing period `now` is in (`ZoneSigner::period_secs`).
+pub fn period_start(now: u32, signer: &ZoneSigner) -> u32 {
+    now - now % signer.period_secs().max(1)
+}
 
 /// Seconds since the epoch, mod 2^32 (RRSIG times are RFC 1982 serials).
 pub fn unix_now() -> u32 {
@@ -129,17 +148,34 @@ impl Snapshot {
         self.is_signed().then(|| self.signed_all_at.wrapping_add(signer.validity_secs))
     }
 
-    /// Whether a full re-signing is due: the oldest signature has less than the refresh
-    /// time left.
+    /// Whether a full re-signing is due: a new period began since the last
+    /// (`ZoneSigner::period_secs`, validity minus refresh). Every whole signing of a period
+    /// makes signatures valid from its start (`sign_everything`), so the oldest has at least the
+    /// refresh time left when the next is due, whenever in the period the last was made (a
+    /// restart), and a secondary that kept an earlier signing's holds signatures as long valid.
     pub fn resign_due(&self, now: u32) -> bool {
         let Some(signer) = &self.zone.signer else { return false };
-        self.is_signed() && now.wrapping_sub(self.signed_all_at) >= signer.validity_secs - signer.refresh_secs
+        self.is_signed() && period_start(now, signer) > self.signed_all_at
+    }
+
+    /// Moves `signing_term` to the period of the last whole signing (the next one's, at `now`,
+    /// when the next signing signs every name) plus the key schedule's times since. While a
+    /// round signs every name with a new ZSK (`Round::keys`), the new keys are not counted:
+    /// the serial moves when the round ends, so a secondary that transfers the new serial gets
+    /// every new signature.
+    pub(super) fn note_signing_term(&mut self, now: u32) {
+        let Some(signer) = self.zone.signer.clone() else { return };
+        if self.round.as_ref().is_some_and(|r| r.keys) {
+            return;
+        }
+        let start = if self.signs_everything_next() { period_start(now, &signer) } else { self.signed_all_at };
+        let events = u32::try_from(signer.keys.events_since(u64::from(start))).unwrap_or(u32::MAX);
+        self.signing_term = self.signing_term.max(start.wrapping_add(events));
     }
 
     /// Every signature made again at `now` (`resign_due`), the chain made again too. The
-    /// serial moves with the day of the signing, so that secondaries transfer the new
-    /// signatures (a due re-signing is at least a day after the last one: refresh is below
-    /// validity, both in whole days).
+    /// serial moves with the period of the signing, so that secondaries transfer the new
+    /// signatures.
     pub fn resign_all(&mut self, now: u32) {
         if let Some(signer) = self.zone.signer.clone() {
             self.sign_everything(&signer, now);
@@ -158,7 +194,7 @@ impl Snapshot {
         let (Some(signer), Some(chain)) = (self.zone.signer.clone(), self.chain.clone()) else { return ResignStep::Idle };
         let round = match self.round.take() {
             Some(round) => round,
-            None if self.resign_due(now) => Round { at: now, next: None },
+            None if self.resign_due(now) => Round { at: period_start(now, &signer), next: None, keys: false },
             None => return ResignStep::Idle,
         };
         let start = match &round.next {
@@ -167,16 +203,56 @@ impl Snapshot {
         };
         let end = start.saturating_add(batch.max(1)).min(chain.len());
         let keys: Vec<Box<[u8]>> = (start..end).filter_map(|i| chain.get(i).map(Box::from)).collect();
-        self.sign_keys(&keys, &signer, round.at);
+        self.sign_keys(&keys, &signer, Window { inception: round.at.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: round.at.wrapping_add(signer.validity_secs) });
         if end < chain.len() {
-            self.round = Some(Round { at: round.at, next: chain.get(end).map(Box::from) });
+            self.round = Some(Round { at: round.at, next: chain.get(end).map(Box::from), keys: round.keys });
             return ResignStep::Signing;
         }
         self.signed_all_at = round.at;
-        self.signing_day = self.signing_day.max(round.at / SECS_PER_DAY);
         self.set_serial(self.applied_changes, self.content_changes);
         self.last_signed = None;
         ResignStep::Done
+    }
+
+    /// The zone's keys changed (`ZoneSigner::with_keys`, read from its key directory): the
+    /// apex's DNSKEY, CDS and CDNSKEY are replaced, in the names served and in the static names
+    /// a whole state is rebuilt on (which then signs every name: its signatures may be by a
+    /// key gone), and the apex is signed again with the new keys. A new ZSK starts a round of
+    /// signing every name with it (`resign_step`; the serial moves when it ends); else the
+    /// serial moves now. Not while a round is under way: the caller waits for its end.
+    pub fn set_signer(&mut self, signer: Arc<ZoneSigner>, now: u32) -> Result<(), String> {
+        let Some(old) = self.zone.signer.clone() else { return Err("the zone is not signed".into()) };
+        let origin = self.zone.origin.clone();
+        let apex_rdata = signer.keys.apex_rdata(&origin).map_err(|e| e.to_string())?;
+        let keys: Vec<Record> = apex_rdata.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)).collect();
+        let is_key = |r: &Record| matches!(r.record_type(), RecordType::DNSKEY | RecordType::CDS | RecordType::CDNSKEY);
+        let replace = |entry: &mut Entry| {
+            let mut records: Vec<Record> = entry.statics.records(&origin).into_iter().filter(|r| !is_key(r)).collect();
+            records.extend(keys.iter().cloned());
+            let signed = entry.statics.signed_bytes().to_vec();
+            entry.statics = Statics::default();
+            for r in &records {
+                entry.statics.push(r);
+            }
+            entry.statics.set_signed(&signed);
+        };
+        let apex = self.origin_key.clone();
+        replace(self.entry_mut(&apex));
+        replace(self.static_entry_mut(&apex));
+        self.statics_chain = None;
+        let mut zone = (*self.zone).clone();
+        if zone.records.iter().any(|r| r.name == origin && is_key(r)) {
+            zone.records.retain(|r| !(r.name == origin && is_key(r)));
+            zone.records.extend(keys.iter().cloned());
+        }
+        zone.signer = Some(signer.clone());
+        self.zone = Arc::new(zone);
+        if !old.keys.same_zsk(&signer.keys) {
+            self.round = Some(Round { at: period_start(now, &signer).max(self.signed_all_at), next: None, keys: true });
+        }
+        self.unsigned.push(apex);
+        self.set_serial(self.applied_changes, self.content_changes);
+        Ok(())
     }
 
     /// Whether a round of `resign_step` is under way.
@@ -241,8 +317,9 @@ impl Snapshot {
         to_sign.sort_unstable();
         to_sign.dedup();
         self.last_signed = Some(Arc::new(to_sign.clone()));
+        let window = Window::at(now, &signer);
         for key in to_sign {
-            let signed = self.signatures(&key, &signer, now);
+            let signed = self.signatures(&key, &signer, window);
             if self.get_key(&key).is_some_and(|e| e.statics.signed_bytes() != signed.bytes()) {
                 self.entry_mut(&key).statics.set_signed(signed.bytes());
             }
@@ -250,29 +327,31 @@ impl Snapshot {
     }
 
     /// The chain made again from every name, and every name signed (on both cores: the
-    /// signatures are most of the time).
+    /// signatures are most of the time), valid from the start of `now`'s period.
     fn sign_everything(&mut self, signer: &ZoneSigner, now: u32) {
+        let start = period_start(now, signer);
         self.unsigned.clear();
         let mut chain: Vec<Box<[u8]>> = self.entries().filter(|e| self.owns_nsec(&e.key)).map(|e| Box::from(&e.key[..])).collect();
         chain.sort_unstable_by(|a, b| canonical_cmp(a, b));
         self.chain = Some(Arc::new(crate::zone::chain::NsecChain::from_sorted(chain)));
         let keys: Vec<Box<[u8]>> = self.entries().map(|e| Box::from(&e.key[..])).collect();
-        self.sign_keys(&keys, signer, now);
-        self.signed_all_at = now;
-        self.signing_day = self.signing_day.max(now / SECS_PER_DAY);
+        let window = Window { inception: start.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: start.wrapping_add(signer.validity_secs) };
+        self.sign_keys(&keys, signer, window);
+        self.signed_all_at = start;
         self.round = None;
         self.last_signed = None;
     }
 
-    /// The names of `keys` signed at `now` on every core (the signatures are most of the time).
-    fn sign_keys(&mut self, keys: &[Box<[u8]>], signer: &ZoneSigner, now: u32) {
+    /// The names of `keys` signed with `window` on every core (the signatures are most of the
+    /// time).
+    fn sign_keys(&mut self, keys: &[Box<[u8]>], signer: &ZoneSigner, window: Window) {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
         let chunk = keys.len().div_ceil(threads).max(1);
         let this = &*self;
         let signed: Vec<(Box<[u8]>, Statics)> = std::thread::scope(|scope| {
             let workers: Vec<_> = keys
                 .chunks(chunk)
-                .map(|keys| scope.spawn(move || keys.iter().map(|k| (k.clone(), this.signatures(k, signer, now))).collect::<Vec<_>>()))
+                .map(|keys| scope.spawn(move || keys.iter().map(|k| (k.clone(), this.signatures(k, signer, window))).collect::<Vec<_>>()))
                 .collect();
             workers.into_iter().flat_map(|w| w.join().unwrap_or_default()).collect()
         });
@@ -284,8 +363,9 @@ impl Snapshot {
     }
 
     /// What the entry at `key` should keep in `signed`: nothing unless it owns an NSEC; else
-    /// an RRSIG per RRset, the NSEC and its RRSIG.
-    fn signatures(&self, key: &[u8], signer: &ZoneSigner, now: u32) -> Statics {
+    /// an RRSIG per RRset and signing key (the KSKs sign the apex's DNSKEY, CDS and CDNSKEY,
+    /// the ZSK every other RRset), the NSEC and its RRSIG.
+    fn signatures(&self, key: &[u8], signer: &ZoneSigner, window: Window) -> Statics {
         let mut out = Statics::default();
         let (Some(entry), Some(chain)) = (self.get_key(key), self.chain.as_ref()) else { return out };
         let Ok(at) = chain.search(key) else { return out };
@@ -330,18 +410,25 @@ impl Snapshot {
         }
         let nsec_ttl = self.zone.negative_ttl_secs();
         rrsets.insert(u16::from(RecordType::NSEC), (nsec_ttl, vec![nsec_rdata.clone()]));
-        let (inception, expiration) = (now.wrapping_sub(INCEPTION_BACKDATE_SECS), now.wrapping_add(signer.validity_secs));
+        let Window { inception, expiration } = window;
+        let apex = key == &self.origin_key[..];
         for (rtype, (ttl, rdata)) in &rrsets {
             let rtype = RecordType::from(*rtype);
             if rtype == RecordType::NSEC {
                 out.push_raw(RecordType::NSEC, *ttl, &nsec_rdata);
             }
             let refs: Vec<&[u8]> = rdata.iter().map(Vec::as_slice).collect();
-            match signer.key.sign_rrset(origin, &owner, rtype, *ttl, &refs, inception, expiration) {
-                Ok(rrsig) => out.push_raw(RecordType::RRSIG, *ttl, &rrsig),
-                // Not reached: the records came from our own wire form. The RRset is then
-                // served unsigned, which validators refuse: the log says why.
-                Err(err) => tracing::error!(%owner, %rtype, error = %err, "an RRset could not be signed"),
+            let keys = match rtype {
+                RecordType::DNSKEY | RecordType::CDS | RecordType::CDNSKEY if apex => &signer.keys.ksks,
+                _ => &signer.keys.zsk,
+            };
+            for signing_key in keys {
+                match signing_key.sign_rrset(origin, &owner, rtype, *ttl, &refs, inception, expiration) {
+                    Ok(rrsig) => out.push_raw(RecordType::RRSIG, *ttl, &rrsig),
+                    // Not reached: the records came from our own wire form. The RRset is then
+                    // served unsigned, which validators refuse: the log says why.
+                    Err(err) => tracing::error!(%owner, %rtype, error = %err, "an RRset could not be signed"),
+                }
             }
         }
         out
@@ -358,12 +445,18 @@ mod tests {
     /// A signed zone of a few names, its key in `dir`.
     fn signed_zone(dir: &std::path::Path, validity_days: u32, refresh_days: u32) -> Snapshot {
         ZoneKey::create(&dir.join("zone.key"), ZoneAlgorithm::Ed25519).expect("key");
+        signed_with(dir, validity_days, refresh_days, Some("zone.key"), None)
+    }
+
+    fn signed_with(dir: &std::path::Path, validity_days: u32, refresh_days: u32, file: Option<&str>, key_dir: Option<&str>) -> Snapshot {
         let config = crate::zone::dns_zone::DnsZoneConfig {
             dnssec: Some(crate::zone::dns_zone::DnssecConfig {
-                key_file: "zone.key".into(),
+                key_file: file.map(Into::into),
+                key_dir: key_dir.map(Into::into),
+                rolls_keys: true,
                 signature_validity_days: validity_days,
                 signature_refresh_days: refresh_days,
-                dnskey_ttl_secs: 3600,
+                dnskey_ttl_secs: None,
             }),
             origin: "example.test.".into(),
             soa: None,
@@ -376,35 +469,39 @@ mod tests {
         Snapshot::build(Arc::new(zone), &dnsplan_common::store::ActiveSnapshot::default())
     }
 
-    /// Signatures are made again whole once the oldest has less than the refresh time left,
-    /// not before; every RRset is signed anew.
+    /// Signatures are made again whole when a new period (validity minus refresh) begins, not
+    /// before; those of a whole signing are valid from the start of its period, so the oldest
+    /// has the refresh time left then; every RRset is signed anew.
     #[test]
     fn a_quiet_zone_is_signed_again_before_its_signatures_expire() {
+        const PERIOD: u32 = 7 * 86_400;
         let dir = tempfile::tempdir().expect("dir");
         let mut snapshot = signed_zone(dir.path(), 14, 7);
         let now = unix_now();
+        let start = now - now % PERIOD;
         assert!(!snapshot.resign_due(now), "just signed");
-        assert!(!snapshot.resign_due(now + 6 * 86_400), "more than 7 days left");
-        assert!(snapshot.resign_due(now + 7 * 86_400), "7 days left");
+        assert!(!snapshot.resign_due(start + PERIOD - 1), "the same period");
+        assert!(snapshot.resign_due(start + PERIOD), "the next period");
+        assert_eq!(snapshot.signatures_expire_at(), Some(start + 14 * 86_400), "valid from the period's start");
         let www = key("www.example.test.");
         let before = snapshot.get_key(&www).expect("www").statics.signed_bytes().to_vec();
         assert!(!before.is_empty(), "www is signed");
         let later = now + 8 * 86_400;
         assert!(snapshot.resign_due(later));
         let serial = snapshot.serial;
-        assert_eq!(serial, 1 + now / SECS_PER_DAY, "the base, no change, the day of the first signing");
+        assert_eq!(serial, 1 + start, "the base, no change, the period of the first signing");
         assert_eq!(soa_serial(&snapshot), serial);
         snapshot.resign_all(later);
         assert!(!snapshot.resign_due(later));
         assert_ne!(snapshot.get_key(&www).expect("www").statics.signed_bytes(), &before[..], "signed again");
         // Secondaries must see a new serial to transfer the new signatures.
-        assert_eq!(snapshot.serial, serial + 8, "the serial moves with the day of the signing");
+        assert_eq!(snapshot.serial, 1 + (later - later % PERIOD), "the serial moves with the period of the signing");
         assert_eq!(soa_serial(&snapshot), snapshot.serial, "the SOA served says it");
         // A whole state rebuilt on the static names serves their first signatures: it is as
         // old as they are, so due at once; its serial does not go back.
         let rebuilt = snapshot.apply(&dnsplan_common::store::ActiveDelta { full: true, ..Default::default() });
         assert!(rebuilt.resign_due(later), "a rebuild on the static names' first signatures is due");
-        assert_eq!(rebuilt.serial, snapshot.serial, "a rebuild keeps the day of the newest signing");
+        assert_eq!(rebuilt.serial, snapshot.serial, "a rebuild keeps the period of the newest signing");
     }
 
     /// A round of re-signing in steps signs every name once, a batch a step, keeps the serial
@@ -451,12 +548,84 @@ mod tests {
         for ((name, old), new) in names.iter().zip(&before).zip(&after) {
             assert!(!new.is_empty() && old != new, "{name:?} signed again");
         }
-        assert_eq!(snapshot.serial, serial + 1 + 8, "one content change, and the day of the round");
+        let period = |t: u32| t - t % (7 * 86_400);
+        assert_eq!(snapshot.serial, serial + 1 + period(later) - period(now), "one content change, and the period of the round");
         assert_eq!(soa_serial(&snapshot), snapshot.serial);
         assert!(
             snapshot.get_key(&key("api.example.test.")).is_some_and(|e| !e.statics.signed_bytes().is_empty()),
             "the name added is signed"
         );
+    }
+
+    /// The key tags of the RRSIGs at `name` covering `rtype`.
+    fn signers_of(snapshot: &Snapshot, name: &str, rtype: RecordType) -> Vec<u16> {
+        let entry = snapshot.get_key(&key(name)).expect("name");
+        rrsigs(entry, rtype).map(|r| u16::from_be_bytes([r.rdata[16], r.rdata[17]])).collect()
+    }
+
+    /// A zone signed from a key directory: the KSK signs the DNSKEY RRset, the ZSK the rest. A
+    /// new ZSK published changes the apex and the serial at once; once it signs, a round signs
+    /// every name with it and the serial moves only when the round ends; a whole state rebuilt
+    /// after the change signs every name again (its static names' signatures may be by a key
+    /// since removed).
+    #[test]
+    fn new_keys_are_published_then_sign_every_name_and_the_serial_follows() {
+        use dnsplan_common::dnssec_keys::{At, KeyDir, Policy};
+        let dir = tempfile::tempdir().expect("dir");
+        let now = unix_now();
+        let policy = Policy { dnskey_ttl_secs: 300, propagation_delay_secs: 300, ..Policy::default() };
+        let mut keys = KeyDir::init(&dir.path().join("keys"), ZoneAlgorithm::Ed25519, None, policy, At(u64::from(now))).expect("init");
+        let mut snapshot = signed_with(dir.path(), 14, 7, None, Some("keys"));
+        let view = keys.view(At(u64::from(now))).expect("view");
+        let (ksk, zsk) = (view.ksks[0].tag(), view.zsk[0].tag());
+        assert_eq!(signers_of(&snapshot, "example.test.", RecordType::DNSKEY), vec![ksk]);
+        assert_eq!(signers_of(&snapshot, "www.example.test.", RecordType::A), vec![zsk]);
+        let signer = |keys: &KeyDir, t: u32| {
+            let old = snapshot_signer(&keys.view(At(u64::from(t))).expect("view"));
+            Arc::new(old)
+        };
+        // The roll: a new ZSK published.
+        let t1 = now + 10;
+        keys.roll_zsk(At(u64::from(t1))).expect("roll");
+        let serial = snapshot.serial;
+        snapshot.set_signer(signer(&keys, t1), t1).expect("set");
+        assert!(!snapshot.resigning(), "the signing key is the same");
+        assert_eq!(snapshot.serial, serial + 1, "a new DNSKEY RRset, a new serial");
+        let dnskeys = snapshot.get_key(&key("example.test.")).expect("apex").statics.raw().filter(|r| r.rtype == RecordType::DNSKEY).count();
+        assert_eq!(dnskeys, 3, "the KSK and both ZSKs");
+        assert_eq!(signers_of(&snapshot, "www.example.test.", RecordType::A), vec![zsk], "the old ZSK signs until the lead is over");
+        // The new ZSK signs: a round, the serial held until its end.
+        let t2 = t1 + 600;
+        let next = signer(&keys, t2);
+        let new_zsk = next.keys.zsk[0].tag();
+        assert_ne!(new_zsk, zsk);
+        let serial = snapshot.serial;
+        snapshot.set_signer(next, t2).expect("set");
+        assert!(snapshot.resigning(), "a round signs every name with the new ZSK");
+        assert_eq!(snapshot.serial, serial, "the serial waits for the round");
+        while snapshot.resign_step(t2, 1) == ResignStep::Signing {
+            assert_eq!(snapshot.serial, serial);
+        }
+        assert_eq!(snapshot.serial, serial + 1, "the round's end moves the serial");
+        for name in ["example.test.", "www.example.test.", "mail.example.test."] {
+            let rtype = if name == "example.test." { RecordType::SOA } else { RecordType::A };
+            assert_eq!(signers_of(&snapshot, name, rtype), vec![new_zsk], "{name} signed by the new ZSK");
+        }
+        assert_eq!(signers_of(&snapshot, "example.test.", RecordType::DNSKEY), vec![ksk], "the KSK signs the DNSKEY RRset");
+        let rebuilt = snapshot.apply(&dnsplan_common::store::ActiveDelta { full: true, ..Default::default() });
+        assert_eq!(signers_of(&rebuilt, "www.example.test.", RecordType::A), vec![new_zsk], "a rebuild signs with the keys of now");
+        assert!(rebuilt.serial >= snapshot.serial, "and never goes back");
+    }
+
+    /// A `ZoneSigner` of the test zone's validity with `keys`.
+    fn snapshot_signer(keys: &dnsplan_common::dnssec_keys::SigningKeys) -> crate::zone::dns_zone::ZoneSigner {
+        crate::zone::dns_zone::ZoneSigner {
+            keys: keys.clone(),
+            source: crate::zone::dns_zone::KeySource::File,
+            validity_secs: 14 * 86_400,
+            refresh_secs: 7 * 86_400,
+            dnskey_ttl_secs: 300,
+        }
     }
 
     fn endpoint() -> dnsplan_common::Endpoint {

@@ -495,10 +495,22 @@ pub enum Found<'a> {
 
 type Shard = HashTable<Arc<Entry>>;
 
+/// The entry at `key` in `shards`, made if missing; copied first where shared.
+fn entry_in<'a>(shards: &'a mut Arc<[Arc<Shard>]>, key: &[u8]) -> &'a mut Entry {
+    let hash = hash_key(key);
+    let n = shards.len();
+    let shard = Arc::make_mut(&mut Arc::make_mut(shards)[shard_of(hash, n)]);
+    let entry = shard
+        .entry(hash, |e| &*e.key == key, |e| hash_key(&e.key))
+        .or_insert_with(|| Arc::new(Entry { key: SmallVec::from_slice(key), ..Entry::default() }))
+        .into_mut();
+    Arc::make_mut(entry)
+}
+
 #[derive(Clone)]
 pub struct Snapshot {
     pub zone: Arc<StaticZone>,
-    /// SOA serial: `serial_of(zone.serial_base, content_changes)`, plus `signing_day` in a
+    /// SOA serial: `serial_of(zone.serial_base, content_changes)`, plus `signing_term` in a
     /// signed zone (safety never compares serials; secondaries do, in RFC 1982 arithmetic).
     pub serial: u32,
     /// The store's applied-change count this snapshot is the state at: what the follower asks
@@ -525,7 +537,7 @@ pub struct Snapshot {
     /// The shards of the static names alone (`statics_in`'s), which a whole state is rebuilt
     /// on (`apply` of a full delta): the zone's records are not kept beside them. Entries are
     /// shared with `shards` until a managed endpoint changes one.
-    statics: Arc<[Arc<Shard>]>,
+    pub(super) statics: Arc<[Arc<Shard>]>,
     managed_count: usize,
     /// How many managed endpoints serve each generation.
     generations: Arc<BTreeMap<Generation, usize>>,
@@ -535,19 +547,24 @@ pub struct Snapshot {
     /// A signed zone's NSEC owners in canonical order (`signed`); `None` unsigned.
     pub(super) chain: Option<Arc<crate::zone::chain::NsecChain>>,
     /// The chain of the static names alone (`statics`'s).
-    statics_chain: Option<Arc<crate::zone::chain::NsecChain>>,
-    /// When the static names' signatures (`statics`'s) were made: a whole state rebuilt on
-    /// them serves those, so it is as old as they are (`resign_due`).
-    statics_signed_at: u32,
+    pub(super) statics_chain: Option<Arc<crate::zone::chain::NsecChain>>,
+    /// The period start the static names' signatures (`statics`'s) were made for: a whole
+    /// state rebuilt on them serves those, so it is as old as they are (`resign_due`).
+    pub(super) statics_signed_at: u32,
     /// Names changed since they were last signed (a signed zone's), signed at `set_serial`.
     pub(super) unsigned: Vec<Box<[u8]>>,
-    /// When every signature was last made again (seconds since the epoch): the oldest any
-    /// signature served can be.
+    /// The start of the period (`ZoneSigner::period_secs`) every signature was last made again
+    /// in, seconds since the epoch: the signatures of a whole signing are valid from it, so it
+    /// is the oldest any signature served can be.
     pub(super) signed_all_at: u32,
-    /// A signed zone's: the day (since the epoch) of the newest signing of every name, never
-    /// back within a process. It is part of the serial (`set_serial`), so a zone signed again
-    /// whole before its signatures expire has a new serial and secondaries transfer it.
-    pub(super) signing_day: u32,
+    /// A signed zone's part of the serial (`set_serial`): the period start of its last whole
+    /// signing (`signed_all_at`) plus how many times of its key schedule fell since
+    /// (`SigningKeys::events_since`), never back within a process (a whole state rebuilt on
+    /// older static signatures keeps it). A zone signed again whole before its signatures
+    /// expire (a new period: at least a day on) or whose keys changed has a new serial, and
+    /// secondaries transfer it. It follows from the time and the key schedule alone, so a
+    /// restart in the same period, or another authority with the same keys, serves the same.
+    pub(super) signing_term: u32,
     /// A round of signing every name again under way (`resign_step`).
     pub(super) round: Option<crate::zone::signed::Round>,
     /// The names whose signatures the last signing made again, besides the names changed
@@ -624,7 +641,7 @@ impl Snapshot {
             statics_signed_at: 0,
             unsigned: Vec::new(),
             signed_all_at: 0,
-            signing_day: 0,
+            signing_term: 0,
             round: None,
             last_signed: Some(Arc::default()),
             zone: zone.clone(),
@@ -682,7 +699,7 @@ impl Snapshot {
             statics_signed_at: self.statics_signed_at,
             unsigned: Vec::new(),
             signed_all_at: self.statics_signed_at,
-            signing_day: self.signing_day,
+            signing_term: self.signing_term,
             round: None,
             last_signed: None,
         }
@@ -796,10 +813,8 @@ impl Snapshot {
         self.content_changes = content_changes;
         self.serial = serial_of(self.zone.serial_base, content_changes);
         if self.zone.signer.is_some() {
-            if self.signs_everything_next() {
-                self.signing_day = self.signing_day.max(crate::zone::signed::unix_now() / crate::zone::signed::SECS_PER_DAY);
-            }
-            self.serial = self.serial.wrapping_add(self.signing_day);
+            self.note_signing_term(crate::zone::signed::unix_now());
+            self.serial = self.serial.wrapping_add(self.signing_term);
         }
         let soa = &self.zone.soa;
         let [refresh, retry, expire] = [soa.refresh, soa.retry, soa.expire].map(i32::to_be_bytes);
@@ -920,16 +935,13 @@ impl Snapshot {
     }
 
     pub(super) fn entry_mut(&mut self, key: &[u8]) -> &mut Entry {
-        let hash = hash_key(key);
-        let shard = {
-            let n = self.shards.len();
-            Arc::make_mut(&mut Arc::make_mut(&mut self.shards)[shard_of(hash, n)])
-        };
-        let entry = shard
-            .entry(hash, |e| &*e.key == key, |e| hash_key(&e.key))
-            .or_insert_with(|| Arc::new(Entry { key: SmallVec::from_slice(key), ..Entry::default() }))
-            .into_mut();
-        Arc::make_mut(entry)
+        entry_in(&mut self.shards, key)
+    }
+
+    /// The entry at `key` among the static names alone (`statics`), made if missing: for a
+    /// change of the static records themselves (a signed zone's keys, `signed`).
+    pub(super) fn static_entry_mut(&mut self, key: &[u8]) -> &mut Entry {
+        entry_in(&mut self.statics, key)
     }
 
     /// The entry at a lower-case wire-form name.
