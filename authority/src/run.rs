@@ -218,9 +218,9 @@ async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
     loop {
         let mut earliest: Option<u32> = None;
         for serving in zones.signed() {
-            // A static zone changes only here: its keys, then its whole round in one step.
-            let keys_changed = serving.keys_step().await;
-            if serving.resign_step(false, usize::MAX).await == crate::zone::signed::ResignStep::Done || keys_changed {
+            // A static zone's signatures change only here (its keys: `keep_keys`): its whole
+            // round in one step.
+            if serving.resign_step(false, usize::MAX).await == crate::zone::signed::ResignStep::Done {
                 crate::xfr::notify::spawn_static(serving.clone());
             }
             if let Some(at) = serving.snapshot.load().signatures_expire_at() {
@@ -229,6 +229,28 @@ async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
         }
         metrics.observe_static_signatures(earliest);
         tokio::time::sleep(crate::serving::RESIGN_CHECK).await;
+    }
+}
+
+/// Reads a signed zone's key directory every `every` (`Serving::keys_step`, `key_check_secs`)
+/// until dropped; when its keys changed, a round of signing every name with a new ZSK is taken
+/// here a batch at a time (the follower may take steps of it too: each is a swap over the
+/// snapshot it started from, so none is taken twice). `static_zone`: its secondaries are
+/// notified here (the managed zone's NOTIFY tasks follow `served_serial`) and the metrics are
+/// the managed zone's.
+async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zone: bool) {
+    loop {
+        tokio::time::sleep(every).await;
+        if !serving.keys_step().await {
+            continue;
+        }
+        while serving.snapshot.load().resigning() {
+            serving.resign_step(!static_zone, crate::follow::follower::RESIGN_BATCH).await;
+            tokio::time::sleep(crate::follow::follower::RESIGN_PAUSE).await;
+        }
+        if static_zone {
+            crate::xfr::notify::spawn_static(serving.clone());
+        }
     }
 }
 
@@ -555,6 +577,12 @@ where
     crate::xfr::notify::spawn(&mut tasks, &serving);
     if others.has_signed() {
         tasks.spawn(resign_static_zones(others.clone(), metrics.clone()));
+    }
+    // Zones signed with a key directory: read again, their keys rolled.
+    for (zone, static_zone) in std::iter::once((serving.clone(), false)).chain(others.signed().into_iter().map(|z| (z, true))) {
+        if let Some(every) = zone.zone.signer.as_ref().and_then(|s| s.key_check()) {
+            tasks.spawn(keep_keys(zone, every, static_zone));
+        }
     }
     // The zones the store manages beside its first one, served as its registry says.
     let zones_changed = Arc::new(tokio::sync::Notify::new());

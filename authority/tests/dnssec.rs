@@ -198,14 +198,15 @@ async fn signed_zone_validates(algorithm: ZoneAlgorithm) -> anyhow::Result<()> {
         ],
     );
 
-    // The metric the expiry alert reads: 14 days (the default validity) from the signing.
+    // The metric the expiry alert reads: 14 days (the default validity) from the start of the
+    // signing's period (7 days: validity minus refresh, counted from the epoch).
     let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
     let expires = metrics
         .lines()
         .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap_or_else(|| panic!("no dnsplan_dnssec_signatures_expire_timestamp_seconds in:\n{metrics}"));
-    let in_14_days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64() + 14.0 * 86_400.0;
+    let in_14_days = period_start(7)? + 14.0 * 86_400.0;
     assert!((expires - in_14_days).abs() < 600.0, "signatures expire at {expires}, not about {in_14_days}");
 
     let wrong = ZoneKey::generate(algorithm)?.0;
@@ -271,9 +272,10 @@ async fn a_static_zone_of_the_config_is_signed_and_validates() -> anyhow::Result
     let (ok, out) = run(&verify, &["-z", "-o", "static.test.", &file.to_string_lossy()]);
     assert!(ok && out.contains("fully signed"), "dnssec-verify refuses the static zone's AXFR:\n{out}");
 
-    // The expiry gauge is the earliest of both zones: the static zone's 10 days, not the
-    // managed zone's 14 (its task looks at once, then every 30 s).
-    let in_10_days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64() + 10.0 * 86_400.0;
+    // The expiry gauge is the earliest of both zones: the static zone's 10 days from the start
+    // of its period (6 days: 10 minus 4), not the managed zone's (its task looks at once, then
+    // every 30 s).
+    let in_10_days = (period_start(6)? + 10.0 * 86_400.0).min(period_start(7)? + 14.0 * 86_400.0);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
@@ -289,6 +291,12 @@ async fn a_static_zone_of_the_config_is_signed_and_validates() -> anyhow::Result
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// The start of the signing period of `days` days now is in (seconds since the epoch).
+fn period_start(days: u64) -> anyhow::Result<f64> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    Ok((now - now % (days * 86_400)) as f64)
 }
 
 /// The whole zone `origin` by AXFR from 127.0.0.1@`port` (TSIG-signed), written to `file`

@@ -98,12 +98,7 @@ static SIGNED: LazyLock<Snapshot> = LazyLock::new(|| {
     dnsplan_common::dnssec::ZoneKey::create(&dir.path().join("zone.key"), dnsplan_common::dnssec::ZoneAlgorithm::EcdsaP256Sha256)
         .expect("key");
     let mut config = dnsplan_tests::stack::dns_zone_config(Some("zone.db"));
-    config.dnssec = Some(dnsplan_authority::zone::dns_zone::DnssecConfig {
-        key_file: "zone.key".into(),
-        signature_validity_days: 14,
-        signature_refresh_days: 7,
-        dnskey_ttl_secs: 3600,
-    });
+    config.dnssec = Some(dnsplan_authority::zone::dns_zone::DnssecConfig::with_key_file("zone.key"));
     Snapshot::build(Arc::new(StaticZone::load(&config, dir.path()).expect("zone")), &active())
 });
 static MANY_SERVERS: LazyLock<Snapshot> = LazyLock::new(|| Snapshot::build(many_servers_zone(), &active()));

@@ -96,7 +96,7 @@ fn main() -> ExitCode {
             // --zone is needed.
             Command::Ops(commands::Command::Zone {
                 command: command @ (commands::ZoneCommand::Key { .. } | commands::ZoneCommand::Ds { .. }),
-            }) => match dnsplan_cli::zone_key::run(command, cli.output) {
+            }) => match dnsplan_cli::zone_key::run(command, cli.output).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(err) => {
                     eprintln!("error: {err:#}");

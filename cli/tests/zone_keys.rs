@@ -246,3 +246,50 @@ fn the_check_for_private_material_finds_it() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `zone key init --from-key`: the zone's key file of today becomes the KSK, so the DS the
+/// parent holds is still the one printed (`zone ds --key-dir` equals `zone ds --key`); the
+/// directory is 0700 and every key file in it 0600; nothing private is printed; the new ZSK is
+/// only published (it signs after the lead), as `zone key list` says; a directory in use is
+/// never made again.
+#[test]
+fn a_key_directory_made_from_a_key_file_keeps_its_ds() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("zone.key");
+    let keys = dir.path().join("keys");
+    let (file_path, keys_path) = (file.to_str().expect("UTF-8"), keys.to_str().expect("UTF-8"));
+    let out = dnsplan(&["zone", "key", "new", file_path, "--dns-zone", "example.org."])?;
+    anyhow::ensure!(out.status.success(), "zone key new: {}", text(&out.stderr));
+    let ds_before = dnsplan(&["zone", "ds", "--key", file_path, "--dns-zone", "example.org."])?;
+    let out = dnsplan(&["zone", "key", "init", keys_path, "--dns-zone", "example.org.", "--from-key", file_path])?;
+    let printed = text(&out.stdout);
+    anyhow::ensure!(out.status.success(), "zone key init: {}", text(&out.stderr));
+    anyhow::ensure!(printed.contains(&format!("key_dir = \"{keys_path}\"")), "{printed}");
+    let ds_after = dnsplan(&["zone", "ds", "--key-dir", keys_path])?;
+    anyhow::ensure!(ds_after.status.success(), "zone ds --key-dir: {}", text(&ds_after.stderr));
+    anyhow::ensure!(
+        text(&ds_after.stdout) == text(&ds_before.stdout),
+        "the DS changed:\n{}\n{}",
+        text(&ds_before.stdout),
+        text(&ds_after.stdout)
+    );
+    anyhow::ensure!(printed.contains(text(&ds_before.stdout).trim()), "init prints the DS:\n{printed}");
+    anyhow::ensure!(std::fs::metadata(&keys)?.permissions().mode() & 0o777 == 0o700, "the directory's mode");
+    for entry in std::fs::read_dir(&keys)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "pem") {
+            anyhow::ensure!(std::fs::metadata(&path)?.permissions().mode() & 0o777 == 0o600, "{}'s mode", path.display());
+            no_private_material(&path, &printed)?;
+        }
+    }
+    let list = dnsplan(&["zone", "key", "list", keys_path])?;
+    let listed = text(&list.stdout);
+    anyhow::ensure!(list.status.success(), "zone key list: {}", text(&list.stderr));
+    let rows: Vec<&str> = listed.lines().filter(|l| l.starts_with(|c: char| c.is_ascii_digit())).collect();
+    anyhow::ensure!(rows.len() == 2, "{listed}");
+    anyhow::ensure!(rows.iter().any(|r| r.contains("KSK") && r.contains("signing, in CDS")), "{listed}");
+    anyhow::ensure!(rows.iter().any(|r| r.contains("ZSK") && r.contains("published")), "the ZSK waits for the lead:\n{listed}");
+    let again = dnsplan(&["zone", "key", "init", keys_path, "--dns-zone", "example.org."])?;
+    anyhow::ensure!(again.status.code() == Some(2) && text(&again.stderr).contains("not empty"), "{}", text(&again.stderr));
+    Ok(())
+}

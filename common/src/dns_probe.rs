@@ -2,8 +2,8 @@
 //! falling back to TCP when the answer is truncated, and reports what a resolver would see.
 //! Enactors verify applied plans with it; tests and the chaos prober watch answers with it.
 
-pub use hickory_proto::op::ResponseCode;
-use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::op::{Edns, MessageType, OpCode, Query};
+pub use hickory_proto::op::{Message, ResponseCode};
 pub use hickory_proto::rr::RecordType;
 use hickory_proto::rr::{Name, RData};
 use std::collections::BTreeSet;
@@ -48,13 +48,18 @@ impl DnsAnswer {
 
 /// Asks `server` for `name`'s `qtype` records with a timeout on the whole exchange.
 pub async fn query(server: SocketAddr, name: &str, qtype: RecordType, timeout: Duration) -> Result<DnsAnswer, ProbeError> {
+    query_message(server, name, qtype, timeout).await.map(|reply| summarise(&reply))
+}
+
+/// As `query`, the whole reply.
+pub async fn query_message(server: SocketAddr, name: &str, qtype: RecordType, timeout: Duration) -> Result<Message, ProbeError> {
     match tokio::time::timeout(timeout, exchange(server, name, qtype)).await {
         Ok(result) => result,
         Err(_) => Err(ProbeError::Timeout { server, timeout }),
     }
 }
 
-async fn exchange(server: SocketAddr, name: &str, qtype: RecordType) -> Result<DnsAnswer, ProbeError> {
+async fn exchange(server: SocketAddr, name: &str, qtype: RecordType) -> Result<Message, ProbeError> {
     let io = |source| ProbeError::Io { server, source };
     let qname = Name::from_ascii(name).map_err(|_| ProbeError::BadName(name.into()))?;
     let id: u16 = rand::random();
@@ -82,8 +87,7 @@ async fn exchange(server: SocketAddr, name: &str, qtype: RecordType) -> Result<D
             _ => continue,
         }
     };
-    let reply = if reply.metadata.truncation { exchange_tcp(server, &packet, id).await? } else { reply };
-    Ok(summarise(&reply))
+    if reply.metadata.truncation { exchange_tcp(server, &packet, id).await } else { Ok(reply) }
 }
 
 async fn exchange_tcp(server: SocketAddr, packet: &[u8], id: u16) -> Result<Message, ProbeError> {

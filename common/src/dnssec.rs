@@ -220,7 +220,11 @@ impl ZoneKey {
         let ds = self.ds(origin)?;
         Ok([
             RData::DNSSEC(DNSSECRData::CDS(CDS::new(ds.key_tag(), Some(ds.algorithm()), DigestType::SHA256, ds.digest().to_vec()))),
-            RData::DNSSEC(DNSSECRData::CDNSKEY(CDNSKEY::with_flags(self.flags, Some(self.algorithm.hickory()), self.public_key().to_vec()))),
+            RData::DNSSEC(DNSSECRData::CDNSKEY(CDNSKEY::with_flags(
+                self.flags,
+                Some(self.algorithm.hickory()),
+                self.public_key().to_vec(),
+            ))),
         ])
     }
 
@@ -277,9 +281,7 @@ pub fn write_private(path: &Path, pem: &str) -> Result<(), ZoneKeyError> {
         std::io::ErrorKind::AlreadyExists => ZoneKeyError::Exists { path: path.to_owned() },
         _ => ZoneKeyError::Write { path: path.to_owned(), error },
     })?;
-    file.write_all(pem.as_bytes())
-        .and_then(|()| file.sync_all())
-        .map_err(|error| ZoneKeyError::Write { path: path.to_owned(), error })
+    file.write_all(pem.as_bytes()).and_then(|()| file.sync_all()).map_err(|error| ZoneKeyError::Write { path: path.to_owned(), error })
 }
 
 /// The RDATA of type `rtype` in canonical form (RFC 4034 §6.2): names in it uncompressed, and

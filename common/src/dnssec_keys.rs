@@ -188,9 +188,12 @@ impl KeyEntry {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeysFile {
+    /// The zone the keys sign (lower case, with the final dot): an authority refuses the
+    /// directory for another zone.
+    zone: String,
     #[serde(default)]
     policy: Policy,
     #[serde(default, rename = "key")]
@@ -234,7 +237,8 @@ impl SigningKeys {
 
     /// The apex records that publish the keys: a DNSKEY each, and CDS and CDNSKEY for `cds`.
     pub fn apex_rdata(&self, origin: &Name) -> Result<Vec<RData>, ZoneKeyError> {
-        let mut out: Vec<RData> = self.dnskeys.iter().map(|k| RData::DNSSEC(hickory_proto::dnssec::rdata::DNSSECRData::DNSKEY(k.dnskey().clone()))).collect();
+        let mut out: Vec<RData> =
+            self.dnskeys.iter().map(|k| RData::DNSSEC(hickory_proto::dnssec::rdata::DNSSECRData::DNSKEY(k.dnskey().clone()))).collect();
         for key in &self.cds {
             out.extend(key.cds_rdata(origin)?);
         }
@@ -264,6 +268,12 @@ impl SigningKeys {
     }
 }
 
+/// Checks the text of a `keys.toml` (its fields, times and policy) without its key files.
+pub fn check_schedule(text: &str) -> Result<(), String> {
+    let file: KeysFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    file.policy.check().map_err(|e| format!("[policy] {e}"))
+}
+
 /// A key directory read (`load`), its keys loaded.
 pub struct KeyDir {
     path: PathBuf,
@@ -281,6 +291,11 @@ impl KeyDir {
 
     pub fn policy(&self) -> &Policy {
         &self.file.policy
+    }
+
+    /// The zone the keys sign, as `init` wrote it (lower case, final dot).
+    pub fn zone(&self) -> &str {
+        &self.file.zone
     }
 
     pub fn entries(&self) -> &[KeyEntry] {
@@ -344,7 +359,14 @@ impl KeyDir {
     /// zone signed with `algorithm`. `from_key`: the KSK is that combined key (its DS stays
     /// what the parent holds), and the ZSK, published now, signs once it is in every cache;
     /// else both are new and sign now.
-    pub fn init(path: &Path, algorithm: ZoneAlgorithm, from_key: Option<&Path>, policy: Policy, now: At) -> Result<KeyDir, KeyDirError> {
+    pub fn init(
+        path: &Path,
+        zone: &str,
+        algorithm: ZoneAlgorithm,
+        from_key: Option<&Path>,
+        policy: Policy,
+        now: At,
+    ) -> Result<KeyDir, KeyDirError> {
         let refused = |detail: String| KeyDirError::Refused { path: path.to_owned(), detail };
         policy.check().map_err(refused)?;
         let io = |error| KeyDirError::Io { path: path.to_owned(), error };
@@ -363,13 +385,17 @@ impl KeyDir {
             Err(e) => return Err(io(e)),
         }
         let _lock = KeyDir::lock(path)?;
-        let mut dir = KeyDir { path: path.to_owned(), file: KeysFile { policy, keys: Vec::new() }, keys: Vec::new() };
+        let zone = zone.to_ascii_lowercase();
+        let zone = if zone.ends_with('.') { zone } else { format!("{zone}.") };
+        let mut dir = KeyDir { path: path.to_owned(), file: KeysFile { zone, policy, keys: Vec::new() }, keys: Vec::new() };
         match from_key {
             Some(from) => {
                 let key = ZoneKey::load_with(from, CSK_FLAGS)?;
                 let pem = crate::signing::read_owner_only(from).map_err(|e| match e {
                     crate::signing::OwnerOnly::Read(error) => KeyDirError::Io { path: from.to_owned(), error },
-                    crate::signing::OwnerOnly::Exposed(mode) => refused(format!("{} may be read by others (mode {mode:o})", from.display())),
+                    crate::signing::OwnerOnly::Exposed(mode) => {
+                        refused(format!("{} may be read by others (mode {mode:o})", from.display()))
+                    }
                 })?;
                 let file = format!("ksk-{}-{}.pem", key.algorithm().number(), key.tag());
                 crate::dnssec::write_private(&path.join(&file), &String::from_utf8_lossy(&pem))?;
@@ -441,7 +467,10 @@ impl KeyDir {
     pub fn view(&self, t: At) -> Result<SigningKeys, KeyDirError> {
         let published: Vec<&KeyEntry> = self.file.keys.iter().filter(|e| e.published_at(t)).collect();
         let keys = |entries: Vec<&KeyEntry>| -> Result<Vec<Arc<ZoneKey>>, KeyDirError> {
-            entries.into_iter().map(|e| self.key(&e.file).cloned().ok_or_else(|| self.refused(format!("{} is not loaded", e.file)))).collect()
+            entries
+                .into_iter()
+                .map(|e| self.key(&e.file).cloned().ok_or_else(|| self.refused(format!("{} is not loaded", e.file))))
+                .collect()
         };
         let mut ordered: Vec<&KeyEntry> = published.iter().copied().filter(|e| e.role == KeyRole::Ksk).collect();
         ordered.extend(published.iter().copied().filter(|e| e.role == KeyRole::Zsk));
@@ -478,7 +507,10 @@ impl KeyDir {
     /// A ZSK made after the one signing at `t`, not yet active: a roll under way.
     fn zsk_successor(&self, t: At) -> Option<usize> {
         let current = self.signing_zsk(t).map(|i| self.file.keys[i].active);
-        self.file.keys.iter().position(|e| e.role == KeyRole::Zsk && e.active > t && e.removed.is_none() && current.is_none_or(|c| e.active > c))
+        self.file
+            .keys
+            .iter()
+            .position(|e| e.role == KeyRole::Zsk && e.active > t && e.removed.is_none() && current.is_none_or(|c| e.active > c))
     }
 
     /// The automatic ZSK roll: a successor made when the signing ZSK's lifetime ends within
@@ -611,7 +643,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("keys");
         let policy = Policy::default();
-        let mut keys = KeyDir::init(&path, ZoneAlgorithm::Ed25519, None, policy.clone(), At(T0)).expect("init");
+        let mut keys = KeyDir::init(&path, "example.test.", ZoneAlgorithm::Ed25519, None, policy.clone(), At(T0)).expect("init");
         let mut signed_by: std::collections::BTreeMap<u16, (u64, u64)> = Default::default();
         let mut published_since: std::collections::BTreeMap<u16, u64> = Default::default();
         let mut rolls = 0;
@@ -628,7 +660,11 @@ mod tests {
             }
             let zsk = view.zsk[0].tag();
             let since = published_since[&zsk];
-            assert!(zsk == keys.entries()[1].tag || t - since >= policy.lead_secs(), "ZSK {zsk} signs {}s after it was published", t - since);
+            assert!(
+                zsk == keys.entries()[1].tag || t - since >= policy.lead_secs(),
+                "ZSK {zsk} signs {}s after it was published",
+                t - since
+            );
             signed_by.entry(zsk).or_insert((t, t)).1 = t;
             for (tag, (_, last)) in &signed_by {
                 if t - last < u64::from(policy.max_ttl_secs) + u64::from(policy.propagation_delay_secs) {
@@ -650,7 +686,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("keys");
         let policy = Policy::default();
-        let mut keys = KeyDir::init(&path, ZoneAlgorithm::EcdsaP256Sha256, None, policy.clone(), At(T0)).expect("init");
+        let mut keys = KeyDir::init(&path, "example.test.", ZoneAlgorithm::EcdsaP256Sha256, None, policy.clone(), At(T0)).expect("init");
         let old = keys.view(At(T0)).expect("view").ksks[0].tag();
         keys.roll_ksk(At(T0 + 10)).expect("roll");
         assert!(keys.roll_ksk(At(T0 + 20)).is_err(), "one KSK roll at a time");
@@ -681,7 +717,7 @@ mod tests {
         let combined = ZoneKey::create(&file, ZoneAlgorithm::EcdsaP256Sha256).expect("key");
         let path = dir.path().join("keys");
         let policy = Policy::default();
-        let keys = KeyDir::init(&path, ZoneAlgorithm::Ed25519, Some(&file), policy.clone(), At(T0)).expect("init");
+        let keys = KeyDir::init(&path, "example.test.", ZoneAlgorithm::Ed25519, Some(&file), policy.clone(), At(T0)).expect("init");
         let at_once = keys.view(At(T0)).expect("view");
         assert_eq!(tags(&at_once.cds), vec![combined.tag()], "the DS at the parent still matches");
         assert_eq!(tags(&at_once.zsk), vec![combined.tag()], "the old key signs until the ZSK is in every cache");
@@ -689,14 +725,17 @@ mod tests {
         let later = keys.view(At(T0 + policy.lead_secs())).expect("view");
         assert_ne!(tags(&later.zsk), vec![combined.tag()]);
         assert_eq!(later.zsk[0].algorithm(), ZoneAlgorithm::EcdsaP256Sha256, "the ZSK has the KSK's algorithm");
-        assert!(KeyDir::init(&path, ZoneAlgorithm::Ed25519, None, policy, At(T0)).is_err(), "never over a directory in use");
+        assert!(
+            KeyDir::init(&path, "example.test.", ZoneAlgorithm::Ed25519, None, policy, At(T0)).is_err(),
+            "never over a directory in use"
+        );
     }
 
     #[test]
     fn bad_schedules_are_refused_with_their_reason() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("keys");
-        KeyDir::init(&path, ZoneAlgorithm::Ed25519, None, Policy::default(), At(T0)).expect("init");
+        KeyDir::init(&path, "example.test.", ZoneAlgorithm::Ed25519, None, Policy::default(), At(T0)).expect("init");
         let text = std::fs::read_to_string(path.join(KEYS_FILE)).expect("read");
         let first_tag = text.lines().find(|l| l.starts_with("tag = ")).expect("a tag line").to_owned();
         let other_tag = if first_tag == "tag = 7" { "tag = 8" } else { "tag = 7" };

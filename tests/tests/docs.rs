@@ -2,7 +2,8 @@
 //!
 //! `every_toml_snippet_parses_with_its_config_type`: every ```` ```toml ```` block of README.md
 //! and docs/*.md starts with a comment naming the file it belongs in (`# authority.toml`,
-//! `# enactor.toml`, `# planner.toml` or `# dnsplan.toml`); a block without one fails. A block
+//! `# enactor.toml`, `# planner.toml`, `# dnsplan.toml`, or `# keys.toml` for a DNSSEC key
+//! directory's schedule, checked whole); a block without one fails. A block
 //! may be a fragment: it is merged over that file's example in `examples/` (tables merged key
 //! by key, the block's values winning; a table the block gives a `kind` replaces the example's
 //! whole, since its keys depend on its kind: `[store]`, `[target]`), and the result is
@@ -116,6 +117,10 @@ fn check_snippet(file: &str, snippet: &str) -> Result<(), (Option<usize>, String
         toml::from_str::<T>(merged).map_err(|e| (locate::<T>(snippet), e.message().to_owned()))
     }
 
+    // A key directory's schedule has no example to merge over: the block is whole.
+    if file == "keys.toml" {
+        return dnsplan_common::dnssec_keys::check_schedule(snippet).map_err(|e| (None, e));
+    }
     let example = std::fs::read_to_string(root().join("examples").join(file)).map_err(|e| (None, format!("examples/{file}: {e}")))?;
     let mut table: toml::Table = toml::from_str(&example).map_err(|e| (None, format!("examples/{file}: {e}")))?;
     let over: toml::Table = toml::from_str(snippet).map_err(|e| (e.span().map(|s| line_of(snippet, s.start)), e.message().to_owned()))?;
@@ -142,7 +147,7 @@ fn check_snippet(file: &str, snippet: &str) -> Result<(), (Option<usize>, String
         other => Err((
             None,
             format!(
-                "{other:?} is not a config file; start the block with # authority.toml, # enactor.toml, # planner.toml or # dnsplan.toml"
+                "{other:?} is not a config file; start the block with # authority.toml, # enactor.toml, # planner.toml, # dnsplan.toml or # keys.toml"
             ),
         )),
     }

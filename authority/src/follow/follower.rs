@@ -30,10 +30,10 @@ use thiserror::Error;
 const FOLLOW_WAIT: Duration = Duration::from_secs(30);
 /// Names signed again in one step of a round (`Serving::resign_step`): about 50 ms of
 /// signatures on two cores, the longest a change waits for one.
-const RESIGN_BATCH: usize = 2_048;
+pub const RESIGN_BATCH: usize = 2_048;
 /// The wait on the store between two steps of a round: a change that came meanwhile is
 /// swapped in first.
-const RESIGN_PAUSE: Duration = Duration::from_millis(1);
+pub const RESIGN_PAUSE: Duration = Duration::from_millis(1);
 /// Pause after a failed store read before the follower retries.
 const FOLLOW_RETRY: Duration = Duration::from_millis(500);
 
@@ -124,7 +124,6 @@ impl Serving {
                     Ok(applied) => {
                         reach.answered();
                         seen = StoreVersion { applied_changes: applied, ..now };
-                        self.keys_step().await;
                         self.resign_step(true, RESIGN_BATCH).await;
                     }
                     Err(err) => {
@@ -135,7 +134,6 @@ impl Serving {
                 Ok(now) => {
                     reach.answered();
                     seen = now;
-                    self.keys_step().await;
                     self.resign_step(true, RESIGN_BATCH).await;
                 }
                 Err(err) => {

@@ -62,8 +62,6 @@ pub struct Serving {
     pub answered: std::sync::atomic::AtomicU64,
     /// With a keyring: the follower serves only records a trusted plan says.
     pub plan_check: Option<Arc<crate::serving::trusted::PlanCheck>>,
-    /// When a signed zone's key directory was last read (`keys_step`).
-    keys_read_at: Mutex<Option<Instant>>,
 }
 
 /// The log target of the audit lines (every write that changes what is served or automated).
@@ -112,7 +110,6 @@ impl Serving {
             others: None,
             answered: Default::default(),
             plan_check: None,
-            keys_read_at: Mutex::new(Some(Instant::now())),
         }
     }
 
@@ -141,7 +138,6 @@ impl Serving {
             others: None,
             answered: Default::default(),
             plan_check: None,
-            keys_read_at: Mutex::new(Some(Instant::now())),
         }
     }
 
@@ -224,7 +220,7 @@ impl Serving {
     /// on the store ends (back to back while a round is under way, changes swapped in between),
     /// the static zones' task (`resign_static_zones`) a whole round every `RESIGN_CHECK`. Each
     /// step cuts the IXFR history (a secondary at the serial holds other signatures); the last
-    /// moves the serial (`Snapshot::signing_day`), so the secondaries transfer the new
+    /// moves the serial (`Snapshot::signing_term`), so the secondaries transfer the new
     /// signatures before theirs expire: the managed zone's NOTIFY tasks see `served_serial`
     /// move; a static zone's caller notifies. `observe`: the metrics are this zone's own (a
     /// static zone shares the managed zone's).
@@ -280,30 +276,26 @@ impl Serving {
 }
 
 impl Serving {
-    /// A zone signed with a key directory (`key_dir`): the directory is read again every
-    /// `RESIGN_CHECK` (and the rolls its schedule calls for made, when this authority makes
-    /// them: `ZoneSigner::read_dir`); keys changed since are swapped in
+    /// A zone signed with a key directory (`key_dir`): the directory is read again (and the
+    /// rolls its schedule calls for made, when this authority makes them:
+    /// `ZoneSigner::read_dir`); keys changed since are swapped in
     /// (`Snapshot::set_signer`: the apex's DNSKEY, CDS and CDNSKEY, and with a new ZSK a round
     /// of signing every name with it). Not while a round is under way. The IXFR history is cut
-    /// (a secondary at the serial holds other signatures). Returns whether the serial moved:
+    /// (a secondary at the serial holds other signatures). Returns whether new keys were
+    /// swapped in (a new ZSK's round is then under way, and the serial moves at its end):
     /// a static zone's caller notifies; the managed zone's NOTIFY tasks see `served_serial`.
     pub async fn keys_step(&self) -> bool {
         let current = self.snapshot.load_full();
         let Some(signer) = current.zone.signer.clone() else { return false };
-        let crate::zone::dns_zone::KeySource::Dir { path, rolls } = signer.source.clone() else { return false };
+        let crate::zone::dns_zone::KeySource::Dir { path, rolls, .. } = signer.source.clone() else { return false };
         if current.resigning() {
             return false;
         }
-        {
-            let mut read_at = self.keys_read_at.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if read_at.is_some_and(|at| at.elapsed() < RESIGN_CHECK.saturating_sub(std::time::Duration::from_secs(5))) {
-                return false;
-            }
-            *read_at = Some(Instant::now());
-        }
         let now = crate::zone::signed::unix_now();
-        let dir = path.clone();
-        let (keys, ttl) = match tokio::task::spawn_blocking(move || crate::zone::dns_zone::ZoneSigner::read_dir(&dir, rolls, now)).await {
+        let (dir, origin) = (path.clone(), self.zone.origin.clone());
+        let (keys, ttl) = match tokio::task::spawn_blocking(move || crate::zone::dns_zone::ZoneSigner::read_dir(&dir, &origin, rolls, now))
+            .await
+        {
             Ok(Ok(read)) => read,
             Ok(Err(err)) => {
                 tracing::error!(zone = %self.zone.origin, key_dir = %path.display(), error = %err, "the zone's key directory could not be read; it stays signed with the keys it has");
@@ -342,13 +334,13 @@ impl Serving {
             let before = self.snapshot.compare_and_swap(&current, next.clone());
             if !Arc::ptr_eq(&before, &current) {
                 // A change came in meanwhile: read again at the next look.
-                *self.keys_read_at.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
                 return false;
             }
             *journal = Journal::cut(serial, self.transfer.ixfr_history_names_max());
         }
         tracing::info!(zone = %self.zone.origin, keys = %summary, serial, resigning = next.resigning(), "the zone's DNSSEC keys changed");
-        self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial)
+        self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
+        true
     }
 }
 

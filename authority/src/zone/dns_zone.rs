@@ -53,6 +53,10 @@ pub struct DnssecConfig {
     /// directory). `false` on an authority that serves a copy of another's directory.
     #[serde(default = "default_rolls_keys")]
     pub rolls_keys: bool,
+    /// With `key_dir`: how often the directory is read again (its schedule followed, a roll
+    /// made by `dnsplan zone key roll` taken).
+    #[serde(default = "default_key_check")]
+    pub key_check_secs: u32,
     /// How long a signature is valid from when it is made.
     #[serde(default = "default_signature_validity")]
     pub signature_validity_days: u32,
@@ -64,8 +68,26 @@ pub struct DnssecConfig {
     pub dnskey_ttl_secs: Option<u32>,
 }
 
+impl DnssecConfig {
+    /// Signed with the one combined key at `key_file`, every other field its default.
+    pub fn with_key_file(key_file: impl Into<PathBuf>) -> DnssecConfig {
+        DnssecConfig {
+            key_file: Some(key_file.into()),
+            key_dir: None,
+            rolls_keys: default_rolls_keys(),
+            key_check_secs: default_key_check(),
+            signature_validity_days: default_signature_validity(),
+            signature_refresh_days: default_signature_refresh(),
+            dnskey_ttl_secs: None,
+        }
+    }
+}
+
 fn default_rolls_keys() -> bool {
     true
+}
+fn default_key_check() -> u32 {
+    30
 }
 fn default_signature_validity() -> u32 {
     14
@@ -81,8 +103,8 @@ const DNSKEY_TTL_SECS: u32 = 3_600;
 pub enum KeySource {
     /// `key_file`: one combined key.
     File,
-    /// `key_dir`, read again every `RESIGN_CHECK`; `rolls`: this authority makes the rolls.
-    Dir { path: PathBuf, rolls: bool },
+    /// `key_dir`, read again every `check_secs`; `rolls`: this authority makes the rolls.
+    Dir { path: PathBuf, rolls: bool, check_secs: u32 },
 }
 
 /// A signed zone's keys at one time and how long its signatures last.
@@ -102,17 +124,34 @@ impl ZoneSigner {
         self.validity_secs - self.refresh_secs
     }
 
+    /// How often its key directory is read again; `None` with a key file.
+    pub fn key_check(&self) -> Option<std::time::Duration> {
+        match self.source {
+            KeySource::Dir { check_secs, .. } => Some(std::time::Duration::from_secs(u64::from(check_secs))),
+            KeySource::File => None,
+        }
+    }
+
     /// This signer with `keys` (read from its directory again).
     pub fn with_keys(&self, keys: SigningKeys, dnskey_ttl_secs: u32) -> ZoneSigner {
-        ZoneSigner { keys, source: self.source.clone(), validity_secs: self.validity_secs, refresh_secs: self.refresh_secs, dnskey_ttl_secs }
+        ZoneSigner {
+            keys,
+            source: self.source.clone(),
+            validity_secs: self.validity_secs,
+            refresh_secs: self.refresh_secs,
+            dnskey_ttl_secs,
+        }
     }
 
     /// The keys of `dir` at `now`, after the rolls the schedule calls for when this authority
     /// makes them (the directory locked while it is read and written). Blocking: file I/O.
-    pub fn read_dir(path: &Path, rolls: bool, now: u32) -> Result<(SigningKeys, u32), String> {
+    pub fn read_dir(path: &Path, origin: &Name, rolls: bool, now: u32) -> Result<(SigningKeys, u32), String> {
         let now = At(u64::from(now));
         let _lock = if rolls { Some(KeyDir::lock(path).map_err(|e| e.to_string())?) } else { None };
         let mut dir = KeyDir::load(path, now).map_err(|e| e.to_string())?;
+        if !dir.zone().eq_ignore_ascii_case(&origin.to_ascii()) {
+            return Err(format!("key directory {}: its keys sign {}, not {origin}", path.display(), dir.zone()));
+        }
         if rolls && let Some(done) = dir.advance(now).map_err(|e| e.to_string())? {
             dir.save().map_err(|e| e.to_string())?;
             tracing::info!(key_dir = %path.display(), "{done}");
@@ -333,7 +372,7 @@ impl StaticZone {
             Some(dnssec) => {
                 // The master file has no DNSKEY, CDS or CDNSKEY of its own: `zone_text` refuses
                 // every DNSSEC type.
-                let signer = load_signer(dnssec, config_dir)?;
+                let signer = load_signer(dnssec, config_dir, &origin)?;
                 let apex = signer.keys.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
                 records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)));
                 Some(std::sync::Arc::new(signer))
@@ -422,7 +461,7 @@ impl StaticZone {
 
 /// The keys of `[dns_zone.dnssec]` (a file or a directory relative to `config_dir`), and the
 /// signatures' validity, checked.
-fn load_signer(config: &DnssecConfig, config_dir: &Path) -> Result<ZoneSigner, DnsZoneError> {
+fn load_signer(config: &DnssecConfig, config_dir: &Path, origin: &Name) -> Result<ZoneSigner, DnsZoneError> {
     const DAY: u32 = 86_400;
     if !(1..=365).contains(&config.signature_validity_days) {
         return Err(DnsZoneError::Dnssec(format!("signature_validity_days: {} is outside 1..=365", config.signature_validity_days)));
@@ -447,8 +486,12 @@ fn load_signer(config: &DnssecConfig, config_dir: &Path) -> Result<ZoneSigner, D
                 )));
             }
             let path = config_dir.join(dir);
-            let (keys, ttl) = ZoneSigner::read_dir(&path, config.rolls_keys, crate::zone::signed::unix_now()).map_err(DnsZoneError::Dnssec)?;
-            (keys, KeySource::Dir { path, rolls: config.rolls_keys }, ttl)
+            let (keys, ttl) =
+                ZoneSigner::read_dir(&path, origin, config.rolls_keys, crate::zone::signed::unix_now()).map_err(DnsZoneError::Dnssec)?;
+            if !(1..=3_600).contains(&config.key_check_secs) {
+                return Err(DnsZoneError::Dnssec(format!("key_check_secs: {} is outside 1..=3600", config.key_check_secs)));
+            }
+            (keys, KeySource::Dir { path, rolls: config.rolls_keys, check_secs: config.key_check_secs }, ttl)
         }
         _ => return Err(DnsZoneError::Dnssec("give one of key_file (one combined key) or key_dir (a KSK and rolled ZSKs)".into())),
     };

@@ -203,7 +203,11 @@ impl Snapshot {
         };
         let end = start.saturating_add(batch.max(1)).min(chain.len());
         let keys: Vec<Box<[u8]>> = (start..end).filter_map(|i| chain.get(i).map(Box::from)).collect();
-        self.sign_keys(&keys, &signer, Window { inception: round.at.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: round.at.wrapping_add(signer.validity_secs) });
+        self.sign_keys(
+            &keys,
+            &signer,
+            Window { inception: round.at.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: round.at.wrapping_add(signer.validity_secs) },
+        );
         if end < chain.len() {
             self.round = Some(Round { at: round.at, next: chain.get(end).map(Box::from), keys: round.keys });
             return ResignStep::Signing;
@@ -224,7 +228,8 @@ impl Snapshot {
         let Some(old) = self.zone.signer.clone() else { return Err("the zone is not signed".into()) };
         let origin = self.zone.origin.clone();
         let apex_rdata = signer.keys.apex_rdata(&origin).map_err(|e| e.to_string())?;
-        let keys: Vec<Record> = apex_rdata.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)).collect();
+        let keys: Vec<Record> =
+            apex_rdata.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)).collect();
         let is_key = |r: &Record| matches!(r.record_type(), RecordType::DNSKEY | RecordType::CDS | RecordType::CDNSKEY);
         let replace = |entry: &mut Entry| {
             let mut records: Vec<Record> = entry.statics.records(&origin).into_iter().filter(|r| !is_key(r)).collect();
@@ -335,7 +340,8 @@ impl Snapshot {
         chain.sort_unstable_by(|a, b| canonical_cmp(a, b));
         self.chain = Some(Arc::new(crate::zone::chain::NsecChain::from_sorted(chain)));
         let keys: Vec<Box<[u8]>> = self.entries().map(|e| Box::from(&e.key[..])).collect();
-        let window = Window { inception: start.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: start.wrapping_add(signer.validity_secs) };
+        let window =
+            Window { inception: start.wrapping_sub(INCEPTION_BACKDATE_SECS), expiration: start.wrapping_add(signer.validity_secs) };
         self.sign_keys(&keys, signer, window);
         self.signed_all_at = start;
         self.round = None;
@@ -453,10 +459,9 @@ mod tests {
             dnssec: Some(crate::zone::dns_zone::DnssecConfig {
                 key_file: file.map(Into::into),
                 key_dir: key_dir.map(Into::into),
-                rolls_keys: true,
                 signature_validity_days: validity_days,
                 signature_refresh_days: refresh_days,
-                dnskey_ttl_secs: None,
+                ..crate::zone::dns_zone::DnssecConfig::with_key_file("")
             }),
             origin: "example.test.".into(),
             soa: None,
@@ -574,7 +579,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let now = unix_now();
         let policy = Policy { dnskey_ttl_secs: 300, propagation_delay_secs: 300, ..Policy::default() };
-        let mut keys = KeyDir::init(&dir.path().join("keys"), ZoneAlgorithm::Ed25519, None, policy, At(u64::from(now))).expect("init");
+        let mut keys = KeyDir::init(&dir.path().join("keys"), "example.test.", ZoneAlgorithm::Ed25519, None, policy, At(u64::from(now)))
+            .expect("init");
         let mut snapshot = signed_with(dir.path(), 14, 7, None, Some("keys"));
         let view = keys.view(At(u64::from(now))).expect("view");
         let (ksk, zsk) = (view.ksks[0].tag(), view.zsk[0].tag());
@@ -591,7 +597,8 @@ mod tests {
         snapshot.set_signer(signer(&keys, t1), t1).expect("set");
         assert!(!snapshot.resigning(), "the signing key is the same");
         assert_eq!(snapshot.serial, serial + 1, "a new DNSKEY RRset, a new serial");
-        let dnskeys = snapshot.get_key(&key("example.test.")).expect("apex").statics.raw().filter(|r| r.rtype == RecordType::DNSKEY).count();
+        let dnskeys =
+            snapshot.get_key(&key("example.test.")).expect("apex").statics.raw().filter(|r| r.rtype == RecordType::DNSKEY).count();
         assert_eq!(dnskeys, 3, "the KSK and both ZSKs");
         assert_eq!(signers_of(&snapshot, "www.example.test.", RecordType::A), vec![zsk], "the old ZSK signs until the lead is over");
         // The new ZSK signs: a round, the serial held until its end.

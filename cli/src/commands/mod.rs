@@ -213,15 +213,19 @@ pub enum ZoneCommand {
         #[command(subcommand)]
         command: ZoneKeyCommand,
     },
-    /// The DS record for the parent zone of ORIGIN, from its signing key FILE (no control API
-    /// is asked; the private key is never printed).
+    /// The DS record for the parent zone of ORIGIN, from its signing key FILE, or from a key
+    /// directory: the DS of the KSK its CDS names now (no control API is asked; the private
+    /// key is never printed).
     Ds {
         /// The zone's signing key (PEM, mode 0600), as `dnsplan zone key new` wrote it.
-        #[arg(long)]
-        key: PathBuf,
-        /// The zone the key signs, e.g. `example.org.`.
-        #[arg(long = "dns-zone", value_name = "ORIGIN")]
-        origin: dnsplan_common::DnsName,
+        #[arg(long, required_unless_present = "key_dir", conflicts_with = "key_dir")]
+        key: Option<PathBuf>,
+        /// The zone's key directory, as `dnsplan zone key init` made it.
+        #[arg(long = "key-dir", value_name = "DIR")]
+        key_dir: Option<PathBuf>,
+        /// The zone the key signs, e.g. `example.org.` (with --key; a key directory names it).
+        #[arg(long = "dns-zone", value_name = "ORIGIN", required_unless_present = "key_dir")]
+        origin: Option<dnsplan_common::DnsName>,
         /// Print a JSON object (origin, key_tag, algorithm, digest_type, digest, public_key,
         /// ds) instead of the record line; as `--output json` does.
         #[arg(long)]
@@ -244,6 +248,60 @@ pub enum ZoneKeyCommand {
         /// The DNSSEC algorithm: ecdsap256sha256 (13, the most deployed) or ed25519 (15).
         #[arg(long, default_value = "ecdsap256sha256", value_parser = dnsplan_common::dnssec::ZoneAlgorithm::parse)]
         algorithm: dnsplan_common::dnssec::ZoneAlgorithm,
+    },
+    /// A key directory for the zone ORIGIN (`key_dir` in authority.toml): a KSK, whose DS goes
+    /// to the parent, and a ZSK the authority rolls by itself (pre-publication), with their
+    /// schedule in DIR/keys.toml. Prints the table for authority.toml and the DS.
+    Init {
+        /// The directory to make (mode 0700); it may exist empty.
+        dir: PathBuf,
+        /// The zone the keys sign, e.g. `example.org.`.
+        #[arg(long = "dns-zone", value_name = "ORIGIN")]
+        origin: dnsplan_common::DnsName,
+        /// The DNSSEC algorithm of new keys: ecdsap256sha256 (13) or ed25519 (15).
+        #[arg(long, default_value = "ecdsap256sha256", value_parser = dnsplan_common::dnssec::ZoneAlgorithm::parse)]
+        algorithm: dnsplan_common::dnssec::ZoneAlgorithm,
+        /// The zone's key file of today (`key_file`): it becomes the KSK, so the DS at the
+        /// parent stays valid, and the new ZSK signs once every cache has it.
+        #[arg(long = "from-key", value_name = "FILE")]
+        from_key: Option<PathBuf>,
+        /// How long a ZSK signs before the next does; 0: rolled only by `zone key roll --zsk`.
+        #[arg(long, default_value_t = 30)]
+        zsk_lifetime_days: u32,
+        /// TTL of the DNSKEY, CDS and CDNSKEY RRsets.
+        #[arg(long, default_value_t = 3600)]
+        dnskey_ttl_secs: u32,
+        /// How long a change takes to reach every secondary.
+        #[arg(long, default_value_t = 3600)]
+        propagation_delay_secs: u32,
+        /// The longest TTL in the zone.
+        #[arg(long, default_value_t = 86400)]
+        max_ttl_secs: u32,
+        /// The TTL of the zone's DS RRset at the parent.
+        #[arg(long, default_value_t = 86400)]
+        parent_ds_ttl_secs: u32,
+    },
+    /// The keys of the key directory DIR: each key's role, state and times, and what the
+    /// schedule does next.
+    List { dir: PathBuf },
+    /// Start a roll now: --zsk publishes a new ZSK that signs once every cache has it (the
+    /// authority also rolls the ZSK by itself at the end of its lifetime); --ksk publishes a
+    /// new KSK that signs the DNSKEY RRset beside the old one, and that CDS and CDNSKEY name
+    /// once every cache has it: then give the parent its DS and run `zone key ds-seen`.
+    Roll {
+        dir: PathBuf,
+        #[arg(long, conflicts_with = "ksk", required_unless_present = "ksk")]
+        zsk: bool,
+        #[arg(long)]
+        ksk: bool,
+    },
+    /// End a KSK roll: the parent serves the new KSK's DS, so the old KSK is removed once the
+    /// parent's DS TTL has passed. With --parent, refused unless that server answers the DS.
+    DsSeen {
+        dir: PathBuf,
+        /// A name server of the parent zone (ADDRESS or ADDRESS:PORT) asked for the zone's DS.
+        #[arg(long, value_name = "ADDRESS")]
+        parent: Option<String>,
     },
 }
 

@@ -62,7 +62,7 @@ pub(super) async fn zone(client: &Client, command: ZoneCommand) -> CliResult<Exi
         // Made and shown on this machine: `main` runs them (`zone_key`) before any client is
         // built, so they never come here.
         ZoneCommand::Key { .. } | ZoneCommand::Ds { .. } => {
-            Err(CliError::Failed("`zone key new` and `zone ds` run on this machine, without a control API".into()))
+            Err(CliError::Failed("`zone key ...` and `zone ds` run on this machine, without a control API".into()))
         }
         ZoneCommand::Remove { name, managed } => {
             if managed {
