@@ -56,7 +56,9 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
     ];
     std::fs::write(dir.path().join("delegation.db"), "$TTL 3600\nsub.example.test. DS 1 13 2 abcd\n")?;
     // DNSSEC: a key others may read, a missing key, a refresh not below the validity, a
-    // static zone of [[zones]] with a key others may read, a zone with a DNSKEY of its own.
+    // static zone of [[zones]] with a key others may read, a zone with a DNSKEY of its own;
+    // both a key file and a key directory, neither, a key directory of another zone, one with
+    // a key others may read, none at all, a DNSKEY TTL that is the directory's.
     let key = dir.path().join("open.key");
     dnsplan_common::dnssec::ZoneKey::create(&key, dnsplan_common::dnssec::ZoneAlgorithm::Ed25519)?;
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
@@ -65,6 +67,23 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         dir.path().join("dnskey.db"),
         "$TTL 3600\nexample.test. DNSKEY 257 3 15 f1qAQftgVKHL0j4148YDaIpwuYqQU+icgIdUEgTEP2Q=\n",
     )?;
+    // Key directories: one of another zone, one whose key others may read.
+    for (name, origin) in [("other-keys", "other.test."), ("open-keys", "example.test.")] {
+        let keys = dir.path().join(name);
+        let now = dnsplan_common::dnssec_keys::At(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
+        let made = dnsplan_common::dnssec_keys::KeyDir::init(
+            &keys,
+            origin,
+            dnsplan_common::dnssec::ZoneAlgorithm::Ed25519,
+            None,
+            Default::default(),
+            now,
+        )?;
+        if name == "open-keys" {
+            let file = keys.join(&made.entries()[0].file);
+            std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        }
+    }
     let zone = "data_dir = \"d\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0\"\n\
                 [dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\n\
                 [dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n";
@@ -87,6 +106,12 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
             ),
             "dnsplan signs the zone itself",
         ),
+        (format!("{zone}[dns_zone.dnssec]\nkey_file = \"ok.key\"\nkey_dir = \"other-keys\"\n"), "give one of key_file"),
+        (format!("{zone}[dns_zone.dnssec]\n"), "give one of key_file"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"other-keys\"\n"), "its keys sign other.test., not example.test."),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"open-keys\"\n"), "chmod 600"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"no-keys\"\n"), "keys.toml"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"open-keys\"\ndnskey_ttl_secs = 60\n"), "[policy]"),
     ];
     let cases = cases.iter().map(|(t, w)| (t.to_string(), *w)).chain(dnssec_cases);
     for (text, want) in cases {

@@ -313,7 +313,13 @@ impl KeyDir {
     /// Locks the directory at `path` for a writer (waits for another).
     pub fn lock(path: &Path) -> Result<DirLock, KeyDirError> {
         use fs2::FileExt;
-        let io = |error| KeyDirError::Io { path: path.to_owned(), error };
+        let io = |error: std::io::Error| match error.kind() {
+            std::io::ErrorKind::NotFound => KeyDirError::Refused {
+                path: path.to_owned(),
+                detail: format!("no such directory, so no {KEYS_FILE}: make it with `dnsplan zone key init DIR --dns-zone ZONE`"),
+            },
+            _ => KeyDirError::Io { path: path.to_owned(), error },
+        };
         let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path.join(LOCK_FILE)).map_err(io)?;
         file.lock_exclusive().map_err(io)?;
         Ok(DirLock(file))
@@ -323,7 +329,13 @@ impl KeyDir {
     /// reads, each the algorithm and key tag the schedule says).
     pub fn load(path: &Path, now: At) -> Result<KeyDir, KeyDirError> {
         let schedule = |detail: String| KeyDirError::Schedule { path: path.to_owned(), detail };
-        let text = std::fs::read_to_string(path.join(KEYS_FILE)).map_err(|error| KeyDirError::Io { path: path.to_owned(), error })?;
+        let text = std::fs::read_to_string(path.join(KEYS_FILE)).map_err(|error| match error.kind() {
+            std::io::ErrorKind::NotFound => KeyDirError::Refused {
+                path: path.to_owned(),
+                detail: format!("no {KEYS_FILE}: make the directory with `dnsplan zone key init DIR --dns-zone ZONE`"),
+            },
+            _ => KeyDirError::Io { path: path.join(KEYS_FILE), error },
+        })?;
         let file: KeysFile = toml::from_str(&text).map_err(|e| schedule(e.to_string()))?;
         file.policy.check().map_err(|e| schedule(format!("[policy] {e}")))?;
         if file.keys.len() > KEYS_MAX {
