@@ -387,6 +387,9 @@ pub struct Metrics {
     /// when none is signed: the managed zone's (`signatures_expire_managed`) and the static
     /// zones' (`signatures_expire_static`), each 0 when unsigned.
     signatures_expire: Gauge,
+    /// Reads of a signed zone's key directory that failed, or whose keys could not be served
+    /// (`Serving::keys_step`).
+    pub dnssec_key_dir_failures: Counter,
     signatures_expire_managed: Arc<AtomicI64>,
     signatures_expire_static: Arc<AtomicI64>,
     /// `dnsplan_static_zones{source}`: how many static zones are served (per-zone figures are
@@ -588,6 +591,13 @@ impl Metrics {
              epoch (every RRset of a zone is signed again once less than signature_refresh_days is left); 0 when none is signed",
             signatures_expire.clone(),
         );
+        let dnssec_key_dir_failures = Counter::default();
+        registry.register(
+            "dnssec_key_dir_failures",
+            "Reads of a signed zone's key directory (key_dir) that failed, or whose new keys could not be served: the zone stays \
+             signed with the keys it has, and misses the schedule's changes meanwhile (the log says why)",
+            dnssec_key_dir_failures.clone(),
+        );
         let static_zones = Family::<ZoneSourceLabels, Gauge>::default();
         registry.register(
             "static_zones",
@@ -655,6 +665,7 @@ impl Metrics {
             applied_changes,
             soa_serial,
             signatures_expire,
+            dnssec_key_dir_failures,
             signatures_expire_managed: Arc::default(),
             signatures_expire_static: Arc::default(),
             static_zones,
@@ -906,6 +917,7 @@ impl Metrics {
             transfers: self.transfers.clone(),
             notify_failed: self.notify_failed.clone(),
             untrusted_records: self.untrusted_records.clone(),
+            dnssec_key_dir_failures: self.dnssec_key_dir_failures.clone(),
             // Its own, exported nowhere: an empty registry, not a whole one registered and
             // dropped (a few KB a zone, at every start of every zone).
             registry: Registry::default(),

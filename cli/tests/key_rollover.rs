@@ -111,6 +111,7 @@ struct Lab {
     dig: PathBuf,
     kzonecheck: PathBuf,
     dns: SocketAddr,
+    control: SocketAddr,
     dir: PathBuf,
 }
 
@@ -140,22 +141,18 @@ impl Lab {
                         state.data_signers.insert(tag);
                     }
                 }
+                // From the same AXFR as the rest: a second query could see another state.
+                Some("DNSKEY") => {
+                    let tag = key_tag_of_line(line).ok_or_else(|| anyhow::anyhow!("a DNSKEY that does not read: {line}"))?;
+                    state.dnskey.insert(tag);
+                    if fields.get(4) == Some(&"257") {
+                        state.ksk.insert(tag);
+                    }
+                }
                 Some("CDS") => {
                     state.cds.insert(fields.get(4).and_then(|t| t.parse().ok()).unwrap_or_default());
                 }
                 _ => {}
-            }
-        }
-        // dig's multi-line form names each DNSKEY's key id and role.
-        let out =
-            Command::new(&self.dig).args(["-p", &port, "@127.0.0.1", zone.origin, "DNSKEY", "+multi", "+noall", "+answer"]).output()?;
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some((_, id)) = line.split_once("key id = ") {
-                let tag: u16 = id.trim().parse()?;
-                state.dnskey.insert(tag);
-                if line.contains("KSK") {
-                    state.ksk.insert(tag);
-                }
             }
         }
         Ok((state, file))
@@ -215,6 +212,36 @@ impl Lab {
     }
 }
 
+/// The key tag (RFC 4034 appendix B) of a DNSKEY line `NAME TTL IN DNSKEY FLAGS 3 ALG BASE64...`.
+fn key_tag_of_line(line: &str) -> Option<u16> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let flags: u16 = fields.get(4)?.parse().ok()?;
+    let algorithm: u8 = fields.get(6)?.parse().ok()?;
+    let mut rdata = flags.to_be_bytes().to_vec();
+    rdata.extend([3, algorithm]);
+    rdata.extend(base64_decode(&fields.get(7..)?.concat())?);
+    let mut sum: u32 = 0;
+    for (i, byte) in rdata.iter().enumerate() {
+        sum += if i % 2 == 0 { u32::from(*byte) << 8 } else { u32::from(*byte) };
+    }
+    sum += (sum >> 16) & 0xffff;
+    Some((sum & 0xffff) as u16)
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let (mut out, mut acc, mut bits) = (Vec::new(), 0u32, 0);
+    for c in text.bytes().filter(|c| *c != b'=') {
+        acc = acc << 6 | ALPHABET.iter().position(|a| *a == c)? as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
 /// Every entry of the directory `keys`.
 fn entries(keys: &Path) -> anyhow::Result<Vec<KeyEntry>> {
     let text = std::fs::read_to_string(keys.join("keys.toml"))?;
@@ -246,6 +273,7 @@ async fn zsk_and_ksk_rolls_keep_every_cache_validating() -> anyhow::Result<()> {
         dig: installed("dig", "bind9-dnsutils")?,
         kzonecheck: installed("kzonecheck", "knot-dnssecutils")?,
         dns: SocketAddr::from(([127, 0, 0, 1], dnsplan_tests::ports::free_port()?)),
+        control: SocketAddr::from(([127, 0, 0, 1], dnsplan_tests::ports::free_port()?)),
         dir: dir.path().to_owned(),
         clock,
     };
@@ -289,12 +317,13 @@ async fn zsk_and_ksk_rolls_keep_every_cache_validating() -> anyhow::Result<()> {
     )?;
     let config = format!(
         "data_dir = \"{data}\"\n[dns]\nlisten = [\"{dns}\"]\n[dns.transfer]\ntsig_required = false\n[[dns.transfer.secondaries]]\naddress = \"127.0.0.1/32\"\n\
-         [control]\nlisten = \"127.0.0.1:0\"\ntoken = \"rollover-test-token-0123456789\"\n\
+         [control]\nlisten = \"{control}\"\ntoken = \"rollover-test-token-0123456789\"\n\
          [dns_zone]\norigin = \"{MANAGED}\"\nns = [\"ns1.{MANAGED}\"]\nmaster_file = \"managed.db\"\n[dns_zone.soa]\nmname = \"ns1.{MANAGED}\"\nrname = \"hostmaster.{MANAGED}\"\n\
          [dns_zone.dnssec]\nkey_dir = \"managed-keys\"\nkey_check_secs = 1\n\
          [[zones]]\norigin = \"{STATIC}\"\nmaster_file = \"static.db\"\n[zones.dnssec]\nkey_dir = \"static-keys\"\nkey_check_secs = 1\n",
         data = dir.path().join("data").display(),
         dns = lab.dns,
+        control = lab.control,
     );
     std::fs::write(dir.path().join("authority.toml"), &config)?;
     let log = std::fs::File::create(dir.path().join("authority.log"))?;
@@ -391,5 +420,27 @@ async fn rollovers(lab: &Lab, zones: &[Zone]) -> anyhow::Result<()> {
         let (ok, out) = lab.clock.run(&lab.dnsplan, &["zone", "key", "list", &zone.keys.to_string_lossy()])?;
         anyhow::ensure!(ok && out.contains("removed") && out.contains("signing, in CDS"), "zone key list:\n{out}");
     }
+
+    // A key file others may read: every read of the directory fails and is counted, and the
+    // zone stays served and signed with the keys it has.
+    let zone = &zones[0];
+    let open = entries(&zone.keys)?.into_iter().find(|e| e.removed.is_none()).map(|e| zone.keys.join(e.file)).unwrap_or_default();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let failures = loop {
+        let metrics = reqwest::get(format!("http://{}/metrics", lab.control)).await?.text().await?;
+        let failures = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("dnsplan_dnssec_key_dir_failures_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_default();
+        if failures >= 2.0 {
+            break failures;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "no key directory failure counted within 15 s:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (_, state) = &states[0];
+    lab.step(zone, &format!("its key directory failing ({failures} reads)"), &KeyState::default(), &[], |s| s == state).await?;
     Ok(())
 }

@@ -298,10 +298,12 @@ impl Serving {
         {
             Ok(Ok(read)) => read,
             Ok(Err(err)) => {
+                self.metrics.dnssec_key_dir_failures.inc();
                 tracing::error!(zone = %self.zone.origin, key_dir = %path.display(), error = %err, "the zone's key directory could not be read; it stays signed with the keys it has");
                 return false;
             }
             Err(err) => {
+                self.metrics.dnssec_key_dir_failures.inc();
                 tracing::error!(zone = %self.zone.origin, error = %err, "reading the zone's key directory did not finish");
                 return false;
             }
@@ -320,10 +322,12 @@ impl Serving {
         let next = match changed {
             Ok(Ok(next)) => Arc::new(next),
             Ok(Err(err)) => {
+                self.metrics.dnssec_key_dir_failures.inc();
                 tracing::error!(zone = %self.zone.origin, error = %err, "the zone's new keys could not be served; it stays signed with the keys it has");
                 return false;
             }
             Err(err) => {
+                self.metrics.dnssec_key_dir_failures.inc();
                 tracing::error!(zone = %self.zone.origin, error = %err, "serving the zone's new keys did not finish");
                 return false;
             }
