@@ -244,8 +244,14 @@ async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zon
         if !serving.keys_step().await {
             continue;
         }
-        while serving.snapshot.load().resigning() {
-            serving.resign_step(!static_zone, crate::follow::follower::RESIGN_BATCH).await;
+        // A step that does nothing (it failed: logged) ten times in a row leaves the round to
+        // the next look, not to a loop every millisecond.
+        let mut idle = 0;
+        while serving.snapshot.load().resigning() && idle < 10 {
+            match serving.resign_step(!static_zone, crate::follow::follower::RESIGN_BATCH).await {
+                crate::zone::signed::ResignStep::Idle => idle += 1,
+                _ => idle = 0,
+            }
             tokio::time::sleep(crate::follow::follower::RESIGN_PAUSE).await;
         }
         if static_zone {

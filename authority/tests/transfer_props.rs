@@ -65,6 +65,7 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         others: None,
         answered: Default::default(),
         plan_check: None,
+        writer: Default::default(),
     }
 });
 

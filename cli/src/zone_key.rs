@@ -45,12 +45,16 @@ pub async fn run(command: ZoneCommand, format: Format) -> anyhow::Result<()> {
         }
         ZoneCommand::Key { command: ZoneKeyCommand::List { dir } } => list(&dir, json)?,
         ZoneCommand::Key { command: ZoneKeyCommand::Roll { dir, zsk: _, ksk } } => {
+            same_owner(&dir)?;
             let _lock = KeyDir::lock(&dir)?;
             let now = now();
             let mut keys = KeyDir::load(&dir, now)?;
             let done = if ksk { keys.roll_ksk(now)? } else { keys.roll_zsk(now)? };
             keys.save()?;
-            format!("{done}\n(the authorities serving {} read the directory again within 30 s)\n", keys.zone())
+            format!(
+                "{done}\n(the authorities serving {} read the directory again within their key_check_secs, 30 s by default)\n",
+                keys.zone()
+            )
         }
         ZoneCommand::Key { command: ZoneKeyCommand::DsSeen { dir, parent } } => ds_seen(&dir, parent.as_deref()).await?,
         ZoneCommand::Ds { key, key_dir, origin, json: json_flag } => {
@@ -172,7 +176,8 @@ fn init(
          ZSK           tag {zsk_tag}, signs {zsk_signs}\n\
          ZSK lifetime  {lifetime}\n\
          \n\
-         # authority.toml: sign the zone {origin} with these keys (`dnsplan zone key list DIR` shows them)\n\
+         # authority.toml: sign the zone {origin} with these keys (`dnsplan zone key list DIR` shows them);\n\
+         # for a zone of [[zones]], the same key under [zones.dnssec]\n\
          [dns_zone.dnssec]\n\
          key_dir = {key_dir}\n\
          \n\
@@ -205,6 +210,8 @@ fn state(entry: &KeyEntry, view: &SigningKeys, now: At) -> &'static str {
         if tag_in(&view.cds) { "signing, in CDS" } else { "signing" }
     } else if tag_in(&view.zsk) {
         "signing"
+    } else if entry.served.is_none() {
+        "not yet served"
     } else if entry.active > now {
         "published"
     } else {
@@ -272,8 +279,25 @@ fn list(dir: &Path, json: bool) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// Refuses to write the key directory `dir` as another user than the owner of its
+/// `keys.toml` (a command run with sudo would leave files the authority cannot read).
+fn same_owner(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let schedule = dir.join(dnsplan_common::dnssec_keys::KEYS_FILE);
+    let owner = std::fs::metadata(&schedule).with_context(|| format!("{}", schedule.display()))?.uid();
+    // The owner of /proc/self is this process's effective user.
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).with_context(|| "cannot tell which user this is (/proc/self)")?;
+    anyhow::ensure!(
+        owner == me,
+        "{} belongs to uid {owner}, and this runs as uid {me}: run it as the directory's owner (sudo -u ...), the user the authority reads the keys as, so that the files written stay readable to it",
+        schedule.display()
+    );
+    Ok(())
+}
+
 /// `zone key ds-seen`: with `parent`, refused unless that server answers the new KSK's DS.
 async fn ds_seen(dir: &Path, parent: Option<&str>) -> anyhow::Result<String> {
+    same_owner(dir)?;
     let _lock = KeyDir::lock(dir)?;
     let now = now();
     let mut keys = KeyDir::load(dir, now)?;

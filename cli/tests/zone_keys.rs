@@ -250,7 +250,8 @@ fn the_check_for_private_material_finds_it() -> anyhow::Result<()> {
 /// `zone key init --from-key`: the zone's key file of today becomes the KSK, so the DS the
 /// parent holds is still the one printed (`zone ds --key-dir` equals `zone ds --key`); the
 /// directory is 0700 and every key file in it 0600; nothing private is printed; the new ZSK is
-/// only published (it signs after the lead), as `zone key list` says; a directory in use is
+/// not yet served (it signs a lead after an authority that rolls first serves it), as `zone key
+/// list` says; a directory in use is
 /// never made again.
 #[test]
 fn a_key_directory_made_from_a_key_file_keeps_its_ds() -> anyhow::Result<()> {
@@ -288,7 +289,7 @@ fn a_key_directory_made_from_a_key_file_keeps_its_ds() -> anyhow::Result<()> {
     let rows: Vec<&str> = listed.lines().filter(|l| l.starts_with(|c: char| c.is_ascii_digit())).collect();
     anyhow::ensure!(rows.len() == 2, "{listed}");
     anyhow::ensure!(rows.iter().any(|r| r.contains("KSK") && r.contains("signing, in CDS")), "{listed}");
-    anyhow::ensure!(rows.iter().any(|r| r.contains("ZSK") && r.contains("published")), "the ZSK waits for the lead:\n{listed}");
+    anyhow::ensure!(rows.iter().any(|r| r.contains("ZSK") && r.contains("not yet served")), "the ZSK waits to be served:\n{listed}");
     let again = dnsplan(&["zone", "key", "init", keys_path, "--dns-zone", "example.org."])?;
     anyhow::ensure!(again.status.code() == Some(2) && text(&again.stderr).contains("not empty"), "{}", text(&again.stderr));
     Ok(())

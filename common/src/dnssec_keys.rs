@@ -36,8 +36,15 @@ use thiserror::Error;
 pub const KEYS_FILE: &str = "keys.toml";
 /// What writers of the directory lock.
 const LOCK_FILE: &str = ".keys.lock";
-/// Most keys one directory lists (removed ones included): a roll a month for eight years.
-pub const KEYS_MAX: usize = 100;
+/// Most keys one directory lists (removed ones included); the authority that rolls drops
+/// entries removed more than `PRUNE_AFTER_DAYS` ago.
+pub const KEYS_MAX: usize = 1_000;
+/// Entries removed this long ago are dropped, with their key files, by the authority that
+/// rolls: longer than two signing periods (at most 364 days each), the times the serial
+/// counts.
+pub const PRUNE_AFTER_DAYS: u64 = 800;
+/// How long a writer waits for the directory's lock before it gives up.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A key's role in the zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +178,13 @@ pub struct KeyEntry {
     /// A KSK: when the operator said the parent holds its DS (`ds_seen`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ds_seen: Option<At>,
+    /// When the authority that rolls the keys first served it (`mark_served`), or, for a new
+    /// zone's first keys, when they were made. A key signs (a ZSK), or is named by CDS (a KSK),
+    /// only once it is served, and `active` is never less than this plus the lead: the wait
+    /// for caches counts from when resolvers could first see the key, not from when it was
+    /// written down (an authority down meanwhile, a directory copied late).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<At>,
 }
 
 impl KeyEntry {
@@ -179,7 +193,12 @@ impl KeyEntry {
     }
 
     fn signs_data_at(&self, t: At) -> bool {
-        self.role == KeyRole::Zsk && self.published_at(t) && self.active <= t && self.retired.is_none_or(|r| t < r)
+        self.role == KeyRole::Zsk && self.published_at(t) && self.active_at(t) && self.retired.is_none_or(|r| t < r)
+    }
+
+    /// Active (see `active`) at `t`, and served.
+    fn active_at(&self, t: At) -> bool {
+        self.active <= t && self.served.is_some()
     }
 
     /// Every time of the key's life.
@@ -321,7 +340,21 @@ impl KeyDir {
             _ => KeyDirError::Io { path: path.to_owned(), error },
         };
         let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path.join(LOCK_FILE)).map_err(io)?;
-        file.lock_exclusive().map_err(io)?;
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        while let Err(error) = file.try_lock_exclusive() {
+            if error.kind() != std::io::ErrorKind::WouldBlock && error.raw_os_error() != fs2::lock_contended_error().raw_os_error() {
+                return Err(io(error));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(KeyDirError::Refused {
+                    path: path.to_owned(),
+                    detail: format!(
+                        "{LOCK_FILE} is held by another process for more than {LOCK_WAIT:?} (an authority or a `dnsplan zone key` command)"
+                    ),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
         Ok(DirLock(file))
     }
 
@@ -387,6 +420,8 @@ impl KeyDir {
                 if entries.next().is_some() {
                     return Err(refused("is not empty: a key directory is made in a new or empty directory".into()));
                 }
+                #[cfg(unix)]
+                std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(io)?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut builder = std::fs::DirBuilder::new();
@@ -412,12 +447,19 @@ impl KeyDir {
                 let file = format!("ksk-{}-{}.pem", key.algorithm().number(), key.tag());
                 crate::dnssec::write_private(&path.join(&file), &String::from_utf8_lossy(&pem))?;
                 dir.push(file, KeyRole::Ksk, key, now, now);
+                // Served already, as the zone's combined key; the ZSK is marked served by the
+                // authority that rolls, when it first serves it.
+                dir.file.keys[0].served = Some(now);
                 let lead = dir.file.policy.lead_secs();
                 dir.make(KeyRole::Zsk, algorithm_of(&dir, KeyRole::Ksk).unwrap_or(algorithm), now, At(now.0 + lead))?;
             }
             None => {
+                // A new zone: no cache holds any key of it, so both sign at once.
                 dir.make(KeyRole::Ksk, algorithm, now, now)?;
                 dir.make(KeyRole::Zsk, algorithm, now, now)?;
+                for entry in &mut dir.file.keys {
+                    entry.served = Some(now);
+                }
             }
         }
         dir.save()?;
@@ -436,6 +478,7 @@ impl KeyDir {
             retired: None,
             removed: None,
             ds_seen: None,
+            served: None,
         });
         self.keys.push((file, Arc::new(key)));
     }
@@ -491,7 +534,7 @@ impl KeyDir {
             return Err(self.refused(format!("no KSK is published at {}: the zone cannot be signed", t.text())));
         }
         let zsk_entry = published.iter().copied().filter(|e| e.signs_data_at(t)).max_by_key(|e| e.active);
-        let cds_entry = ksk_entries.iter().copied().filter(|e| e.active <= t).max_by_key(|e| e.active).unwrap_or(ksk_entries[0]);
+        let cds_entry = ksk_entries.iter().copied().filter(|e| e.active_at(t)).max_by_key(|e| e.active).unwrap_or(ksk_entries[0]);
         // No ZSK signing: the KSK signs everything (a directory made from a combined key).
         let data_signer = zsk_entry.unwrap_or(cds_entry);
         let mut events: Vec<u64> = self.file.keys.iter().flat_map(KeyEntry::events).filter(|e| *e <= t).map(|e| e.0).collect();
@@ -523,6 +566,49 @@ impl KeyDir {
             .keys
             .iter()
             .position(|e| e.role == KeyRole::Zsk && e.active > t && e.removed.is_none() && current.is_none_or(|c| e.active > c))
+    }
+
+    /// Marks every key published by `now` and not yet served as served now: the authority
+    /// that rolls calls this before it serves what it read. A key's activation is moved to
+    /// at least a lead (`Policy::lead_secs`) after, and a ZSK's predecessor retires then and
+    /// is removed a longest TTL plus the propagation delay later. Returns whether anything
+    /// changed.
+    pub fn mark_served(&mut self, now: At) -> bool {
+        let policy = self.file.policy.clone();
+        let lead = policy.lead_secs();
+        let mut changed = false;
+        for i in 0..self.file.keys.len() {
+            let entry = &self.file.keys[i];
+            if entry.served.is_some() || entry.published > now || entry.removed.is_some_and(|r| r <= now) {
+                continue;
+            }
+            let (role, was) = (entry.role, entry.active);
+            let active = At(was.0.max(now.0 + lead));
+            self.file.keys[i].served = Some(now);
+            self.file.keys[i].active = active;
+            changed = true;
+            if role == KeyRole::Zsk && active != was {
+                for old in self.file.keys.iter_mut().filter(|e| e.role == KeyRole::Zsk && e.retired == Some(was)) {
+                    old.retired = Some(active);
+                    old.removed = Some(At(active.0 + u64::from(policy.max_ttl_secs) + u64::from(policy.propagation_delay_secs)));
+                }
+            }
+        }
+        changed
+    }
+
+    /// Drops the entries removed more than `PRUNE_AFTER_DAYS` before `now`, and their key
+    /// files. Returns whether any was dropped.
+    pub fn prune(&mut self, now: At) -> bool {
+        let before = self.file.keys.len();
+        let cutoff = now.0.saturating_sub(PRUNE_AFTER_DAYS * 86_400);
+        let (gone, kept): (Vec<KeyEntry>, Vec<KeyEntry>) =
+            std::mem::take(&mut self.file.keys).into_iter().partition(|e| e.removed.is_some_and(|r| r.0 < cutoff));
+        self.file.keys = kept;
+        for entry in &gone {
+            let _ = std::fs::remove_file(self.path.join(&entry.file));
+        }
+        self.file.keys.len() != before
     }
 
     /// The automatic ZSK roll: a successor made when the signing ZSK's lifetime ends within
@@ -606,7 +692,7 @@ impl KeyDir {
             return Err(self.refused("no KSK roll is under way (`dnsplan zone key roll --ksk` starts one)"));
         }
         let new = &self.file.keys[newest];
-        if new.active > now {
+        if !new.active_at(now) {
             return Err(self.refused(format!(
                 "KSK {} is named by CDS only from {}: its DS cannot be at the parent before every resolver has the key",
                 new.tag,
@@ -663,6 +749,7 @@ mod tests {
         while t < T0 + 365 * DAY {
             if keys.advance(At(t)).expect("advance").is_some() {
                 rolls += 1;
+                assert!(keys.mark_served(At(t)), "the successor is served from now");
                 keys.save().expect("save");
                 keys = KeyDir::load(&path, At(t)).expect("load");
             }
@@ -702,6 +789,7 @@ mod tests {
         let old = keys.view(At(T0)).expect("view").ksks[0].tag();
         keys.roll_ksk(At(T0 + 10)).expect("roll");
         assert!(keys.roll_ksk(At(T0 + 20)).is_err(), "one KSK roll at a time");
+        assert!(keys.mark_served(At(T0 + 10)), "served by the authority that rolls");
         let during = keys.view(At(T0 + 20)).expect("view");
         assert_eq!(during.ksks.len(), 2, "both KSKs sign the DNSKEY RRset: {}", during.summary());
         assert_eq!(tags(&during.cds), vec![old], "CDS still names the old KSK");
@@ -730,11 +818,22 @@ mod tests {
         let path = dir.path().join("keys");
         let policy = Policy::default();
         let keys = KeyDir::init(&path, "example.test.", ZoneAlgorithm::Ed25519, Some(&file), policy.clone(), At(T0)).expect("init");
+        let mut keys = keys;
         let at_once = keys.view(At(T0)).expect("view");
         assert_eq!(tags(&at_once.cds), vec![combined.tag()], "the DS at the parent still matches");
+        // Not served until the authority that rolls serves it: even past the lead, it does not
+        // sign (the authority was down, say, when the directory was made).
+        assert_eq!(tags(&keys.view(At(T0 + 3 * 3_600)).expect("view").zsk), vec![combined.tag()], "never served, never signing");
+        let served = T0 + 3 * 3_600;
+        assert!(keys.mark_served(At(served)));
+        assert_eq!(
+            tags(&keys.view(At(served + policy.lead_secs() - 1)).expect("view").zsk),
+            vec![combined.tag()],
+            "the lead counts from then"
+        );
         assert_eq!(tags(&at_once.zsk), vec![combined.tag()], "the old key signs until the ZSK is in every cache");
         assert_eq!(at_once.dnskeys.len(), 2, "the ZSK is published at once");
-        let later = keys.view(At(T0 + policy.lead_secs())).expect("view");
+        let later = keys.view(At(served + policy.lead_secs())).expect("view");
         assert_ne!(tags(&later.zsk), vec![combined.tag()]);
         assert_eq!(later.zsk[0].algorithm(), ZoneAlgorithm::EcdsaP256Sha256, "the ZSK has the KSK's algorithm");
         assert!(

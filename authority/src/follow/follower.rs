@@ -149,6 +149,9 @@ impl Serving {
     /// snapshot is swapped after the last await. Returns the applied-change count served.
     pub(crate) async fn rebuild<S: Store>(&self, store: &S) -> anyhow::Result<u64> {
         let started = Instant::now();
+        // The next snapshot is made from this one and swapped in with no other made meanwhile
+        // (new keys, a re-signing step: `Serving::writer`).
+        let _writer = self.writer.lock().await;
         let current = self.snapshot.load_full();
         let from = current.serial;
         let mut delta = store.active_since(current.applied_changes).await?;

@@ -62,6 +62,10 @@ pub struct Serving {
     pub answered: std::sync::atomic::AtomicU64,
     /// With a keyring: the follower serves only records a trusted plan says.
     pub plan_check: Option<Arc<crate::serving::trusted::PlanCheck>>,
+    /// Held by whoever makes the next snapshot from the current one, from its load to its
+    /// swap: the follower (`rebuild`), re-signing (`resign_step`) and new keys (`keys_step`,
+    /// in a task of its own), so that none swaps over another's snapshot.
+    pub writer: tokio::sync::Mutex<()>,
 }
 
 /// The log target of the audit lines (every write that changes what is served or automated).
@@ -110,6 +114,7 @@ impl Serving {
             others: None,
             answered: Default::default(),
             plan_check: None,
+            writer: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -138,6 +143,7 @@ impl Serving {
             others: None,
             answered: Default::default(),
             plan_check: None,
+            writer: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -225,6 +231,7 @@ impl Serving {
     /// move; a static zone's caller notifies. `observe`: the metrics are this zone's own (a
     /// static zone shares the managed zone's).
     pub async fn resign_step(&self, observe: bool, batch: usize) -> ResignStep {
+        let _writer = self.writer.lock().await;
         let current = self.snapshot.load_full();
         let now = crate::zone::signed::unix_now();
         if !current.resigning() && !current.resign_due(now) {
@@ -308,7 +315,15 @@ impl Serving {
                 return false;
             }
         };
-        if keys.same_keys(&signer.keys) && ttl == signer.dnskey_ttl_secs {
+        // From here to the swap, no other snapshot is made from this one.
+        let _writer = self.writer.lock().await;
+        let current = self.snapshot.load_full();
+        let Some(signer) = current.zone.signer.clone() else { return false };
+        if current.resigning() {
+            return false;
+        }
+        // A new DNSKEY TTL alone waits for the next change of keys: the serial would not move.
+        if keys.same_keys(&signer.keys) {
             return false;
         }
         let summary = keys.summary();

@@ -144,7 +144,9 @@ impl ZoneSigner {
     }
 
     /// The keys of `dir` at `now`, after the rolls the schedule calls for when this authority
-    /// makes them (the directory locked while it is read and written). Blocking: file I/O.
+    /// makes them (the directory locked while it is read and written): keys it serves for the
+    /// first time marked served (`KeyDir::mark_served`), entries removed long ago dropped, the
+    /// automatic ZSK roll made. Blocking: file I/O.
     pub fn read_dir(path: &Path, origin: &Name, rolls: bool, now: u32) -> Result<(SigningKeys, u32), String> {
         let now = At(u64::from(now));
         let _lock = if rolls { Some(KeyDir::lock(path).map_err(|e| e.to_string())?) } else { None };
@@ -152,9 +154,18 @@ impl ZoneSigner {
         if !dir.zone().eq_ignore_ascii_case(&origin.to_ascii()) {
             return Err(format!("key directory {}: its keys sign {}, not {origin}", path.display(), dir.zone()));
         }
-        if rolls && let Some(done) = dir.advance(now).map_err(|e| e.to_string())? {
-            dir.save().map_err(|e| e.to_string())?;
-            tracing::info!(key_dir = %path.display(), "{done}");
+        if rolls {
+            // What this authority is about to serve for the first time counts as served now:
+            // its wait for caches starts here, whenever the schedule was written.
+            let mut changed = dir.mark_served(now) | dir.prune(now);
+            if let Some(done) = dir.advance(now).map_err(|e| e.to_string())? {
+                tracing::info!(key_dir = %path.display(), "{done}");
+                dir.mark_served(now);
+                changed = true;
+            }
+            if changed {
+                dir.save().map_err(|e| e.to_string())?;
+            }
         }
         Ok((dir.view(now).map_err(|e| e.to_string())?, dir.policy().dnskey_ttl_secs))
     }

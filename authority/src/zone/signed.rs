@@ -159,7 +159,8 @@ impl Snapshot {
     }
 
     /// Moves `signing_term` to the period of the last whole signing (the next one's, at `now`,
-    /// when the next signing signs every name) plus the key schedule's times since. While a
+    /// when the next signing signs every name) plus the key schedule's times since the period
+    /// before it. While a
     /// round signs every name with a new ZSK (`Round::keys`), the new keys are not counted:
     /// the serial moves when the round ends, so a secondary that transfers the new serial gets
     /// every new signature.
@@ -169,7 +170,12 @@ impl Snapshot {
             return;
         }
         let start = if self.signs_everything_next() { period_start(now, &signer) } else { self.signed_all_at };
-        let events = u32::try_from(signer.keys.events_since(u64::from(start))).unwrap_or(u32::MAX);
+        // Since the period before: a change of keys read a little after a period began (the
+        // directory is read every `key_check_secs`, not while a round runs) still counts.
+        // Monotonic: the next period's start is a whole period on, far more than the times
+        // of one period.
+        let since = start.saturating_sub(signer.period_secs());
+        let events = u32::try_from(signer.keys.events_since(u64::from(since))).unwrap_or(u32::MAX);
         self.signing_term = self.signing_term.max(start.wrapping_add(events));
     }
 
@@ -593,6 +599,7 @@ mod tests {
         // The roll: a new ZSK published.
         let t1 = now + 10;
         keys.roll_zsk(At(u64::from(t1))).expect("roll");
+        keys.mark_served(At(u64::from(t1)));
         let serial = snapshot.serial;
         snapshot.set_signer(signer(&keys, t1), t1).expect("set");
         assert!(!snapshot.resigning(), "the signing key is the same");

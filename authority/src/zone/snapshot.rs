@@ -558,8 +558,8 @@ pub struct Snapshot {
     /// is the oldest any signature served can be.
     pub(super) signed_all_at: u32,
     /// A signed zone's part of the serial (`set_serial`): the period start of its last whole
-    /// signing (`signed_all_at`) plus how many times of its key schedule fell since
-    /// (`SigningKeys::events_since`), never back within a process (a whole state rebuilt on
+    /// signing (`signed_all_at`) plus how many times of its key schedule fell since the start
+    /// of the period before (`SigningKeys::events_since`), never back within a process (a whole state rebuilt on
     /// older static signatures keeps it). A zone signed again whole before its signatures
     /// expire (a new period: at least a day on) or whose keys changed has a new serial, and
     /// secondaries transfer it. It follows from the time and the key schedule alone, so a
