@@ -283,21 +283,28 @@ pub enum ZoneKeyCommand {
     },
     /// The keys of the key directory DIR: each key's role, state and times, and what the
     /// schedule does next.
-    List { dir: PathBuf },
+    List {
+        /// The key directory, as `dnsplan zone key init` made it.
+        dir: PathBuf,
+    },
     /// Start a roll now: --zsk publishes a new ZSK that signs once every cache has it (the
     /// authority also rolls the ZSK by itself at the end of its lifetime); --ksk publishes a
     /// new KSK that signs the DNSKEY RRset beside the old one, and that CDS and CDNSKEY name
     /// once every cache has it: then give the parent its DS and run `zone key ds-seen`.
     Roll {
+        /// The key directory, as `dnsplan zone key init` made it.
         dir: PathBuf,
+        /// Roll the zone-signing key (pre-publication).
         #[arg(long, conflicts_with = "ksk", required_unless_present = "ksk")]
         zsk: bool,
+        /// Roll the key-signing key (double signature, CDS and CDNSKEY moved after the lead).
         #[arg(long)]
         ksk: bool,
     },
     /// End a KSK roll: the parent serves the new KSK's DS, so the old KSK is removed once the
     /// parent's DS TTL has passed. With --parent, refused unless that server answers the DS.
     DsSeen {
+        /// The key directory, as `dnsplan zone key init` made it.
         dir: PathBuf,
         /// A name server of the parent zone (ADDRESS or ADDRESS:PORT) asked for the zone's DS.
         #[arg(long, value_name = "ADDRESS")]
