@@ -68,17 +68,14 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         "$TTL 3600\nexample.test. DNSKEY 257 3 15 f1qAQftgVKHL0j4148YDaIpwuYqQU+icgIdUEgTEP2Q=\n",
     )?;
     // Key directories: one of another zone, one whose key others may read.
-    for (name, origin) in [("other-keys", "other.test."), ("open-keys", "example.test.")] {
+    // And one whose longest TTL is below the zone's (NS records of 3600 s).
+    for (name, origin) in [("other-keys", "other.test."), ("open-keys", "example.test."), ("short-keys", "example.test.")] {
         let keys = dir.path().join(name);
         let now = dnsplan_common::dnssec_keys::At(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
-        let made = dnsplan_common::dnssec_keys::KeyDir::init(
-            &keys,
-            origin,
-            dnsplan_common::dnssec::ZoneAlgorithm::Ed25519,
-            None,
-            Default::default(),
-            now,
-        )?;
+        let max_ttl_secs = if name == "short-keys" { 600 } else { 86_400 };
+        let policy = dnsplan_common::dnssec_keys::Policy { max_ttl_secs, ..Default::default() };
+        let made =
+            dnsplan_common::dnssec_keys::KeyDir::init(&keys, origin, dnsplan_common::dnssec::ZoneAlgorithm::Ed25519, None, policy, now)?;
         if name == "open-keys" {
             let file = keys.join(&made.entries()[0].file);
             std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
@@ -111,6 +108,7 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"other-keys\"\n"), "its keys sign other.test., not example.test."),
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"open-keys\"\n"), "chmod 600"),
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"no-keys\"\n"), "keys.toml"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"short-keys\"\n"), "has a TTL of 3600 s, above max_ttl_secs (600)"),
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"open-keys\"\ndnskey_ttl_secs = 60\n"), "[policy]"),
     ];
     let cases = cases.iter().map(|(t, w)| (t.to_string(), *w)).chain(dnssec_cases);

@@ -298,7 +298,7 @@ async fn zsk_and_ksk_rolls_keep_every_cache_validating() -> anyhow::Result<()> {
                 "--propagation-delay-secs",
                 "300",
                 "--max-ttl-secs",
-                "600",
+                "3600",
                 "--parent-ds-ttl-secs",
                 "900",
             ],

@@ -559,13 +559,13 @@ impl KeyDir {
         self.file.keys.iter().enumerate().filter(|(_, e)| e.signs_data_at(t)).max_by_key(|(_, e)| e.active).map(|(i, _)| i)
     }
 
-    /// A ZSK made after the one signing at `t`, not yet active: a roll under way.
+    /// A ZSK made after the one signing at `t`, not yet active (or not yet served): a roll
+    /// under way.
     fn zsk_successor(&self, t: At) -> Option<usize> {
         let current = self.signing_zsk(t).map(|i| self.file.keys[i].active);
-        self.file
-            .keys
-            .iter()
-            .position(|e| e.role == KeyRole::Zsk && e.active > t && e.removed.is_none() && current.is_none_or(|c| e.active > c))
+        self.file.keys.iter().position(|e| {
+            e.role == KeyRole::Zsk && (e.active > t || e.served.is_none()) && e.removed.is_none() && current.is_none_or(|c| e.active > c)
+        })
     }
 
     /// Marks every key published by `now` and not yet served as served now: the authority
@@ -825,6 +825,7 @@ mod tests {
         // sign (the authority was down, say, when the directory was made).
         assert_eq!(tags(&keys.view(At(T0 + 3 * 3_600)).expect("view").zsk), vec![combined.tag()], "never served, never signing");
         let served = T0 + 3 * 3_600;
+        assert!(keys.roll_zsk(At(served)).is_err(), "a ZSK waiting to be served is a roll under way");
         assert!(keys.mark_served(At(served)));
         assert_eq!(
             tags(&keys.view(At(served + policy.lead_secs() - 1)).expect("view").zsk),

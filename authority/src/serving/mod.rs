@@ -300,8 +300,10 @@ impl Serving {
         }
         let now = crate::zone::signed::unix_now();
         let (dir, origin) = (path.clone(), self.zone.origin.clone());
-        let (keys, ttl) = match tokio::task::spawn_blocking(move || crate::zone::dns_zone::ZoneSigner::read_dir(&dir, &origin, rolls, now))
-            .await
+        let (keys, policy) = match tokio::task::spawn_blocking(move || {
+            crate::zone::dns_zone::ZoneSigner::read_dir(&dir, &origin, rolls, now)
+        })
+        .await
         {
             Ok(Ok(read)) => read,
             Ok(Err(err)) => {
@@ -327,7 +329,7 @@ impl Serving {
             return false;
         }
         let summary = keys.summary();
-        let next_signer = Arc::new(signer.with_keys(keys, ttl));
+        let next_signer = Arc::new(signer.with_keys(keys, policy.dnskey_ttl_secs));
         let from = current.clone();
         let changed = tokio::task::spawn_blocking(move || {
             let mut next = (*from).clone();

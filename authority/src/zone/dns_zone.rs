@@ -4,7 +4,7 @@
 //! referral instead of an answer) are not built.
 
 use crate::zone::zone_text;
-use dnsplan_common::dnssec_keys::{At, KeyDir, SigningKeys};
+use dnsplan_common::dnssec_keys::{At, KeyDir, Policy, SigningKeys};
 use hickory_proto::rr::rdata::{NS, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_proto::serialize::txt::Parser;
@@ -147,7 +147,7 @@ impl ZoneSigner {
     /// makes them (the directory locked while it is read and written): keys it serves for the
     /// first time marked served (`KeyDir::mark_served`), entries removed long ago dropped, the
     /// automatic ZSK roll made. Blocking: file I/O.
-    pub fn read_dir(path: &Path, origin: &Name, rolls: bool, now: u32) -> Result<(SigningKeys, u32), String> {
+    pub fn read_dir(path: &Path, origin: &Name, rolls: bool, now: u32) -> Result<(SigningKeys, Policy), String> {
         let now = At(u64::from(now));
         let _lock = if rolls { Some(KeyDir::lock(path).map_err(|e| e.to_string())?) } else { None };
         let mut dir = KeyDir::load(path, now).map_err(|e| e.to_string())?;
@@ -167,7 +167,7 @@ impl ZoneSigner {
                 dir.save().map_err(|e| e.to_string())?;
             }
         }
-        Ok((dir.view(now).map_err(|e| e.to_string())?, dir.policy().dnskey_ttl_secs))
+        Ok((dir.view(now).map_err(|e| e.to_string())?, dir.policy().clone()))
     }
 }
 
@@ -383,7 +383,23 @@ impl StaticZone {
             Some(dnssec) => {
                 // The master file has no DNSKEY, CDS or CDNSKEY of its own: `zone_text` refuses
                 // every DNSSEC type.
-                let signer = load_signer(dnssec, config_dir, &origin)?;
+                let (signer, max_ttl) = load_signer(dnssec, config_dir, &origin)?;
+                // A ZSK is removed the policy's longest TTL after it stops signing: a record
+                // cached longer would outlive its key.
+                let longest = ns
+                    .iter()
+                    .chain(&records)
+                    .map(|r| (r.ttl, r.name.clone()))
+                    .chain([(soa_ttl, origin.clone())])
+                    .max_by_key(|(ttl, _)| *ttl);
+                if let (Some((max, file)), Some((ttl, name))) = (max_ttl, longest)
+                    && ttl > max
+                {
+                    return Err(DnsZoneError::Dnssec(format!(
+                        "{name} has a TTL of {ttl} s, above max_ttl_secs ({max}) in {}'s [policy]: a removed ZSK's signatures could outlive it in caches; raise max_ttl_secs, or lower the TTL",
+                        file.display()
+                    )));
+                }
                 let apex = signer.keys.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
                 records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)));
                 Some(std::sync::Arc::new(signer))
@@ -472,7 +488,8 @@ impl StaticZone {
 
 /// The keys of `[dns_zone.dnssec]` (a file or a directory relative to `config_dir`), and the
 /// signatures' validity, checked.
-fn load_signer(config: &DnssecConfig, config_dir: &Path, origin: &Name) -> Result<ZoneSigner, DnsZoneError> {
+/// With a key directory, also its policy's longest TTL and where it is written.
+fn load_signer(config: &DnssecConfig, config_dir: &Path, origin: &Name) -> Result<(ZoneSigner, Option<(u32, PathBuf)>), DnsZoneError> {
     const DAY: u32 = 86_400;
     if !(1..=365).contains(&config.signature_validity_days) {
         return Err(DnsZoneError::Dnssec(format!("signature_validity_days: {} is outside 1..=365", config.signature_validity_days)));
@@ -484,6 +501,7 @@ fn load_signer(config: &DnssecConfig, config_dir: &Path, origin: &Name) -> Resul
         )));
     }
     let (validity_secs, refresh_secs) = (config.signature_validity_days * DAY, config.signature_refresh_days * DAY);
+    let mut max_ttl = None;
     let (keys, source, dnskey_ttl_secs) = match (&config.key_file, &config.key_dir) {
         (Some(file), None) => {
             let key = dnsplan_common::dnssec::ZoneKey::load(&config_dir.join(file)).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
@@ -497,8 +515,10 @@ fn load_signer(config: &DnssecConfig, config_dir: &Path, origin: &Name) -> Resul
                 )));
             }
             let path = config_dir.join(dir);
-            let (keys, ttl) =
+            let (keys, policy) =
                 ZoneSigner::read_dir(&path, origin, config.rolls_keys, crate::zone::signed::unix_now()).map_err(DnsZoneError::Dnssec)?;
+            max_ttl = Some((policy.max_ttl_secs, path.join(dnsplan_common::dnssec_keys::KEYS_FILE)));
+            let ttl = policy.dnskey_ttl_secs;
             if !(1..=3_600).contains(&config.key_check_secs) {
                 return Err(DnsZoneError::Dnssec(format!("key_check_secs: {} is outside 1..=3600", config.key_check_secs)));
             }
@@ -506,7 +526,7 @@ fn load_signer(config: &DnssecConfig, config_dir: &Path, origin: &Name) -> Resul
         }
         _ => return Err(DnsZoneError::Dnssec("give one of key_file (one combined key) or key_dir (a KSK and rolled ZSKs)".into())),
     };
-    Ok(ZoneSigner { keys, source, validity_secs, refresh_secs, dnskey_ttl_secs })
+    Ok((ZoneSigner { keys, source, validity_secs, refresh_secs, dnskey_ttl_secs }, max_ttl))
 }
 
 /// SVCB and HTTPS targets written relative (`SVCB 1 svc port=8443`): hickory's reader keeps
