@@ -20,7 +20,7 @@
 use crate::workflow;
 use dnsplan_common::signing::{SigningKey, sign_with};
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::store::publish_against;
+use dnsplan_common::store::{next_generation, publish_against};
 use dnsplan_common::{
     Author, DnsName, Endpoint, EndpointName, Generation, PauseState, Plan, Provenance, Store, StoreError, ValidatedPlan,
     removed_weight_fraction,
@@ -137,7 +137,7 @@ pub async fn preview<S: Store>(store: &S, file: PlanFile, reason: &str, by: &str
     } else {
         store.plan(latest).await?.into_plan()
     };
-    let generation = latest.next().ok_or(StoreError::Exhausted(latest))?;
+    let generation = next_generation(store, latest).await?;
     let removal_limit = dnsplan_enactor::config::ApplyConfig::default().max_removal_fraction;
     let breaker_fraction = dnsplan_planner::config::Policy::default().breaker_endpoint_fraction.0;
     let mut preview = Preview {

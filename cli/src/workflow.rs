@@ -13,7 +13,7 @@
 use dnsplan_common::dns_probe::{self, RecordType};
 use dnsplan_common::signing::{SigningKey, sign_with};
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::store::publish_against;
+use dnsplan_common::store::{next_generation, publish_against};
 use dnsplan_common::{
     ActiveRecord, ActiveState, Author, Endpoint, EndpointName, Generation, Heartbeat, PauseState, Plan, Provenance, Store, StoreError,
     ValidatedPlan,
@@ -174,7 +174,7 @@ pub async fn publish_rollback<S: Store>(
     let mut attempt = 1;
     loop {
         let latest = store.latest().await?;
-        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+        let next = next_generation(store, latest).await?;
         let mut provenance: Vec<Provenance> = old
             .plan()
             .endpoints
@@ -281,7 +281,7 @@ pub async fn publish_retirement<S: Store>(
         if !unmanaged(store, &current).await?.contains(name) {
             return Err(RetireError::Managed(name.clone()));
         }
-        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+        let next = next_generation(store, latest).await?;
         let mut endpoints = current.endpoints.clone();
         endpoints.remove(name);
         let plan = ValidatedPlan::new(Plan {

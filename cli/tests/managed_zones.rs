@@ -89,9 +89,14 @@ impl Drop for Enactor {
 }
 
 fn enactor(dir: &std::path::Path, control: &str) -> anyhow::Result<Enactor> {
+    enactor_with(dir, control, "")
+}
+
+/// As [`enactor`], with `extra` (whole tables, such as a `[target]`) in its config file.
+fn enactor_with(dir: &std::path::Path, control: &str, extra: &str) -> anyhow::Result<Enactor> {
     let config = format!(
         "id = \"shop-enactor\"\nzone = \"a\"\ndns_zones = [\"shop.test.\"]\n[store]\nkind = \"control\"\nurl = \"{control}\"\n\
-         token = \"{TOKEN}\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n[verify]\nenabled = false\n[apply]\nheartbeat_interval_secs = 1\n"
+         token = \"{TOKEN}\"\n[metrics]\nlisten = \"127.0.0.1:0\"\n[verify]\nenabled = false\n[apply]\nheartbeat_interval_secs = 1\n{extra}"
     );
     let path = dir.join("enactor.toml");
     std::fs::write(&path, config)?;
@@ -318,5 +323,116 @@ async fn dnsplan_up_enacts_a_zone_added_to_its_store() -> anyhow::Result<()> {
     ok(&dnsplan(&up, &[&args[..], &["--dns", &dns_arg, "--wait-secs", "30"]].concat())?);
     until_dns(up.dns, "api.blog.test.", |a| a.contains(&"10.8.0.9".parse().expect("address"))).await?;
     until_axfr(up.dns, &expected(101, &["10.7.0.9"]))?;
+    Ok(())
+}
+
+/// The TSIG key the RFC 2136 enactor updates Knot with, and the one the test transfers with.
+const UPDATE_KEY: &str = "dnsplan-enactor.";
+const TRANSFER_KEY: &str = "transfer.";
+/// 32 bytes, base64.
+const SECRET_B64: &str = "ZG5zcGxhbi1lbmFjdG9yLWtub3QtdGVzdC1zZWNyZXQ=";
+
+/// Knot's whole AXFR of shop.test. (signed with [`TRANSFER_KEY`]), its SOA lines left out:
+/// Knot numbers its own serials.
+fn knot_axfr(knot: std::net::SocketAddr) -> anyhow::Result<BTreeSet<String>> {
+    let records = axfr_with(knot, "shop.test.", &["-y", &format!("hmac-sha256:{TRANSFER_KEY}:{SECRET_B64}")])?;
+    Ok(records.into_iter().filter(|l| l.split(' ').nth(3) != Some("soa")).collect())
+}
+
+/// What Knot holds for shop.test. once plan `generation` serving `addresses` is enacted: its
+/// own zone file's records, the addresses, and the marker of the plan they come from.
+fn knot_expected(generation: u64, addresses: &[&str]) -> BTreeSet<String> {
+    let mut all: BTreeSet<String> =
+        ["shop.test. 300 in ns ns1.shop.test.", "ns1.shop.test. 300 in a 192.0.2.7", "www.shop.test. 300 in cname api.shop.test."]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+    all.extend(addresses.iter().map(|a| format!("api.shop.test. 60 in a {a}")));
+    all.insert(format!("_dnsplan.api.shop.test. 60 in txt \"{generation:020}\""));
+    all
+}
+
+/// Publishes a plan of shop.test. serving `addresses` with the CLI, as an operator would,
+/// waiting until Knot (`--dns`) answers it; then Knot's whole AXFR must be exactly
+/// `knot_expected` at `generation`.
+fn publish_onto_knot(
+    up: &Up,
+    dir: &std::path::Path,
+    knot: std::net::SocketAddr,
+    generation: u64,
+    addresses: &[&str],
+) -> anyhow::Result<()> {
+    let plan = dir.join("plan.toml");
+    std::fs::write(&plan, plan_file(addresses))?;
+    let knot_arg = knot.to_string();
+    let args = ["--zone", "shop.test.", "plans", "publish", plan.to_str().unwrap_or_default(), "--reason", "rfc2136", "--yes"];
+    let published = dnsplan(up, &[&args[..], &["--dns", &knot_arg, "--wait-secs", "30"]].concat())?;
+    let said = format!("{}{}", String::from_utf8_lossy(&published.stdout), String::from_utf8_lossy(&published.stderr));
+    anyhow::ensure!(
+        published.status.success(),
+        "plan {generation} ({addresses:?}) not served by Knot: {said}\nthe enactor's log:\n{}",
+        std::fs::read_to_string(dir.join("enactor.log")).unwrap_or_default()
+    );
+    let want = knot_expected(generation, addresses);
+    let start = Instant::now();
+    loop {
+        let got = knot_axfr(knot)?;
+        if got == want {
+            return Ok(());
+        }
+        anyhow::ensure!(start.elapsed() < WITHIN, "Knot's AXFR of shop.test. after plan {generation}:\n{got:#?}\nnot\n{want:#?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// A zone removed and added again, enacted onto a real RFC 2136 primary (Knot) by a
+/// `dnsplan-enactor` daemon with its config file: the primary still holds the removed zone's
+/// markers, and the zone added again must be enacted all the same, because its plans start
+/// past the removed zone's latest generation (`Store::generation_base`). After each plan,
+/// Knot's whole AXFR is exactly its zone file plus the plan's addresses and marker.
+///
+/// Teeth, checked once: with the embedded store's generation base read as none (plans of the
+/// zone added again start at 1 again, as before), the CLI published plan 1 and waited 30 s
+/// for Knot to serve it: "1 endpoint(s) do not serve plan 1's content yet".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_added_again_is_enacted_onto_its_rfc2136_primary() -> anyhow::Result<()> {
+    use dnsplan_tests::knot::{KeyAction, Knot, KnotSpec, KnotZone, TsigKey};
+    let dir = tempfile::tempdir()?;
+    let key = |name: &str, action| TsigKey {
+        name: name.into(),
+        algorithm: "hmac-sha256".into(),
+        secret_base64: SECRET_B64.into(),
+        actions: vec![action],
+    };
+    let knot = Knot::start(&KnotSpec {
+        zones: vec![KnotZone { origin: "shop.test.".into(), text: Some(SHOP.into()), zone_extra: Vec::new() }],
+        keys: vec![key(UPDATE_KEY, KeyAction::Update), key(TRANSFER_KEY, KeyAction::Transfer)],
+        extra_config: String::new(),
+    })
+    .await?;
+    let up = up(dir.path())?;
+    let zone_file = dir.path().join("shop.zone");
+    std::fs::write(&zone_file, SHOP)?;
+    ok(&dnsplan(&up, &["zone", "add", "--managed", zone_file.to_str().unwrap_or_default()])?);
+    std::fs::write(dir.path().join("enactor.key"), format!("{SECRET_B64}\n"))?;
+    let target = format!(
+        "[target]\nkind = \"rfc2136\"\nserver = \"{}\"\ndns_zone = \"shop.test.\"\n[target.key]\nname = \"{UPDATE_KEY}\"\n\
+         secret_file = \"enactor.key\"\n",
+        knot.addr()
+    );
+    let _enactor = enactor_with(dir.path(), &up.control, &target)?;
+    anyhow::ensure!(knot_axfr(knot.addr())? == knot_expected(0, &[]).into_iter().filter(|l| !l.contains("_dnsplan")).collect());
+
+    publish_onto_knot(&up, dir.path(), knot.addr(), 1, &["10.7.0.1"])?;
+    publish_onto_knot(&up, dir.path(), knot.addr(), 2, &["10.7.0.2"])?;
+    ok(&dnsplan(&up, &["zone", "remove", "--managed", "shop.test."])?);
+    ok(&dnsplan(&up, &["zone", "add", "--managed", zone_file.to_str().unwrap_or_default()])?);
+    // The same enactor process starts over on the new incarnation; Knot still has marker 2.
+    publish_onto_knot(&up, dir.path(), knot.addr(), 3, &["10.7.0.3"])?;
+    let plans = ok(&dnsplan(&up, &["--zone", "shop.test.", "--output", "json", "plans", "list"])?);
+    let plans: serde_json::Value = serde_json::from_str(&plans)?;
+    let generations: Vec<u64> = plans.as_array().into_iter().flatten().filter_map(|p| p["generation"].as_u64()).collect();
+    assert_eq!(generations, vec![3], "the zone added again lists its own plans, numbered past the removed zone's");
+    publish_onto_knot(&up, dir.path(), knot.addr(), 4, &["10.7.0.3", "10.7.0.4"])?;
     Ok(())
 }

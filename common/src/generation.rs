@@ -15,7 +15,8 @@ pub struct Generation(pub u64);
 impl Generation {
     /// Before any plan: the latest generation of an empty store and the parent of plan 1.
     pub const NONE: Generation = Generation(0);
-    /// The first generation a store accepts.
+    /// The first generation of a store (of a zone added again under a removed zone's name: its
+    /// `Store::generation_base` plus one).
     pub const FIRST: Generation = Generation(1);
 
     /// The generation after this one, or `None` at `u64::MAX` (a store that old is refused

@@ -76,6 +76,11 @@ impl Keys {
     pub(crate) fn horizon(&self) -> Vec<u8> {
         self.k(&[b"state/horizon"])
     }
+    /// The generation the first plan follows: written when a zone is added again under a
+    /// removed zone's name (`Store::generation_base`).
+    pub(crate) fn generation_base(&self) -> Vec<u8> {
+        self.k(&[b"state/generation_base"])
+    }
     pub(crate) fn layout(&self) -> Vec<u8> {
         self.k(&[b"state/layout"])
     }

@@ -348,6 +348,11 @@ impl Store for EtcdStore {
         Ok(Generation(be_u64(first(&r[0]), "latest generation")?.unwrap_or(0)))
     }
 
+    async fn generation_base(&self) -> StoreResult<Generation> {
+        let (_, r) = self.read("generation base", vec![get(self.inner.keys.generation_base())]).await?;
+        Ok(Generation(be_u64(first(&r[0]), "generation base")?.unwrap_or(0)))
+    }
+
     async fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
         // Every publish compares and writes `state/dns_zone` in its transaction.
         let (_, r) = self.read("dns_zone", vec![get(self.inner.keys.dns_zone())]).await?;

@@ -303,7 +303,14 @@ impl EtcdStore {
                 let (_, r) = self
                     .read(
                         "publish",
-                        vec![get(keys.latest()), get(keys.pause()), get(keys.lease_record()), get(keys.lease_live()), get(keys.dns_zone())],
+                        vec![
+                            get(keys.latest()),
+                            get(keys.pause()),
+                            get(keys.lease_record()),
+                            get(keys.lease_live()),
+                            get(keys.dns_zone()),
+                            get(keys.generation_base()),
+                        ],
                     )
                     .await?;
                 let latest = be_u64(first(&r[0]), "latest generation")?;
@@ -323,7 +330,9 @@ impl EtcdStore {
                     None => {}
                 }
                 let latest = Generation(latest.unwrap_or(0));
-                let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+                // Written once, when the zone is added, before any plan.
+                let after = if latest.is_none() { Generation(be_u64(first(&r[5]), "generation base")?.unwrap_or(0)) } else { latest };
+                let next = after.next().ok_or(StoreError::Exhausted(after))?;
                 if g != next || parent != latest {
                     return Err(StoreError::Conflict { attempted: g, parent, latest });
                 }
@@ -365,7 +374,7 @@ impl EtcdStore {
                     ops.push(put(keys.dns_zone(), zone.as_str().as_bytes().to_vec()));
                 }
                 if latest.is_none() {
-                    ops.push(put(keys.horizon(), Generation::FIRST.to_be_bytes().to_vec()));
+                    ops.push(put(keys.horizon(), g.to_be_bytes().to_vec()));
                     ops.push(put(keys.layout(), LAYOUT.to_be_bytes().to_vec()));
                 }
                 if let Some((staging, _)) = &s.staging {

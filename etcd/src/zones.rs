@@ -13,7 +13,7 @@
 use crate::active::slot_counts;
 use crate::client::{Compare, CompareOp, Txn};
 use crate::handle::ZoneFence;
-use crate::txn::{cmp_bytes, delete_range, first, get, get_range, put};
+use crate::txn::{be_u64, cmp_bytes, cmp_u64, delete_range, first, get, get_range, put};
 use crate::{EtcdStore, LAYOUT, prefix_end};
 use dnsplan_common::codec;
 use dnsplan_common::names::DnsName;
@@ -106,7 +106,7 @@ impl ManagedZones for EtcdStore {
                     )));
                 }
             }
-            let (applied, content) = entry.as_ref().map_or((0, 0), ManagedZone::restart_counts);
+            let restart = entry.as_ref().map(ManagedZone::restart).unwrap_or_default();
             let zone = self.zone_prefix(origin);
             // What a publish that died between its chunks and its commit left after the
             // removal (chunks are written before the transaction that would have been fenced).
@@ -127,8 +127,14 @@ impl ManagedZones for EtcdStore {
                 put(format!("{zone}state/dns_zone").into_bytes(), origin.as_str().as_bytes().to_vec()),
                 put(format!("{zone}state/master").into_bytes(), master.as_bytes().to_vec()),
             ];
-            if applied > 0 {
-                ops.push(put(format!("{zone}meta/applied").into_bytes(), [applied.to_be_bytes(), content.to_be_bytes()].concat()));
+            if restart.applied_changes > 0 {
+                let counts = [restart.applied_changes.to_be_bytes(), restart.content_changes.to_be_bytes()].concat();
+                ops.push(put(format!("{zone}meta/applied").into_bytes(), counts));
+            }
+            if !restart.generation_base.is_none() {
+                let first = restart.generation_base.next().ok_or(StoreError::Exhausted(restart.generation_base))?;
+                ops.push(put(format!("{zone}state/generation_base").into_bytes(), restart.generation_base.to_be_bytes().to_vec()));
+                ops.push(put(format!("{zone}state/horizon").into_bytes(), first.to_be_bytes().to_vec()));
             }
             let added = Txn::new().when(vec![cmp_bytes(registry_key, raw.as_deref())]).and_then(ops);
             sent = Some(incarnation);
@@ -165,15 +171,28 @@ impl ManagedZones for EtcdStore {
             };
             removing = Some(token.clone());
             let zone = self.handle(origin, token.clone());
-            let (_, slots) =
-                zone.read("zone counts", vec![get_range(zone.inner.keys.applied(), prefix_end(&zone.inner.keys.applied()), 0)]).await?;
+            let keys = &zone.inner.keys;
+            let (_, slots) = zone
+                .read(
+                    "zone counts",
+                    vec![get_range(keys.applied(), prefix_end(&keys.applied()), 0), get(keys.latest()), get(keys.generation_base())],
+                )
+                .await?;
+            let latest = be_u64(first(&slots[1]), "latest generation")?;
+            let base = be_u64(first(&slots[2]), "generation base")?.unwrap_or(0);
             let (mut applied, mut content) = (0u64, 0u64);
             for kv in slots[0].kvs() {
                 let (a, c) = slot_counts(kv)?;
                 applied = applied.saturating_add(a);
                 content = content.saturating_add(c);
             }
-            let state = ZoneState::Removed { removed_unix_ms: now_unix_ms(), applied_changes: applied, content_changes: content };
+            let latest_generation = latest.unwrap_or(0).max(base);
+            let state = ZoneState::Removed {
+                removed_unix_ms: now_unix_ms(),
+                applied_changes: applied,
+                content_changes: content,
+                latest_generation,
+            };
             let tombstone = ManagedZone { origin: origin.clone(), state };
             let prefix = self.zone_prefix(origin);
             // The compare on the slots' range: no apply of the zone committed since they were
@@ -183,8 +202,9 @@ impl ManagedZones for EtcdStore {
                 .when(vec![
                     cmp_bytes(self.registry_key(origin), raw.as_deref()),
                     Compare::value(self.live_key(origin), CompareOp::Equal, token),
-                    Compare::mod_revision(zone.inner.keys.applied(), CompareOp::Less, slots_revision + 1)
-                        .with_range(prefix_end(&zone.inner.keys.applied())),
+                    Compare::mod_revision(keys.applied(), CompareOp::Less, slots_revision + 1).with_range(prefix_end(&keys.applied())),
+                    // No plan published since `latest` was read (the tombstone keeps it).
+                    cmp_u64(keys.latest(), latest),
                 ])
                 .and_then(vec![
                     put(self.registry_key(origin), codec::encode(&tombstone)),

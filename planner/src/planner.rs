@@ -30,7 +30,7 @@ use crate::metrics::{KindLabels, Metrics};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::signing::sign_with;
 use dnsplan_common::store::lease::now_unix_ms;
-use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX, publish_told};
+use dnsplan_common::store::{ACTIVE_PAGE_MAX, LIST_LIMIT_MAX, next_generation, publish_told};
 use dnsplan_common::{
     ActiveState, Author, Endpoint, EndpointName, Generation, Lease, PauseState, Plan, PlanDelta, Provenance, Store, StoreError,
     StoreResult, ValidatedPlan,
@@ -297,7 +297,7 @@ impl<S: Store> Planner<S> {
             }
             Decision::Publish { endpoints, changed, provenance, reason } => {
                 self.metrics.decision("publish");
-                let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+                let next = self.call(next_generation(&self.store, latest)).await?;
                 let plan = Plan {
                     generation: next,
                     parent_generation: latest,

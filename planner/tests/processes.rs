@@ -83,7 +83,7 @@ async fn a_standby_planner_takes_over_without_publishing_any_generation_twice() 
 /// A planner for a zone added to the store (`added_zone`) beside a planner for the store's
 /// first zone, one store: each holds its own zone's lease at the same time and publishes only
 /// its zone's plans; a backend that fails is planned out of both; the added zone removed and
-/// added again is planned again by the same process.
+/// added again is planned again by the same process, past the removed zone's generations.
 ///
 /// Teeth: without `added_zone` taken (the planner on the first zone's store), the shop
 /// planner's plans are refused as another DNS zone's, and "no plan of shop.test." is published.
@@ -154,7 +154,9 @@ async fn planners_of_two_zones_of_one_store_each_plan_their_own() -> anyhow::Res
             store.wait_for_change(version, Duration::from_secs(1)).await?;
         }
     }
-    // Removed and added again: the same planner process plans the new incarnation.
+    // Removed and added again: the same planner process plans the new incarnation, its first
+    // plan numbered past the removed zone's last.
+    let removed_latest = remote.zone(&shop_zone).await?.latest().await?;
     assert!(remote.remove_zone(&shop_zone).await?);
     assert!(remote.add_zone(&shop_zone, master).await?);
     let again = remote.zone(&shop_zone).await?;
@@ -164,6 +166,10 @@ async fn planners_of_two_zones_of_one_store_each_plan_their_own() -> anyhow::Res
         if version.latest > Generation::NONE {
             let plans = again.list(Generation::NONE, 1_000).await?;
             assert!(plans.iter().all(|p| p.author.to_string() == "planner:p-shop"), "{plans:?}");
+            assert!(
+                plans.iter().all(|p| p.generation > removed_latest),
+                "plans of the zone added again at or before {removed_latest}: {plans:?}"
+            );
             break;
         }
         anyhow::ensure!(std::time::Instant::now() < deadline, "the planner never planned shop.test. added again");

@@ -163,6 +163,11 @@ impl Store for NaiveStore {
         Ok(self.with(|s| s.latest))
     }
 
+    /// The naive store holds one zone, never added again.
+    async fn generation_base(&self) -> StoreResult<Generation> {
+        Ok(Generation::NONE)
+    }
+
     async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         Ok(self.with(|s| s.plans.range(from..).take(limit).map(|(_, p)| p.summary()).collect()))
     }

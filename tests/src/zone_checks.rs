@@ -6,7 +6,7 @@ use crate::conformance::Violations;
 use crate::fixtures::{endpoint_for, name_in, operator, plan_in, planner};
 use dnsplan_common::store::ApplyItem;
 use dnsplan_common::store::zones::{ManagedZones, ZoneState};
-use dnsplan_common::{DnsName, Generation, PauseState, Store, StoreError};
+use dnsplan_common::{DnsName, Generation, PauseState, Store, StoreError, ValidatedPlan};
 use std::time::Duration;
 
 pub fn zone(origin: &str) -> DnsName {
@@ -18,10 +18,13 @@ pub fn master(origin: &DnsName) -> String {
     format!("$ORIGIN {origin}\n@ 3600 IN SOA ns1 hostmaster 1 3600 600 86400 60\n@ 3600 IN NS ns1\nns1 3600 IN A 192.0.2.53\n")
 }
 
-/// Publishes plan `g` of `zone` serving `labels` and applies it to each.
+/// Publishes plan `g` of `zone` serving `labels`, its parent the store's latest (none before the
+/// first plan, whatever `g`), and applies it to each.
 pub async fn publish_and_apply<S: Store>(store: &S, zone: &DnsName, g: u64, labels: &[&str]) -> anyhow::Result<()> {
     let names: Vec<_> = labels.iter().map(|l| name_in(zone, l)).collect();
-    store.publish(&plan_in(zone, g, &names, planner())).await?;
+    let mut plan = plan_in(zone, g, &names, planner()).into_plan();
+    plan.parent_generation = store.latest().await?;
+    store.publish(&ValidatedPlan::new(plan)?).await?;
     let items: Vec<ApplyItem> = names.iter().map(|n| ApplyItem { endpoint: n.clone(), records: endpoint_for(Generation(g)) }).collect();
     for result in store.apply_many(Generation(g), &items).await? {
         result?;
@@ -123,7 +126,8 @@ pub async fn zones_are_isolated<S: ManagedZones>(root: S, first: &DnsName) -> an
 
 /// A removed zone refuses every write of a handle still held (a late enactor or planner),
 /// `zone` refuses it, and a zone added again under its name starts past the removed one's
-/// counts, with no write of the old handle in it.
+/// counts and past its latest generation (plan 1 is refused, the first plan is 3), with no
+/// write of the old handle in it.
 pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Result<Violations> {
     let mut v = Violations::default();
     let origin = zone("gone.zones.test.");
@@ -155,10 +159,11 @@ pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Res
     refused("zone()", root.zone(&origin).await.map(|_| ()), &mut v);
 
     let removed = root.zones().await?.into_iter().find(|z| z.origin == origin);
-    let Some(ZoneState::Removed { content_changes, .. }) = removed.map(|z| z.state) else {
+    let Some(ZoneState::Removed { content_changes, latest_generation, .. }) = removed.map(|z| z.state) else {
         v.push("the registry has no tombstone for the removed zone".into());
         return Ok(v);
     };
+    v.check(latest_generation == 2, || format!("the tombstone keeps latest generation {latest_generation}, the zone had reached 2"));
     v.check(content_changes == before.content_changes, || {
         format!("the tombstone keeps content count {content_changes}, the zone had reached {}", before.content_changes)
     });
@@ -173,11 +178,27 @@ pub async fn removal_fences_late_writes<S: ManagedZones>(root: S) -> anyhow::Res
         format!("the zone added again counts {} content changes, not past the old {}", fresh.content_changes, before.content_changes)
     });
     v.check(again.latest().await? == Generation::NONE, || "the zone added again has plans".into());
-    publish_and_apply(&again, &origin, 1, &["www"]).await?;
+    let base = again.generation_base().await?;
+    v.check(base == Generation(2), || format!("the zone added again starts its plans after generation {base}, not after 2"));
+    match again.publish(&plan_in(&origin, 1, std::slice::from_ref(&www), planner())).await {
+        Err(StoreError::Conflict { attempted: Generation(1), .. }) => {}
+        other => v.push(format!("plan 1 of the zone added again, behind the removed zone's plan 2: {other:?}, not Conflict")),
+    }
+    publish_and_apply(&again, &origin, 3, &["www"]).await?;
     refused(
         "apply of the old handle after the zone was added again",
-        late.apply(&www, Generation(1), &endpoint_for(Generation(1))).await.map(|_| ()),
+        late.apply(&www, Generation(3), &endpoint_for(Generation(3))).await.map(|_| ()),
         &mut v,
     );
+    publish_and_apply(&again, &origin, 4, &["www", "api"]).await?;
+    let report = again.cleanup(1).await?;
+    v.check(again.list(Generation::NONE, 10).await?.iter().map(|p| p.generation).eq([Generation(4)]), || {
+        format!("after a cleanup keeping 1 plan the zone added again lists other plans ({report:?})")
+    });
+    // Removed and added once more: past its own plans, not only the first removal's base.
+    root.remove_zone(&origin).await?;
+    root.add_zone(&origin, &master(&origin)).await?;
+    let third = root.zone(&origin).await?.generation_base().await?;
+    v.check(third == Generation(4), || format!("added a third time, the zone starts after generation {third}, not after 4"));
     Ok(v)
 }

@@ -236,6 +236,9 @@ impl<S: Store> Store for Faulty<S> {
         self.latest_calls.fetch_add(1, Ordering::SeqCst);
         self.inner.latest().await
     }
+    async fn generation_base(&self) -> StoreResult<Generation> {
+        self.inner.generation_base().await
+    }
     async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.inner.list(from, limit).await
     }

@@ -379,6 +379,7 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("POST", "/v1/plans/{generation}/changes", Need::Publish),
     ("POST", "/v1/apply", Need::Role(Role::Enact)),
     ("GET", "/v1/version", Need::Read),
+    ("GET", "/v1/generation-base", Need::Read),
     ("GET", "/v1/wait", Need::Read),
     ("GET", "/v1/active", Need::Read),
     ("GET", "/v1/active/{endpoint}", Need::Read),

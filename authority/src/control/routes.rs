@@ -37,7 +37,7 @@ use dnsplan_common::store::wire::{
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones, RegistryVersion};
-use dnsplan_common::store::{ApplyOutcome, Heartbeat, Lease, PauseState, StoreError, StoreVersion};
+use dnsplan_common::store::{ApplyOutcome, GenerationBase, Heartbeat, Lease, PauseState, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta, PlanEntry};
 use hickory_proto::rr::Name;
 use serde::Deserialize;
@@ -389,6 +389,7 @@ fn store_routes<S: ManagedZones>(prefix: &str, ctl: &Control<S>) -> Router<Contr
         .route(&at("/plans/{generation}"), get(plan::<S>).layer(full_read.clone()))
         .route(&at("/plans/{generation}/changes"), get(plan_changes::<S>).layer(full_read.clone()).post(publish_changes::<S>))
         .route(&at("/version"), get(version::<S>))
+        .route(&at("/generation-base"), get(generation_base::<S>))
         .route(&at("/wait"), get(wait::<S>))
         .route(&at("/active"), get(active_all::<S>).layer(full_read.clone()))
         .route(&at("/active/{endpoint}"), get(active::<S>).put(apply::<S>))
@@ -723,6 +724,11 @@ async fn plan_changes<S: ManagedZones>(
 
 async fn version<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Json<StoreVersion>> {
     Ok(Json(ctl.store.version().await?))
+}
+
+/// `GET /v1/generation-base`: the generation the store's first plan follows.
+async fn generation_base<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Json<GenerationBase>> {
+    Ok(Json(GenerationBase { generation: ctl.store.generation_base().await? }))
 }
 
 async fn wait<S: ManagedZones>(Zoned(ctl): Zoned<S>, Query(q): Query<WaitQuery>) -> ApiResult<Json<StoreVersion>> {

@@ -119,6 +119,9 @@ impl Store for NaiveEtcdStore {
     async fn latest(&self) -> StoreResult<Generation> {
         self.inner.latest().await
     }
+    async fn generation_base(&self) -> StoreResult<Generation> {
+        self.inner.generation_base().await
+    }
 
     async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {
         self.inner.list(from, limit).await

@@ -40,8 +40,14 @@ pub fn section(records: &[Record]) -> Vec<String> {
 
 /// The whole zone by `dig AXFR`, as sorted lines.
 pub fn axfr(server: SocketAddr, zone: &str) -> anyhow::Result<BTreeSet<String>> {
+    axfr_with(server, zone, &[])
+}
+
+/// As [`axfr`], with `extra` arguments to dig (such as `-y` and a TSIG key).
+pub fn axfr_with(server: SocketAddr, zone: &str, extra: &[&str]) -> anyhow::Result<BTreeSet<String>> {
     let out = Command::new("dig")
         .args(["-p", &server.port().to_string(), &format!("@{}", server.ip()), zone, "AXFR", "+time=5", "+tries=1", "+noall", "+answer"])
+        .args(extra)
         .output()
         .map_err(|e| anyhow::anyhow!("cannot run dig (install dnsutils): {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

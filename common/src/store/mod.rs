@@ -4,7 +4,8 @@
 //!
 //! The guarantees (each is checked by the conformance suite in `dnsplan-tests`):
 //! - `publish` is a compare-and-swap on the latest generation: plan `latest + 1` with parent
-//!   `latest`, or a typed [`StoreError::Conflict`] carrying the current latest. Automation is
+//!   `latest` (the first plan: `generation_base + 1`, no parent; see [`next_generation`]), or a
+//!   typed [`StoreError::Conflict`] carrying the current latest. Automation is
 //!   refused while paused; operators are not.
 //! - `apply` is a compare-and-swap against the endpoint's fence, decided inside the store at
 //!   write time: older → [`StoreError::Stale`], equal → [`ApplyOutcome::Unchanged`], newer →
@@ -295,6 +296,13 @@ pub struct HistoryMark {
     pub change: Option<EndpointName>,
 }
 
+/// The body of `GET /v1/generation-base` ([`Store::generation_base`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationBase {
+    pub generation: Generation,
+}
+
 /// Counters that move whenever something a waiter cares about changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -505,6 +513,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
     /// The latest published generation, `Generation::NONE` if none.
     fn latest(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
+    /// The generation the store's first plan follows: `Generation::NONE` (the first plan is
+    /// plan 1), or for a zone added again under a removed zone's name, that zone's latest, so
+    /// that generations never go back under one name ([`zones::Restart`]).
+    fn generation_base(&self) -> impl Future<Output = StoreResult<Generation>> + Send;
     /// The mark of this store's history at applied-change count `applied` (see
     /// [`HistoryMark`]); `None` from a store that cannot say (the default), or when `applied`
     /// is past the store's count.
@@ -661,6 +673,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
     /// `wait_for_change` with `timeout` at most `WAIT_TIMEOUT_MAX`.
     fn wait_for_change_unchecked(&self, seen: StoreVersion, timeout: Duration) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
+}
+
+/// The generation of the plan that follows `latest` in `store`: `latest + 1`, or before any
+/// plan, `generation_base + 1`.
+pub async fn next_generation<S: Store>(store: &S, latest: Generation) -> StoreResult<Generation> {
+    let after = if latest.is_none() { store.generation_base().await? } else { latest };
+    after.next().ok_or(StoreError::Exhausted(after))
 }
 
 /// `publish_changes` the slow way: reads the parent whole, builds the plan and publishes it

@@ -11,8 +11,8 @@ use super::wire::{
 };
 use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones, RegistryVersion};
 use super::{
-    ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, Heartbeat, Lease,
-    PauseState, Store, StoreError, StoreResult, StoreVersion,
+    ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, GenerationBase,
+    Heartbeat, Lease, PauseState, Store, StoreError, StoreResult, StoreVersion,
 };
 use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
@@ -277,6 +277,11 @@ impl Store for RemoteStore {
 
     async fn latest(&self) -> StoreResult<Generation> {
         Ok(self.version().await?.latest)
+    }
+
+    async fn generation_base(&self) -> StoreResult<Generation> {
+        let body: GenerationBase = self.json(self.inner.client.get(self.url("/v1/generation-base"))).await?;
+        Ok(body.generation)
     }
 
     async fn list_unchecked(&self, from: Generation, limit: usize) -> StoreResult<Vec<PlanSummary>> {

@@ -5,10 +5,14 @@
 //! A removed zone is fenced: its registry entry becomes a tombstone in the same step that the
 //! zone's writes start being refused ([`StoreError::ZoneGone`]), so a late write of an enactor
 //! or planner that still holds the zone never lands. The tombstone keeps the counts the zone had
-//! reached; a zone added again under the same name starts past them, so its SOA serial never
-//! goes back for a secondary that still holds the old one.
+//! reached and its latest plan's generation; a zone added again under the same name starts past
+//! them, so its SOA serial never goes back for a secondary that still holds the old one, and its
+//! first plan's generation is past every plan of the removed zone (a fence the removed zone's
+//! plans wrote outside the store, an RFC 2136 server's markers, takes the new plans as newer, and
+//! a late write of the removed zone's enactor as older).
 
 use super::{Store, StoreError, StoreResult};
+use crate::Generation;
 use crate::codec::{self, Record};
 use crate::names::DnsName;
 use serde::{Deserialize, Serialize};
@@ -33,9 +37,21 @@ pub enum ZoneState {
     /// Plans are published and applied. `incarnation` is drawn at random when the zone is
     /// added: a client that names it is refused by a zone added again since.
     Live { added_unix_ms: u64, incarnation: u64 },
-    /// Every write is refused. The counts it had reached, past which a zone added again under
-    /// this name starts.
-    Removed { removed_unix_ms: u64, applied_changes: u64, content_changes: u64 },
+    /// As `Removed`, written before tombstones kept the latest generation (read, never
+    /// written): a zone added again past one starts its plans at generation 1.
+    RemovedCounts { removed_unix_ms: u64, applied_changes: u64, content_changes: u64 },
+    /// Every write is refused. The counts and the latest plan's generation it had reached,
+    /// past which a zone added again under this name starts.
+    Removed { removed_unix_ms: u64, applied_changes: u64, content_changes: u64, latest_generation: u64 },
+}
+
+/// Where a zone added under a name starts: past what a removed zone of that name reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Restart {
+    pub applied_changes: u64,
+    pub content_changes: u64,
+    /// The generation the zone's first plan follows ([`Store::generation_base`]).
+    pub generation_base: Generation,
 }
 
 impl ManagedZone {
@@ -47,17 +63,23 @@ impl ManagedZone {
     pub fn incarnation(&self) -> Option<u64> {
         match self.state {
             ZoneState::Live { incarnation, .. } => Some(incarnation),
-            ZoneState::Removed { .. } => None,
+            ZoneState::Removed { .. } | ZoneState::RemovedCounts { .. } => None,
         }
     }
 
-    /// The counts a zone added again under this name starts at: past the removed one's, so
-    /// its serial moves on.
-    pub fn restart_counts(&self) -> (u64, u64) {
+    /// Where a zone added again under this name starts: its counts past the removed one's, so
+    /// its serial moves on, and its plans past the removed one's latest.
+    pub fn restart(&self) -> Restart {
+        let counts = |applied: u64, content: u64| (applied.saturating_add(1), content.saturating_add(1));
         match self.state {
-            ZoneState::Live { .. } => (0, 0),
-            ZoneState::Removed { applied_changes, content_changes, .. } => {
-                (applied_changes.saturating_add(1), content_changes.saturating_add(1))
+            ZoneState::Live { .. } => Restart::default(),
+            ZoneState::RemovedCounts { applied_changes, content_changes, .. } => {
+                let (applied_changes, content_changes) = counts(applied_changes, content_changes);
+                Restart { applied_changes, content_changes, generation_base: Generation::NONE }
+            }
+            ZoneState::Removed { applied_changes, content_changes, latest_generation, .. } => {
+                let (applied_changes, content_changes) = counts(applied_changes, content_changes);
+                Restart { applied_changes, content_changes, generation_base: Generation(latest_generation) }
             }
         }
     }

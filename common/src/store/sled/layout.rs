@@ -6,6 +6,10 @@ pub(super) const META_LATEST: &[u8] = b"latest";
 
 pub(super) const META_HORIZON: &[u8] = b"horizon";
 
+/// The generation the first plan follows (`Store::generation_base`), for a zone added again
+/// under a removed zone's name; absent: `Generation::NONE`.
+pub(super) const META_GENERATION_BASE: &[u8] = b"generation_base";
+
 pub(super) const META_APPLIED: &[u8] = b"applied_changes";
 
 pub(super) const META_CONTENT: &[u8] = b"content_changes";

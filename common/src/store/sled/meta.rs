@@ -80,6 +80,10 @@ impl Inner {
         Ok(Generation(self.meta_u64(META_LATEST, 0)?))
     }
 
+    pub(super) fn generation_base(&self) -> StoreResult<Generation> {
+        Ok(Generation(self.meta_u64(META_GENERATION_BASE, 0)?))
+    }
+
     pub(super) fn horizon(&self) -> StoreResult<Generation> {
         Ok(Generation(self.meta_u64(META_HORIZON, Generation::FIRST.0)?))
     }

@@ -389,6 +389,10 @@ impl Store for SledStore {
         Ok(self.shared.version.borrow().latest)
     }
 
+    async fn generation_base(&self) -> StoreResult<Generation> {
+        self.blocking(|inner| inner.generation_base()).await
+    }
+
     async fn dns_zone(&self) -> StoreResult<Option<DnsName>> {
         self.blocking(|inner| inner.dns_zone()).await
     }

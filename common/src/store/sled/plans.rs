@@ -215,7 +215,8 @@ impl Inner {
             None => {}
         }
         let latest = self.latest()?;
-        let next = latest.next().ok_or(StoreError::Exhausted(latest))?;
+        let after = if latest.is_none() { self.generation_base()? } else { latest };
+        let next = after.next().ok_or(StoreError::Exhausted(after))?;
         if generation != next || parent != latest {
             return Err(StoreError::Conflict { attempted: generation, parent, latest });
         }

@@ -231,12 +231,13 @@ pub(super) fn check_registry(db: &sled::Db, path: &Path, on_loss: OnLoss) -> Sto
         let count = |key: &[u8]| -> StoreResult<u64> {
             Ok(meta.get(key).map_err(io)?.and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok()).map_or(0, u64::from_be_bytes))
         };
-        let marked = match HighWater::open(&zone_dir).map_err(io)?.1 {
-            Found::Mark(mark) => mark.applied_changes.saturating_add(1),
-            Found::None | Found::Torn => 0,
+        let (marked, marked_latest) = match HighWater::open(&zone_dir).map_err(io)?.1 {
+            Found::Mark(mark) => (mark.applied_changes.saturating_add(1), mark.latest.0),
+            Found::None | Found::Torn => (0, 0),
         };
         let (applied_changes, content_changes) = (count(META_APPLIED)?.max(marked), count(META_CONTENT)?.max(marked));
-        let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes };
+        let latest_generation = count(META_LATEST)?.max(count(META_GENERATION_BASE)?).max(marked_latest);
+        let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes, latest_generation };
         registry.insert(origin.as_str(), codec::encode(&ManagedZone { origin: origin.clone(), state })).map_err(io)?;
         db.flush().map_err(io)?;
         std::fs::remove_dir_all(&zone_dir).map_err(io)?;
@@ -367,13 +368,18 @@ impl SledStore {
         }
         // The zone's meta before its registry entry: a crash between the two leaves trees no
         // entry names, which the next addition drops.
-        let (applied, content) = old.as_ref().map_or((0, 0), ManagedZone::restart_counts);
+        let restart = old.as_ref().map(ManagedZone::restart).unwrap_or_default();
         let meta = ZoneTrees::added(origin, 0).tree(&db, "meta")?;
         let mut batch = meta.batch();
         batch.insert(open::META_LAYOUT, &open::LAYOUT.to_be_bytes());
         batch.insert(META_DNS_ZONE, origin.as_str().as_bytes());
-        batch.insert(META_APPLIED, &applied.to_be_bytes());
-        batch.insert(META_CONTENT, &content.to_be_bytes());
+        batch.insert(META_APPLIED, &restart.applied_changes.to_be_bytes());
+        batch.insert(META_CONTENT, &restart.content_changes.to_be_bytes());
+        if !restart.generation_base.is_none() {
+            let first = restart.generation_base.next().ok_or(StoreError::Exhausted(restart.generation_base))?;
+            batch.insert(META_GENERATION_BASE, &restart.generation_base.to_be_bytes());
+            batch.insert(META_HORIZON, &first.to_be_bytes());
+        }
         batch.insert(META_MASTER, master.as_bytes());
         meta.apply_batch(batch).map_err(io)?;
         let entry = ManagedZone {
@@ -401,12 +407,13 @@ impl SledStore {
         {
             let _guard = inner.guard()?;
             let (applied_changes, content_changes) = inner.counts()?;
+            let latest_generation = inner.latest()?.max(inner.generation_base()?).0;
             // Fenced first, under the writer lock: a removal that fails after this leaves the
             // zone refusing this process's writes until it is opened again, never a write after
             // a tombstone that did reach the disk.
             handle.shared.zone.removed.store(true, Ordering::Release);
             zones.remove(origin);
-            let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes };
+            let state = ZoneState::Removed { removed_unix_ms: lease::now_unix_ms(), applied_changes, content_changes, latest_generation };
             let entry = ManagedZone { origin: origin.clone(), state };
             registry(&db)?.insert(origin.as_str(), codec::encode(&entry)).map_err(io)?;
             self.shared.database.registry_writes.fetch_add(1, Ordering::Release);
