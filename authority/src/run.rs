@@ -591,7 +591,7 @@ where
         }
     }
     // The zones the store manages beside its first one, served as its registry says.
-    let zones_changed = Arc::new(tokio::sync::Notify::new());
+    let zones_changed = Arc::new(crate::serving::zones::ZoneChanges::default());
     let kept_zones = kept_zones.await.unwrap_or_else(|err| {
         tracing::error!(error = %err, "serving the added zones' saved states failed; they are served once the store is read");
         Default::default()

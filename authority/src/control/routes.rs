@@ -21,7 +21,7 @@
 
 use crate::control::access::{self, Access, Caller};
 use crate::metrics::{ApplyLabels, Metrics};
-use crate::serving::zones::{ZoneChangeError, ZoneTable};
+use crate::serving::zones::{ZoneChangeError, ZoneChanges, ZoneTable};
 use crate::zone::dns_zone::StaticZone;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
@@ -83,7 +83,7 @@ pub struct Control<S> {
     /// dropped when one answers that its zone is gone.
     managed: Arc<std::sync::Mutex<std::collections::HashMap<DnsName, S>>>,
     /// Told when a zone was added to the store or removed from it (`with_zone_changes`).
-    zone_changes: Option<Arc<tokio::sync::Notify>>,
+    zone_changes: Option<Arc<ZoneChanges>>,
 }
 
 impl<S> Clone for Control<S>
@@ -121,14 +121,17 @@ impl<S: ManagedZones> Control<S> {
 
     /// `changed` is told when `/v1/managed` added or removed a zone, so the zones served follow
     /// at once.
-    pub fn with_zone_changes(mut self, changed: Arc<tokio::sync::Notify>) -> Control<S> {
+    pub fn with_zone_changes(mut self, changed: Arc<ZoneChanges>) -> Control<S> {
         self.zone_changes = Some(changed);
         self
     }
 
-    fn zones_changed(&self) {
-        if let Some(changed) = &self.zone_changes {
-            changed.notify_one();
+    /// Zone `added` was added to the store, or (`None`) one was removed.
+    fn zones_changed(&self, added: Option<&DnsName>) {
+        match (&self.zone_changes, added) {
+            (Some(changes), Some(origin)) => changes.added(origin.clone()),
+            (Some(changes), None) => changes.changed(),
+            (None, _) => {}
         }
     }
 
@@ -438,7 +441,7 @@ async fn managed_add<S: ManagedZones>(
     if !ctl.store.add_zone(&origin, &text).await? {
         return Ok(StatusCode::OK);
     }
-    ctl.zones_changed();
+    ctl.zones_changed(Some(&origin));
     let credential = Caller::name_of(caller.as_deref());
     tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), credential = %credential, "managed zone added");
     Ok(StatusCode::CREATED)
@@ -476,7 +479,7 @@ async fn managed_remove<S: ManagedZones>(
     if let Ok(mut managed) = ctl.managed.lock() {
         managed.remove(&origin);
     }
-    ctl.zones_changed();
+    ctl.zones_changed(None);
     let credential = Caller::name_of(caller.as_deref());
     tracing::info!(target: AUDIT_TARGET, zone = ?origin.as_str(), credential = %credential, "managed zone removed");
     Ok(StatusCode::NO_CONTENT)

@@ -89,6 +89,46 @@ pub enum ZoneChangeError {
     },
 }
 
+/// Tells the added zones' task (`added::AddedZones`) that this authority's control API added
+/// or removed a zone: it wakes at once, and starts a zone named as added before it reads the
+/// whole registry (a zone is then served in the time its own start takes, whatever the number
+/// of zones).
+#[derive(Default)]
+pub struct ZoneChanges {
+    notify: tokio::sync::Notify,
+    added: Mutex<Vec<dnsplan_common::DnsName>>,
+}
+
+impl ZoneChanges {
+    /// Most zones named as added and not yet taken; more are found by the registry's read.
+    const ADDED_MAX: usize = 1024;
+
+    /// A zone was removed (or a change the registry's read finds): wakes the task.
+    pub fn changed(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Zone `origin` was added to the store: wakes the task, naming it.
+    pub fn added(&self, origin: dnsplan_common::DnsName) {
+        if let Ok(mut added) = self.added.lock()
+            && added.len() < Self::ADDED_MAX
+        {
+            added.push(origin);
+        }
+        self.notify.notify_one();
+    }
+
+    /// Waits until told, or `at_most`.
+    pub async fn wait(&self, at_most: std::time::Duration) {
+        let _ = tokio::time::timeout(at_most, self.notify.notified()).await;
+    }
+
+    /// The zones named as added since the last call.
+    pub fn take_added(&self) -> Vec<dnsplan_common::DnsName> {
+        self.added.lock().map(|mut added| std::mem::take(&mut *added)).unwrap_or_default()
+    }
+}
+
 /// Every zone but the managed one, by the lower-case wire form of its origin.
 pub struct ZoneTable {
     managed_key: Box<[u8]>,

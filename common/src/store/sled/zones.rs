@@ -381,6 +381,8 @@ impl SledStore {
             batch.insert(META_HORIZON, &first.to_be_bytes());
         }
         batch.insert(META_MASTER, master.as_bytes());
+        // Its store id now, flushed with the rest: the zone's first open then writes nothing.
+        batch.insert(META_STORE_ID, &random_id().to_be_bytes());
         meta.apply_batch(batch).map_err(io)?;
         let entry = ManagedZone {
             origin: origin.clone(),
