@@ -32,6 +32,7 @@ use crate::zone::dns_zone::StaticZone;
 use book::{Entry, ZoneBook};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::names::DnsName;
+use dnsplan_common::store::sled::{off_runtime, on_blocking_thread};
 use dnsplan_common::store::zones::{ManagedZone, ManagedZones};
 use hickory_proto::rr::Name;
 use saved::SavedZone;
@@ -292,7 +293,11 @@ impl<S: ManagedZones> AddedZones<S> {
             let permits = permits.clone();
             starts.spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                let started = prepare(&store, &setup, &origin, incarnation, kept).await;
+                // On one blocking thread, its store calls inline: a start is a dozen of them.
+                let at = origin.clone();
+                let started = off_runtime(async move { prepare(&store, &setup, &at, incarnation, kept).await })
+                    .await
+                    .unwrap_or_else(|err| Err((err.into(), None)));
                 (origin, incarnation, started)
             });
         }
@@ -433,7 +438,7 @@ async fn load<S: ManagedZones>(
     // The directory and the master file's records in one trip off the runtime's threads: at a
     // restart of ten thousand zones each trip is a thread woken and waited for.
     let (data_dir, saved) = (setup.data_dir.clone(), zone.clone());
-    let (dir, records) = tokio::task::spawn_blocking(move || {
+    let (dir, records) = on_blocking_thread(move || {
         let dir = saved::open(&data_dir, &saved)?;
         let (records, _from_image) = managed_zone_records_in(&dir, saved.origin.as_str(), &saved.master)?;
         anyhow::Ok((dir, Arc::new(records)))

@@ -963,3 +963,20 @@ async fn a_keyring_refuses_untrusted_plans_and_signatures_are_kept() {
     let envelope = store.plan_envelope(Generation(2)).await.expect("envelope");
     assert_eq!(codec::decode_plan(&envelope).expect("decodes").signature(), second.signature());
 }
+
+/// Inside `off_runtime` a store call runs on the thread that runs the future (no handoff);
+/// outside, on a blocking thread of its own, and the runtime's thread is free meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_calls_run_inline_only_inside_off_runtime() {
+    let here = || std::thread::current().id();
+    let (caller, call) =
+        super::off_runtime(async move { (here(), super::on_blocking_thread(here).await.expect("a call")) }).await.expect("the future ran");
+    assert_eq!(caller, call, "a call inside off_runtime was handed to another thread");
+    let outside = super::on_blocking_thread(here).await.expect("a call");
+    assert_ne!(here(), outside, "a call outside off_runtime ran on the runtime's thread");
+    // The flag does not stay on the blocking threads once their future is done.
+    for _ in 0..4 {
+        let flagged = tokio::task::spawn_blocking(|| super::OFF_RUNTIME.with(std::cell::Cell::get)).await.expect("joined");
+        assert!(!flagged, "a blocking thread kept running store calls inline after its future");
+    }
+}

@@ -454,9 +454,7 @@ impl SledStore {
 
     async fn zone_call<T: Send + 'static>(&self, f: impl FnOnce(&SledStore) -> StoreResult<T> + Send + 'static) -> StoreResult<T> {
         let store = self.clone();
-        let result = tokio::task::spawn_blocking(move || f(&store))
-            .await
-            .map_err(|err| StoreError::Unavailable(format!("store task did not finish: {err}")))?;
+        let result = super::on_blocking_thread(move || f(&store)).await?;
         // sled refuses every call after an I/O error until the database is opened again.
         if let Err(err @ StoreError::Io(_)) = &result {
             Database::failed(&self.shared.database, &fault_text(err));
