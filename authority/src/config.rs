@@ -47,6 +47,10 @@ pub struct AuthorityConfig {
     /// what a trusted plan of its generation says (`serving::trusted`).
     #[serde(default)]
     pub keyring: KeyringConfig,
+    /// `[added_zones]`: how the zones added to the store at run time (`dnsplan zone add
+    /// --managed`) are served.
+    #[serde(default)]
+    pub added_zones: AddedZonesConfig,
     /// `--accept-store-loss`, not a config key: open an embedded store that went back behind
     /// its high-water mark, moving the SOA serial past what was served (`high_water`).
     #[serde(skip)]
@@ -55,6 +59,77 @@ pub struct AuthorityConfig {
     /// changes (`None`: built in code, as `dnsplan up` does; nothing is reloaded).
     #[serde(skip)]
     pub source: Option<PathBuf>,
+}
+
+/// `[added_zones]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddedZonesConfig {
+    /// `[added_zones.dnssec]`: every zone added to the store is signed, each with a key
+    /// directory of its own under `key_root`.
+    pub dnssec: Option<AddedZonesDnssec>,
+}
+
+/// How the zones added at run time are signed: as a `[dns_zone.dnssec]` with `key_dir`, the
+/// directory of zone `Z` being `key_root/Z` (its origin with the final dot, lower case).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddedZonesDnssec {
+    /// The directory of the zones' key directories, relative to the config file.
+    pub key_root: PathBuf,
+    /// A zone added with no key directory gets one, made as `dnsplan zone key init` makes it
+    /// (a KSK and a ZSK, the default policy). `false` on authorities that serve copies of
+    /// another's directories: a zone whose directory is not there yet is not served (its
+    /// status says why) until it is.
+    #[serde(default = "default_true")]
+    pub create_keys: bool,
+    /// The algorithm of the keys made: `ecdsap256sha256` (13) or `ed25519` (15).
+    #[serde(default = "default_added_algorithm")]
+    pub algorithm: String,
+    /// As `[dns_zone.dnssec]`'s.
+    #[serde(default = "default_true")]
+    pub rolls_keys: bool,
+    #[serde(default = "default_added_key_check")]
+    pub key_check_secs: u32,
+    #[serde(default = "default_added_validity")]
+    pub signature_validity_days: u32,
+    #[serde(default = "default_added_refresh")]
+    pub signature_refresh_days: u32,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_added_algorithm() -> String {
+    "ecdsap256sha256".into()
+}
+fn default_added_key_check() -> u32 {
+    30
+}
+fn default_added_validity() -> u32 {
+    14
+}
+fn default_added_refresh() -> u32 {
+    7
+}
+
+impl AddedZonesDnssec {
+    /// The `[dns_zone.dnssec]` of added zone `origin`: its key directory under `key_root`.
+    pub fn zone_config(&self, origin: &str) -> crate::zone::dns_zone::DnssecConfig {
+        let mut config = crate::zone::dns_zone::DnssecConfig::with_key_file("");
+        config.key_file = None;
+        config.key_dir = Some(self.key_root.join(origin.to_ascii_lowercase()));
+        config.rolls_keys = self.rolls_keys;
+        config.key_check_secs = self.key_check_secs;
+        config.signature_validity_days = self.signature_validity_days;
+        config.signature_refresh_days = self.signature_refresh_days;
+        config
+    }
+
+    /// The algorithm of the keys made.
+    pub fn algorithm(&self) -> Result<dnsplan_common::dnssec::ZoneAlgorithm, String> {
+        dnsplan_common::dnssec::ZoneAlgorithm::parse(&self.algorithm).map_err(|e| format!("added_zones.dnssec.algorithm: {e}"))
+    }
 }
 
 /// Half a second: a healthy etcd answers and the saved state catches up in milliseconds; a
@@ -412,6 +487,9 @@ impl AuthorityConfig {
             ));
         }
         config.data_dir = daemon::relative_to_config(path, &config.data_dir);
+        if let Some(dnssec) = &mut config.added_zones.dnssec {
+            dnssec.key_root = daemon::relative_to_config(path, &dnssec.key_root);
+        }
         if let Some(tls) = &mut config.control.tls {
             tls.cert_file = daemon::relative_to_config(path, &tls.cert_file);
             tls.key_file = daemon::relative_to_config(path, &tls.key_file);
@@ -456,6 +534,21 @@ impl AuthorityConfig {
                 dns.advertise.len(),
                 dnsplan_common::store::AUTHORITY_ADDRESSES_MAX
             ));
+        }
+        if let Some(dnssec) = &self.added_zones.dnssec {
+            dnssec.algorithm()?;
+            if !(1..=3_600).contains(&dnssec.key_check_secs) {
+                return Err(format!("added_zones.dnssec.key_check_secs: {} is outside 1..=3600", dnssec.key_check_secs));
+            }
+            if !(1..=365).contains(&dnssec.signature_validity_days)
+                || dnssec.signature_refresh_days == 0
+                || dnssec.signature_refresh_days >= dnssec.signature_validity_days
+            {
+                return Err(format!(
+                    "added_zones.dnssec: signature_validity_days ({}) must be 1..=365 and signature_refresh_days ({}) above 0 and below it",
+                    dnssec.signature_validity_days, dnssec.signature_refresh_days
+                ));
+            }
         }
         dns.rrl.check()?;
         dns.transfer.check()?;

@@ -232,34 +232,6 @@ async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
     }
 }
 
-/// Reads a signed zone's key directory every `every` (`Serving::keys_step`, `key_check_secs`)
-/// until dropped; when its keys changed, a round of signing every name with a new ZSK is taken
-/// here a batch at a time (the follower may take steps of it too: each is a swap over the
-/// snapshot it started from, so none is taken twice). `static_zone`: its secondaries are
-/// notified here (the managed zone's NOTIFY tasks follow `served_serial`) and the metrics are
-/// the managed zone's.
-async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zone: bool) {
-    loop {
-        tokio::time::sleep(every).await;
-        if !serving.keys_step().await {
-            continue;
-        }
-        // A step that does nothing (it failed: logged) ten times in a row leaves the round to
-        // the next look, not to a loop every millisecond.
-        let mut idle = 0;
-        while serving.snapshot.load().resigning() && idle < 10 {
-            match serving.resign_step(!static_zone, crate::follow::follower::RESIGN_BATCH).await {
-                crate::zone::signed::ResignStep::Idle => idle += 1,
-                _ => idle = 0,
-            }
-            tokio::time::sleep(crate::follow::follower::RESIGN_PAUSE).await;
-        }
-        if static_zone {
-            crate::xfr::notify::spawn_static(serving.clone());
-        }
-    }
-}
-
 /// A spawned task aborted when dropped (an early return), or awaited to its end (`finish`).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -431,6 +403,10 @@ where
         metrics: metrics.clone(),
         book: book.clone(),
         keyring,
+        dnssec: config.added_zones.dnssec.clone().map(|mut dnssec| {
+            dnssec.key_root = config_dir.join(&dnssec.key_root);
+            dnssec
+        }),
     };
     // On etcd, the added zones' saved states are served at once too, beside the first zone's
     // (not before it: the first zone answers without waiting for them).
@@ -587,7 +563,7 @@ where
     // Zones signed with a key directory: read again, their keys rolled.
     for (zone, static_zone) in std::iter::once((serving.clone(), false)).chain(others.signed().into_iter().map(|z| (z, true))) {
         if let Some(every) = zone.zone.signer.as_ref().and_then(|s| s.key_check()) {
-            tasks.spawn(keep_keys(zone, every, static_zone));
+            tasks.spawn(crate::added::keep_keys(zone, every, static_zone));
         }
     }
     // The zones the store manages beside its first one, served as its registry says.

@@ -110,6 +110,9 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"no-keys\"\n"), "keys.toml"),
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"short-keys\"\n"), "has a TTL of 3600 s, above max_ttl_secs (600)"),
         (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"open-keys\"\ndnskey_ttl_secs = 60\n"), "[policy]"),
+        (format!("{zone}[added_zones.dnssec]\nkey_root = \"k\"\nalgorithm = \"rsasha256\"\n"), "added_zones.dnssec.algorithm"),
+        (format!("{zone}[added_zones.dnssec]\nkey_root = \"k\"\nkey_check_secs = 0\n"), "added_zones.dnssec.key_check_secs"),
+        (format!("{zone}[added_zones.dnssec]\nalgorithm = \"ed25519\"\n"), "key_root"),
     ];
     let cases = cases.iter().map(|(t, w)| (t.to_string(), *w)).chain(dnssec_cases);
     for (text, want) in cases {

@@ -470,3 +470,94 @@ async fn registries_checkers_accept_the_zone_and_a_validating_resolver_sets_ad()
     );
     Ok(())
 }
+
+/// A zone added to the store at run time (`PUT /v1/managed/{zone}`) by an authority with
+/// `[added_zones.dnssec]`: its key directory is made under `key_root` (0700, a KSK and a ZSK),
+/// and the zone is served signed: `delv`, with the directory's KSK as its only trust anchor,
+/// validates positive and negative answers and a managed endpoint's addresses once a plan of
+/// the zone serves them, and `dnssec-verify` accepts its whole AXFR. Restarted, the authority
+/// signs with the same keys (the DNSKEY RRset unchanged, the anchor still validating). With
+/// `create_keys = false` and no directory for a zone added then, the zone is not served and
+/// its status says why.
+///
+/// Teeth, checked once: without the signing of added zones, no key directory is made and
+/// nothing is signed ("No such file or directory", reading it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_added_at_run_time_is_signed_with_a_key_directory_made_for_it() -> anyhow::Result<()> {
+    use dnsplan_common::store::zones::ManagedZones;
+    use std::os::unix::fs::PermissionsExt;
+    let (dig, verify) = (installed("dig", "bind9-dnsutils"), installed("dnssec-verify", "bind9-utils"));
+    let dir = tempfile::tempdir()?;
+    let port = dnsplan_tests::ports::free_port()?;
+    let server = SocketAddr::from(([127, 0, 0, 1], port));
+    let base = config_text(&dir.path().join("data"), 2).replacen("listen = [\"127.0.0.1:0\"]", &format!("listen = [\"{server}\"]"), 1)
+        + &format!("[[dns.transfer.keys]]\nname = \"{KEY_NAME}\"\nsecret = \"{SECRET}\"\n")
+        + &format!("[[dns.transfer.secondaries]]\naddress = \"127.0.0.1/32\"\nkey = \"{KEY_NAME}\"\n");
+    let text = base.clone() + "[added_zones.dnssec]\nkey_root = \"keys\"\nalgorithm = \"ed25519\"\n";
+    let authority = AuthorityProcess::start_zone(dir.path(), &text, ZONE)?;
+    let root = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    let shop = dnsplan_common::DnsName::parse("shop.test.")?;
+    let master = "$ORIGIN shop.test.\n$TTL 300\n@ SOA ns1 hostmaster 1 3600 600 86400 60\n@ NS ns1\nns1 A 192.0.2.1\n\
+                  www A 192.0.2.80\nalias CNAME www\n";
+    assert!(root.add_zone(&shop, master).await?);
+    until(server, "www.shop.test.", RecordType::A, Duration::from_secs(20), |m| !m.answers.is_empty()).await?;
+
+    let keys = dir.path().join("keys").join("shop.test.");
+    assert_eq!(std::fs::metadata(&keys)?.permissions().mode() & 0o777, 0o700, "the key directory is its owner's only");
+    let now = dnsplan_common::dnssec_keys::At(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
+    let view = dnsplan_common::dnssec_keys::KeyDir::load(&keys, now)?.view(now)?;
+    assert_eq!(view.ksks[0].algorithm(), ZoneAlgorithm::Ed25519, "the keys are made with added_zones.dnssec.algorithm");
+    let anchor = anchor_file_for("shop.test.", dir.path(), "shop.conf", &view.ksks[0]);
+    let questions = [
+        ("shop.test.", "SOA", false),
+        ("shop.test.", "DNSKEY", false),
+        ("shop.test.", "CDS", false),
+        ("www.shop.test.", "A", false),
+        ("www.shop.test.", "AAAA", true),
+        ("alias.shop.test.", "A", false),
+        ("nope.shop.test.", "A", true),
+    ];
+    all_validate_in("shop.test.", &anchor, server, &questions);
+
+    // A plan of the zone: its endpoint's addresses are signed as they are swapped in.
+    let zone = root.zone(&shop).await?;
+    let mut api = plan(1, &[("www.example.test.", endpoint(60, vec![target("192.0.2.10", "a", 1)]))]).into_plan();
+    api.dns_zone = shop.clone();
+    api.endpoints = [(
+        dnsplan_common::DnsName::parse("api.shop.test.")?,
+        endpoint(60, vec![target("192.0.2.10", "a", 1), target("192.0.2.11", "b", 1)]),
+    )]
+    .into_iter()
+    .collect();
+    publish_and_apply(&zone, &dnsplan_common::ValidatedPlan::new(api)?).await?;
+    until(server, "api.shop.test.", RecordType::A, Duration::from_secs(20), |m| m.answers.len() == 2).await?;
+    all_validate_in("shop.test.", &anchor, server, &[("api.shop.test.", "A", false), ("api.shop.test.", "AAAA", true)]);
+    let (axfr, file) = signed_axfr(&dig, port, "shop.test.", &dir.path().join("shop.axfr"))?;
+    let (ok, out) = run(&verify, &["-z", "-o", "shop.test.", &file.to_string_lossy()]);
+    assert!(ok && out.contains("fully signed"), "dnssec-verify refuses the added zone's AXFR:\n{out}");
+    let dnskeys = |axfr: &str| -> Vec<String> { axfr.lines().filter(|l| l.contains("\tDNSKEY\t")).map(str::to_owned).collect() };
+    let before = dnskeys(&axfr);
+    assert_eq!(before.len(), 2, "a KSK and a ZSK:\n{axfr}");
+
+    // Restarted: the same keys, no new directory made.
+    drop(authority);
+    let authority = AuthorityProcess::start_zone(dir.path(), &text, ZONE)?;
+    until(server, "www.shop.test.", RecordType::A, Duration::from_secs(20), |m| !m.answers.is_empty()).await?;
+    let (axfr, _) = signed_axfr(&dig, port, "shop.test.", &dir.path().join("shop2.axfr"))?;
+    assert_eq!(dnskeys(&axfr), before, "the restarted authority serves other keys");
+    all_validate_in("shop.test.", &anchor, server, &[("www.shop.test.", "A", false)]);
+    drop(authority);
+
+    // An authority that makes no keys: a zone added with no directory is not served, and says why.
+    let text = base + "[added_zones.dnssec]\nkey_root = \"keys\"\ncreate_keys = false\n";
+    let authority = AuthorityProcess::start_zone(dir.path(), &text, ZONE)?;
+    let root = RemoteStore::new(&authority.control, Some(TOKEN.into()))?;
+    let blog = dnsplan_common::DnsName::parse("blog.test.")?;
+    assert!(root.add_zone(&blog, &master.replace("shop", "blog")).await?);
+    let log = authority.log_until("the zone without keys refused", |line| {
+        line.to_string().contains("blog.test.") && line.to_string().contains("create_keys = false")
+    })?;
+    assert!(!dir.path().join("keys").join("blog.test.").exists(), "a directory was made: {log}");
+    until(server, "www.shop.test.", RecordType::A, Duration::from_secs(20), |m| !m.answers.is_empty()).await?;
+    Ok(())
+}

@@ -63,6 +63,9 @@ struct AuthoritySection {
     /// `[[authority.zones]]`: static zones served beside the managed one.
     #[serde(default)]
     zones: Vec<DnsZoneConfig>,
+    /// `[authority.added_zones]`: as authority.toml's, `key_root` relative to this file.
+    #[serde(default)]
+    added_zones: dnsplan_authority::config::AddedZonesConfig,
 }
 
 #[derive(Deserialize)]
@@ -225,6 +228,13 @@ impl Stack {
             // The embedded store has no saved state to catch up: it is the store.
             catch_up_at_start_ms: 0,
             keyring: Default::default(),
+            added_zones: {
+                let mut added = up.authority.added_zones;
+                if let Some(dnssec) = &mut added.dnssec {
+                    dnssec.key_root = daemon::relative_to_config(&shown, &dnssec.key_root);
+                }
+                added
+            },
             accept_store_loss: overrides.accept_store_loss,
             source: None,
         };

@@ -21,6 +21,7 @@
 pub mod book;
 pub mod saved;
 
+use crate::config::AddedZonesDnssec;
 use crate::follow::image::Keeper;
 use crate::follow::kept::{self, Keeping};
 use crate::metrics::Metrics;
@@ -29,6 +30,7 @@ use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
 use crate::serving::zones::{ZoneChanges, ZoneTable, managed_zone_records_in};
 use crate::zone::dns_zone::StaticZone;
+use anyhow::Context;
 use book::{Entry, ZoneBook};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::names::DnsName;
@@ -37,6 +39,7 @@ use dnsplan_common::store::zones::{ManagedZone, ManagedZones};
 use hickory_proto::rr::Name;
 use saved::SavedZone;
 use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,6 +70,8 @@ pub struct Setup {
     pub book: Arc<ZoneBook>,
     /// With a keyring: each zone serves only records a trusted plan says (`serving::trusted`).
     pub keyring: Option<Arc<dnsplan_common::signing::Keyring>>,
+    /// `[added_zones.dnssec]`: each zone signed with its key directory (made when missing).
+    pub dnssec: Option<AddedZonesDnssec>,
 }
 
 impl Setup {
@@ -108,7 +113,8 @@ struct Served {
 /// is not served until the store answers (a WARN line each).
 pub async fn serve_kept(setup: &Setup) -> HashMap<DnsName, KeptZone> {
     let mut kept = HashMap::new();
-    if setup.keeping != Keeping::OnDisk {
+    // Signed zones are served once the store answers: what is kept holds no signatures.
+    if setup.keeping != Keeping::OnDisk || setup.dnssec.is_some() {
         return kept;
     }
     let data_dir = setup.data_dir.clone();
@@ -410,12 +416,43 @@ async fn prepare<S: ManagedZones>(
     }
 }
 
+/// Signs added zone `zone` with its key directory under `dnssec.key_root`, made first when
+/// there is none and this authority makes them (`create_keys`).
+fn sign(dnssec: &AddedZonesDnssec, zone: &mut StaticZone) -> anyhow::Result<()> {
+    let origin = zone.origin.to_ascii();
+    let config = dnssec.zone_config(&origin);
+    let dir = config.key_dir.clone().unwrap_or_default();
+    if !dir.join(dnsplan_common::dnssec_keys::KEYS_FILE).exists() {
+        anyhow::ensure!(
+            dnssec.create_keys,
+            "zone {origin} is not served until its key directory {} is there: this authority makes none \
+             (added_zones.dnssec.create_keys = false); copy it from the authority that makes them",
+            dir.display()
+        );
+        let algorithm = dnssec.algorithm().map_err(anyhow::Error::msg)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dnssec.key_root)
+            .with_context(|| format!("cannot make the key root {}", dnssec.key_root.display()))?;
+        let now = dnsplan_common::dnssec_keys::At(u64::from(crate::zone::signed::unix_now()));
+        dnsplan_common::dnssec_keys::KeyDir::init(&dir, &origin, algorithm, None, Default::default(), now)
+            .with_context(|| format!("cannot make zone {origin}'s key directory {}", dir.display()))?;
+        tracing::info!(zone = %origin, dir = %dir.display(), "made the added zone's key directory (a KSK and a ZSK); give its parent the DS that `dnsplan zone ds --key-dir` prints");
+    }
+    zone.sign_with(&config, Path::new("/")).map_err(|e| anyhow::anyhow!("zone {origin}: {e}"))
+}
+
 /// Follows zone `origin`, served: its keeper, follower and NOTIFY tasks, returned.
 fn follow<S: ManagedZones>(setup: &Setup, origin: &DnsName, prepared: Prepared<S>) -> JoinSet<()> {
     let Prepared { serving, keeper, zone_store, .. } = prepared;
     let mut tasks = JoinSet::new();
     if let Some(keeper) = keeper {
         tasks.spawn(keeper.keep_saved(serving.clone(), zone_store.clone()));
+    }
+    // A zone signed with a key directory follows it (rolls, keys changed by the CLI).
+    if let Some(every) = serving.zone.signer.as_ref().and_then(|s| s.key_check()) {
+        tasks.spawn(keep_keys(serving.clone(), every, false));
     }
     let reach = Arc::new(Reachability::named(format!("the store of zone {origin}")));
     setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
@@ -438,9 +475,13 @@ async fn load<S: ManagedZones>(
     // The directory and the master file's records in one trip off the runtime's threads: at a
     // restart of ten thousand zones each trip is a thread woken and waited for.
     let (data_dir, saved) = (setup.data_dir.clone(), zone.clone());
+    let dnssec = setup.dnssec.clone();
     let (dir, records) = on_blocking_thread(move || {
         let dir = saved::open(&data_dir, &saved)?;
-        let (records, _from_image) = managed_zone_records_in(&dir, saved.origin.as_str(), &saved.master)?;
+        let (mut records, _from_image) = managed_zone_records_in(&dir, saved.origin.as_str(), &saved.master)?;
+        if let Some(dnssec) = &dnssec {
+            sign(dnssec, &mut records)?;
+        }
         anyhow::Ok((dir, Arc::new(records)))
     })
     .await??;
@@ -458,4 +499,32 @@ async fn load<S: ManagedZones>(
         .with_served_log(served_log)
         .with_ixfr_log(&dir);
     Ok((Arc::new(serving), keeper))
+}
+
+/// Reads a signed zone's key directory every `every` (`Serving::keys_step`, `key_check_secs`)
+/// until dropped; when its keys changed, a round of signing every name with a new ZSK is taken
+/// here a batch at a time (the follower may take steps of it too: each is a swap over the
+/// snapshot it started from, so none is taken twice). `static_zone`: its secondaries are
+/// notified here (the managed zone's NOTIFY tasks follow `served_serial`) and the metrics are
+/// the managed zone's.
+pub async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zone: bool) {
+    loop {
+        tokio::time::sleep(every).await;
+        if !serving.keys_step().await {
+            continue;
+        }
+        // A step that does nothing (it failed: logged) ten times in a row leaves the round to
+        // the next look, not to a loop every millisecond.
+        let mut idle = 0;
+        while serving.snapshot.load().resigning() && idle < 10 {
+            match serving.resign_step(!static_zone, crate::follow::follower::RESIGN_BATCH).await {
+                crate::zone::signed::ResignStep::Idle => idle += 1,
+                _ => idle = 0,
+            }
+            tokio::time::sleep(crate::follow::follower::RESIGN_PAUSE).await;
+        }
+        if static_zone {
+            crate::xfr::notify::spawn_static(serving.clone());
+        }
+    }
 }

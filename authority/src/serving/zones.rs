@@ -221,13 +221,19 @@ impl ZoneTable {
 
     /// How many static zones come from the config file, and how many were added at run time.
     /// The signed static zones (`[[zones]]` with a `[zones.dnssec]` table).
+    /// (A signed zone the store manages is signed again by its follower.)
     pub fn signed(&self) -> Vec<Arc<Serving>> {
-        self.zones.load().values().filter(|z| z.serving.zone.signer.is_some()).map(|z| z.serving.clone()).collect()
+        self.zones
+            .load()
+            .values()
+            .filter(|z| z.serving.zone.signer.is_some() && z.source != Source::Managed)
+            .map(|z| z.serving.clone())
+            .collect()
     }
 
     /// Whether any static zone is signed.
     pub fn has_signed(&self) -> bool {
-        self.zones.load().values().any(|z| z.serving.zone.signer.is_some())
+        self.zones.load().values().any(|z| z.serving.zone.signer.is_some() && z.source != Source::Managed)
     }
 
     pub fn counts(&self) -> (usize, usize) {

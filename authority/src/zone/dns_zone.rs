@@ -379,34 +379,41 @@ impl StaticZone {
         if ns.is_empty() {
             return Err(DnsZoneError::NoNs);
         }
-        let signer = match &config.dnssec {
-            Some(dnssec) => {
-                // The master file has no DNSKEY, CDS or CDNSKEY of its own: `zone_text` refuses
-                // every DNSSEC type.
-                let (signer, max_ttl) = load_signer(dnssec, config_dir, &origin)?;
-                // A ZSK is removed the policy's longest TTL after it stops signing: a record
-                // cached longer would outlive its key.
-                let longest = ns
-                    .iter()
-                    .chain(&records)
-                    .map(|r| (r.ttl, r.name.clone()))
-                    .chain([(soa_ttl, origin.clone())])
-                    .max_by_key(|(ttl, _)| *ttl);
-                if let (Some((max, file)), Some((ttl, name))) = (max_ttl, longest)
-                    && ttl > max
-                {
-                    return Err(DnsZoneError::Dnssec(format!(
-                        "{name} has a TTL of {ttl} s, above max_ttl_secs ({max}) in {}'s [policy]: a removed ZSK's signatures could outlive it in caches; raise max_ttl_secs, or lower the TTL",
-                        file.display()
-                    )));
-                }
-                let apex = signer.keys.apex_rdata(&origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
-                records.extend(apex.into_iter().map(|data| Record::from_rdata(origin.clone(), signer.dnskey_ttl_secs, data)));
-                Some(std::sync::Arc::new(signer))
-            }
-            None => None,
-        };
-        Ok(StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards, signer })
+        let mut zone = StaticZone { origin, soa, serial_base, soa_ttl_secs: soa_ttl, ns, records, cuts, aliases, wildcards, signer: None };
+        if let Some(dnssec) = &config.dnssec {
+            zone.sign_with(dnssec, config_dir)?;
+        }
+        Ok(zone)
+    }
+
+    /// Signs this (unsigned) zone with the keys `dnssec` names (relative to `config_dir`): its
+    /// signer set, the apex's DNSKEY, CDS and CDNSKEY records added. Refused when a record's
+    /// TTL is above a key directory's `max_ttl_secs`.
+    pub fn sign_with(&mut self, dnssec: &DnssecConfig, config_dir: &Path) -> Result<(), DnsZoneError> {
+        // The master file has no DNSKEY, CDS or CDNSKEY of its own: `zone_text` refuses every
+        // DNSSEC type.
+        let (signer, max_ttl) = load_signer(dnssec, config_dir, &self.origin)?;
+        // A ZSK is removed the policy's longest TTL after it stops signing: a record cached
+        // longer would outlive its key.
+        let longest = self
+            .ns
+            .iter()
+            .chain(&self.records)
+            .map(|r| (r.ttl, r.name.clone()))
+            .chain([(self.soa_ttl_secs, self.origin.clone())])
+            .max_by_key(|(ttl, _)| *ttl);
+        if let (Some((max, file)), Some((ttl, name))) = (max_ttl, longest)
+            && ttl > max
+        {
+            return Err(DnsZoneError::Dnssec(format!(
+                "{name} has a TTL of {ttl} s, above max_ttl_secs ({max}) in {}'s [policy]: a removed ZSK's signatures could outlive it in caches; raise max_ttl_secs, or lower the TTL",
+                file.display()
+            )));
+        }
+        let apex = signer.keys.apex_rdata(&self.origin).map_err(|e| DnsZoneError::Dnssec(e.to_string()))?;
+        self.records.extend(apex.into_iter().map(|data| Record::from_rdata(self.origin.clone(), signer.dnskey_ttl_secs, data)));
+        self.signer = Some(std::sync::Arc::new(signer));
+        Ok(())
     }
 
     /// The zone of these parts, as `load` makes it from a config and a master file (the
