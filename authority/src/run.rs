@@ -404,7 +404,9 @@ where
         book: book.clone(),
         keyring,
         dnssec: config.added_zones.dnssec.clone().map(|mut dnssec| {
-            dnssec.key_root = config_dir.join(&dnssec.key_root);
+            // Absolute: the process's directory may change, the zones' keys must not move.
+            let root = config_dir.join(&dnssec.key_root);
+            dnssec.key_root = std::path::absolute(&root).unwrap_or(root);
             dnssec
         }),
     };

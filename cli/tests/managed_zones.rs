@@ -436,3 +436,42 @@ async fn a_zone_added_again_is_enacted_onto_its_rfc2136_primary() -> anyhow::Res
     publish_onto_knot(&up, dir.path(), knot.addr(), 4, &["10.7.0.3", "10.7.0.4"])?;
     Ok(())
 }
+
+/// `dnsplan up` with `[authority.added_zones.dnssec]`, its config named relative to the
+/// directory it runs in, as an operator types it: a zone added to its store is served signed,
+/// its key directory made under `key_root` beside the config file.
+///
+/// Teeth, checked once: with the key root left relative and joined to "/" (as first written),
+/// "ns1.shop.test. is not served signed" (the authority looked for `/keys/shop.test.`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dnsplan_up_signs_a_zone_added_to_its_store() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let text = BUILT_IN.replace("18080", &free_port()?.to_string()).replace("15432", &free_port()?.to_string());
+    std::fs::write(dir.path().join("dnsplan.toml"), format!("{text}\n[authority.added_zones.dnssec]\nkey_root = \"keys\"\n"))?;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dnsplan"));
+    command
+        .current_dir(dir.path())
+        .args(["up", "--config", "dnsplan.toml", "--data-dir", "data", "--dns", "127.0.0.1:0", "--listen-control", "127.0.0.1:0"])
+        .env_remove("DNSPLAN_TOKEN");
+    let up = spawn_up(&mut command)?;
+    std::fs::write(dir.path().join("shop.zone"), SHOP)?;
+    ok(&dnsplan(&up, &["zone", "add", "--managed", dir.path().join("shop.zone").to_str().unwrap_or_default()])?);
+    let start = Instant::now();
+    loop {
+        let out = Command::new("dig")
+            .args(["+dnssec", "+norec", "+time=2", "+tries=1", "-p", &up.dns.port().to_string(), &format!("@{}", up.dns.ip())])
+            .args(["ns1.shop.test.", "A"])
+            .output()?;
+        let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+        if answer.contains("RRSIG\tA 13 3 300") {
+            break;
+        }
+        anyhow::ensure!(start.elapsed() < WITHIN, "ns1.shop.test. is not served signed:\n{answer}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let keys = dir.path().join("keys").join("shop.test.");
+    assert!(keys.join("keys.toml").is_file(), "no key directory in {}", keys.display());
+    let ds = ok(&std::process::Command::new(env!("CARGO_BIN_EXE_dnsplan")).args(["zone", "ds", "--key-dir"]).arg(&keys).output()?);
+    assert!(ds.starts_with("shop.test. 3600 IN DS "), "{ds}");
+    Ok(())
+}

@@ -440,7 +440,8 @@ fn sign(dnssec: &AddedZonesDnssec, zone: &mut StaticZone) -> anyhow::Result<()> 
             .with_context(|| format!("cannot make zone {origin}'s key directory {}", dir.display()))?;
         tracing::info!(zone = %origin, dir = %dir.display(), "made the added zone's key directory (a KSK and a ZSK); give its parent the DS that `dnsplan zone ds --key-dir` prints");
     }
-    zone.sign_with(&config, Path::new("/")).map_err(|e| anyhow::anyhow!("zone {origin}: {e}"))
+    // `key_root` is resolved already (`run`): joined to nothing.
+    zone.sign_with(&config, Path::new("")).map_err(|e| anyhow::anyhow!("zone {origin}: {e}"))
 }
 
 /// Follows zone `origin`, served: its keeper, follower and NOTIFY tasks, returned.
