@@ -587,7 +587,7 @@ impl Metrics {
         let signatures_expire = Gauge::default();
         registry.register(
             "dnssec_signatures_expire_timestamp_seconds",
-            "The earliest signature expiry of the signed zones served ([dns_zone.dnssec], [zones.dnssec]), seconds since the \
+            "The earliest signature expiry of the signed zones served ([dns_zone.dnssec], [zones.dnssec], [added_zones.dnssec]), seconds since the \
              epoch (every RRset of a zone is signed again once less than signature_refresh_days is left); 0 when none is signed",
             signatures_expire.clone(),
         );

@@ -213,7 +213,8 @@ async fn served_zone<S: Store>(others: &ZoneTable, store: &S) -> Result<Arc<Serv
 
 /// Signs each signed static zone of `zones` again when due (`Serving::resign_step`, a whole round at once) and
 /// notifies its secondaries, every `RESIGN_CHECK`, until dropped. Records the earliest
-/// signature expiry among them in `metrics` (the managed zone's own is beside it).
+/// signature expiry among them and the signed zones added to the store in `metrics` (the
+/// managed zone's own is beside it).
 async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
     loop {
         let mut earliest: Option<u32> = None;
@@ -223,6 +224,13 @@ async fn resign_static_zones(zones: Arc<ZoneTable>, metrics: Arc<Metrics>) {
             if serving.resign_step(false, usize::MAX).await == crate::zone::signed::ResignStep::Done {
                 crate::xfr::notify::spawn_static(serving.clone());
             }
+            if let Some(at) = serving.snapshot.load().signatures_expire_at() {
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+        }
+        // The signed zones added to the store are signed again by their followers; their
+        // expiry counts here, so a follower that stopped signing is alerted on too.
+        for serving in zones.signed_managed() {
             if let Some(at) = serving.snapshot.load().signatures_expire_at() {
                 earliest = Some(earliest.map_or(at, |e| e.min(at)));
             }
@@ -559,7 +567,7 @@ where
     }
     tasks.spawn(serving.clone().follow(store.clone(), store_reach.clone()));
     crate::xfr::notify::spawn(&mut tasks, &serving);
-    if others.has_signed() {
+    if others.has_signed() || config.added_zones.dnssec.is_some() {
         tasks.spawn(resign_static_zones(others.clone(), metrics.clone()));
     }
     // Zones signed with a key directory: read again, their keys rolled.

@@ -478,7 +478,9 @@ async fn registries_checkers_accept_the_zone_and_a_validating_resolver_sets_ad()
 /// the zone serves them, and `dnssec-verify` accepts its whole AXFR. Restarted, the authority
 /// signs with the same keys (the DNSKEY RRset unchanged, the anchor still validating). With
 /// `create_keys = false` and no directory for a zone added then, the zone is not served and
-/// its status says why.
+/// its status says why. Its signatures' expiry is in
+/// `dnsplan_dnssec_signatures_expire_timestamp_seconds` (checked once: without it, the gauge
+/// stayed 0).
 ///
 /// Teeth, checked once: without the signing of added zones, no key directory is made and
 /// nothing is signed ("No such file or directory", reading it).
@@ -538,6 +540,23 @@ async fn a_zone_added_at_run_time_is_signed_with_a_key_directory_made_for_it() -
     let dnskeys = |axfr: &str| -> Vec<String> { axfr.lines().filter(|l| l.contains("\tDNSKEY\t")).map(str::to_owned).collect() };
     let before = dnskeys(&axfr);
     assert_eq!(before.len(), 2, "a KSK and a ZSK:\n{axfr}");
+    // Its expiry is the one alerted on (the first zone is unsigned here): 14 days from the
+    // start of its 7-day period. The static zones' task looks every 30 s.
+    let expiry = period_start(7)? + 14.0 * 86_400.0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(45);
+    loop {
+        let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+        let expires = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_default();
+        if (expires - expiry).abs() < 600.0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "signatures expire at {expires}, not about {expiry}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // Restarted: the same keys, no new directory made.
     drop(authority);

@@ -231,6 +231,17 @@ impl ZoneTable {
             .collect()
     }
 
+    /// The signed zones the store manages beside its first (`[added_zones.dnssec]`), signed
+    /// again by their followers: for the earliest expiry.
+    pub fn signed_managed(&self) -> Vec<Arc<Serving>> {
+        self.zones
+            .load()
+            .values()
+            .filter(|z| z.serving.zone.signer.is_some() && z.source == Source::Managed)
+            .map(|z| z.serving.clone())
+            .collect()
+    }
+
     /// Whether any static zone is signed.
     pub fn has_signed(&self) -> bool {
         self.zones.load().values().any(|z| z.serving.zone.signer.is_some() && z.source != Source::Managed)
