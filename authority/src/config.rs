@@ -95,6 +95,14 @@ pub struct AddedZonesDnssec {
     pub signature_validity_days: u32,
     #[serde(default = "default_added_refresh")]
     pub signature_refresh_days: u32,
+    /// Each zone's key directory shared through the zone's store, its private keys sealed
+    /// with this key-encryption key (as `dns_zone.dnssec.kek_file`; relative to the config
+    /// file): the authority that adds a zone first makes its keys and writes them to the
+    /// store, the others take them from there. No copying of directories.
+    pub kek_file: Option<PathBuf>,
+    /// `kek_file` read (at start).
+    #[serde(skip)]
+    pub kek: Option<Arc<dnsplan_common::dnssec_share::Kek>>,
 }
 
 fn default_true() -> bool {
@@ -489,6 +497,7 @@ impl AuthorityConfig {
         config.data_dir = daemon::relative_to_config(path, &config.data_dir);
         if let Some(dnssec) = &mut config.added_zones.dnssec {
             dnssec.key_root = daemon::relative_to_config(path, &dnssec.key_root);
+            dnssec.kek_file = dnssec.kek_file.as_ref().map(|kek| daemon::relative_to_config(path, kek));
         }
         if let Some(tls) = &mut config.control.tls {
             tls.cert_file = daemon::relative_to_config(path, &tls.cert_file);
@@ -533,6 +542,19 @@ impl AuthorityConfig {
                 "dns.advertise: {} addresses; the limit is {}",
                 dns.advertise.len(),
                 dnsplan_common::store::AUTHORITY_ADDRESSES_MAX
+            ));
+        }
+        if let Some(dnssec) = &self.dns_zone.dnssec
+            && dnssec.kek_file.is_some()
+            && dnssec.key_dir.is_none()
+        {
+            return Err("dns_zone.dnssec.kek_file: shares a key directory through the store; give key_dir too".into());
+        }
+        if let Some(zone) = self.zones.iter().find(|z| z.dnssec.as_ref().is_some_and(|d| d.kek_file.is_some())) {
+            return Err(format!(
+                "[[zones]] {}: kek_file shares keys through the store, and a zone of the config file is not in the store; \
+                 copy its key directory to each authority instead",
+                zone.origin
             ));
         }
         if let Some(dnssec) = &self.added_zones.dnssec {

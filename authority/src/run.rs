@@ -31,6 +31,7 @@ use crate::query::rrl::Rrl;
 use crate::reload;
 use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
+use crate::serving::shared_keys::SharedKeys;
 use crate::serving::trusted::PlanCheck;
 use crate::serving::zones::{self, ZoneTable};
 use crate::zone::dns_zone::StaticZone;
@@ -41,6 +42,7 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::response::Html;
 use axum::routing::get;
 use dnsplan_common::daemon::{self, Reachability, StartFailure};
+use dnsplan_common::dnssec_share::Kek;
 use dnsplan_common::signing::Keyring;
 use dnsplan_common::status::AuthorityStatus;
 use dnsplan_common::store::AuthorityReport;
@@ -144,10 +146,26 @@ pub async fn run(
     match config.store.clone() {
         None => {
             let store = open_embedded(&config)?;
+            if let Some((kek, dir)) = shared_key_dir(&config, config_dir)? {
+                SharedKeys::new(store.clone(), kek).pull_or_make(&dir, &config.dns_zone.origin, None::<fn() -> anyhow::Result<()>>).await?;
+            }
             run_with_store(store, config, config_dir, shutdown, on_bound).await
         }
         Some(StoreConfig::Etcd(etcd)) => {
             let keyring = config.keyring().map_err(anyhow::Error::msg)?;
+            if let Some((kek, dir)) = shared_key_dir(&config, config_dir)?
+                && !dir.join(dnsplan_common::dnssec_keys::KEYS_FILE).exists()
+            {
+                // A new authority of a zone whose keys the store holds: they are taken from
+                // the store before the zone is loaded (it cannot be signed without them).
+                let stopped = std::future::pending::<()>();
+                tokio::pin!(stopped);
+                let store = daemon::start_with_retry("the store on etcd", || connect_etcd(&etcd, keyring.clone()), stopped.as_mut())
+                    .await
+                    .map_err(anyhow::Error::msg)?
+                    .context("stopped before the store answered")?;
+                SharedKeys::new(store, kek).pull_or_make(&dir, &config.dns_zone.origin, None::<fn() -> anyhow::Result<()>>).await?;
+            }
             let reach = move |stop: Stop| async move {
                 let stopped = stop.wait();
                 tokio::pin!(stopped);
@@ -162,6 +180,15 @@ pub async fn run(
             anyhow::bail!("store.kind: an authority serves the embedded store or follows etcd, not another authority's control API")
         }
     }
+}
+
+/// The managed zone's key-encryption key and key directory, when its keys are shared through
+/// the store (`[dns_zone.dnssec] kek_file`).
+fn shared_key_dir(config: &AuthorityConfig, config_dir: &Path) -> anyhow::Result<Option<(Arc<Kek>, std::path::PathBuf)>> {
+    let Some(dnssec) = &config.dns_zone.dnssec else { return Ok(None) };
+    let (Some(kek), Some(dir)) = (&dnssec.kek_file, &dnssec.key_dir) else { return Ok(None) };
+    let kek = Kek::load(&config_dir.join(kek)).map_err(|e| anyhow::anyhow!("dns_zone.dnssec.kek_file: {e}"))?;
+    Ok(Some((Arc::new(kek), config_dir.join(dir))))
 }
 
 /// Opens the embedded store in `config.data_dir`, refusing one that went back behind its
@@ -411,12 +438,19 @@ where
         metrics: metrics.clone(),
         book: book.clone(),
         keyring,
-        dnssec: config.added_zones.dnssec.clone().map(|mut dnssec| {
-            // Absolute: the process's directory may change, the zones' keys must not move.
-            let root = config_dir.join(&dnssec.key_root);
-            dnssec.key_root = std::path::absolute(&root).unwrap_or(root);
-            dnssec
-        }),
+        dnssec: match config.added_zones.dnssec.clone() {
+            Some(mut dnssec) => {
+                // Absolute: the process's directory may change, the zones' keys must not move.
+                let root = config_dir.join(&dnssec.key_root);
+                dnssec.key_root = std::path::absolute(&root).unwrap_or(root);
+                if let Some(file) = &dnssec.kek_file {
+                    let kek = Kek::load(&config_dir.join(file)).map_err(|e| anyhow::anyhow!("added_zones.dnssec.kek_file: {e}"))?;
+                    dnssec.kek = Some(Arc::new(kek));
+                }
+                Some(dnssec)
+            }
+            None => None,
+        },
     };
     // On etcd, the added zones' saved states are served at once too, beside the first zone's
     // (not before it: the first zone answers without waiting for them).
@@ -571,9 +605,12 @@ where
         tasks.spawn(resign_static_zones(others.clone(), metrics.clone()));
     }
     // Zones signed with a key directory: read again, their keys rolled.
+    // The managed zone's directory may be shared through the store (`kek_file`).
+    let shared = shared_key_dir(&config, config_dir)?.map(|(kek, _)| SharedKeys::new(store.clone(), kek));
     for (zone, static_zone) in std::iter::once((serving.clone(), false)).chain(others.signed().into_iter().map(|z| (z, true))) {
         if let Some(every) = zone.zone.signer.as_ref().and_then(|s| s.key_check()) {
-            tasks.spawn(crate::added::keep_keys(zone, every, static_zone));
+            let shared = if static_zone { None } else { shared.clone() };
+            tasks.spawn(crate::added::keep_keys(zone, every, static_zone, shared));
         }
     }
     // The zones the store manages beside its first one, served as its registry says.

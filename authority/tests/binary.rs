@@ -81,6 +81,10 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
             std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
         }
     }
+    // Key-encryption keys: one others may read, one good.
+    dnsplan_common::dnssec_share::Kek::create(&dir.path().join("open.kek"))?;
+    std::fs::set_permissions(dir.path().join("open.kek"), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    dnsplan_common::dnssec_share::Kek::create(&dir.path().join("ok.kek"))?;
     let zone = "data_dir = \"d\"\n[dns]\nlisten = [\"127.0.0.1:0\"]\n[control]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0\"\n\
                 [dns_zone]\norigin = \"example.test.\"\nns = [\"ns1.example.test.\"]\n\
                 [dns_zone.soa]\nmname = \"ns1.example.test.\"\nrname = \"hostmaster.example.test.\"\n";
@@ -113,6 +117,16 @@ fn bad_config_is_a_clear_error() -> anyhow::Result<()> {
         (format!("{zone}[added_zones.dnssec]\nkey_root = \"k\"\nalgorithm = \"rsasha256\"\n"), "added_zones.dnssec.algorithm"),
         (format!("{zone}[added_zones.dnssec]\nkey_root = \"k\"\nkey_check_secs = 0\n"), "added_zones.dnssec.key_check_secs"),
         (format!("{zone}[added_zones.dnssec]\nalgorithm = \"ed25519\"\n"), "key_root"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_file = \"ok.key\"\nkek_file = \"ok.kek\"\n"), "give key_dir too"),
+        (
+            format!(
+                "{zone}[[zones]]\norigin = \"other.test.\"\nns = [\"ns1.other.test.\"]\n[zones.dnssec]\nkey_dir = \"other-keys\"\nkek_file = \"ok.kek\"\n"
+            ),
+            "a zone of the config file is not in the store",
+        ),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"other-keys\"\nkek_file = \"open.kek\"\n"), "chmod 600 it"),
+        (format!("{zone}[dns_zone.dnssec]\nkey_dir = \"no-keys\"\nkek_file = \"ok.kek\"\n"), "the store holds no keys of the zone yet"),
+        (format!("{zone}[added_zones.dnssec]\nkey_root = \"k\"\nkek_file = \"open.kek\"\n"), "added_zones.dnssec.kek_file"),
     ];
     let cases = cases.iter().map(|(t, w)| (t.to_string(), *w)).chain(dnssec_cases);
     for (text, want) in cases {

@@ -495,14 +495,7 @@ async fn two_signed_authorities_on_one_etcd_publish_one_dnskey_set_and_both_vali
                 (name("db").to_string(), "AAAA", "; negative response, fully validated"),
                 (name("nope").to_string(), "A", "; negative response, fully validated"),
             ] {
-                let out = std::process::Command::new("delv")
-                    .arg("-a")
-                    .arg(&anchor)
-                    .arg(format!("@{}", a.dns.ip()))
-                    .args(["-p", &a.dns.port().to_string(), &qname, qtype, &format!("+root={}", DNS_ZONE.trim_end_matches('.'))])
-                    .output()
-                    .map_err(|err| anyhow::anyhow!("delv (Debian package bind9-dnsutils) is needed: {err}"))?;
-                let stdout = String::from_utf8_lossy(&out.stdout);
+                let stdout = delv(&anchor, a.dns, &qname, qtype)?;
                 assert_eq!(stdout.lines().next().unwrap_or_default(), verdict, "plan {g}: delv {qname} {qtype} at {}:\n{stdout}", a.dns);
             }
         }
@@ -520,6 +513,19 @@ async fn two_signed_authorities_on_one_etcd_publish_one_dnskey_set_and_both_vali
     Ok(())
 }
 
+/// What BIND's `delv` prints for `qname` `qtype` asked of `dns`, with `anchor` (a
+/// `trust-anchors` file for the zone) as its only trust anchor.
+fn delv(anchor: &Path, dns: SocketAddr, qname: &str, qtype: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new("delv")
+        .arg("-a")
+        .arg(anchor)
+        .arg(format!("@{}", dns.ip()))
+        .args(["-p", &dns.port().to_string(), qname, qtype, &format!("+root={}", DNS_ZONE.trim_end_matches('.'))])
+        .output()
+        .map_err(|err| anyhow::anyhow!("delv (Debian package bind9-dnsutils) is needed: {err}"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The DNSKEY RRset `dns` answers for the zone, each record's RDATA in presentation form.
 async fn dnskey_set(dns: SocketAddr) -> anyhow::Result<BTreeSet<String>> {
     use hickory_proto::op::{Message, MessageType, OpCode, Query};
@@ -533,4 +539,116 @@ async fn dnskey_set(dns: SocketAddr) -> anyhow::Result<BTreeSet<String>> {
     let reply = Message::from_vec(&buf[..len])?;
     anyhow::ensure!(reply.metadata.response_code == ResponseCode::NoError, "{dns}: DNSKEY answered {:?}", reply.metadata.response_code);
     Ok(reply.answers.iter().filter(|r| r.record_type() == RecordType::DNSKEY).map(|r| r.data.to_string()).collect())
+}
+
+/// Two `dnsplan-authority` processes on one etcd share the zone's key directory through the
+/// store (`[dns_zone.dnssec] kek_file`), as an operator deploys them: the first, given a key
+/// directory, writes it to the store; the second, given none, takes it from there at start.
+/// Both publish one DNSKEY set and BIND's `delv`, with the KSK as its only trust anchor,
+/// validates both. A ZSK roll an operator starts on the second's machine (as `dnsplan zone
+/// key roll --zsk DIR` makes it) reaches the first through the store. The first, SIGKILLed
+/// and started again while every etcd member is down, serves the same keys from its own
+/// directory. Teeth: with the store's keys not taken at start, the second does not start
+/// (its log: no keys.toml); with a look that does not take the store's newer record, the first
+/// never shows the new ZSK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_authority_processes_share_their_keys_through_etcd_and_follow_each_others_rolls() -> anyhow::Result<()> {
+    use dnsplan_common::dnssec::ZoneAlgorithm;
+    use dnsplan_common::dnssec_keys::{At, KeyDir, Policy};
+    use dnsplan_common::dnssec_share::Kek;
+    let mut cluster = EtcdCluster::start(3, &[]).await?;
+    let store = cluster.store(PREFIX).await?;
+    publish_and_apply(&store, 1).await?;
+    let shared = tempfile::tempdir()?;
+    let kek = shared.path().join("zone.kek");
+    Kek::create(&kek)?;
+    let now = || At(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()));
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let keys_a = dir_a.path().join("keys");
+    KeyDir::init(&keys_a, DNS_ZONE, ZoneAlgorithm::Ed25519, None, Policy::default(), now())?;
+    let ksk = KeyDir::load(&keys_a, now())?.view(now())?.ksks[0].clone();
+    let anchor = shared.path().join("anchor.conf");
+    std::fs::write(
+        &anchor,
+        format!("trust-anchors {{ {DNS_ZONE} static-key 257 3 15 \"{}\"; }};\n", data_encoding::BASE64.encode(ksk.public_key())),
+    )?;
+    let configure = |dir: &Path| -> anyhow::Result<PathBuf> {
+        let config = write_config(dir, &cluster.all_endpoints())?;
+        let text = std::fs::read_to_string(&config)?
+            + &format!("[dns_zone.dnssec]\nkey_dir = \"keys\"\nkek_file = \"{}\"\nkey_check_secs = 1\n", kek.display());
+        std::fs::write(&config, text)?;
+        Ok(config)
+    };
+    let config_a = configure(dir_a.path())?;
+    let (a, dns_a) = spawn_binary(&config_a, "authority-a", CONVERGE).await?;
+    let deadline = Instant::now() + CONVERGE;
+    while store.dnssec_keys().await?.is_none() {
+        anyhow::ensure!(Instant::now() < deadline, "authority a did not write its keys to the store within {CONVERGE:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let config_b = configure(dir_b.path())?;
+    let (_b, dns_b) = spawn_binary(&config_b, "authority-b", CONVERGE).await?;
+    let keys_b = dir_b.path().join("keys");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&keys_b)?.permissions().mode() & 0o777, 0o700, "the directory taken from the store");
+        for entry in KeyDir::load(&keys_b, now())?.entries() {
+            assert_eq!(std::fs::metadata(keys_b.join(&entry.file))?.permissions().mode() & 0o777, 0o600, "{}", entry.file);
+        }
+    }
+    let validates = |dns: SocketAddr, step: &'static str| {
+        let anchor = anchor.clone();
+        async move {
+            for (qname, qtype, verdict) in [
+                (DNS_ZONE.to_owned(), "DNSKEY", "; fully validated"),
+                (DNS_ZONE.to_owned(), "SOA", "; fully validated"),
+                (name("api").to_string(), "A", "; fully validated"),
+                (name("nope").to_string(), "A", "; negative response, fully validated"),
+            ] {
+                let stdout = delv(&anchor, dns, &qname, qtype)?;
+                anyhow::ensure!(stdout.lines().next() == Some(verdict), "{step}: delv {qname} {qtype} at {dns}:\n{stdout}");
+            }
+            anyhow::Ok(())
+        }
+    };
+    let one_set = |size: usize, step: &'static str| async move {
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            let (set_a, set_b) = (dnskey_set(dns_a).await, dnskey_set(dns_b).await);
+            if let (Ok(set_a), Ok(set_b)) = (&set_a, &set_b)
+                && set_a == set_b
+                && set_a.len() == size
+            {
+                return anyhow::Ok(set_a.clone());
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{step}: a serves {set_a:?}, b serves {set_b:?}; want one set of {size}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let first = one_set(2, "the keys taken from the store").await?;
+    validates(dns_a, "a, first keys").await?;
+    validates(dns_b, "b, first keys").await?;
+
+    // An operator starts a ZSK roll on b's machine.
+    {
+        let _lock = KeyDir::lock(&keys_b)?;
+        let mut keys = KeyDir::load(&keys_b, now())?;
+        keys.roll_zsk(now())?;
+        keys.save()?;
+    }
+    let rolled = one_set(3, "the ZSK rolled on b").await?;
+    assert!(rolled.is_superset(&first), "the new ZSK is published beside the keys: {rolled:?}");
+    validates(dns_a, "a, new ZSK published").await?;
+    validates(dns_b, "b, new ZSK published").await?;
+
+    // A crash while every etcd member is away: a serves its own directory's keys.
+    drop(a);
+    for i in 0..cluster.members.len() {
+        cluster.kill(i)?;
+    }
+    let (_a, dns_a) = spawn_binary(&config_a, "authority-a", Duration::from_secs(5)).await?;
+    assert_eq!(dnskey_set(dns_a).await?, rolled, "a, restarted with etcd down");
+    validates(dns_a, "a, restarted with etcd down").await?;
+    cluster.restart_killed().await
 }

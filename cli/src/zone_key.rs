@@ -43,6 +43,23 @@ pub async fn run(command: ZoneCommand, format: Format) -> anyhow::Result<()> {
             let policy = Policy { zsk_lifetime_days, dnskey_ttl_secs, propagation_delay_secs, max_ttl_secs, parent_ds_ttl_secs };
             init(&dir, &origin, algorithm, from_key.as_deref(), policy, json)?
         }
+        ZoneCommand::Key { command: ZoneKeyCommand::Kek { file } } => {
+            let kek = dnsplan_common::dnssec_share::Kek::create(&file)?;
+            if json {
+                serde_json::to_string_pretty(&serde_json::json!({ "file": file, "kek_id": kek.id() }))? + "\n"
+            } else {
+                format!(
+                    "key-encryption key {} (id {}, mode 0600): copy it to every authority of the zone, then\n\n\
+                     # authority.toml: the key directory shared through the store\n\
+                     [dns_zone.dnssec]\n\
+                     key_dir = \"keys\"\n\
+                     kek_file = {}\n",
+                    file.display(),
+                    kek.id(),
+                    toml_string(&std::path::absolute(&file).unwrap_or(file.clone()).to_string_lossy())
+                )
+            }
+        }
         ZoneCommand::Key { command: ZoneKeyCommand::List { dir } } => list(&dir, json)?,
         ZoneCommand::Key { command: ZoneKeyCommand::Roll { dir, zsk: _, ksk } } => {
             same_owner(&dir)?;

@@ -294,3 +294,27 @@ fn a_key_directory_made_from_a_key_file_keeps_its_ds() -> anyhow::Result<()> {
     anyhow::ensure!(again.status.code() == Some(2) && text(&again.stderr).contains("not empty"), "{}", text(&again.stderr));
     Ok(())
 }
+
+/// `dnsplan zone key kek FILE`: a key-encryption key only its owner reads, never written over,
+/// its bytes never printed, and the `[dns_zone.dnssec]` lines it prints name the file; the
+/// authority reads it (`Kek::load`) with the id printed.
+#[test]
+fn a_key_encryption_key_is_private_never_written_over_and_never_printed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("zone.kek");
+    let path = file.to_str().unwrap_or_default();
+    let out = dnsplan(&["zone", "key", "kek", path])?;
+    anyhow::ensure!(out.status.success(), "zone key kek failed: {}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    assert_eq!(std::fs::metadata(&file)?.permissions().mode() & 0o777, 0o600);
+    let secret = std::fs::read_to_string(&file)?;
+    assert_eq!(secret.trim().len(), 64, "32 bytes in hex: {secret:?}");
+    assert!(!printed.contains(secret.trim()), "the key is printed:\n{printed}");
+    let kek = dnsplan_common::dnssec_share::Kek::load(&file)?;
+    assert!(printed.contains(&format!("id {}", kek.id())), "{printed}");
+    assert!(printed.contains(&format!("kek_file = \"{}\"", file.display())), "{printed}");
+    let again = dnsplan(&["zone", "key", "kek", path])?;
+    assert!(!again.status.success(), "written over an existing file");
+    assert_eq!(std::fs::read_to_string(&file)?, secret, "the first key is kept");
+    Ok(())
+}

@@ -19,6 +19,8 @@ pub mod dns_probe;
 pub mod dnssec;
 #[cfg(feature = "dnssec")]
 pub mod dnssec_keys;
+#[cfg(feature = "dnssec")]
+pub mod dnssec_share;
 pub mod generation;
 #[cfg(feature = "server")]
 pub mod http_server;

@@ -20,6 +20,7 @@
 //! | `lease/record`, `lease/live` | the planner `Lease`; the live key (epoch ++ holder) is attached to an etcd lease of the TTL |
 //! | `heartbeats/id` | an enactor's heartbeat |
 //! | `authorities/id` | an authority's `AuthorityReport` |
+//! | `dnssec/keys` | the zone's DNSSEC keys as its authorities share them (`Store::dnssec_keys`: private keys sealed), versioned by its mod revision |
 //! | `zones/registry/<origin>` | a zone added beside the first: its `ManagedZone` (live with its incarnation, or a tombstone) |
 //! | `zones/z/<origin>/...` | that zone's own store, this layout under it, plus `state/live` (its incarnation, compared by each of its transactions) and `state/master` (its master file) |
 
@@ -171,6 +172,9 @@ impl Keys {
     }
     pub(crate) fn authorities(&self) -> Vec<u8> {
         self.k(&[b"authorities/"])
+    }
+    pub(crate) fn dnssec_keys(&self) -> Vec<u8> {
+        self.k(&[b"dnssec/keys"])
     }
     pub(crate) fn authority(&self, id: &str) -> Vec<u8> {
         self.k(&[b"authorities/", id.as_bytes()])

@@ -136,7 +136,7 @@ mod txn;
 mod zones;
 
 pub use client::EtcdTls;
-use client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
+use client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use dnsplan_common::Generation;
 use dnsplan_common::changes::{PlanChanges, decode_changes};
 use dnsplan_common::codec;
@@ -145,8 +145,8 @@ use dnsplan_common::plan::{Endpoint, PlanSummary, ValidatedPlan};
 use dnsplan_common::store::lease::{self, Lease};
 use dnsplan_common::store::{
     ACTIVE_PAGE_MAX, AUTHORITIES_MAX, ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome,
-    AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEATS_MAX, Heartbeat, PLAN_CHANGES_GAP_MAX, PauseState,
-    Store, StoreError, StoreResult, StoreVersion,
+    AuthorityReport, CleanupDecision, CleanupReport, DELTA_ENDPOINTS_MAX, HEARTBEATS_MAX, Heartbeat, KeysPut, KeysRecord,
+    PLAN_CHANGES_GAP_MAX, PauseState, Store, StoreError, StoreResult, StoreVersion,
 };
 use keys::{Keys, prefix_end};
 use std::collections::BTreeMap;
@@ -570,6 +570,30 @@ impl Store for EtcdStore {
 
     async fn authorities(&self) -> StoreResult<Vec<AuthorityReport>> {
         self.read_all("authority reports", self.inner.keys.authorities()).await
+    }
+
+    async fn dnssec_keys(&self) -> StoreResult<Option<KeysRecord>> {
+        let (_, r) = self.read("DNSSEC keys", vec![get(self.inner.keys.dnssec_keys())]).await?;
+        Ok(first(&r[0]).map(|kv| KeysRecord { version: kv.mod_revision() as u64, bytes: kv.value().to_vec() }))
+    }
+
+    async fn put_dnssec_keys_unchecked(&self, expected: Option<u64>, bytes: Vec<u8>) -> StoreResult<KeysPut> {
+        let key = self.inner.keys.dnssec_keys();
+        let compare = match expected {
+            None => Compare::version(key.clone(), CompareOp::Equal, 0),
+            Some(version) => Compare::mod_revision(key.clone(), CompareOp::Equal, version as i64),
+        };
+        let txn = Txn::new().when(vec![compare]).and_then(vec![put(key.clone(), bytes)]).or_else(vec![get(key)]);
+        let response = self.txn("DNSSEC keys", txn).await?;
+        if response.succeeded() {
+            let version = response.header().map(|h| h.revision()).unwrap_or_default();
+            return Ok(KeysPut::Written { version: version as u64 });
+        }
+        let current = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(r) => Some(r.kvs().first().map(|kv| kv.mod_revision() as u64)),
+            _ => None,
+        });
+        Ok(KeysPut::Moved { current: current.flatten() })
     }
 
     async fn version(&self) -> StoreResult<StoreVersion> {

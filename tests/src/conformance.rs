@@ -127,6 +127,7 @@ pub async fn run_all<H: Harness>(harness: &H) -> anyhow::Result<SuiteReport> {
         publish_changes_is_publish,
         publish_changes_keeps_the_rules,
         content_changes_count_what_is_served,
+        dnssec_keys_are_cas,
     );
     Ok(report)
 }
@@ -1156,5 +1157,68 @@ pub async fn publish_changes_keeps_the_rules<S: Store>(store: S) -> anyhow::Resu
     let four = store.plan(Generation(4)).await?;
     v.check(four.plan().retired.is_empty() && four.plan().endpoints.len() == 2, || format!("plan 4 reads {four:?}"));
     v.check(store.latest().await? == Generation(4), || "refused changes moved the latest plan".into());
+    Ok(v)
+}
+
+/// The shared DNSSEC keys record is a compare-and-swap on its version: none at first; a write
+/// expecting none lands once; a write expecting a version another write moved on is refused
+/// and changes nothing; of writers racing from one version exactly one lands; a record at
+/// the size limit goes through whole, one above it is refused.
+pub async fn dnssec_keys_are_cas<S: Store>(store: S) -> anyhow::Result<Violations> {
+    use dnsplan_common::store::{DNSSEC_KEYS_BYTES_MAX, KeysPut};
+    let mut v = Violations::default();
+    v.check(store.dnssec_keys().await?.is_none(), || "a new store holds DNSSEC keys".into());
+    let first = match store.put_dnssec_keys(None, b"first".to_vec()).await? {
+        KeysPut::Written { version } => version,
+        other => {
+            v.push(format!("the first write expecting none: {other:?}"));
+            return Ok(v);
+        }
+    };
+    let again = store.put_dnssec_keys(None, b"again".to_vec()).await?;
+    v.check(again == KeysPut::Moved { current: Some(first) }, || format!("a second write expecting none: {again:?}"));
+    let second = match store.put_dnssec_keys(Some(first), b"second".to_vec()).await? {
+        KeysPut::Written { version } => version,
+        other => {
+            v.push(format!("a write expecting the current version: {other:?}"));
+            return Ok(v);
+        }
+    };
+    v.check(second != first, || format!("a write kept the version {first}"));
+    let stale = store.put_dnssec_keys(Some(first), b"stale".to_vec()).await?;
+    v.check(stale == KeysPut::Moved { current: Some(second) }, || format!("a write expecting an old version: {stale:?}"));
+    let read = store.dnssec_keys().await?;
+    v.check(read.as_ref().is_some_and(|r| r.version == second && r.bytes == b"second"), || format!("read back {read:?}"));
+    // Writers racing from one version: one lands.
+    let barrier = Arc::new(Barrier::new(8));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8u8 {
+        let (store, barrier) = (store.clone(), barrier.clone());
+        tasks.spawn(async move {
+            barrier.wait().await;
+            store.put_dnssec_keys(Some(second), vec![b'r', i]).await
+        });
+    }
+    let mut landed = 0;
+    while let Some(put) = tasks.join_next().await {
+        if matches!(put??, KeysPut::Written { .. }) {
+            landed += 1;
+        }
+    }
+    v.check(landed == 1, || format!("{landed} of 8 writers racing from version {second} landed"));
+    let now = store.dnssec_keys().await?.map(|r| r.bytes).unwrap_or_default();
+    v.check(now.len() == 2 && now[0] == b'r', || format!("after the race the record is {now:?}"));
+    let current = store.dnssec_keys().await?.map(|r| r.version);
+    let big: Vec<u8> = (0..DNSSEC_KEYS_BYTES_MAX).map(|i| b'a' + (i % 26) as u8).collect();
+    match store.put_dnssec_keys(current, big.clone()).await? {
+        KeysPut::Written { .. } => {
+            let read = store.dnssec_keys().await?.map(|r| r.bytes);
+            v.check(read.as_ref() == Some(&big), || "a record at the size limit read back otherwise".into());
+        }
+        other => v.push(format!("a record at the size limit: {other:?}")),
+    }
+    let current = store.dnssec_keys().await?.map(|r| r.version);
+    let over = store.put_dnssec_keys(current, vec![b'x'; DNSSEC_KEYS_BYTES_MAX + 1]).await;
+    v.check(matches!(over, Err(StoreError::TooLong { .. })), || format!("a record above the size limit: {over:?}"));
     Ok(v)
 }

@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
 use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
+use crate::serving::shared_keys::SharedKeys;
 use crate::serving::zones::{ZoneChanges, ZoneTable, managed_zone_records_in};
 use crate::zone::dns_zone::StaticZone;
 use anyhow::Context;
@@ -429,19 +430,32 @@ fn sign(dnssec: &AddedZonesDnssec, zone: &mut StaticZone) -> anyhow::Result<()> 
              (added_zones.dnssec.create_keys = false); copy it from the authority that makes them",
             dir.display()
         );
-        let algorithm = dnssec.algorithm().map_err(anyhow::Error::msg)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dnssec.key_root)
-            .with_context(|| format!("cannot make the key root {}", dnssec.key_root.display()))?;
-        let now = dnsplan_common::dnssec_keys::At(u64::from(crate::zone::signed::unix_now()));
-        dnsplan_common::dnssec_keys::KeyDir::init(&dir, &origin, algorithm, None, Default::default(), now)
-            .with_context(|| format!("cannot make zone {origin}'s key directory {}", dir.display()))?;
-        tracing::info!(zone = %origin, dir = %dir.display(), "made the added zone's key directory (a KSK and a ZSK); give its parent the DS that `dnsplan zone ds --key-dir` prints");
+        make_keys(dnssec, &origin, &dir)?;
     }
     // `key_root` is resolved already (`run`): joined to nothing.
     zone.sign_with(&config, Path::new("")).map_err(|e| anyhow::anyhow!("zone {origin}: {e}"))
+}
+
+/// Makes added zone `origin`'s key directory `dir` under `key_root`.
+fn make_keys(dnssec: &AddedZonesDnssec, origin: &str, dir: &Path) -> anyhow::Result<()> {
+    let algorithm = dnssec.algorithm().map_err(anyhow::Error::msg)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dnssec.key_root)
+        .with_context(|| format!("cannot make the key root {}", dnssec.key_root.display()))?;
+    let now = dnsplan_common::dnssec_keys::At(u64::from(crate::zone::signed::unix_now()));
+    dnsplan_common::dnssec_keys::KeyDir::init(dir, origin, algorithm, None, Default::default(), now)
+        .with_context(|| format!("cannot make zone {origin}'s key directory {}", dir.display()))?;
+    tracing::info!(zone = %origin, dir = %dir.display(), "made the added zone's key directory (a KSK and a ZSK); give its parent the DS that `dnsplan zone ds --key-dir` prints");
+    Ok(())
+}
+
+/// Added zone `origin`'s keys shared through its store `zone_store` (`kek_file`), when they
+/// are.
+fn shared_keys<S: ManagedZones>(setup: &Setup, zone_store: &S) -> Option<SharedKeys> {
+    let kek = setup.dnssec.as_ref()?.kek.clone()?;
+    Some(SharedKeys::new(zone_store.clone(), kek))
 }
 
 /// Follows zone `origin`, served: its keeper, follower and NOTIFY tasks, returned.
@@ -453,7 +467,7 @@ fn follow<S: ManagedZones>(setup: &Setup, origin: &DnsName, prepared: Prepared<S
     }
     // A zone signed with a key directory follows it (rolls, keys changed by the CLI).
     if let Some(every) = serving.zone.signer.as_ref().and_then(|s| s.key_check()) {
-        tasks.spawn(keep_keys(serving.clone(), every, false));
+        tasks.spawn(keep_keys(serving.clone(), every, false, shared_keys(setup, &zone_store)));
     }
     let reach = Arc::new(Reachability::named(format!("the store of zone {origin}")));
     setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
@@ -477,6 +491,15 @@ async fn load<S: ManagedZones>(
     // restart of ten thousand zones each trip is a thread woken and waited for.
     let (data_dir, saved) = (setup.data_dir.clone(), zone.clone());
     let dnssec = setup.dnssec.clone();
+    // Keys shared through the store: taken from it, or made here and written to it first.
+    if let (Some(shared), Some(config)) = (shared_keys(setup, zone_store), &dnssec) {
+        let dir = config.zone_config(origin.as_str()).key_dir.unwrap_or_default();
+        let make = config.create_keys.then(|| {
+            let (config, origin, dir) = (config.clone(), origin.to_string(), dir.clone());
+            move || make_keys(&config, &origin, &dir)
+        });
+        shared.pull_or_make(&dir, origin.as_str(), make).await?;
+    }
     let (dir, records) = on_blocking_thread(move || {
         let dir = saved::open(&data_dir, &saved)?;
         let (mut records, _from_image) = managed_zone_records_in(&dir, saved.origin.as_str(), &saved.master)?;
@@ -508,10 +531,10 @@ async fn load<S: ManagedZones>(
 /// snapshot it started from, so none is taken twice). `static_zone`: its secondaries are
 /// notified here (the managed zone's NOTIFY tasks follow `served_serial`) and the metrics are
 /// the managed zone's.
-pub async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zone: bool) {
+pub async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zone: bool, shared: Option<SharedKeys>) {
     loop {
         tokio::time::sleep(every).await;
-        if !serving.keys_step().await {
+        if !serving.keys_step(shared.as_ref()).await {
             continue;
         }
         // A step that does nothing (it failed: logged) ten times in a row leaves the round to

@@ -380,6 +380,8 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("POST", "/v1/apply", Need::Role(Role::Enact)),
     ("GET", "/v1/version", Need::Read),
     ("GET", "/v1/generation-base", Need::Read),
+    ("GET", "/v1/dnssec-keys", Need::Role(Role::Admin)),
+    ("PUT", "/v1/dnssec-keys", Need::Role(Role::Admin)),
     ("GET", "/v1/wait", Need::Read),
     ("GET", "/v1/active", Need::Read),
     ("GET", "/v1/active/{endpoint}", Need::Read),

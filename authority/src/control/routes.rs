@@ -37,7 +37,7 @@ use dnsplan_common::store::wire::{
     ErrorBody, LEASE_EPOCH_HEADER, LEASE_HOLDER_HEADER, RetireRequest, WaitQuery, WireError,
 };
 use dnsplan_common::store::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones, RegistryVersion};
-use dnsplan_common::store::{ApplyOutcome, GenerationBase, Heartbeat, Lease, PauseState, StoreError, StoreVersion};
+use dnsplan_common::store::{ApplyOutcome, GenerationBase, Heartbeat, KeysBody, KeysPut, Lease, PauseState, StoreError, StoreVersion};
 use dnsplan_common::{DnsName, EndpointName, Generation, PlanDelta, PlanEntry};
 use hickory_proto::rr::Name;
 use serde::Deserialize;
@@ -393,6 +393,10 @@ fn store_routes<S: ManagedZones>(prefix: &str, ctl: &Control<S>) -> Router<Contr
         .route(&at("/plans/{generation}/changes"), get(plan_changes::<S>).layer(full_read.clone()).post(publish_changes::<S>))
         .route(&at("/version"), get(version::<S>))
         .route(&at("/generation-base"), get(generation_base::<S>))
+        .route(
+            &at("/dnssec-keys"),
+            get(dnssec_keys::<S>).put(put_dnssec_keys::<S>).layer(DefaultBodyLimit::max(DNSSEC_KEYS_BODY_BYTES_MAX)),
+        )
         .route(&at("/wait"), get(wait::<S>))
         .route(&at("/active"), get(active_all::<S>).layer(full_read.clone()))
         .route(&at("/active/{endpoint}"), get(active::<S>).put(apply::<S>))
@@ -727,6 +731,30 @@ async fn plan_changes<S: ManagedZones>(
 
 async fn version<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Json<StoreVersion>> {
     Ok(Json(ctl.store.version().await?))
+}
+
+/// The largest `PUT /v1/dnssec-keys` body: the largest record, in base64, in JSON.
+const DNSSEC_KEYS_BODY_BYTES_MAX: usize = dnsplan_common::store::DNSSEC_KEYS_BYTES_MAX / 3 * 4 + 1024;
+
+/// `GET /v1/dnssec-keys`: the zone's DNSSEC keys as its authorities share them (private keys
+/// sealed), `null` when there are none.
+async fn dnssec_keys<S: ManagedZones>(Zoned(ctl): Zoned<S>) -> ApiResult<Json<Option<KeysBody>>> {
+    Ok(Json(ctl.store.dnssec_keys().await?.map(|r| KeysBody::new(Some(r.version), &r.bytes))))
+}
+
+/// `PUT /v1/dnssec-keys`: replaces them if still at the version the body expects.
+async fn put_dnssec_keys<S: ManagedZones>(
+    Zoned(ctl): Zoned<S>,
+    caller: Option<Extension<Caller>>,
+    body: Bytes,
+) -> ApiResult<Json<KeysPut>> {
+    let body: KeysBody = parse_json(&body)?;
+    let put = ctl.store.put_dnssec_keys(body.version, body.bytes()?).await?;
+    if let KeysPut::Written { version } = put {
+        let credential = Caller::name_of(caller.as_deref());
+        tracing::info!(target: AUDIT_TARGET, action = "dnssec-keys", version, credential = %credential, "the zone's shared DNSSEC keys written");
+    }
+    Ok(Json(put))
 }
 
 /// `GET /v1/generation-base`: the generation the store's first plan follows.

@@ -10,6 +10,7 @@
 pub mod ixfr_log;
 pub mod local_log;
 pub mod policy;
+pub mod shared_keys;
 pub mod trusted;
 pub mod zone_image;
 pub mod zones;
@@ -291,7 +292,8 @@ impl Serving {
     /// (a secondary at the serial holds other signatures). Returns whether new keys were
     /// swapped in (a new ZSK's round is then under way, and the serial moves at its end):
     /// a static zone's caller notifies; the managed zone's NOTIFY tasks see `served_serial`.
-    pub async fn keys_step(&self) -> bool {
+    /// `shared`: the directory is shared through the store (`shared_keys`).
+    pub async fn keys_step(&self, shared: Option<&shared_keys::SharedKeys>) -> bool {
         let current = self.snapshot.load_full();
         let Some(signer) = current.zone.signer.clone() else { return false };
         let crate::zone::dns_zone::KeySource::Dir { path, rolls, .. } = signer.source.clone() else { return false };
@@ -300,11 +302,11 @@ impl Serving {
         }
         let now = crate::zone::signed::unix_now();
         let (dir, origin) = (path.clone(), self.zone.origin.clone());
-        let (keys, policy) = match tokio::task::spawn_blocking(move || {
-            crate::zone::dns_zone::ZoneSigner::read_dir(&dir, &origin, rolls, now)
-        })
-        .await
-        {
+        let read = match shared {
+            Some(shared) => Ok(shared.look(&dir, &origin, rolls, now).await),
+            None => tokio::task::spawn_blocking(move || crate::zone::dns_zone::ZoneSigner::read_dir(&dir, &origin, rolls, now)).await,
+        };
+        let (keys, policy) = match read {
             Ok(Ok(read)) => read,
             Ok(Err(err)) => {
                 self.metrics.dnssec_key_dir_failures.inc();

@@ -57,6 +57,12 @@ pub struct DnssecConfig {
     /// made by `dnsplan zone key roll` taken).
     #[serde(default = "default_key_check")]
     pub key_check_secs: u32,
+    /// With `key_dir`, on the zone the store manages: the directory is shared through the
+    /// store, its private keys sealed with this key-encryption key (`dnsplan zone key kek
+    /// FILE`; the same file on every authority of the zone, readable by its owner only;
+    /// relative to the config file). Any authority may roll; a missing directory is made
+    /// from the store's keys at start.
+    pub kek_file: Option<PathBuf>,
     /// How long a signature is valid from when it is made.
     #[serde(default = "default_signature_validity")]
     pub signature_validity_days: u32,
@@ -76,6 +82,7 @@ impl DnssecConfig {
             key_dir: None,
             rolls_keys: default_rolls_keys(),
             key_check_secs: default_key_check(),
+            kek_file: None,
             signature_validity_days: default_signature_validity(),
             signature_refresh_days: default_signature_refresh(),
             dnskey_ttl_secs: None,
@@ -148,8 +155,13 @@ impl ZoneSigner {
     /// first time marked served (`KeyDir::mark_served`), entries removed long ago dropped, the
     /// automatic ZSK roll made. Blocking: file I/O.
     pub fn read_dir(path: &Path, origin: &Name, rolls: bool, now: u32) -> Result<(SigningKeys, Policy), String> {
-        let now = At(u64::from(now));
         let _lock = if rolls { Some(KeyDir::lock(path).map_err(|e| e.to_string())?) } else { None };
+        ZoneSigner::read_dir_locked(path, origin, rolls, now)
+    }
+
+    /// `read_dir` with the directory locked by the caller when `rolls`.
+    pub fn read_dir_locked(path: &Path, origin: &Name, rolls: bool, now: u32) -> Result<(SigningKeys, Policy), String> {
+        let now = At(u64::from(now));
         let mut dir = KeyDir::load(path, now).map_err(|e| e.to_string())?;
         if !dir.zone().eq_ignore_ascii_case(&origin.to_ascii()) {
             return Err(format!("key directory {}: its keys sign {}, not {origin}", path.display(), dir.zone()));

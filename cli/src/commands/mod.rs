@@ -281,6 +281,14 @@ pub enum ZoneKeyCommand {
         #[arg(long, default_value_t = 86400)]
         parent_ds_ttl_secs: u32,
     },
+    /// A key-encryption key (`kek_file` in authority.toml) for a key directory shared
+    /// through the store: 32 random bytes written to FILE (mode 0600, never over a file).
+    /// Every authority of the zone needs a copy of the same file; the store only ever holds
+    /// the private keys sealed with it.
+    Kek {
+        /// Where to write the key; must not exist.
+        file: PathBuf,
+    },
     /// The keys of the key directory DIR: each key's role, state and times, and what the
     /// schedule does next.
     List {

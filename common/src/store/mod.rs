@@ -66,6 +66,9 @@ pub const HEARTBEAT_TEXT_BYTES_MAX: usize = 128;
 pub const AUTHORITIES_MAX: usize = 64;
 /// Most DNS addresses in one authority's report.
 pub const AUTHORITY_ADDRESSES_MAX: usize = 16;
+/// Largest record of a zone's DNSSEC keys the store keeps (`Store::put_dnssec_keys`): far
+/// above a schedule of a few dozen keys, below etcd's default request limit (1.5 MiB).
+pub const DNSSEC_KEYS_BYTES_MAX: usize = 1 << 20;
 /// Most endpoints in one `apply_many`: one transaction and one flush; 4,096 endpoints with
 /// the most targets each are about 13 MB of JSON on the control API.
 pub const APPLY_BATCH_MAX: usize = 4_096;
@@ -375,6 +378,46 @@ pub enum StoreError {
     ZoneGone { zone: DnsName },
 }
 
+/// A zone's DNSSEC keys as its authorities share them (`dnssec_share`): an opaque record (its
+/// private keys sealed with the authorities' key-encryption key) and the version that
+/// [`Store::put_dnssec_keys`] compares.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeysRecord {
+    pub version: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// The body of `GET /v1/dnssec-keys` (the record and its version) and of `PUT` (the record
+/// and the version expected): the record in base64.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysBody {
+    pub version: Option<u64>,
+    pub record_base64: String,
+}
+
+impl KeysBody {
+    pub fn new(version: Option<u64>, bytes: &[u8]) -> KeysBody {
+        KeysBody { version, record_base64: data_encoding::BASE64.encode(bytes) }
+    }
+
+    pub fn bytes(&self) -> StoreResult<Vec<u8>> {
+        data_encoding::BASE64
+            .decode(self.record_base64.as_bytes())
+            .map_err(|e| StoreError::BadRequest(format!("the DNSSEC keys record is not base64: {e}")))
+    }
+}
+
+/// What [`Store::put_dnssec_keys`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeysPut {
+    /// Written; the record's new version.
+    Written { version: u64 },
+    /// Not written: the record was not at the version expected (another authority wrote it
+    /// first); `current` is its version now (`None`: there is none).
+    Moved { current: Option<u64> },
+}
+
 /// What a plan says of an endpoint when an apply sent something else
 /// ([`StoreError::ContentMismatch`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -664,6 +707,27 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The authorities' last reports (none on a store that keeps none).
     fn authorities(&self) -> impl Future<Output = StoreResult<Vec<AuthorityReport>>> + Send {
         async { Ok(Vec::new()) }
+    }
+    /// The zone's shared DNSSEC keys (`None` before an authority first writes them). A store
+    /// that keeps none (the test doubles) refuses.
+    fn dnssec_keys(&self) -> impl Future<Output = StoreResult<Option<KeysRecord>>> + Send {
+        async { Err(StoreError::BadRequest("this store keeps no DNSSEC keys".into())) }
+    }
+    /// Replaces the zone's shared DNSSEC keys with `bytes` if they are still at version
+    /// `expected` (`None`: there are none yet): a compare-and-swap, so that of two authorities
+    /// rolling at once one wins and the other reads the winner's keys.
+    fn put_dnssec_keys(&self, expected: Option<u64>, bytes: Vec<u8>) -> impl Future<Output = StoreResult<KeysPut>> + Send {
+        async move {
+            if bytes.len() > DNSSEC_KEYS_BYTES_MAX {
+                return Err(StoreError::TooLong { what: "the DNSSEC keys record".into(), len: bytes.len(), max: DNSSEC_KEYS_BYTES_MAX });
+            }
+            self.put_dnssec_keys_unchecked(expected, bytes).await
+        }
+    }
+    /// `put_dnssec_keys` of a record within [`DNSSEC_KEYS_BYTES_MAX`].
+    fn put_dnssec_keys_unchecked(&self, expected: Option<u64>, bytes: Vec<u8>) -> impl Future<Output = StoreResult<KeysPut>> + Send {
+        let _ = (expected, bytes);
+        async { Err(StoreError::BadRequest("this store keeps no DNSSEC keys".into())) }
     }
     fn version(&self) -> impl Future<Output = StoreResult<StoreVersion>> + Send;
     /// Returns as soon as the store's version differs from `seen`, or after `timeout`

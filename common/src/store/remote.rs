@@ -12,7 +12,7 @@ use super::wire::{
 use super::zones::{INCARNATION_HEADER, ManagedZone, ManagedZones, RegistryVersion};
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport, GenerationBase,
-    Heartbeat, Lease, PauseState, Store, StoreError, StoreResult, StoreVersion,
+    Heartbeat, KeysBody, KeysPut, KeysRecord, Lease, PauseState, Store, StoreError, StoreResult, StoreVersion,
 };
 use crate::changes::{PlanChanges, decode_changes};
 use crate::codec;
@@ -382,6 +382,19 @@ impl Store for RemoteStore {
 
     async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
         self.json(self.inner.client.get(self.url("/v1/heartbeats"))).await
+    }
+
+    async fn dnssec_keys(&self) -> StoreResult<Option<KeysRecord>> {
+        let body: Option<KeysBody> = self.json(self.inner.client.get(self.url("/v1/dnssec-keys"))).await?;
+        body.map(|b| {
+            let version = b.version.ok_or_else(|| StoreError::Unavailable("control API sent DNSSEC keys without their version".into()))?;
+            Ok(KeysRecord { version, bytes: b.bytes()? })
+        })
+        .transpose()
+    }
+
+    async fn put_dnssec_keys_unchecked(&self, expected: Option<u64>, bytes: Vec<u8>) -> StoreResult<KeysPut> {
+        self.json(self.inner.client.put(self.url("/v1/dnssec-keys")).json(&KeysBody::new(expected, &bytes))).await
     }
 
     async fn version(&self) -> StoreResult<StoreVersion> {

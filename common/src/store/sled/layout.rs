@@ -29,6 +29,10 @@ pub(super) const META_REOPENED: &[u8] = b"reopened";
 
 pub(super) const META_LEASE: &[u8] = b"lease";
 
+/// The zone's shared DNSSEC keys (`Store::dnssec_keys`): their version (8 bytes, big-endian)
+/// then the record.
+pub(super) const META_DNSSEC_KEYS: &[u8] = b"dnssec_keys";
+
 pub(super) fn io(err: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::Io(Box::new(err))
 }

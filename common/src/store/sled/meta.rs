@@ -113,4 +113,35 @@ impl Inner {
     pub(super) fn flush(&self) -> StoreResult<()> {
         self.db.flush().map(|_| ()).map_err(io)
     }
+
+    /// The zone's shared DNSSEC keys and their version.
+    pub(super) fn dnssec_keys(&self) -> StoreResult<Option<KeysRecord>> {
+        self.zone.check_live()?;
+        self.meta.get(META_DNSSEC_KEYS).map_err(io)?.map(|bytes| split_keys_record(&bytes)).transpose()
+    }
+
+    /// Replaces the shared DNSSEC keys if still at version `expected`; flushed before it
+    /// returns.
+    pub(super) fn put_dnssec_keys(&self, expected: Option<u64>, bytes: &[u8]) -> StoreResult<KeysPut> {
+        let _guard = self.guard()?;
+        let old = self.meta.get(META_DNSSEC_KEYS).map_err(io)?;
+        let current = old.as_deref().map(split_keys_record).transpose()?.map(|r| r.version);
+        if current != expected {
+            return Ok(KeysPut::Moved { current });
+        }
+        let version = current.map_or(1, |v| v + 1);
+        let mut value = version.to_be_bytes().to_vec();
+        value.extend_from_slice(bytes);
+        // Under the writer lock: nothing else writes the key, so the swap cannot miss.
+        self.meta.insert(META_DNSSEC_KEYS, value).map_err(io)?;
+        self.flush()?;
+        Ok(KeysPut::Written { version })
+    }
+}
+
+fn split_keys_record(bytes: &[u8]) -> StoreResult<KeysRecord> {
+    let (version, record) =
+        bytes.split_at_checked(8).ok_or_else(|| corrupt("the DNSSEC keys record", codec::CodecError::Truncated { len: bytes.len() }))?;
+    let version = u64::from_be_bytes(version.try_into().expect("eight bytes"));
+    Ok(KeysRecord { version, bytes: record.to_vec() })
 }

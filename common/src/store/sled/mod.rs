@@ -76,8 +76,8 @@ use super::high_water::{self, Found, HighWater};
 use super::lease;
 use super::{
     ActiveDelta, ActivePage, ActiveRecord, ActiveSnapshot, ActiveState, ApplyItem, ApplyOutcome, CleanupDecision, CleanupReport,
-    DELTA_ENDPOINTS_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, Lease, PLAN_CHANGES_GAP_MAX, PauseState, PlanSays, Store, StoreError,
-    StoreFault, StoreResult, StoreVersion, check_generation, content_changed, decide_cleanup, fence_step, plan_says,
+    DELTA_ENDPOINTS_MAX, HEARTBEATS_MAX, Heartbeat, HistoryMark, KeysPut, KeysRecord, Lease, PLAN_CHANGES_GAP_MAX, PauseState, PlanSays,
+    Store, StoreError, StoreFault, StoreResult, StoreVersion, check_generation, content_changed, decide_cleanup, fence_step, plan_says,
 };
 use crate::changes::{PlanChanges, PlanEntry, decode_changes};
 use crate::codec;
@@ -509,6 +509,14 @@ impl Store for SledStore {
 
     async fn heartbeats(&self) -> StoreResult<Vec<Heartbeat>> {
         self.blocking(|inner| inner.heartbeats()).await
+    }
+
+    async fn dnssec_keys(&self) -> StoreResult<Option<KeysRecord>> {
+        self.blocking(|inner| inner.dnssec_keys()).await
+    }
+
+    async fn put_dnssec_keys_unchecked(&self, expected: Option<u64>, bytes: Vec<u8>) -> StoreResult<KeysPut> {
+        self.blocking(move |inner| inner.put_dnssec_keys(expected, &bytes)).await
     }
 
     async fn version(&self) -> StoreResult<StoreVersion> {
