@@ -516,11 +516,16 @@ async fn two_signed_authorities_on_one_etcd_publish_one_dnskey_set_and_both_vali
 /// What BIND's `delv` prints for `qname` `qtype` asked of `dns`, with `anchor` (a
 /// `trust-anchors` file for the zone) as its only trust anchor.
 fn delv(anchor: &Path, dns: SocketAddr, qname: &str, qtype: &str) -> anyhow::Result<String> {
+    delv_in(anchor, dns, qname, qtype, DNS_ZONE)
+}
+
+/// `delv` of a name in zone `zone` (its trust anchor's).
+fn delv_in(anchor: &Path, dns: SocketAddr, qname: &str, qtype: &str, zone: &str) -> anyhow::Result<String> {
     let out = std::process::Command::new("delv")
         .arg("-a")
         .arg(anchor)
         .arg(format!("@{}", dns.ip()))
-        .args(["-p", &dns.port().to_string(), qname, qtype, &format!("+root={}", DNS_ZONE.trim_end_matches('.'))])
+        .args(["-p", &dns.port().to_string(), qname, qtype, &format!("+root={}", zone.trim_end_matches('.'))])
         .output()
         .map_err(|err| anyhow::anyhow!("delv (Debian package bind9-dnsutils) is needed: {err}"))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -528,10 +533,15 @@ fn delv(anchor: &Path, dns: SocketAddr, qname: &str, qtype: &str) -> anyhow::Res
 
 /// The DNSKEY RRset `dns` answers for the zone, each record's RDATA in presentation form.
 async fn dnskey_set(dns: SocketAddr) -> anyhow::Result<BTreeSet<String>> {
+    dnskey_set_of(dns, DNS_ZONE).await
+}
+
+/// The DNSKEY RRset `dns` answers for zone `zone`.
+async fn dnskey_set_of(dns: SocketAddr, zone: &str) -> anyhow::Result<BTreeSet<String>> {
     use hickory_proto::op::{Message, MessageType, OpCode, Query};
     use hickory_proto::rr::Name;
     let mut msg = Message::new(7, MessageType::Query, OpCode::Query);
-    msg.add_query(Query::query(Name::from_ascii(DNS_ZONE)?, RecordType::DNSKEY));
+    msg.add_query(Query::query(Name::from_ascii(zone)?, RecordType::DNSKEY));
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
     socket.send_to(&msg.to_vec()?, dns).await?;
     let mut buf = vec![0u8; 4096];
@@ -651,4 +661,85 @@ async fn two_authority_processes_share_their_keys_through_etcd_and_follow_each_o
     assert_eq!(dnskey_set(dns_a).await?, rolled, "a, restarted with etcd down");
     validates(dns_a, "a, restarted with etcd down").await?;
     cluster.restart_killed().await
+}
+
+/// Two `dnsplan-authority` processes on one etcd, each with `[added_zones.dnssec] kek_file`: a
+/// zone added to the store at run time gets one key set for both: the first to serve it makes
+/// its keys and writes them to the zone's store, the other takes them from there (the race of
+/// two making them at once is `shared_keys`'s unit test). The first DNSKEY RRset each serves
+/// is the same, both directories hold one schedule, and `delv` with the zone's KSK validates
+/// both. Checked once: with the keys not shared, the two first served different key sets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_added_on_etcd_is_signed_with_one_key_set_by_every_authority() -> anyhow::Result<()> {
+    use dnsplan_common::dnssec_keys::{At, KEYS_FILE, KeyDir};
+    use dnsplan_common::dnssec_share::Kek;
+    use dnsplan_common::store::zones::ManagedZones;
+    const SHOP: &str = "shop.test.";
+    let cluster = EtcdCluster::start(3, &[]).await?;
+    let store = cluster.store(PREFIX).await?;
+    publish_and_apply(&store, 1).await?;
+    let shared = tempfile::tempdir()?;
+    let kek = shared.path().join("zones.kek");
+    Kek::create(&kek)?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut running = Vec::new();
+    for (dir, who) in [(&dir_a, "authority-a"), (&dir_b, "authority-b")] {
+        let config = write_config(dir.path(), &cluster.all_endpoints())?;
+        let text = std::fs::read_to_string(&config)?
+            + &format!(
+                "[added_zones.dnssec]\nkey_root = \"keys\"\nkek_file = \"{}\"\nalgorithm = \"ed25519\"\nkey_check_secs = 1\n",
+                kek.display()
+            );
+        std::fs::write(&config, text)?;
+        running.push(spawn_binary(&config, who, CONVERGE).await?);
+    }
+    let shop = dnsplan_common::DnsName::parse(SHOP)?;
+    let master = "$ORIGIN shop.test.\n$TTL 300\n@ SOA ns1 hostmaster 1 3600 600 86400 60\n@ NS ns1\nns1 A 192.0.2.1\nwww A 192.0.2.80\n";
+    assert!(store.add_zone(&shop, master).await?);
+    let mut first = Vec::new();
+    for (_, dns) in &running {
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            match dnskey_set_of(*dns, SHOP).await {
+                Ok(set) if !set.is_empty() => {
+                    first.push(set);
+                    break;
+                }
+                other => {
+                    if Instant::now() >= deadline {
+                        let logs: Vec<String> = [&dir_a, &dir_b]
+                            .iter()
+                            .map(|d| std::fs::read_to_string(d.path().join("authority.log")).unwrap_or_default())
+                            .collect();
+                        anyhow::bail!("{dns} does not serve {SHOP} signed: {other:?}\nlogs:\n{}", logs.join("\n---\n"));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(first[0], first[1], "the first DNSKEY RRset each authority serves");
+    assert_eq!(first[0].len(), 2, "a KSK and a ZSK: {:?}", first[0]);
+    let record = store.zone(&shop).await?.dnssec_keys().await?;
+    anyhow::ensure!(record.is_some(), "the zone's keys are in its store");
+    let (keys_a, keys_b) = (dir_a.path().join("keys").join(SHOP), dir_b.path().join("keys").join(SHOP));
+    assert_eq!(std::fs::read(keys_a.join(KEYS_FILE))?, std::fs::read(keys_b.join(KEYS_FILE))?, "one schedule in both directories");
+    let now = At(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs());
+    let ksk = KeyDir::load(&keys_a, now)?.view(now)?.ksks[0].clone();
+    let anchor = shared.path().join("shop.conf");
+    std::fs::write(
+        &anchor,
+        format!("trust-anchors {{ {SHOP} static-key 257 3 15 \"{}\"; }};\n", data_encoding::BASE64.encode(ksk.public_key())),
+    )?;
+    for (_, dns) in &running {
+        for (qname, qtype, verdict) in [
+            (SHOP, "DNSKEY", "; fully validated"),
+            ("www.shop.test.", "A", "; fully validated"),
+            ("nope.shop.test.", "A", "; negative response, fully validated"),
+        ] {
+            let stdout = delv_in(&anchor, *dns, qname, qtype, SHOP)?;
+            assert_eq!(stdout.lines().next().unwrap_or_default(), verdict, "delv {qname} {qtype} at {dns}:\n{stdout}");
+        }
+    }
+    Ok(())
 }

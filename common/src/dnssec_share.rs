@@ -228,8 +228,8 @@ fn aad(zone: &str, file: &str) -> String {
     format!("{zone} {file}")
 }
 
-/// Replaces directory `path`'s keys with the store's record `bytes` (made when missing, mode
-/// 0700): every key file it lists written (0600), `keys.toml` last, key files it no longer
+/// Replaces directory `path`'s keys with the store's record `bytes` (made with its parents
+/// when missing, mode 0700): every key file it lists written (0600), `keys.toml` last, key files it no longer
 /// lists deleted; then read back as a key directory of `zone` at `now`. Returns the digest of
 /// the `keys.toml` written. The caller holds the directory's lock, or is the only writer.
 pub fn import(path: &Path, bytes: &[u8], kek: &Kek, zone: &str, now: At) -> Result<String, ShareError> {
@@ -259,7 +259,9 @@ pub fn import(path: &Path, bytes: &[u8], kek: &Kek, zone: &str, now: At) -> Resu
     match std::fs::metadata(path) {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // With its parents (an added zone's `key_root`), each its owner's only.
             let mut builder = std::fs::DirBuilder::new();
+            builder.recursive(true);
             #[cfg(unix)]
             std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
             builder.create(path).map_err(|e| dir_error(path, e.to_string()))?;

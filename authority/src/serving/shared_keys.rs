@@ -283,4 +283,43 @@ mod tests {
         assert!(err.contains("never shared"), "{err}");
         assert_eq!(store.dnssec_keys().await.expect("read").map(|r| r.version), Some(after.version), "the store is untouched");
     }
+
+    /// Two authorities add the same zone at once: both find no keys in the store and both make
+    /// some (the barrier holds each until the other has made its own); of their writes,
+    /// compared with none, one lands, and the other authority drops its keys and takes the
+    /// winner's. Checked once: with sled's write not compared, both directories kept their own
+    /// keys.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn of_two_authorities_making_a_zones_keys_at_once_one_writes_and_both_sign_with_its() {
+        let tmp = tempfile::tempdir().expect("dir");
+        let store = SledStore::open(tmp.path().join("store")).expect("store");
+        let kek = Arc::new(Kek::create(&tmp.path().join("kek")).expect("kek"));
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let mut tasks = tokio::task::JoinSet::new();
+        for name in ["a", "b"] {
+            let (shared, barrier) = (SharedKeys::new(store.clone(), kek.clone()), barrier.clone());
+            let dir = tmp.path().join(name).join("keys");
+            tasks.spawn(async move {
+                let made = dir.clone();
+                let make = move || {
+                    std::fs::create_dir_all(made.parent().expect("parent"))?;
+                    KeyDir::init(&made, ORIGIN, ZoneAlgorithm::Ed25519, None, Policy::default(), now())?;
+                    barrier.wait();
+                    anyhow::Ok(())
+                };
+                shared.pull_or_make(&dir, ORIGIN, Some(make)).await.map(|()| dir)
+            });
+        }
+        let mut schedules = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            let dir = done.expect("task").expect("pull or make");
+            schedules.push(std::fs::read(dir.join(KEYS_FILE)).expect("keys.toml"));
+        }
+        assert_eq!(schedules[0], schedules[1], "both directories hold the keys written first");
+        let record = store.dnssec_keys().await.expect("read").expect("record");
+        let tags = |text: &[u8]| -> Vec<String> {
+            String::from_utf8_lossy(text).lines().filter(|l| l.starts_with("tag = ")).map(str::to_owned).collect()
+        };
+        assert_eq!(tags(&schedules[0]), tags(&record.bytes), "the store's keys");
+    }
 }
