@@ -138,6 +138,42 @@ impl AddedZonesDnssec {
     pub fn algorithm(&self) -> Result<dnsplan_common::dnssec::ZoneAlgorithm, String> {
         dnsplan_common::dnssec::ZoneAlgorithm::parse(&self.algorithm).map_err(|e| format!("added_zones.dnssec.algorithm: {e}"))
     }
+
+    /// Signs zone `zone`, added at run time, with its key directory under `key_root`, made
+    /// first when there is none and this authority makes them (`create_keys`). `key_root` is
+    /// absolute (`run`). Blocking: file I/O.
+    pub fn sign(&self, zone: &mut crate::zone::dns_zone::StaticZone) -> anyhow::Result<()> {
+        let origin = zone.origin.to_ascii();
+        let config = self.zone_config(&origin);
+        let dir = config.key_dir.clone().unwrap_or_default();
+        if !dir.join(dnsplan_common::dnssec_keys::KEYS_FILE).exists() {
+            anyhow::ensure!(
+                self.create_keys,
+                "zone {origin} is not served until its key directory {} is there: this authority makes none \
+                 (added_zones.dnssec.create_keys = false); copy it from the authority that makes them",
+                dir.display()
+            );
+            self.make_keys(&origin, &dir)?;
+        }
+        zone.sign_with(&config, Path::new("")).map_err(|e| anyhow::anyhow!("zone {origin}: {e}"))
+    }
+
+    /// Makes zone `origin`'s key directory `dir` under `key_root` (0700, both).
+    pub fn make_keys(&self, origin: &str, dir: &Path) -> anyhow::Result<()> {
+        use anyhow::Context;
+        use std::os::unix::fs::DirBuilderExt;
+        let algorithm = self.algorithm().map_err(anyhow::Error::msg)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.key_root)
+            .with_context(|| format!("cannot make the key root {}", self.key_root.display()))?;
+        let now = dnsplan_common::dnssec_keys::At(u64::from(crate::zone::signed::unix_now()));
+        dnsplan_common::dnssec_keys::KeyDir::init(dir, origin, algorithm, None, Default::default(), now)
+            .with_context(|| format!("cannot make zone {origin}'s key directory {}", dir.display()))?;
+        tracing::info!(zone = %origin, dir = %dir.display(), "made the added zone's key directory (a KSK and a ZSK); give its parent the DS that `dnsplan zone ds --key-dir` prints");
+        Ok(())
+    }
 }
 
 /// Half a second: a healthy etcd answers and the saved state catches up in milliseconds; a

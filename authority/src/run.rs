@@ -29,11 +29,11 @@ use crate::net::udp::{UdpServers, bind_udp};
 use crate::query::answer::AnswerLimits;
 use crate::query::rrl::Rrl;
 use crate::reload;
-use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
 use crate::serving::shared_keys::SharedKeys;
 use crate::serving::trusted::PlanCheck;
 use crate::serving::zones::{self, ZoneTable};
+use crate::serving::{KeysOf, Serving};
 use crate::zone::dns_zone::StaticZone;
 use anyhow::Context;
 use axum::Json;
@@ -356,9 +356,27 @@ where
         AnswerLimits { edns_udp_payload_bytes: config.dns.edns_udp_payload_bytes, answer_addresses_max: config.dns.answer_addresses_max };
     let rrl = config.dns.rrl.settings().map(|settings| Rrl::new(&settings));
     let transfer = Arc::new(TransferPolicy::from_config(&config.dns.transfer, config_dir)?);
-    // The other zones: the config file's, then those added at run time and kept on disk.
-    let others =
-        Arc::new(ZoneTable::new(&zone.origin, limits, metrics.clone(), transfer.clone(), Some(config.data_dir.join(zones::DIR_NAME))));
+    // How the zones added at run time are signed (`[added_zones.dnssec]`).
+    let added_dnssec = match config.added_zones.dnssec.clone() {
+        Some(mut dnssec) => {
+            // Absolute: the process's directory may change, the zones' keys must not move.
+            let root = config_dir.join(&dnssec.key_root);
+            dnssec.key_root = std::path::absolute(&root).unwrap_or(root);
+            if let Some(file) = &dnssec.kek_file {
+                let kek = Kek::load(&config_dir.join(file)).map_err(|e| anyhow::anyhow!("added_zones.dnssec.kek_file: {e}"))?;
+                dnssec.kek = Some(Arc::new(kek));
+            }
+            Some(dnssec)
+        }
+        None => None,
+    };
+    // The other zones: the config file's, then those added at run time and kept on disk (the
+    // static ones signed as the store's are, with their keys on this authority only).
+    let signer: Option<zones::Signer> = added_dnssec.clone().map(|dnssec| -> zones::Signer { Arc::new(move |zone| dnssec.sign(zone)) });
+    let others = Arc::new(
+        ZoneTable::new(&zone.origin, limits, metrics.clone(), transfer.clone(), Some(config.data_dir.join(zones::DIR_NAME)))
+            .with_signer(signer),
+    );
     let from_image = others.add_configured(&config.zones, config_dir).context("[[zones]]")?;
     let added = others.load_added().context("the zones added at run time")?;
     if !others.is_empty() {
@@ -438,19 +456,7 @@ where
         metrics: metrics.clone(),
         book: book.clone(),
         keyring,
-        dnssec: match config.added_zones.dnssec.clone() {
-            Some(mut dnssec) => {
-                // Absolute: the process's directory may change, the zones' keys must not move.
-                let root = config_dir.join(&dnssec.key_root);
-                dnssec.key_root = std::path::absolute(&root).unwrap_or(root);
-                if let Some(file) = &dnssec.kek_file {
-                    let kek = Kek::load(&config_dir.join(file)).map_err(|e| anyhow::anyhow!("added_zones.dnssec.kek_file: {e}"))?;
-                    dnssec.kek = Some(Arc::new(kek));
-                }
-                Some(dnssec)
-            }
-            None => None,
-        },
+        dnssec: added_dnssec,
     };
     // On etcd, the added zones' saved states are served at once too, beside the first zone's
     // (not before it: the first zone answers without waiting for them).
@@ -609,8 +615,11 @@ where
     let shared = shared_key_dir(&config, config_dir)?.map(|(kek, _)| SharedKeys::new(store.clone(), kek));
     for (zone, static_zone) in std::iter::once((serving.clone(), false)).chain(others.signed().into_iter().map(|z| (z, true))) {
         if let Some(every) = zone.zone.signer.as_ref().and_then(|s| s.key_check()) {
-            let shared = if static_zone { None } else { shared.clone() };
-            tasks.spawn(crate::added::keep_keys(zone, every, static_zone, shared));
+            let of = match static_zone {
+                true => KeysOf::Static { notify: crate::xfr::notify::spawn_static, table: others.clone() },
+                false => KeysOf::Managed(shared.clone()),
+            };
+            tasks.spawn(crate::serving::keep_keys(zone, every, of));
         }
     }
     // The zones the store manages beside its first one, served as its registry says.

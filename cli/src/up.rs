@@ -63,7 +63,8 @@ struct AuthoritySection {
     /// `[[authority.zones]]`: static zones served beside the managed one.
     #[serde(default)]
     zones: Vec<DnsZoneConfig>,
-    /// `[authority.added_zones]`: as authority.toml's, `key_root` relative to this file.
+    /// `[authority.added_zones]`: as authority.toml's, `key_root` and `kek_file` relative to
+    /// this file.
     #[serde(default)]
     added_zones: dnsplan_authority::config::AddedZonesConfig,
 }
@@ -232,6 +233,7 @@ impl Stack {
                 let mut added = up.authority.added_zones;
                 if let Some(dnssec) = &mut added.dnssec {
                     dnssec.key_root = daemon::relative_to_config(&shown, &dnssec.key_root);
+                    dnssec.kek_file = dnssec.kek_file.as_ref().map(|kek| daemon::relative_to_config(&shown, kek));
                 }
                 added
             },

@@ -26,12 +26,12 @@ use crate::follow::image::Keeper;
 use crate::follow::kept::{self, Keeping};
 use crate::metrics::Metrics;
 use crate::query::answer::AnswerLimits;
+use crate::serving::KeysOf;
 use crate::serving::Serving;
 use crate::serving::policy::TransferPolicy;
 use crate::serving::shared_keys::SharedKeys;
 use crate::serving::zones::{ZoneChanges, ZoneTable, managed_zone_records_in};
 use crate::zone::dns_zone::StaticZone;
-use anyhow::Context;
 use book::{Entry, ZoneBook};
 use dnsplan_common::daemon::Reachability;
 use dnsplan_common::names::DnsName;
@@ -40,7 +40,6 @@ use dnsplan_common::store::zones::{ManagedZone, ManagedZones};
 use hickory_proto::rr::Name;
 use saved::SavedZone;
 use std::collections::HashMap;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -417,40 +416,6 @@ async fn prepare<S: ManagedZones>(
     }
 }
 
-/// Signs added zone `zone` with its key directory under `dnssec.key_root`, made first when
-/// there is none and this authority makes them (`create_keys`).
-fn sign(dnssec: &AddedZonesDnssec, zone: &mut StaticZone) -> anyhow::Result<()> {
-    let origin = zone.origin.to_ascii();
-    let config = dnssec.zone_config(&origin);
-    let dir = config.key_dir.clone().unwrap_or_default();
-    if !dir.join(dnsplan_common::dnssec_keys::KEYS_FILE).exists() {
-        anyhow::ensure!(
-            dnssec.create_keys,
-            "zone {origin} is not served until its key directory {} is there: this authority makes none \
-             (added_zones.dnssec.create_keys = false); copy it from the authority that makes them",
-            dir.display()
-        );
-        make_keys(dnssec, &origin, &dir)?;
-    }
-    // `key_root` is resolved already (`run`): joined to nothing.
-    zone.sign_with(&config, Path::new("")).map_err(|e| anyhow::anyhow!("zone {origin}: {e}"))
-}
-
-/// Makes added zone `origin`'s key directory `dir` under `key_root`.
-fn make_keys(dnssec: &AddedZonesDnssec, origin: &str, dir: &Path) -> anyhow::Result<()> {
-    let algorithm = dnssec.algorithm().map_err(anyhow::Error::msg)?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dnssec.key_root)
-        .with_context(|| format!("cannot make the key root {}", dnssec.key_root.display()))?;
-    let now = dnsplan_common::dnssec_keys::At(u64::from(crate::zone::signed::unix_now()));
-    dnsplan_common::dnssec_keys::KeyDir::init(dir, origin, algorithm, None, Default::default(), now)
-        .with_context(|| format!("cannot make zone {origin}'s key directory {}", dir.display()))?;
-    tracing::info!(zone = %origin, dir = %dir.display(), "made the added zone's key directory (a KSK and a ZSK); give its parent the DS that `dnsplan zone ds --key-dir` prints");
-    Ok(())
-}
-
 /// Added zone `origin`'s keys shared through its store `zone_store` (`kek_file`), when they
 /// are.
 fn shared_keys<S: ManagedZones>(setup: &Setup, zone_store: &S) -> Option<SharedKeys> {
@@ -467,7 +432,7 @@ fn follow<S: ManagedZones>(setup: &Setup, origin: &DnsName, prepared: Prepared<S
     }
     // A zone signed with a key directory follows it (rolls, keys changed by the CLI).
     if let Some(every) = serving.zone.signer.as_ref().and_then(|s| s.key_check()) {
-        tasks.spawn(keep_keys(serving.clone(), every, false, shared_keys(setup, &zone_store)));
+        tasks.spawn(crate::serving::keep_keys(serving.clone(), every, KeysOf::Managed(shared_keys(setup, &zone_store))));
     }
     let reach = Arc::new(Reachability::named(format!("the store of zone {origin}")));
     setup.book.set(origin, Entry::Following { serving: serving.clone(), reach: reach.clone() });
@@ -496,7 +461,7 @@ async fn load<S: ManagedZones>(
         let dir = config.zone_config(origin.as_str()).key_dir.unwrap_or_default();
         let make = config.create_keys.then(|| {
             let (config, origin, dir) = (config.clone(), origin.to_string(), dir.clone());
-            move || make_keys(&config, &origin, &dir)
+            move || config.make_keys(&origin, &dir)
         });
         shared.pull_or_make(&dir, origin.as_str(), make).await?;
     }
@@ -504,7 +469,7 @@ async fn load<S: ManagedZones>(
         let dir = saved::open(&data_dir, &saved)?;
         let (mut records, _from_image) = managed_zone_records_in(&dir, saved.origin.as_str(), &saved.master)?;
         if let Some(dnssec) = &dnssec {
-            sign(dnssec, &mut records)?;
+            dnssec.sign(&mut records)?;
         }
         anyhow::Ok((dir, Arc::new(records)))
     })
@@ -523,32 +488,4 @@ async fn load<S: ManagedZones>(
         .with_served_log(served_log)
         .with_ixfr_log(&dir);
     Ok((Arc::new(serving), keeper))
-}
-
-/// Reads a signed zone's key directory every `every` (`Serving::keys_step`, `key_check_secs`)
-/// until dropped; when its keys changed, a round of signing every name with a new ZSK is taken
-/// here a batch at a time (the follower may take steps of it too: each is a swap over the
-/// snapshot it started from, so none is taken twice). `static_zone`: its secondaries are
-/// notified here (the managed zone's NOTIFY tasks follow `served_serial`) and the metrics are
-/// the managed zone's.
-pub async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, static_zone: bool, shared: Option<SharedKeys>) {
-    loop {
-        tokio::time::sleep(every).await;
-        if !serving.keys_step(shared.as_ref()).await {
-            continue;
-        }
-        // A step that does nothing (it failed: logged) ten times in a row leaves the round to
-        // the next look, not to a loop every millisecond.
-        let mut idle = 0;
-        while serving.snapshot.load().resigning() && idle < 10 {
-            match serving.resign_step(!static_zone, crate::follow::follower::RESIGN_BATCH).await {
-                crate::zone::signed::ResignStep::Idle => idle += 1,
-                _ => idle = 0,
-            }
-            tokio::time::sleep(crate::follow::follower::RESIGN_PAUSE).await;
-        }
-        if static_zone {
-            crate::xfr::notify::spawn_static(serving.clone());
-        }
-    }
 }

@@ -670,6 +670,12 @@ async fn zone_put<S: ManagedZones>(State(ctl): State<Control<S>>, Path(origin): 
         Some(s) => {
             let names = s.snapshot.load().entries().filter(|e| e.has_data()).count();
             let origin = s.zone.origin.to_string();
+            // Signed with a key directory (`[added_zones.dnssec]`): its keys followed and rolled
+            // while the table serves it.
+            if let Some(every) = s.zone.signer.as_ref().and_then(|signer| signer.key_check()) {
+                let of = crate::serving::KeysOf::Static { notify: crate::xfr::notify::spawn_static, table: table.clone() };
+                tokio::spawn(crate::serving::keep_keys(s.clone(), every, of));
+            }
             crate::xfr::notify::spawn_static(s);
             (origin, names)
         }

@@ -28,12 +28,7 @@ use thiserror::Error;
 
 /// How long the follower waits on the store per long-poll before asking again.
 const FOLLOW_WAIT: Duration = Duration::from_secs(30);
-/// Names signed again in one step of a round (`Serving::resign_step`): about 50 ms of
-/// signatures on two cores, the longest a change waits for one.
-pub const RESIGN_BATCH: usize = 2_048;
-/// The wait on the store between two steps of a round: a change that came meanwhile is
-/// swapped in first.
-pub const RESIGN_PAUSE: Duration = Duration::from_millis(1);
+pub use crate::serving::{RESIGN_BATCH, RESIGN_PAUSE};
 /// Pause after a failed store read before the follower retries.
 const FOLLOW_RETRY: Duration = Duration::from_millis(500);
 

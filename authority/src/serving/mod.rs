@@ -283,6 +283,61 @@ impl Serving {
     }
 }
 
+/// Names signed again in one step of a round (`Serving::resign_step`): about 50 ms of
+/// signatures on two cores, the longest a change waits for one.
+pub const RESIGN_BATCH: usize = 2_048;
+/// The wait on the store between two steps of a round: a change that came meanwhile is
+/// swapped in first.
+pub const RESIGN_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Whose keys `keep_keys` follows.
+pub enum KeysOf {
+    /// A zone the store manages: its NOTIFY tasks follow `served_serial`; its directory may be
+    /// shared through its store.
+    Managed(Option<shared_keys::SharedKeys>),
+    /// A static zone: `notify` tells its secondaries of a change (`xfr::notify::spawn_static`);
+    /// followed while `table` serves this very zone (a zone added at run time may be replaced
+    /// or removed).
+    Static { notify: fn(Arc<Serving>), table: Arc<ZoneTable> },
+}
+
+/// Reads a signed zone's key directory every `every` (`Serving::keys_step`, `key_check_secs`);
+/// when its keys changed, a round of signing every name with a new ZSK is taken here a batch
+/// at a time (the follower may take steps of it too: each is a swap over the snapshot it
+/// started from, so none is taken twice). Until dropped, or, for a static zone, until its
+/// table serves another zone of its name or none.
+pub async fn keep_keys(serving: Arc<Serving>, every: std::time::Duration, of: KeysOf) {
+    loop {
+        tokio::time::sleep(every).await;
+        let shared = match &of {
+            KeysOf::Managed(shared) => shared.as_ref(),
+            KeysOf::Static { table, .. } => {
+                if !table.get(&serving.zone.origin).is_some_and(|now| Arc::ptr_eq(&now, &serving)) {
+                    return;
+                }
+                None
+            }
+        };
+        if !serving.keys_step(shared).await {
+            continue;
+        }
+        // A step that does nothing (it failed: logged) ten times in a row leaves the round to
+        // the next look, not to a loop every millisecond.
+        let mut idle = 0;
+        let managed = matches!(of, KeysOf::Managed(_));
+        while serving.snapshot.load().resigning() && idle < 10 {
+            match serving.resign_step(managed, RESIGN_BATCH).await {
+                ResignStep::Idle => idle += 1,
+                _ => idle = 0,
+            }
+            tokio::time::sleep(RESIGN_PAUSE).await;
+        }
+        if let KeysOf::Static { notify, .. } = &of {
+            notify(serving.clone());
+        }
+    }
+}
+
 impl Serving {
     /// A zone signed with a key directory (`key_dir`): the directory is read again (and the
     /// rolls its schedule calls for made, when this authority makes them:

@@ -142,7 +142,12 @@ pub struct ZoneTable {
     dir: Option<PathBuf>,
     /// Changes one at a time (the check of a replacement's serial and the swap).
     writer: Mutex<()>,
+    /// `[added_zones.dnssec]`: signs each zone added at run time (`AddedZonesDnssec::sign`).
+    signer: Option<Signer>,
 }
+
+/// Signs a zone added at run time (blocking: its key directory is read, or made).
+pub type Signer = Arc<dyn Fn(&mut StaticZone) -> anyhow::Result<()> + Send + Sync>;
 
 impl ZoneTable {
     /// A table with no other zone, beside the managed zone `managed`.
@@ -162,7 +167,23 @@ impl ZoneTable {
             transfer,
             dir,
             writer: Mutex::new(()),
+            signer: None,
         }
+    }
+
+    /// This table, signing each zone added at run time with `signer`.
+    pub fn with_signer(mut self, signer: Option<Signer>) -> ZoneTable {
+        self.signer = signer;
+        self
+    }
+
+    /// `load_text`, then signed when the zones added at run time are.
+    fn load_added_text(&self, origin: &str, text: &str) -> Result<StaticZone, ZoneChangeError> {
+        let mut zone = load_text(origin, text)?;
+        if let Some(sign) = &self.signer {
+            sign(&mut zone).map_err(|e| ZoneChangeError::Invalid(format!("{e:#}")))?;
+        }
+        Ok(zone)
     }
 
     /// A table without other zones and nowhere to keep them, for tests.
@@ -366,11 +387,9 @@ impl ZoneTable {
     /// kept on disk first. A replacement must carry a newer serial; a zone of the config file,
     /// or the managed zone, cannot be replaced this way. Returns the serial served.
     pub fn add_text(&self, origin: &str, text: &str) -> Result<u32, ZoneChangeError> {
-        let zone = load_text(origin, text)?;
-        let serial = zone.serial_base;
+        let zone = self.load_added_text(origin, text)?;
         let path = self.dir.as_ref().map(|dir| dir.join(file_name(&zone.origin)));
-        self.put(zone, Source::Added, path.as_deref().map(|p| (p, text)))?;
-        Ok(serial)
+        self.put(zone, Source::Added, path.as_deref().map(|p| (p, text)))
     }
 
     /// Removes the zone `origin`, added at run time, and its file.
@@ -435,7 +454,8 @@ impl ZoneTable {
                 path: path.clone(),
                 source,
             })?;
-            load_text(origin, &text).map_err(|e| ZoneChangeError::Invalid(format!("{}: {e} (fix or remove the file)", path.display())))
+            self.load_added_text(origin, &text)
+                .map_err(|e| ZoneChangeError::Invalid(format!("{}: {e} (fix or remove the file)", path.display())))
         })?;
         let count = loaded.len();
         self.insert_new(loaded.into_iter().map(|zone| (zone, Source::Added)).collect())?;
@@ -468,7 +488,7 @@ impl ZoneTable {
         Ok(())
     }
 
-    fn put(&self, zone: StaticZone, source: Source, keep: Option<(&Path, &str)>) -> Result<(), ZoneChangeError> {
+    fn put(&self, zone: StaticZone, source: Source, keep: Option<(&Path, &str)>) -> Result<u32, ZoneChangeError> {
         let origin = zone.origin.clone();
         if origin == self.managed_origin {
             return Err(ZoneChangeError::Conflict(format!(
@@ -476,9 +496,11 @@ impl ZoneTable {
             )));
         }
         let key: Box<[u8]> = wire_key(&origin).into();
+        // The serial it would serve: a signed zone's counts its signing too (`Snapshot::serial`).
+        let serving = Serving::for_static(Arc::new(zone), self.limits, self.metrics.clone(), self.transfer.clone());
+        let serial = serving.snapshot.load().serial;
         let _writer = self.writer.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let zones = self.zones.load_full();
-        let serial = zone.serial_base;
         if let Some(old) = zones.get(&key) {
             if old.source == Source::Managed {
                 return Err(ZoneChangeError::Conflict(format!(
@@ -527,14 +549,13 @@ impl ZoneTable {
                 Err(source) => return Err(ZoneChangeError::Io { origin: origin.to_string(), path: tombstone.clone(), source }),
             }
         }
-        let serving = Serving::for_static(Arc::new(zone), self.limits, self.metrics.clone(), self.transfer.clone());
         let mut next = (*zones).clone();
         next.insert(key, Arc::new(OtherZone { serving: Arc::new(serving), source }));
         self.zones.store(Arc::new(next));
         if source == Source::Added {
             tracing::info!(target: crate::serving::AUDIT_TARGET, action = "zone_add", origin = %origin, serial, "zone added");
         }
-        Ok(())
+        Ok(serial)
     }
 }
 
