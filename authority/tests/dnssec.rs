@@ -200,14 +200,7 @@ async fn signed_zone_validates(algorithm: ZoneAlgorithm) -> anyhow::Result<()> {
 
     // The metric the expiry alert reads: 14 days (the default validity) from the start of the
     // signing's period (7 days: validity minus refresh, counted from the epoch).
-    let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
-    let expires = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no dnsplan_dnssec_signatures_expire_timestamp_seconds in:\n{metrics}"));
-    let in_14_days = period_start(7)? + 14.0 * 86_400.0;
-    assert!((expires - in_14_days).abs() < 600.0, "signatures expire at {expires}, not about {in_14_days}");
+    until_expiry(&authority.control, period_start(7)? + 14.0 * 86_400.0, Duration::ZERO).await?;
 
     let wrong = ZoneKey::generate(algorithm)?.0;
     let other = anchor_file(dir.path(), "other.conf", &wrong);
@@ -276,21 +269,26 @@ async fn a_static_zone_of_the_config_is_signed_and_validates() -> anyhow::Result
     // of its period (6 days: 10 minus 4), not the managed zone's (its task looks at once, then
     // every 30 s).
     let in_10_days = (period_start(6)? + 10.0 * 86_400.0).min(period_start(7)? + 14.0 * 86_400.0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    until_expiry(&authority.control, in_10_days, Duration::from_secs(20)).await
+}
+
+/// Polls the authority's `/metrics` at `control` until the expiry gauge
+/// (`dnsplan_dnssec_signatures_expire_timestamp_seconds`) is within ten minutes of `want`
+/// (seconds since the epoch); fails after `within`, with what it last read.
+async fn until_expiry(control: &str, want: f64, within: Duration) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + within;
     loop {
-        let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
+        let metrics = reqwest::get(format!("{control}/metrics")).await?.text().await?;
         let expires = metrics
             .lines()
             .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_default();
-        if (expires - in_10_days).abs() < 600.0 {
-            break;
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if expires.is_some_and(|e| (e - want).abs() < 600.0) {
+            return Ok(());
         }
-        assert!(std::time::Instant::now() < deadline, "signatures expire at {expires}, not about {in_10_days}:\n{metrics}");
+        anyhow::ensure!(std::time::Instant::now() < deadline, "signatures expire at {expires:?}, not about {want}:\n{metrics}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(())
 }
 
 /// The start of the signing period of `days` days now is in (seconds since the epoch).
@@ -542,21 +540,7 @@ async fn a_zone_added_at_run_time_is_signed_with_a_key_directory_made_for_it() -
     assert_eq!(before.len(), 2, "a KSK and a ZSK:\n{axfr}");
     // Its expiry is the one alerted on (the first zone is unsigned here): 14 days from the
     // start of its 7-day period. The static zones' task looks every 30 s.
-    let expiry = period_start(7)? + 14.0 * 86_400.0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(45);
-    loop {
-        let metrics = reqwest::get(format!("{}/metrics", authority.control)).await?.text().await?;
-        let expires = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("dnsplan_dnssec_signatures_expire_timestamp_seconds "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_default();
-        if (expires - expiry).abs() < 600.0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "signatures expire at {expires}, not about {expiry}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_expiry(&authority.control, period_start(7)? + 14.0 * 86_400.0, Duration::from_secs(45)).await?;
 
     // Restarted: the same keys, no new directory made.
     drop(authority);

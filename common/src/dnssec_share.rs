@@ -203,20 +203,27 @@ pub fn schedule_digest(path: &Path) -> Result<Option<String>, ShareError> {
     }
 }
 
-/// The record of directory `path` (its keys not removed by `now`, sealed with `kek`), and the
-/// digest of the `keys.toml` it holds. The caller holds the directory's lock.
+/// The record of directory `path` (every key file it holds, sealed with `kek`; a key removed
+/// by `now` may have none), and the digest of the `keys.toml` it holds. The caller holds the directory's lock.
 pub fn export(path: &Path, kek: &Kek, now: At) -> Result<(Vec<u8>, String), ShareError> {
     let dir = KeyDir::load(path, now)?;
     let schedule = std::fs::read_to_string(path.join(KEYS_FILE)).map_err(|e| dir_error(path, format!("{KEYS_FILE}: {e}")))?;
     let mut keys = Vec::new();
     for entry in dir.entries() {
-        if entry.removed.is_some_and(|r| r <= now) {
-            continue;
-        }
-        let pem = crate::signing::read_owner_only(&path.join(&entry.file)).map_err(|e| match e {
-            crate::signing::OwnerOnly::Read(error) => dir_error(path, format!("{}: {error}", entry.file)),
-            crate::signing::OwnerOnly::Exposed(mode) => dir_error(path, format!("{} may be read by others (mode {mode:o})", entry.file)),
-        })?;
+        // A removed key's file goes too while it is there (until `prune`): an authority whose
+        // clock lags this one's may still need it.
+        let pem = match crate::signing::read_owner_only(&path.join(&entry.file)) {
+            Ok(pem) => pem,
+            Err(crate::signing::OwnerOnly::Read(error))
+                if error.kind() == std::io::ErrorKind::NotFound && entry.removed.is_some_and(|r| r <= now) =>
+            {
+                continue;
+            }
+            Err(crate::signing::OwnerOnly::Read(error)) => return Err(dir_error(path, format!("{}: {error}", entry.file))),
+            Err(crate::signing::OwnerOnly::Exposed(mode)) => {
+                return Err(dir_error(path, format!("{} may be read by others (mode {mode:o})", entry.file)));
+            }
+        };
         keys.push(SealedKey { sealed: kek.seal(&aad(dir.zone(), &entry.file), &pem)?, file: entry.file.clone() });
     }
     let record = Record { format: FORMAT, zone: dir.zone().to_owned(), kek: kek.id.clone(), schedule: schedule.clone(), keys };
