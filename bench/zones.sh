@@ -6,7 +6,7 @@
 #
 # Figures per server: seconds from the start until every zone answers (a sample of 100 zones
 # spread over all of them, the last one included), for the first start and for a restart;
-# RSS of the process tree once loaded; then --rounds runs of dnsperf (on the other core,
+# RSS of the process tree once loaded, and its CPU over 5 s with no query; then --rounds runs of dnsperf (on the other core,
 # --duration seconds each, the servers taking turns) over queries spread over every zone
 # (each line a random existing name of a random zone): queries per second and per server
 # CPU-second, and the ratio of that to NSD's in the same round. For dnsplan alone: how long a
@@ -19,9 +19,15 @@
 # too), "restart" the start of the store holding them all; and the zones added at run time
 # are added to the store the same way.
 #
+# With --etcd (implies --managed), dnsplan's store is etcd (one member on loopback, its data in
+# the run's directory, started before and stopped after; Debian's etcd-server): the zones are
+# added to etcd, and "restart" is the authority serving every zone kept on its disk while it
+# reaches etcd and follows each zone's store again. etcd's own CPU is not counted in dnsplan's
+# figures; its RSS is printed apart.
+#
 # Before measuring, the three must give the same answer for a sample of names.
 #
-# Usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N] [--managed]
+# Usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N] [--managed] [--etcd]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,8 +36,9 @@ NAMES=100
 DURATION=15
 ROUNDS=2
 MANAGED=0
+ETCD=0
 usage() {
-    echo "usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N] [--managed]" >&2
+    echo "usage: bench/zones.sh [--zones N] [--names N] [--duration SECS] [--rounds N] [--managed] [--etcd]" >&2
     exit 2
 }
 while [ $# -gt 0 ]; do
@@ -41,6 +48,7 @@ while [ $# -gt 0 ]; do
         --duration) [ $# -ge 2 ] || usage; DURATION=$2; shift 2 ;;
         --rounds) [ $# -ge 2 ] || usage; ROUNDS=$2; shift 2 ;;
         --managed) MANAGED=1; shift ;;
+        --etcd) MANAGED=1; ETCD=1; shift ;;
         -h | --help) usage ;;
         *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -60,7 +68,9 @@ ADDS=20
 export PATH="$PATH:/usr/sbin:/sbin"
 
 missing=""
-for pair in dnsperf:dnsperf knotd:knot nsd:nsd dig:bind9-dnsutils taskset:util-linux curl:curl; do
+needed="dnsperf:dnsperf knotd:knot nsd:nsd dig:bind9-dnsutils taskset:util-linux curl:curl"
+[ "$ETCD" = 0 ] || needed="$needed etcd:etcd-server"
+for pair in $needed; do
     command -v "${pair%%:*}" > /dev/null || missing="$missing ${pair#*:}"
 done
 if [ -n "$missing" ]; then
@@ -80,7 +90,7 @@ commit=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
 git diff --quiet HEAD 2> /dev/null || commit="$commit+changes"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), commit $commit, $(date -u +%Y-%m-%d)"
 echo "servers: dnsplan-authority, $(knotd --version | head -1), $(nsd -v 2>&1 | head -1); client $(dnsperf -h 2>&1 | grep -m1 Version)"
-echo "zones: $ZONES of $NAMES names; dnsperf $DURATION s x $ROUNDS rounds$([ "$MANAGED" = 1 ] && echo "; dnsplan's zones managed by its store")"
+echo "zones: $ZONES of $NAMES names; dnsperf $DURATION s x $ROUNDS rounds$([ "$MANAGED" = 1 ] && echo "; dnsplan's zones managed by its store")$([ "$ETCD" = 1 ] && echo ", on etcd")"
 
 WORK=$(mktemp -d)
 PIDS=""
@@ -111,6 +121,16 @@ done
 [ -n "$BASE" ] || { echo "no four free consecutive ports from $FIRST on" >&2; exit 1; }
 declare -A PORT=([dnsplan]=$BASE [knot]=$((BASE + 1)) [nsd]=$((BASE + 2)))
 CONTROL_PORT=$((BASE + 3))
+ETCD_PORTS=""
+if [ "$ETCD" = 1 ]; then
+    for ((base = BASE + 4; base < FIRST + 400; base += 2)); do
+        if ! port_busy $base && ! port_busy $((base + 1)); then
+            ETCD_PORTS="$base $((base + 1))"
+            break
+        fi
+    done
+    [ -n "$ETCD_PORTS" ] || { echo "no two free ports for etcd" >&2; exit 1; }
+fi
 TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
 declare -A ROOT
 
@@ -149,6 +169,21 @@ mname = "ns1.managed.bench-only."
 rname = "hostmaster.managed.bench-only."
 EOF
 [ "$MANAGED" = 1 ] || cat "$WORK/dnsplan/zones.toml" >> "$WORK/dnsplan/authority.toml"
+if [ "$ETCD" = 1 ]; then
+    read -r ETCD_CLIENT ETCD_PEER <<< "$ETCD_PORTS"
+    etcd --name bench --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$ETCD_CLIENT" \
+        --advertise-client-urls "http://127.0.0.1:$ETCD_CLIENT" --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" --initial-cluster "bench=http://127.0.0.1:$ETCD_PEER" \
+        --quota-backend-bytes 8589934592 > "$WORK/etcd.log" 2>&1 &
+    ETCD_PID=$!
+    PIDS="$PIDS $ETCD_PID"
+    for ((i = 0; ; i++)); do
+        curl -sf "http://127.0.0.1:$ETCD_CLIENT/health" > /dev/null && break
+        [ "$i" -lt 200 ] || { echo "etcd did not start; its log:" >&2; tail -20 "$WORK/etcd.log" >&2; exit 1; }
+        sleep 0.05
+    done
+    printf '[store]\nkind = "etcd"\nendpoints = ["http://127.0.0.1:%s"]\nprefix = "/bench/"\n' "$ETCD_CLIENT" >> "$WORK/dnsplan/authority.toml"
+fi
 cat > "$WORK/knot/knot.conf" << EOF
 server:
     listen: 127.0.0.1@${PORT[knot]}
@@ -238,7 +273,8 @@ start_server() {
     READY=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
 }
 
-declare -A FIRST RESTART RSS
+declare -A FIRST RESTART RSS IDLE
+IDLE_SECS=5
 for server in $SERVERS; do
     case $server in
         dnsplan) cmd=("$BIN/dnsplan-authority" --config "$WORK/dnsplan/authority.toml") ;;
@@ -251,7 +287,13 @@ for server in $SERVERS; do
     start_server "$server" "${cmd[@]}"
     RESTART[$server]=$READY
     RSS[$server]=$(awk -v kb="$(tree_rss_kb "${ROOT[$server]}")" 'BEGIN { printf "%.0f", kb / 1024 }')
-    echo "$server: ready in ${FIRST[$server]} s (first start), ${RESTART[$server]} s (restart); RSS ${RSS[$server]} MB" >&2
+    # CPU while no query comes (timers, the store followed): counted in every q per CPU-s.
+    read -r t0 _ <<< "$(tree_ticks "${ROOT[$server]}")"
+    sleep "$IDLE_SECS"
+    read -r t1 _ <<< "$(tree_ticks "${ROOT[$server]}")"
+    IDLE[$server]=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v s="$IDLE_SECS" 'BEGIN { printf "%.1f", 100 * t / hz / s }')
+    echo "$server: ready in ${FIRST[$server]} s (first start), ${RESTART[$server]} s (restart); RSS ${RSS[$server]} MB; idle ${IDLE[$server]}% of a core" >&2
+    [ "$server" = dnsplan ] && [ "$ETCD" = 1 ] && echo "etcd (apart from dnsplan): RSS $(awk -v kb="$(tree_rss_kb "$ETCD_PID")" 'BEGIN { printf "%.0f", kb / 1024 }') MB, data $(du -sm "$WORK/etcd" | cut -f1) MB" >&2
     [ "$server" = dnsplan ] && [ "$MANAGED" = 1 ] && echo "dnsplan: $ZONES zones added to its store at $ADDS_PER_SEC a second" >&2
 done
 
@@ -312,10 +354,10 @@ done
 ADDED=$(echo "$ADD_MS" | tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { printf "median %.1f ms, max %.1f ms", v[int((NR + 1) / 2)] / 1000, v[NR] / 1000 }')
 
 echo
-echo "| server | ready, first start (s) | ready, restart (s) | RSS (MB) | q/s (last round) | q per CPU-s (last round) |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+echo "| server | ready, first start (s) | ready, restart (s) | RSS (MB) | idle CPU (% of a core) | q/s (last round) | q per CPU-s (last round) |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for server in $SERVERS; do
-    echo "| $server | ${FIRST[$server]} | ${RESTART[$server]} | ${RSS[$server]} | ${QPS[$server]} | ${PER_CPU[$server]} |"
+    echo "| $server | ${FIRST[$server]} | ${RESTART[$server]} | ${RSS[$server]} | ${IDLE[$server]} | ${QPS[$server]} | ${PER_CPU[$server]} |"
 done
 echo
 echo "dnsplan / nsd, queries per CPU-second, by round:$RATIOS"

@@ -58,6 +58,7 @@ static SERVING: LazyLock<Serving> = LazyLock::new(|| {
         transfer: std::sync::Arc::new(policy),
         metrics: Arc::new(Metrics::new()),
         served_serial: tokio::sync::watch::Sender::new(serial),
+        served_applied: tokio::sync::watch::Sender::new(0),
         secondaries: Arc::default(),
         journal: Mutex::new(Journal::new(serial, 1_000)),
         served_log: None,

@@ -197,6 +197,7 @@ impl Serving {
             self.snapshot.store(Arc::new(snapshot));
         }
         self.served_serial.send_if_modified(|served| std::mem::replace(served, serial) != serial);
+        self.served_applied.send_if_modified(|served| std::mem::replace(served, applied) != applied);
         tracing::debug!(applied_changes = applied, "snapshot swapped");
         Ok(applied)
     }

@@ -376,9 +376,16 @@ impl Keeper {
         let mut failing = false;
         let mut wait = self.saved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some();
         let mut last_write = Duration::ZERO;
+        let mut swaps = serving.served_applied.subscribe();
         loop {
             if wait {
                 tokio::time::sleep(paced(self.floor, last_write)).await;
+                // Then asleep until the state served moves past what was written (a failed
+                // write is tried again at once, paced): no timer wakes a quiet zone.
+                let saved = *self.saved.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if swaps.wait_for(|applied| Some(*applied) != saved).await.is_err() {
+                    return;
+                }
             }
             wait = true;
             let started = Instant::now();
