@@ -6,10 +6,11 @@
 #
 # Figures per server: seconds from the start until every zone answers (a sample of 100 zones
 # spread over all of them, the last one included), for the first start and for a restart;
-# RSS of the process tree once loaded, and its CPU over 5 s with no query; then --rounds runs of dnsperf (on the other core,
+# RSS of the process tree once loaded; then --rounds runs of dnsperf (on the other core,
 # --duration seconds each, the servers taking turns) over queries spread over every zone
 # (each line a random existing name of a random zone): queries per second and per server
-# CPU-second, and the ratio of that to NSD's in the same round. For dnsplan alone: how long a
+# CPU-second, and the ratio of that to NSD's in the same round; then each server's CPU over 5 s
+# with no query (what its timers and its store cost at rest). For dnsplan alone: how long a
 # zone added at run time (`PUT /v1/zones/{origin}`) takes until it answers, over 20 zones.
 #
 # With --managed, dnsplan's zones are zones its store manages (each with its own plans,
@@ -287,12 +288,7 @@ for server in $SERVERS; do
     start_server "$server" "${cmd[@]}"
     RESTART[$server]=$READY
     RSS[$server]=$(awk -v kb="$(tree_rss_kb "${ROOT[$server]}")" 'BEGIN { printf "%.0f", kb / 1024 }')
-    # CPU while no query comes (timers, the store followed): counted in every q per CPU-s.
-    read -r t0 _ <<< "$(tree_ticks "${ROOT[$server]}")"
-    sleep "$IDLE_SECS"
-    read -r t1 _ <<< "$(tree_ticks "${ROOT[$server]}")"
-    IDLE[$server]=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v s="$IDLE_SECS" 'BEGIN { printf "%.1f", 100 * t / hz / s }')
-    echo "$server: ready in ${FIRST[$server]} s (first start), ${RESTART[$server]} s (restart); RSS ${RSS[$server]} MB; idle ${IDLE[$server]}% of a core" >&2
+    echo "$server: ready in ${FIRST[$server]} s (first start), ${RESTART[$server]} s (restart); RSS ${RSS[$server]} MB" >&2
     [ "$server" = dnsplan ] && [ "$ETCD" = 1 ] && echo "etcd (apart from dnsplan): RSS $(awk -v kb="$(tree_rss_kb "$ETCD_PID")" 'BEGIN { printf "%.0f", kb / 1024 }') MB, data $(du -sm "$WORK/etcd" | cut -f1) MB" >&2
     [ "$server" = dnsplan ] && [ "$MANAGED" = 1 ] && echo "dnsplan: $ZONES zones added to its store at $ADDS_PER_SEC a second" >&2
 done
@@ -332,6 +328,16 @@ for ((round = 1; round <= ROUNDS; round++)); do
     done
     RATIOS="$RATIOS $(awk -v a="${PER_CPU[dnsplan]}" -v b="${PER_CPU[nsd]}" 'BEGIN { printf "%.2f", a / b }')"
     echo "  round $round: dnsplan/nsd q/cpu-s $(echo "$RATIOS" | awk '{ print $NF }'), knot/nsd $(awk -v a="${PER_CPU[knot]}" -v b="${PER_CPU[nsd]}" 'BEGIN { printf "%.2f", a / b }')" >&2
+done
+
+# CPU while no query comes, once every server has settled after the rounds (timers, the
+# store followed): counted in every q per CPU-s above.
+for server in $SERVERS; do
+    read -r t0 _ <<< "$(tree_ticks "${ROOT[$server]}")"
+    sleep "$IDLE_SECS"
+    read -r t1 _ <<< "$(tree_ticks "${ROOT[$server]}")"
+    IDLE[$server]=$(awk -v t=$((t1 - t0)) -v hz="$CLK_TCK" -v s="$IDLE_SECS" 'BEGIN { printf "%.1f", 100 * t / hz / s }')
+    echo "$server: idle ${IDLE[$server]}% of a core" >&2
 done
 
 # Zones added at run time: from the PUT until the zone answers.
