@@ -199,13 +199,14 @@ impl Inner {
     /// Marks a new store with [`LAYOUT`]; refuses a store of any other layout, naming both.
     /// A store is new when its `meta` is empty: every open of a store writes its id there.
     pub(super) fn check_layout(&self, path: &Path) -> StoreResult<()> {
-        if self.meta.is_empty().map_err(io)? {
-            self.meta.insert(META_LAYOUT, &LAYOUT.to_be_bytes()).map_err(io)?;
-            return self.flush();
-        }
+        // The layout first: a store already marked (every open but the first) takes one read.
         let found = self.meta_u64(META_LAYOUT, 0)?;
         if found == LAYOUT {
             return Ok(());
+        }
+        if found == 0 && self.meta.is_empty().map_err(io)? {
+            self.meta.insert(META_LAYOUT, &LAYOUT.to_be_bytes()).map_err(io)?;
+            return self.flush();
         }
         let found = if found == 0 { "no layout version (a store written before versions)".to_string() } else { format!("layout {found}") };
         Err(StoreError::Unavailable(format!(
