@@ -302,6 +302,12 @@ pub fn record_zone(bytes: &[u8]) -> Option<String> {
     toml::from_str::<Record>(std::str::from_utf8(bytes).ok()?).ok().map(|r| r.zone)
 }
 
+/// The digest of the `keys.toml` a record holds (`schedule_digest`'s of a directory made from
+/// it), without opening its keys.
+pub fn record_digest(bytes: &[u8]) -> Option<String> {
+    toml::from_str::<Record>(std::str::from_utf8(bytes).ok()?).ok().map(|r| digest(r.schedule.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,7 +185,10 @@ fn step(
         && shared.version != Some(record.version)
     {
         let changed_here = local.as_ref().is_some_and(|d| *d != shared.schedule_sha256);
-        if shared.version.is_none() && changed_here {
+        // A copy of the store's directory (as authorities sharing by copies had) is taken as
+        // it is; another one is refused.
+        let foreign = local.is_some() && local != dnssec_share::record_digest(&record.bytes);
+        if shared.version.is_none() && foreign {
             // Never shared, and not what the store holds: the directory may hold the keys
             // whose DS the parent has. Taking the store's would make the zone bogus.
             let theirs = dnssec_share::record_zone(&record.bytes).unwrap_or_default();
@@ -196,7 +199,7 @@ fn step(
                 path.display()
             ));
         }
-        if changed_here {
+        if changed_here && shared.version.is_some() {
             tracing::warn!(zone, key_dir = %path.display(), "the key directory's changes since the store's version {:?} are replaced by its version {}, written meanwhile by another authority", shared.version, record.version);
         }
         let digest = dnssec_share::import(path, &record.bytes, kek, &zone, at).map_err(|e| e.to_string())?;
@@ -240,7 +243,9 @@ mod tests {
     /// Two authorities' directories shared through one store: the second is made from the
     /// store's record; a roll made on either reaches the other at its next look; of two rolls
     /// made at once from one version, the first written wins and the other directory takes
-    /// it; a directory never shared that holds other keys is refused, not overwritten.
+    /// it; a directory never shared that holds other keys is refused, not overwritten, and one
+    /// that is a copy of the store's (sharing by copies before) is taken as it is. Checked once:
+    /// with the never-shared check against the directory's own digest, the copy was refused.
     #[tokio::test]
     async fn directories_shared_through_the_store_converge_and_a_foreign_one_is_refused() {
         let tmp = tempfile::tempdir().expect("dir");
@@ -252,8 +257,17 @@ mod tests {
         KeyDir::init(&a, ORIGIN, ZoneAlgorithm::Ed25519, None, Policy::default(), At(u64::from(now))).expect("init");
         let shared = SharedKeys::new(store.clone(), kek.clone());
 
+        // A copy of a's directory made before it was shared, as authorities sharing by copies
+        // hold one.
+        let copy = tmp.path().join("copy");
+        std::fs::create_dir(&copy).expect("copy dir");
+        for entry in std::fs::read_dir(&a).expect("read a").flatten() {
+            std::fs::copy(entry.path(), copy.join(entry.file_name())).expect("copy");
+        }
         let (keys_a, _) = shared.look(&a, &origin, true, now).await.expect("look a");
         let first = store.dnssec_keys().await.expect("read").expect("written by the first look");
+        let (keys_copy, _) = shared.look(&copy, &origin, true, now).await.expect("a copy of the store's keys is taken as it is");
+        assert!(keys_copy.same_keys(&keys_a), "{} / {}", keys_copy.summary(), keys_a.summary());
         shared.pull_or_make(&b, ORIGIN, None::<fn() -> anyhow::Result<()>>).await.expect("pull b");
         let (keys_b, _) = shared.look(&b, &origin, true, now).await.expect("look b");
         assert!(keys_a.same_keys(&keys_b), "{} / {}", keys_a.summary(), keys_b.summary());
